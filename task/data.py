@@ -1,0 +1,316 @@
+"""Data sources, decoded once per process and held as tensors.
+
+Datasets (``DATASET_NAMES``):
+
+* ``fashion-mnist`` (default): IDX files looked up in (1) the configured data
+  directory, (2) ``/usr/share/datasets/fashion-mnist`` (Debian/Ubuntu package
+  ``dataset-fashion-mnist``), (3) torchvision's download into the user cache when
+  online. If none works, one error names all three.
+* ``mnist``, ``cifar10``, ``cifar100``: torchvision, from the data directory (or the
+  user cache), downloaded there when online.
+* ``synthetic``: Synthetic(alpha, beta) of FedProx (Li et al. MLSys'20, Sec. 5.1),
+  generated, always available, with one natural partition per device.
+* ``hf:<hub-id>``: a Hugging Face Hub image dataset through flwr-datasets'
+  ``FederatedDataset`` (needs the network on first use; e.g. ``hf:flwrlabs/femnist``).
+
+Images become float32 tensors (N, C, H, W) standardised with the training set's
+per-channel mean and std; labels int64.
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import os
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .partition import partition_indices
+
+DATASET_NAMES = ("fashion-mnist", "mnist", "cifar10", "cifar100", "synthetic", "hf:<hub-id>")
+SYSTEM_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
+IDX_FILES = {
+    "x_train": "train-images-idx3-ubyte",
+    "y_train": "train-labels-idx1-ubyte",
+    "x_test": "t10k-images-idx3-ubyte",
+    "y_test": "t10k-labels-idx1-ubyte",
+}
+
+
+class DataNotFoundError(FileNotFoundError):
+    """A dataset could not be found or fetched; the message says where we looked."""
+
+
+@dataclass(frozen=True, eq=False)
+class TensorDataset:
+    """A whole dataset in memory: train/test tensors plus metadata."""
+
+    name: str
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    num_classes: int
+    natural_ids: np.ndarray | None = field(default=None)
+    source: str = ""
+
+    @property
+    def input_shape(self) -> tuple[int, int, int]:
+        return tuple(self.x_train.shape[1:])  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class PartitionSpec:
+    """How the training set is split among clients (see task.partition)."""
+
+    scheme: str = "iid"
+    seed: int = 0
+    alpha: float = 0.5
+    min_size: int = 10
+    classes_per_partition: int = 2
+    shards_per_partition: int = 2
+    sigma: float = 0.5
+
+
+def default_cache_dir() -> Path:
+    """Per-user data cache: $XDG_CACHE_HOME/fedhetero/data or ~/.cache/fedhetero/data."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "fedhetero" / "data"
+
+
+def check_dataset_name(name: str) -> None:
+    """Raise ValueError unless ``name`` is a known dataset."""
+    if name.startswith("hf:") and len(name) > 3:
+        return
+    if name not in DATASET_NAMES[:-1]:
+        raise ValueError(
+            f"dataset={name!r} is not known; use one of {', '.join(DATASET_NAMES)}"
+        )
+
+
+@functools.lru_cache(maxsize=4)
+def load_dataset(
+    name: str,
+    data_dir: str = "",
+    allow_download: bool = True,
+    synthetic_alpha: float = 1.0,
+    synthetic_beta: float = 1.0,
+) -> TensorDataset:
+    """Load (once per process) a dataset as tensors."""
+    check_dataset_name(name)
+    if name == "fashion-mnist":
+        return _fashion_mnist(data_dir, allow_download)
+    if name in ("mnist", "cifar10", "cifar100"):
+        return _torchvision(name, data_dir, allow_download)
+    if name == "synthetic":
+        return synthetic_dataset(synthetic_alpha, synthetic_beta)
+    return _hub(name[3:])
+
+
+@functools.lru_cache(maxsize=8)
+def partition_for(dataset: TensorDataset, spec: PartitionSpec, num_partitions: int) -> tuple:
+    """Index arrays of all partitions (computed once per process and spec)."""
+    parts = partition_indices(
+        dataset.y_train.numpy(), num_partitions, spec.scheme, seed=spec.seed,
+        alpha=spec.alpha, min_size=spec.min_size,
+        classes_per_partition=spec.classes_per_partition,
+        shards_per_partition=spec.shards_per_partition, sigma=spec.sigma,
+        natural_ids=dataset.natural_ids,
+    )
+    return tuple(parts)
+
+
+@functools.lru_cache(maxsize=256)
+def client_data(
+    dataset: TensorDataset, spec: PartitionSpec, partition_id: int, num_partitions: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x, y) of one client's partition, sliced once and kept."""
+    if not 0 <= partition_id < num_partitions:
+        raise ValueError(
+            f"partition-id={partition_id} is outside [0, {num_partitions - 1}] "
+            f"for num-partitions={num_partitions}"
+        )
+    idx = torch.from_numpy(np.asarray(partition_for(dataset, spec, num_partitions)[partition_id]))
+    return dataset.x_train[idx], dataset.y_train[idx]
+
+
+# ----------------------------------------------------------------- Fashion-MNIST
+def _fashion_mnist(data_dir: str, allow_download: bool) -> TensorDataset:
+    tried = []
+    candidates = [Path(data_dir)] if data_dir else []
+    candidates += [Path(data_dir) / "fashion-mnist"] if data_dir else []
+    candidates += [SYSTEM_FASHION_MNIST]
+    for folder in candidates:
+        if _idx_folder_complete(folder):
+            arrays = {key: read_idx(_idx_path(folder, stem)) for key, stem in IDX_FILES.items()}
+            return _from_uint8("fashion-mnist", arrays, 10, source=str(folder))
+        tried.append(f"IDX files in {folder}")
+    if allow_download:
+        try:
+            return _torchvision("fashion-mnist", data_dir, True)
+        except Exception as exc:  # noqa: BLE001 - report every way we tried
+            tried.append(f"torchvision download ({type(exc).__name__}: {exc})")
+    else:
+        tried.append("torchvision download (disabled)")
+    raise DataNotFoundError(
+        "Fashion-MNIST not found. Tried: " + "; ".join(tried) + ". Fix: install the "
+        "Debian package (sudo apt-get install dataset-fashion-mnist), or put the four "
+        "IDX files (train-images-idx3-ubyte[.gz], ...) in a folder and set "
+        "--run-config \"data-dir='/abs/folder'\", or run once with network access."
+    )
+
+
+def _idx_path(folder: Path, stem: str) -> Path:
+    for candidate in (folder / stem, folder / f"{stem}.gz"):
+        if candidate.is_file():
+            return candidate
+    return folder / stem
+
+
+def _idx_folder_complete(folder: Path) -> bool:
+    return all(_idx_path(folder, stem).is_file() for stem in IDX_FILES.values())
+
+
+def read_idx(path: Path) -> np.ndarray:
+    """Decode one IDX file (optionally gzipped) into a numpy array."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as handle:
+        data = handle.read()
+    if len(data) < 4:
+        raise ValueError(f"{path} is not an IDX file (only {len(data)} bytes)")
+    zero, dtype_code, ndim = struct.unpack(">HBB", data[:4])
+    if zero != 0 or dtype_code != 0x08:
+        raise ValueError(f"{path} is not an unsigned-byte IDX file (header {data[:4].hex()})")
+    shape = struct.unpack(f">{ndim}I", data[4 : 4 + 4 * ndim])
+    body = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim)
+    if body.size != int(np.prod(shape)):
+        raise ValueError(
+            f"{path} is truncated or corrupt: header says {shape} = {int(np.prod(shape))} "
+            f"values, file has {body.size}"
+        )
+    return body.reshape(shape)
+
+
+def _from_uint8(name: str, arrays: dict[str, np.ndarray], num_classes: int, source: str) -> TensorDataset:
+    """uint8 images (N, H, W) or (N, H, W, C) -> standardised float32 (N, C, H, W)."""
+    def to_nchw(images: np.ndarray) -> torch.Tensor:
+        x = torch.from_numpy(np.array(images, copy=True)).float().div_(255.0)
+        return x.unsqueeze(1) if x.dim() == 3 else x.permute(0, 3, 1, 2).contiguous()
+
+    x_train, x_test = to_nchw(arrays["x_train"]), to_nchw(arrays["x_test"])
+    mean = x_train.mean(dim=(0, 2, 3), keepdim=True)
+    std = x_train.std(dim=(0, 2, 3), keepdim=True)
+    return TensorDataset(
+        name=name,
+        x_train=(x_train - mean) / std,
+        y_train=torch.as_tensor(np.array(arrays["y_train"]), dtype=torch.int64),
+        x_test=(x_test - mean) / std,
+        y_test=torch.as_tensor(np.array(arrays["y_test"]), dtype=torch.int64),
+        num_classes=num_classes,
+        source=source,
+    )
+
+
+# ----------------------------------------------------------------- torchvision
+def _torchvision(name: str, data_dir: str, allow_download: bool) -> TensorDataset:
+    import torchvision  # noqa: PLC0415 - heavy, only when used
+
+    classes = {"fashion-mnist": torchvision.datasets.FashionMNIST, "mnist": torchvision.datasets.MNIST,
+               "cifar10": torchvision.datasets.CIFAR10, "cifar100": torchvision.datasets.CIFAR100}
+    root = Path(data_dir) if data_dir else default_cache_dir()
+    try:
+        train = classes[name](str(root), train=True, download=allow_download)
+        test = classes[name](str(root), train=False, download=allow_download)
+    except RuntimeError as exc:
+        raise DataNotFoundError(
+            f"{name} not found under {root} and not downloadable ({exc}). Fix: put the "
+            f"torchvision files there, or set --run-config \"data-dir='/abs/folder'\", "
+            "or run once with network access."
+        ) from exc
+    arrays = {
+        "x_train": np.asarray(train.data), "y_train": np.asarray(train.targets),
+        "x_test": np.asarray(test.data), "y_test": np.asarray(test.targets),
+    }
+    return _from_uint8(name, arrays, len(train.classes), source=str(root))
+
+
+# ----------------------------------------------------------------- Hugging Face Hub
+def _hub(hub_id: str) -> TensorDataset:
+    """A Hub image-classification dataset through flwr-datasets (network on first use)."""
+    from flwr_datasets import FederatedDataset  # noqa: PLC0415
+
+    try:
+        fds = FederatedDataset(dataset=hub_id, partitioners={"train": 1})
+        splits = fds.dataset
+    except Exception as exc:  # noqa: BLE001
+        raise DataNotFoundError(
+            f"Hub dataset {hub_id!r} could not be loaded through flwr-datasets ({exc}). "
+            "It needs network access on first use (then the Hugging Face cache)."
+        ) from exc
+    train = splits["train"]
+    test = splits["test"] if "test" in splits else None
+    if test is None:
+        both = train.train_test_split(test_size=0.2, seed=0)
+        train, test = both["train"], both["test"]
+    image_col = next(c for c in ("image", "img", "pixel_values") if c in train.column_names)
+    label_col = next(c for c in ("label", "fine_label", "character", "labels") if c in train.column_names)
+    natural = next((c for c in ("writer_id", "client_id", "user_id") if c in train.column_names), None)
+
+    def images(split) -> np.ndarray:
+        return np.stack([np.asarray(img, dtype=np.uint8) for img in split[image_col]])
+
+    arrays = {"x_train": images(train), "y_train": np.asarray(train[label_col]),
+              "x_test": images(test), "y_test": np.asarray(test[label_col])}
+    num_classes = int(max(arrays["y_train"].max(), arrays["y_test"].max()) + 1)
+    data = _from_uint8(f"hf:{hub_id}", arrays, num_classes, source=hub_id)
+    if natural:
+        _, ids = np.unique(np.asarray(train[natural]), return_inverse=True)
+        data = TensorDataset(**{**data.__dict__, "natural_ids": ids})
+    return data
+
+
+# ----------------------------------------------------------------- Synthetic
+def synthetic_dataset(
+    alpha: float, beta: float, num_devices: int = 30, dim: int = 60, num_classes: int = 10, seed: int = 0
+) -> TensorDataset:
+    """Synthetic(alpha, beta) of FedProx (Li et al. MLSys'20, Sec. 5.1; Shamir et al.).
+
+    Device k: u_k ~ N(0, alpha), B_k ~ N(0, beta); W_k, b_k ~ N(u_k, 1); v_k ~ N(B_k, 1);
+    x ~ N(v_k, Sigma) with Sigma_jj = j^-1.2; y = argmax softmax(W_k x + b_k).
+    As in the authors' generator, alpha and beta are standard deviations and sizes
+    follow a power law (log-normal(4, 2) + 50); 80/20 train/test
+    per device. Shapes (N, 1, 1, dim) so every model's (C, H, W) contract holds.
+    """
+    rng = np.random.default_rng(seed)
+    sizes = (rng.lognormal(4, 2, num_devices).astype(int) + 50)
+    cov = np.diag(np.arange(1, dim + 1, dtype=np.float64) ** -1.2)
+    xs, ys, ids = [], [], []
+    for k, n_k in enumerate(sizes):
+        u_k, b_k = rng.normal(0, alpha), rng.normal(0, beta)
+        w = rng.normal(u_k, 1, (num_classes, dim))
+        b = rng.normal(u_k, 1, num_classes)
+        v_k = rng.normal(b_k, 1, dim)
+        x = rng.multivariate_normal(v_k, cov, n_k)
+        xs.append(x)
+        ys.append(np.argmax(x @ w.T + b, axis=1))
+        ids.append(np.full(n_k, k))
+    x_all, y_all, id_all = np.concatenate(xs), np.concatenate(ys), np.concatenate(ids)
+    test_mask = np.zeros(len(y_all), dtype=bool)
+    for k in range(num_devices):
+        members = np.flatnonzero(id_all == k)
+        test_mask[rng.choice(members, size=max(1, len(members) // 5), replace=False)] = True
+
+    def tensor(x: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(x.astype(np.float32)).reshape(len(x), 1, 1, dim)
+
+    return TensorDataset(
+        name="synthetic",
+        x_train=tensor(x_all[~test_mask]), y_train=torch.from_numpy(y_all[~test_mask]).long(),
+        x_test=tensor(x_all[test_mask]), y_test=torch.from_numpy(y_all[test_mask]).long(),
+        num_classes=num_classes, natural_ids=id_all[~test_mask],
+        source=f"synthetic(alpha={alpha}, beta={beta})",
+    )

@@ -1,0 +1,227 @@
+"""Model zoo for federated image classification (PyTorch only).
+
+Every model subclasses :class:`ClassifierModule`, which carries its own loss and
+accuracy counting so that training code never needs to know which model it runs.
+Flattened feature sizes are always computed from ``input_shape``, never hard-coded.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+import torchvision
+from torch import nn
+
+InputShape = tuple[int, int, int]
+
+
+class ClassifierModule(nn.Module):
+    """Base class for all models; subclasses implement ``forward(x) -> outputs``.
+
+    The defaults treat ``outputs`` as class logits of shape (N, num_classes)
+    and ``targets`` as int64 class ids of shape (N,).
+    """
+
+    def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean cross-entropy between logits and class ids."""
+        return F.cross_entropy(outputs, targets)
+
+    def num_correct(self, outputs: torch.Tensor, targets: torch.Tensor) -> int:
+        """Number of samples whose arg-max logit equals the target class."""
+        return int((outputs.argmax(dim=1) == targets).sum().item())
+
+
+def _flat_features(features: nn.Module, input_shape: InputShape) -> int:
+    """Size of ``features(x).flatten(1)`` for one input of ``input_shape``."""
+    with torch.no_grad():
+        return features(torch.zeros(1, *input_shape)).flatten(1).shape[1]
+
+
+class MLP2NN(ClassifierModule):
+    """McMahan et al., 2017, "Communication-Efficient Learning of Deep Networks
+    from Decentralized Data" (AISTATS): the "2NN", two hidden layers of 200
+    ReLU units (199,210 parameters on 28x28 grayscale, 10 classes)."""
+
+    def __init__(self, input_shape: InputShape, num_classes: int, hidden: int = 200):
+        super().__init__()
+        c, h, w = input_shape
+        self.net = nn.Sequential(
+            nn.Flatten(),
+            nn.Linear(c * h * w, hidden), nn.ReLU(),
+            nn.Linear(hidden, hidden), nn.ReLU(),
+            nn.Linear(hidden, num_classes),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+class ConvNet(ClassifierModule):
+    """Generic ``features -> flatten -> classifier`` CNN.
+
+    Parameters
+    ----------
+    features : nn.Module
+        Convolutional trunk.
+    input_shape : tuple of int
+        (channels, height, width); used to size the first linear layer.
+    hidden_sizes : sequence of int
+        Widths of the ReLU hidden layers of the classifier head.
+    num_classes : int
+        Number of output logits.
+    """
+
+    def __init__(self, features: nn.Module, input_shape: InputShape,
+                 hidden_sizes: tuple[int, ...], num_classes: int):
+        super().__init__()
+        self.features = features
+        layers: list[nn.Module] = [nn.Flatten()]
+        in_features = _flat_features(features, input_shape)
+        for width in hidden_sizes:
+            layers += [nn.Linear(in_features, width), nn.ReLU()]
+            in_features = width
+        layers.append(nn.Linear(in_features, num_classes))
+        self.classifier = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x))
+
+
+def _conv_block(in_ch: int, out_ch: int, padding: int, groups: int = 0) -> nn.Sequential:
+    """5x5 conv, optional GroupNorm(``groups``), ReLU, 2x2 max-pool."""
+    norm = [nn.GroupNorm(groups, out_ch)] if groups else []
+    return nn.Sequential(nn.Conv2d(in_ch, out_ch, 5, padding=padding), *norm,
+                         nn.ReLU(), nn.MaxPool2d(2))
+
+
+def cnn_mcmahan(input_shape: InputShape, num_classes: int) -> ConvNet:
+    """McMahan et al., 2017: CNN with two 5x5 'same' convs (32, 64), 2x2 pools,
+    a 512-unit FC layer (1,663,370 parameters on 28x28 grayscale, 10 classes)."""
+    c = input_shape[0]
+    features = nn.Sequential(_conv_block(c, 32, 2), _conv_block(32, 64, 2))
+    return ConvNet(features, input_shape, (512,), num_classes)
+
+
+def cnn_small(input_shape: InputShape, num_classes: int) -> ConvNet:
+    """Li et al., 2021, "Federated Learning on Non-IID Data Silos: An
+    Experimental Study" (NIID-Bench, ICDE): LeNet-like simple CNN with
+    unpadded 5x5 convs (6, 16) and FC 120 -> 84 -> classes."""
+    c = input_shape[0]
+    features = nn.Sequential(_conv_block(c, 6, 0), _conv_block(6, 16, 0))
+    return ConvNet(features, input_shape, (120, 84), num_classes)
+
+
+def lenet_gn(input_shape: InputShape, num_classes: int, groups: int = 2) -> ConvNet:
+    """LeNet-style CNN with GroupNorm after each conv, following Hsieh et al.,
+    2020, "The Non-IID Data Quagmire of Decentralized Machine Learning" (ICML),
+    who replace BatchNorm by GroupNorm for non-IID data.
+
+    Same layout as :func:`cnn_mcmahan` (5x5 'same' convs 32, 64; FC 512) with
+    ``GroupNorm(2, C)`` after each conv, matching the 2 groups of ``resnet18-gn``;
+    2 divides both 32 and 64. Adds 192 affine parameters (1,663,562 on 28x28x1).
+    """
+    c = input_shape[0]
+    features = nn.Sequential(_conv_block(c, 32, 2, groups), _conv_block(32, 64, 2, groups))
+    return ConvNet(features, input_shape, (512,), num_classes)
+
+
+def cnn_fedveca(input_shape: InputShape, num_classes: int) -> ConvNet:
+    """Zhu et al., "FedVeca: Federated Vectorized Averaging on Non-IID Data
+    with Adaptive Bi-directional Global Objective": two 5x5x32 'same' convs,
+    each with ReLU and 2x2/2 max-pool, FC 256, FC classes.
+
+    Initialised as the reference code: weights ~ truncated normal (std 0.1,
+    cut at +-0.2), biases = 0.1.
+    """
+    c = input_shape[0]
+    features = nn.Sequential(_conv_block(c, 32, 2), _conv_block(32, 32, 2))
+    model = ConvNet(features, input_shape, (256,), num_classes)
+    for module in model.modules():
+        if isinstance(module, (nn.Conv2d, nn.Linear)):
+            nn.init.trunc_normal_(module.weight, std=0.1, a=-0.2, b=0.2)
+            nn.init.constant_(module.bias, 0.1)
+    return model
+
+
+class ResNet18GN(ClassifierModule):
+    """He et al., 2016, "Deep Residual Learning for Image Recognition" (CVPR):
+    torchvision ResNet-18 with GroupNorm(2, C) instead of BatchNorm (Hsieh et
+    al., 2020), a 3x3 stride-1 stem and no max-pool for small images.
+    Randomly initialised; no weights are ever downloaded."""
+
+    def __init__(self, input_shape: InputShape, num_classes: int):
+        super().__init__()
+        self.net = torchvision.models.resnet18(
+            weights=None, num_classes=num_classes,
+            norm_layer=functools.partial(nn.GroupNorm, 2))
+        self.net.conv1 = nn.Conv2d(input_shape[0], 64, 3, stride=1, padding=1, bias=False)
+        self.net.maxpool = nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+class LinearSVM(ClassifierModule):
+    """Linear squared-hinge SVM of FedVeca (Zhu et al.) for the binary
+    even/odd digit task.
+
+    ``f(x) = <w, vec(x)>`` with no bias and ``w`` initialised to zero. Class ids
+    are mapped to ``y = +1`` (even) / ``-1`` (odd), and
+    ``loss = l2/2 * ||w||^2 + 1/2 * mean(max(0, 1 - y f(x))^2)``.
+    """
+
+    def __init__(self, input_shape: InputShape, num_classes: int = 2, l2: float = 0.1):
+        super().__init__()
+        c, h, w = input_shape
+        self.l2 = l2
+        self.weight = nn.Parameter(torch.zeros(c * h * w))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.flatten(1) @ self.weight
+
+    @staticmethod
+    def signed_labels(targets: torch.Tensor) -> torch.Tensor:
+        """+1 for even class ids, -1 for odd ones."""
+        return 1.0 - 2.0 * (targets % 2).float()
+
+    def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        margins = self.signed_labels(targets) * outputs
+        hinge = torch.clamp(1.0 - margins, min=0.0).pow(2).mean()
+        return 0.5 * self.l2 * self.weight.pow(2).sum() + 0.5 * hinge
+
+    def num_correct(self, outputs: torch.Tensor, targets: torch.Tensor) -> int:
+        return int((self.signed_labels(targets) * outputs > 0).sum().item())
+
+
+_BUILDERS: dict[str, Callable[[InputShape, int], ClassifierModule]] = {
+    "mlp-2nn": MLP2NN,
+    "cnn-mcmahan": cnn_mcmahan,
+    "cnn-small": cnn_small,
+    "lenet-gn": lenet_gn,
+    "cnn-fedveca": cnn_fedveca,
+    "resnet18-gn": ResNet18GN,
+    "svm": LinearSVM,
+}
+
+MODEL_NAMES: tuple[str, ...] = tuple(_BUILDERS)
+
+
+def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int) -> ClassifierModule:
+    """Build the model registered as ``name`` for ``(C, H, W)`` inputs.
+
+    Raises
+    ------
+    ValueError
+        If ``name`` is not one of :data:`MODEL_NAMES`.
+    """
+    if name not in _BUILDERS:
+        raise ValueError(f"Unknown model name {name!r}; valid names: {', '.join(MODEL_NAMES)}")
+    return _BUILDERS[name](tuple(input_shape), num_classes)
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Number of trainable parameters of ``model``."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)

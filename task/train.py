@@ -1,0 +1,103 @@
+"""Local solvers: minibatch SGD for E epochs or a fixed number of steps.
+
+One function, :func:`local_sgd`, covers FedAvg's ClientUpdate (McMahan et al.
+Alg. 1), FedSGD (E = 1, B = full), momentum / weight decay, and FedProx's proximal
+term (Li et al. MLSys'20): the gradient gets mu * (w - w_global), i.e. the local
+objective is F_k(w) + (mu/2) * ||w - w_global||^2. With mu = 0 no proximal code
+runs at all, so FedProx(mu=0) is bit-identical to FedAvg for the same seed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .models import ClassifierModule
+
+
+@dataclass(frozen=True)
+class LocalResult:
+    """What the strategies need from local training."""
+
+    num_examples: int
+    local_steps: int
+    train_loss: float
+
+
+def resolve_device(device: str = "auto") -> torch.device:
+    """'auto' picks CUDA when present, else CPU."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def client_seed(seed: int, server_round: int, partition_id: int) -> int:
+    """A 63-bit seed for the (run seed, round, partition) batch stream."""
+    return int(np.random.SeedSequence([seed, server_round, partition_id]).generate_state(1, np.uint64)[0] >> 1)
+
+
+def batch_indices(num_examples: int, batch_size: int, generator: torch.Generator):
+    """Endless stream of minibatch index tensors: a fresh permutation every epoch.
+
+    batch_size 0 (or >= num_examples) yields the full local batch every time.
+    The last batch of an epoch may be smaller (no samples are dropped).
+    """
+    size = num_examples if batch_size <= 0 else min(batch_size, num_examples)
+    while True:
+        perm = torch.randperm(num_examples, generator=generator)
+        for start in range(0, num_examples, size):
+            yield perm[start : start + size]
+
+
+def steps_per_epoch(num_examples: int, batch_size: int) -> int:
+    """ceil(n / B), or 1 for the full batch."""
+    if batch_size <= 0 or batch_size >= num_examples:
+        return 1
+    return -(-num_examples // batch_size)
+
+
+def local_sgd(
+    model: ClassifierModule,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    lr: float,
+    batch_size: int,
+    epochs: int = 1,
+    steps: int = 0,
+    momentum: float = 0.0,
+    weight_decay: float = 0.0,
+    proximal_mu: float = 0.0,
+    seed: int = 0,
+) -> LocalResult:
+    """Train ``model`` in place on (x, y); ``steps`` > 0 overrides ``epochs``.
+
+    Data and model must already be on the same device. The batch order depends only
+    on ``seed``. Returns the number of examples, the SGD steps taken (tau_i) and the
+    mean minibatch loss over those steps.
+    """
+    n = len(y)
+    if n == 0:
+        return LocalResult(num_examples=0, local_steps=0, train_loss=float("nan"))
+    total_steps = steps if steps > 0 else epochs * steps_per_epoch(n, batch_size)
+    generator = torch.Generator().manual_seed(seed)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
+    anchor = [p.detach().clone() for p in model.parameters()] if proximal_mu > 0 else None
+    model.train()
+    loss_sum = torch.zeros((), device=x.device)
+    batches = batch_indices(n, batch_size, generator)
+    for _ in range(total_steps):
+        idx = next(batches).to(x.device)
+        optimizer.zero_grad(set_to_none=True)
+        loss = model.loss(model(x[idx]), y[idx])
+        loss.backward()
+        if anchor is not None:
+            with torch.no_grad():
+                for p, p0 in zip(model.parameters(), anchor):
+                    if p.grad is not None:
+                        p.grad.add_(p - p0, alpha=proximal_mu)
+        optimizer.step()
+        loss_sum += loss.detach()
+    return LocalResult(num_examples=n, local_steps=total_steps, train_loss=float(loss_sum) / total_steps)
