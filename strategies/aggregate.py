@@ -1,0 +1,148 @@
+"""Pure numpy math of the FedAvg family: sampling, aggregation coefficients, update.
+
+No Flower types here. Models are ``dict[str, np.ndarray]`` keyed by parameter name.
+
+Every aggregation rule of the family is written as one update (Option I of the
+IID->non-IID study, Alg. 3):
+
+    w_{t+1} = w_t + eta_g * sum_{k in S_t} c_k * (w_k - w_t)
+
+and only the coefficients c_k differ:
+
+* McMahan et al. Alg. 1 (erratum):   c_k = n_k / m_t, m_t = sum_{k in S_t} n_k
+* uniform ("naive") averaging:       c_k = 1 / |S_t|
+* McMahan et al. pre-erratum:        c_k = n_k / n over ALL n examples; unsampled
+                                     clients contribute w_t (the update form above)
+* Li et al. ICLR'20 Scheme I:        c_k = (#draws of k) / K   (K draws with replacement, prob. p_k)
+* Li et al. ICLR'20 Scheme II:       c_k = p_k * N / K         (K of N uniformly without replacement)
+
+When sum(c) = 1 and eta_g = 1 this is exactly model averaging, sum_k c_k w_k.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+NDArrays = dict[str, np.ndarray]
+
+
+def num_to_sample(fraction: float, num_clients: int) -> int:
+    """m = max(floor(C * K), 1) clients per round (McMahan et al., Alg. 1).
+
+    A tiny tolerance keeps e.g. 0.29 * 100 = 28.999999999999996 at 29.
+    """
+    if num_clients < 1:
+        raise ValueError(f"num_clients must be >= 1, got {num_clients}")
+    return max(min(int(math.floor(fraction * num_clients + 1e-9)), num_clients), 1)
+
+
+def sample_without_replacement(rng: np.random.Generator, num_clients: int, m: int) -> np.ndarray:
+    """Indices of m distinct clients out of num_clients, uniformly (sorted)."""
+    return np.sort(rng.choice(num_clients, size=m, replace=False))
+
+
+def sample_with_replacement(
+    rng: np.random.Generator, probabilities: Sequence[float], num_draws: int
+) -> np.ndarray:
+    """K draws with replacement, client k with probability p_k (Li et al., Scheme I).
+
+    Returns the draw count of every client (length N, sums to num_draws).
+    """
+    p = np.asarray(probabilities, dtype=np.float64)
+    draws = rng.choice(len(p), size=num_draws, replace=True, p=p / p.sum())
+    return np.bincount(draws, minlength=len(p))
+
+
+def coefficients_by_examples(num_examples: Sequence[float]) -> np.ndarray:
+    """c_k = n_k / m_t over the sampled clients (McMahan et al. Alg. 1, erratum)."""
+    n = _positive(num_examples, "num_examples")
+    return n / n.sum()
+
+
+def coefficients_uniform(num_sampled: int) -> np.ndarray:
+    """c_k = 1 / |S_t| (naive averaging)."""
+    if num_sampled < 1:
+        raise ValueError(f"num_sampled must be >= 1, got {num_sampled}")
+    return np.full(num_sampled, 1.0 / num_sampled)
+
+
+def coefficients_pre_erratum(num_examples: Sequence[float], total_examples: float) -> np.ndarray:
+    """c_k = n_k / n with n over all clients (McMahan et al. Alg. 1 before the erratum).
+
+    The missing mass sum_{k not in S_t} n_k / n multiplies w_t, which the update
+    form w_t + sum c_k (w_k - w_t) already does.
+    """
+    n = _positive(num_examples, "num_examples")
+    if total_examples < n.sum():
+        raise ValueError(
+            f"total_examples ({total_examples}) is smaller than the sampled clients' "
+            f"examples ({n.sum()})"
+        )
+    return n / float(total_examples)
+
+
+def coefficients_scheme_i(draw_counts: Sequence[int]) -> np.ndarray:
+    """c_k = (#draws of k) / K: the plain mean over K draws with replacement (Scheme I)."""
+    counts = np.asarray(draw_counts, dtype=np.float64)
+    if counts.sum() <= 0:
+        raise ValueError("draw_counts must sum to at least 1")
+    return counts / counts.sum()
+
+
+def coefficients_scheme_ii(
+    probabilities: Sequence[float], num_clients: int, num_sampled: int
+) -> np.ndarray:
+    """c_k = p_k * N / K for K of N clients sampled uniformly (Li et al., Scheme II).
+
+    Unbiased: E[sum_{k in S} p_k N / K] = 1. The sum is 1 only for balanced data.
+    """
+    p = np.asarray(probabilities, dtype=np.float64)
+    return p * (num_clients / num_sampled)
+
+
+def apply_update(
+    global_arrays: Mapping[str, np.ndarray],
+    client_arrays: Sequence[Mapping[str, np.ndarray]],
+    coefficients: Sequence[float],
+    server_lr: float = 1.0,
+) -> NDArrays:
+    """w_t + eta_g * sum_k c_k (w_k - w_t), key by key (Option I, IID->non-IID study Alg. 3).
+
+    Floating arrays are accumulated in float64 and cast back to their dtype.
+    Integer arrays (e.g. BatchNorm's ``num_batches_tracked``) are not parameters:
+    they get the c-weighted mean of the clients' values, rounded.
+    """
+    c = np.asarray(coefficients, dtype=np.float64)
+    if len(client_arrays) != len(c):
+        raise ValueError(f"{len(client_arrays)} client models but {len(c)} coefficients")
+    if len(c) == 0:
+        raise ValueError("apply_update needs at least one client model")
+    new: NDArrays = {}
+    for key, current in global_arrays.items():
+        if np.issubdtype(current.dtype, np.floating):
+            base = current.astype(np.float64)
+            step = np.zeros_like(base)
+            for c_k, arrays in zip(c, client_arrays):
+                step += c_k * (arrays[key].astype(np.float64) - base)
+            new[key] = (base + server_lr * step).astype(current.dtype)
+        else:
+            weights = c / c.sum()
+            mean = sum(w * arrays[key].astype(np.float64) for w, arrays in zip(weights, client_arrays))
+            new[key] = np.rint(mean).astype(current.dtype)
+    return new
+
+
+def weighted_mean(values: Sequence[float], weights: Sequence[float]) -> float:
+    """sum w_i v_i / sum w_i."""
+    w = np.asarray(weights, dtype=np.float64)
+    return float(np.dot(w, np.asarray(values, dtype=np.float64)) / w.sum())
+
+
+def _positive(values: Sequence[float], name: str) -> np.ndarray:
+    arr = np.asarray(values, dtype=np.float64)
+    if arr.size == 0 or np.any(~np.isfinite(arr)) or np.any(arr <= 0):
+        raise ValueError(f"{name} must be finite and > 0, got {arr.tolist()}")
+    return arr
