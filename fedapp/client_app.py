@@ -1,0 +1,135 @@
+"""ClientApp: @train / @evaluate / @query on top of task's local solver.
+
+Each node finds its data by ``partition-id`` / ``num-partitions`` in its node config
+(simulation sets both; a deployed SuperNode names them, and optionally ``data-dir``,
+in ``--node-config``). Data is decoded and partitioned once per process.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from strategies import contract as C
+from task.data import PartitionSpec, client_data, load_dataset
+from task.evaluate import evaluate
+from task.models import build_model
+from task.train import client_seed, local_sgd, resolve_device
+
+from .config import ConfigError, RunConfig
+
+app = ClientApp()
+
+
+@functools.lru_cache(maxsize=8)
+def _config(items: tuple) -> RunConfig:
+    return RunConfig.from_user_config(dict(items))
+
+
+def run_config(context: Context) -> RunConfig:
+    """The validated run config (parsed once per distinct config)."""
+    return _config(tuple(sorted(context.run_config.items())))
+
+
+def partition_of(context: Context) -> tuple[int, int]:
+    """(partition-id, num-partitions) from the node config, with a clear error."""
+    node = context.node_config
+    for key in ("partition-id", "num-partitions"):
+        if key not in node:
+            raise ConfigError(
+                f"node config has no '{key}'; start the SuperNode with "
+                "--node-config \"partition-id=0 num-partitions=2\""
+            )
+    return int(node["partition-id"]), int(node["num-partitions"])
+
+
+def local_data(context: Context) -> tuple[torch.Tensor, torch.Tensor, object, RunConfig]:
+    """This node's (x, y) on the training device, the whole dataset, and the config."""
+    cfg = run_config(context)
+    partition_id, num_partitions = partition_of(context)
+    data_dir = str(context.node_config.get("data-dir", cfg.data_dir))
+    dataset = load_dataset(cfg.dataset, data_dir, cfg.allow_download, cfg.synthetic_alpha, cfg.synthetic_beta)
+    spec = PartitionSpec(
+        scheme=cfg.partition, seed=cfg.seed, alpha=cfg.dirichlet_alpha, min_size=cfg.min_partition_size,
+        classes_per_partition=cfg.classes_per_partition, shards_per_partition=cfg.shards_per_partition,
+        sigma=cfg.quantity_sigma,
+    )
+    x, y = _on_device(client_data(dataset, spec, partition_id, num_partitions), str(resolve_device(cfg.device)))
+    return x, y, dataset, cfg
+
+
+@functools.lru_cache(maxsize=256)
+def _on_device(xy: tuple[torch.Tensor, torch.Tensor], device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    return xy[0].to(device), xy[1].to(device)
+
+
+@functools.lru_cache(maxsize=4)
+def _model(name: str, input_shape: tuple, num_classes: int, device: str) -> torch.nn.Module:
+    """One model object per process; every call loads the received weights into it."""
+    return build_model(name, input_shape, num_classes).to(device)
+
+
+def received_model(msg: Message, cfg: RunConfig, dataset) -> torch.nn.Module:
+    model = _model(cfg.model, dataset.input_shape, dataset.num_classes, str(resolve_device(cfg.device)))
+    model.load_state_dict(msg.content[C.ARRAYS].to_torch_state_dict())
+    return model
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    """Local SGD on this node's partition; replies the model and the statistics."""
+    x, y, dataset, cfg = local_data(context)
+    model = received_model(msg, cfg, dataset)
+    config = msg.content[C.CONFIG]
+    partition_id, _ = partition_of(context)
+    server_round = int(config.get(C.SERVER_ROUND, 0))
+    result = local_sgd(
+        model, x, y,
+        lr=float(config.get(C.LR, cfg.lr)),
+        batch_size=int(config.get(C.BATCH_SIZE, cfg.batch_size)),
+        epochs=int(config.get(C.LOCAL_EPOCHS, cfg.local_epochs)),
+        steps=int(config.get(C.LOCAL_STEPS, cfg.local_steps)),
+        momentum=float(config.get(C.MOMENTUM, cfg.momentum)),
+        weight_decay=float(config.get(C.WEIGHT_DECAY, cfg.weight_decay)),
+        proximal_mu=float(config.get(C.PROXIMAL_MU, 0.0)),
+        seed=client_seed(int(config.get(C.SEED, cfg.seed)), server_round, partition_id),
+    )
+    metrics = MetricRecord({
+        C.NUM_EXAMPLES: result.num_examples,
+        C.TRAIN_LOSS: result.train_loss,
+        C.LOCAL_STEPS_TAKEN: result.local_steps,
+        C.PARTITION_ID: partition_id,
+    })
+    arrays = ArrayRecord({k: v.detach().cpu() for k, v in model.state_dict().items()})
+    return Message(RecordDict({C.ARRAYS: arrays, C.METRICS: metrics}), reply_to=msg)
+
+
+@app.evaluate()
+def evaluate_local(msg: Message, context: Context) -> Message:
+    """Loss and accuracy of the received model on this node's training partition."""
+    x, y, dataset, cfg = local_data(context)
+    model = received_model(msg, cfg, dataset)
+    result = evaluate(model, x, y, cfg.eval_batch_size)
+    metrics = MetricRecord({
+        C.NUM_EXAMPLES: result.num_examples,
+        C.EVAL_LOSS: result.loss,
+        C.EVAL_ACCURACY: result.accuracy,
+    })
+    return Message(RecordDict({C.METRICS: metrics}), reply_to=msg)
+
+
+@app.query()
+def query(msg: Message, context: Context) -> Message:
+    """Client facts the server samples and weights by: partition id, size, label counts."""
+    x, y, dataset, _ = local_data(context)
+    partition_id, _ = partition_of(context)
+    counts = torch.bincount(y.cpu(), minlength=dataset.num_classes).tolist()
+    metrics = MetricRecord({
+        C.PARTITION_ID: partition_id,
+        C.NUM_EXAMPLES: len(y),
+        C.LABEL_COUNTS: [int(c) for c in counts],
+    })
+    return Message(RecordDict({C.METRICS: metrics}), reply_to=msg)

@@ -1,0 +1,145 @@
+"""One typed, validated view of the run config ([tool.flwr.app.config]).
+
+Every key of pyproject.toml's ``[tool.flwr.app.config]`` is a field here (kebab-case
+key = snake_case field) with the same default; ``tests/test_config.py`` keeps the
+two in step. Bad values raise :class:`ConfigError`, whose message names the key,
+the value, what is allowed and how to set it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from strategies.fedavg import WEIGHTINGS
+from task.data import DATASET_NAMES, check_dataset_name
+from task.models import MODEL_NAMES
+from task.partition import PARTITION_NAMES
+
+
+class ConfigError(ValueError):
+    """A run-config value is wrong; the message says which, and what to use instead."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """The run config, typed. See README "Run-config keys" for each key's meaning."""
+
+    num_server_rounds: int = 10
+    strategy: str = "fedavg"
+    weighting: str = "examples"
+    fraction_train: float = 1.0
+    fraction_evaluate: float = 0.0
+    min_available_nodes: int = 2
+    server_lr: float = 1.0
+    dataset: str = "fashion-mnist"
+    data_dir: str = ""
+    allow_download: bool = True
+    synthetic_alpha: float = 1.0
+    synthetic_beta: float = 1.0
+    partition: str = "dirichlet"
+    dirichlet_alpha: float = 0.5
+    min_partition_size: int = 10
+    classes_per_partition: int = 2
+    shards_per_partition: int = 2
+    quantity_sigma: float = 0.5
+    model: str = "cnn-small"
+    local_epochs: int = 1
+    local_steps: int = 0
+    batch_size: int = 32
+    full_batch: bool = False
+    lr: float = 0.05
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    seed: int = 0
+    device: str = "auto"
+    eval_batch_size: int = 1000
+    output_dir: str = ""
+
+    @classmethod
+    def from_user_config(cls, user_config: Mapping[str, object]) -> RunConfig:
+        """Build and validate from ``context.run_config``; unknown keys are an error."""
+        fields = {f.name.replace("_", "-"): f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(user_config) - set(fields))
+        if unknown:
+            raise ConfigError(
+                f"run config: unknown key(s) {', '.join(unknown)}; known keys: {', '.join(fields)}"
+            )
+        values = {}
+        for key, field in fields.items():
+            if key in user_config:
+                values[field.name] = _typed(key, user_config[key], type(field.default))
+        config = cls(**values)
+        config.validate()
+        return config
+
+    def to_dict(self) -> dict[str, object]:
+        """Kebab-case keys, as in pyproject.toml."""
+        return {f.name.replace("_", "-"): getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def validate(self) -> None:
+        """Raise ConfigError on the first bad value."""
+        _check("num-server-rounds", self.num_server_rounds, self.num_server_rounds >= 1, "an integer >= 1")
+        _check("weighting", self.weighting, self.weighting in WEIGHTINGS, f"one of {', '.join(WEIGHTINGS)}")
+        _check("fraction-train", self.fraction_train, 0 < self.fraction_train <= 1, "a number in (0, 1]")
+        _check("fraction-evaluate", self.fraction_evaluate, 0 <= self.fraction_evaluate <= 1, "a number in [0, 1]")
+        _check("min-available-nodes", self.min_available_nodes, self.min_available_nodes >= 1, "an integer >= 1")
+        _check("server-lr", self.server_lr, self.server_lr > 0, "a number > 0")
+        try:
+            check_dataset_name(self.dataset)
+        except ValueError:
+            _check("dataset", self.dataset, False, f"one of {', '.join(DATASET_NAMES)}")
+        _check("synthetic-alpha", self.synthetic_alpha, self.synthetic_alpha >= 0, "a number >= 0")
+        _check("synthetic-beta", self.synthetic_beta, self.synthetic_beta >= 0, "a number >= 0")
+        _check("partition", self.partition, self.partition in PARTITION_NAMES, f"one of {', '.join(PARTITION_NAMES)}")
+        _check("dirichlet-alpha", self.dirichlet_alpha, self.dirichlet_alpha > 0, "a number > 0 (smaller = more label skew)")
+        _check("min-partition-size", self.min_partition_size, self.min_partition_size >= 0, "an integer >= 0")
+        _check("classes-per-partition", self.classes_per_partition, self.classes_per_partition >= 1, "an integer >= 1")
+        _check("shards-per-partition", self.shards_per_partition, self.shards_per_partition >= 1, "an integer >= 1")
+        _check("quantity-sigma", self.quantity_sigma, self.quantity_sigma >= 0, "a number >= 0 (0 = balanced)")
+        _check("model", self.model, self.model in MODEL_NAMES, f"one of {', '.join(MODEL_NAMES)}")
+        _check("local-epochs", self.local_epochs, self.local_epochs >= 1, "an integer >= 1")
+        _check("local-steps", self.local_steps, self.local_steps >= 0, "an integer >= 0 (0 = use local-epochs)")
+        _check("batch-size", self.batch_size, self.batch_size >= 1, "an integer >= 1 (for B = full local data set full-batch=true)")
+        _check("lr", self.lr, self.lr > 0, "a number > 0")
+        _check("momentum", self.momentum, 0 <= self.momentum < 1, "a number in [0, 1)")
+        _check("weight-decay", self.weight_decay, self.weight_decay >= 0, "a number >= 0")
+        device_ok = self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")
+        _check("device", self.device, device_ok, "auto, cpu, cuda or cuda:N")
+        _check("eval-batch-size", self.eval_batch_size, self.eval_batch_size >= 1, "an integer >= 1")
+        _check("output-dir", self.output_dir, self.output_dir == "" or Path(self.output_dir).is_absolute(),
+               "an absolute path, or '' for the per-user default (app processes do not run in your cwd)")
+
+    def resolved_output_dir(self) -> Path:
+        """output-dir, or $XDG_DATA_HOME/fedhetero/runs (default ~/.local/share/fedhetero/runs)."""
+        if self.output_dir:
+            return Path(self.output_dir)
+        base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+        return Path(base) / "fedhetero" / "runs"
+
+
+def _check(key: str, value: object, ok: bool, allowed: str) -> None:
+    if not ok:
+        example = f"{key}='...'" if isinstance(value, str) else f"{key}=..."
+        raise ConfigError(
+            f"run config: {key}={value!r} is not allowed; it must be {allowed}. "
+            f"Set it with: flwr run . --run-config \"{example}\""
+        )
+
+
+def _typed(key: str, value: object, wanted: type) -> object:
+    """Coerce TOML values to the field's type (int for float is fine, nothing else)."""
+    if wanted is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if wanted is int and isinstance(value, float) and value.is_integer():
+        return int(value)
+    if not isinstance(value, wanted) or (wanted is int and isinstance(value, bool)):
+        raise ConfigError(
+            f"run config: {key}={value!r} has type {type(value).__name__}, expected "
+            f"{wanted.__name__}. Strings need quotes inside the --run-config string, e.g. "
+            f"--run-config \"{key}='value'\""
+        )
+    return value

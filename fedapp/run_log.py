@@ -1,0 +1,85 @@
+"""The run log: resolved config, one JSON line per round, the final model.
+
+Layout of one run directory::
+
+    <output-dir>/<YYYYmmdd-HHMMSS>-<strategy>-run<run_id>/
+        config.json      resolved run config + versions
+        rounds.jsonl     one JSON object per round (round 0 = initial model)
+        final_model.pt   torch state_dict of the final global model
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+
+TABLE_COLUMNS = (
+    ("round", "round", "{:>5}"),
+    ("accuracy", "acc", "{:>7.4f}"),
+    ("loss", "loss", "{:>7.4f}"),
+    ("train-loss", "train", "{:>7.4f}"),
+    ("clients-sampled", "smp", "{:>4}"),
+    ("clients-failed", "fail", "{:>4}"),
+    ("bytes-up", "MB up", "{:>8.2f}"),
+    ("bytes-down", "MB dn", "{:>8.2f}"),
+    ("wall-seconds", "sec", "{:>6.1f}"),
+)
+
+
+class RunLog:
+    """Writes one run's directory."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.rounds_path = directory / "rounds.jsonl"
+
+    @classmethod
+    def create(cls, output_dir: Path, strategy: str, run_id: int, config: dict) -> RunLog:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        directory = output_dir / f"{stamp}-{strategy}-run{run_id}"
+        directory.mkdir(parents=True, exist_ok=True)
+        log = cls(directory)
+        (directory / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        log.rounds_path.write_text("")
+        return log
+
+    def append_round(self, record: dict) -> None:
+        with self.rounds_path.open("a") as handle:
+            handle.write(json.dumps(record, sort_keys=True) + "\n")
+
+    def save_model(self, state_dict: dict) -> Path:
+        path = self.directory / "final_model.pt"
+        tmp = path.with_suffix(".pt.tmp")
+        torch.save(state_dict, tmp)
+        tmp.replace(path)
+        return path
+
+
+def read_rounds(directory: Path) -> list[dict]:
+    """All round records of a run directory."""
+    lines = (Path(directory) / "rounds.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def table_header() -> str:
+    return " | ".join(f"{title:>{len(fmt.format(0) if 'f' not in fmt else fmt.format(0.0))}}"
+                      for _, title, fmt in TABLE_COLUMNS)
+
+
+def table_row(record: dict) -> str:
+    cells = []
+    for key, _, fmt in TABLE_COLUMNS:
+        value = record.get(key)
+        if key.startswith("bytes") and value is not None:
+            value = value / 1e6
+        width = len(fmt.format(0.0 if "f" in fmt else 0))
+        cells.append(" " * (width - 1) + "-" if value is None else fmt.format(value))
+    return " | ".join(cells)
+
+
+def format_table(records: list[dict]) -> str:
+    """A per-round text table of accuracy, losses, clients, bytes and time."""
+    return "\n".join([table_header()] + [table_row(r) for r in records])

@@ -1,0 +1,100 @@
+"""ServerApp: run config -> strategy (registry), initial model, server-side evaluation, run log."""
+
+from __future__ import annotations
+
+import platform
+import time
+from logging import ERROR, INFO
+
+import flwr
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
+from flwr.common.logger import log
+from flwr.serverapp import Grid, ServerApp
+
+from task.data import DataNotFoundError, load_dataset
+from task.evaluate import evaluate
+from task.models import build_model
+from task.train import resolve_device
+
+from .config import ConfigError, RunConfig
+from .registry import build_strategy
+from .run_log import RunLog, format_table, table_header, table_row
+
+app = ServerApp()
+
+
+class ServerEvaluator:
+    """``evaluate_fn`` for ``Strategy.start``: test-set evaluation + one run-log line per round."""
+
+    def __init__(self, model, dataset, device, strategy, run_log: RunLog, batch_size: int) -> None:
+        self.model = model.to(device)
+        self.x_test = dataset.x_test.to(device)
+        self.y_test = dataset.y_test.to(device)
+        self.strategy = strategy
+        self.run_log = run_log
+        self.batch_size = batch_size
+        self.records: list[dict] = []
+        self.started = self.last = time.perf_counter()
+
+    def __call__(self, server_round: int, arrays: ArrayRecord) -> MetricRecord:
+        self.model.load_state_dict(arrays.to_torch_state_dict())
+        result = evaluate(self.model, self.x_test, self.y_test, self.batch_size)
+        now = time.perf_counter()
+        record = {
+            "round": server_round,
+            "accuracy": result.accuracy,
+            "loss": result.loss,
+            "wall-seconds": now - self.last,
+            "elapsed-seconds": now - self.started,
+        }
+        record.update(getattr(self.strategy, "diagnostics", {}).get(server_round, {}))
+        self.last = now
+        self.records.append(record)
+        self.run_log.append_round(record)
+        if server_round == 0:
+            log(INFO, "Per-round results (also in %s):", self.run_log.rounds_path)
+            log(INFO, table_header())
+        log(INFO, table_row(record))
+        return MetricRecord({"accuracy": result.accuracy, "loss": result.loss})
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    """Validate the config and data, then run the strategy and write the run log."""
+    try:
+        cfg = RunConfig.from_user_config(context.run_config)
+        strategy, train_config = build_strategy(cfg)
+        dataset = load_dataset(cfg.dataset, cfg.data_dir, cfg.allow_download,
+                               cfg.synthetic_alpha, cfg.synthetic_beta)
+    except (ConfigError, DataNotFoundError, ValueError) as exc:
+        log(ERROR, "%s", exc)
+        raise SystemExit(f"fedhetero: {exc}") from None
+
+    torch.manual_seed(cfg.seed)
+    model = build_model(cfg.model, dataset.input_shape, dataset.num_classes)
+    device = resolve_device(cfg.device)
+    config_dump = {
+        "run-config": cfg.to_dict(),
+        "run-id": context.run_id,
+        "train-config": train_config,
+        "dataset-source": dataset.source,
+        "device": str(device),
+        "versions": {"flwr": flwr.__version__, "torch": torch.__version__, "python": platform.python_version()},
+    }
+    run_log = RunLog.create(cfg.resolved_output_dir(), cfg.strategy, context.run_id, config_dump)
+    log(INFO, "fedhetero: %s on %s (%s, %s), model %s, run directory %s",
+        cfg.strategy, cfg.dataset, cfg.partition, dataset.source, cfg.model, run_log.directory)
+    evaluator = ServerEvaluator(model, dataset, device, strategy, run_log, cfg.eval_batch_size)
+    result = strategy.start(
+        grid=grid,
+        initial_arrays=ArrayRecord(model.state_dict()),
+        num_rounds=cfg.num_server_rounds,
+        train_config=ConfigRecord(train_config),
+        evaluate_config=ConfigRecord({"seed": cfg.seed}),
+        evaluate_fn=evaluator,
+    )
+    del result  # the evaluator's model holds the final global model (round r's evaluate_fn)
+    path = run_log.save_model({k: v.cpu() for k, v in evaluator.model.state_dict().items()})
+    log(INFO, "Final model: %s", path)
+    log(INFO, "Per-round results:\n%s", format_table(evaluator.records))

@@ -1,0 +1,1 @@
+"""Experiments on Flower's simulation engine: local runs, benchmarks (sweeps and reports to come)."""

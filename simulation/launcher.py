@@ -1,0 +1,141 @@
+"""Run the app with the real ``flwr run`` on a managed local SuperLink, and clean up.
+
+``flwr run .`` starts a background "managed local SuperLink" (simulation runtime)
+that outlives the command. We give every launch an explicit ``FLWR_HOME`` (by default
+the project-local ``.flwr/``, never the user's ``~/.flwr``), disable runtime
+dependency installation and update checks (offline machines), and afterwards stop the
+SuperLink this launch started, by PID: the process whose command line carries this
+FLWR_HOME's log file.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def flwr_env(flwr_home: Path, base: Mapping[str, str] | None = None, isolate_ports: bool = False) -> dict[str, str]:
+    """Environment for an offline ``flwr`` CLI with its own FLWR_HOME."""
+    env = dict(os.environ if base is None else base)
+    env["FLWR_HOME"] = str(flwr_home)
+    env["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] = "1"
+    env["FLWR_DISABLE_UPDATE_CHECK"] = "1"
+    bin_dir = str(Path(sys.executable).parent)
+    env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
+    if isolate_ports:
+        env["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"] = str(free_port())
+        env["FLWR_LOCAL_CONTROL_API_PORT"] = str(free_port())
+    return env
+
+
+def to_flwr_config(values: Mapping[str, object]) -> str:
+    """{'strategy': 'fedavg', 'lr': 0.1} -> "strategy='fedavg' lr=0.1" (TOML values)."""
+    def toml(value: object) -> str:
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        if isinstance(value, str):
+            return "'" + value.replace("'", "") + "'"
+        return repr(value)
+    return " ".join(f"{key}={toml(value)}" for key, value in values.items())
+
+
+def local_superlink_pids(flwr_home: Path) -> list[int]:
+    """PIDs of managed local SuperLinks whose log file lies in this FLWR_HOME."""
+    marker = str(Path(flwr_home) / "local-superlink" / "superlink.log")
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        args = [a.decode(errors="replace") for a in argv]
+        if any(a.endswith("flower-superlink") for a in args[:2]) and marker in args:
+            pids.append(int(proc.name))
+    return pids
+
+
+def stop_local_superlink(flwr_home: Path, timeout: float = 15.0) -> list[int]:
+    """Stop this FLWR_HOME's managed SuperLink and its children (its process group)."""
+    pids = local_superlink_pids(flwr_home)
+    for pid in pids:
+        _signal_group(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
+        time.sleep(0.2)
+    for pid in pids:
+        if _alive(pid):
+            _signal_group(pid, signal.SIGKILL)
+    return pids
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        pgid = os.getpgid(pid)
+        if pgid == pid:  # detached: the SuperLink leads its own group (with SuperExec, app processes)
+            os.killpg(pgid, sig)
+        else:
+            os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead for our purpose
+        return "\nState:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+
+
+def flwr_run_command(run_config: Mapping[str, object] | None = None,
+                     federation_config: Mapping[str, object] | None = None,
+                     app_dir: Path = PROJECT_ROOT, stream: bool = True) -> list[str]:
+    """The ``flwr run`` argv for these overrides."""
+    cmd = [str(Path(sys.executable).parent / "flwr"), "run", str(app_dir)]
+    if run_config:
+        cmd += ["--run-config", to_flwr_config(run_config)]
+    if federation_config:
+        cmd += ["--federation-config", " ".join(f"{k}={v}" for k, v in federation_config.items())]
+    if stream:
+        cmd.append("--stream")
+    return cmd
+
+
+def run_app(run_config: Mapping[str, object] | None = None,
+            federation_config: Mapping[str, object] | None = None,
+            flwr_home: Path | None = None, timeout: float | None = None,
+            isolate_ports: bool = False, capture: bool = False) -> subprocess.CompletedProcess:
+    """``flwr run . --stream`` with a private FLWR_HOME; stops the SuperLink it started."""
+    flwr_home = Path(flwr_home or PROJECT_ROOT / ".flwr").resolve()
+    flwr_home.mkdir(parents=True, exist_ok=True)
+    env = flwr_env(flwr_home, isolate_ports=isolate_ports)
+    cmd = flwr_run_command(run_config, federation_config)
+    print("$ " + shlex.join(cmd), flush=True)
+    already_running = set(local_superlink_pids(flwr_home))
+    try:
+        return subprocess.run(cmd, env=env, cwd=PROJECT_ROOT, timeout=timeout, check=False,
+                              text=True, capture_output=capture)
+    finally:
+        if not already_running:
+            stop_local_superlink(flwr_home)
