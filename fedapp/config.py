@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,11 +48,11 @@ class RunConfig:
     shards_per_partition: int = 2
     quantity_sigma: float = 0.5
     model: str = "cnn-small"
-    local_epochs: int = 1
+    local_epochs: int = 2
     local_steps: int = 0
     batch_size: int = 32
     full_batch: bool = False
-    lr: float = 0.05
+    lr: float = 0.1
     momentum: float = 0.0
     weight_decay: float = 0.0
     seed: int = 0
@@ -107,8 +108,10 @@ class RunConfig:
         _check("lr", self.lr, self.lr > 0, "a number > 0")
         _check("momentum", self.momentum, 0 <= self.momentum < 1, "a number in [0, 1)")
         _check("weight-decay", self.weight_decay, self.weight_decay >= 0, "a number >= 0")
-        device_ok = self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")
+        device_ok = self.device in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d+", self.device) is not None
         _check("device", self.device, device_ok, "auto, cpu, cuda or cuda:N")
+        _check("data-dir", self.data_dir, self.data_dir == "" or Path(self.data_dir).is_absolute(),
+               "an absolute path, or '' for the default lookup (app processes do not run in your cwd)")
         _check("eval-batch-size", self.eval_batch_size, self.eval_batch_size >= 1, "an integer >= 1")
         _check("output-dir", self.output_dir, self.output_dir == "" or Path(self.output_dir).is_absolute(),
                "an absolute path, or '' for the per-user default (app processes do not run in your cwd)")

@@ -127,11 +127,11 @@ def apply_update(
             step = np.zeros_like(base)
             for c_k, arrays in zip(c, client_arrays):
                 step += c_k * (arrays[key].astype(np.float64) - base)
-            new[key] = (base + server_lr * step).astype(current.dtype)
+            new[key] = np.asarray(base + server_lr * step).astype(current.dtype)
         else:
             weights = c / c.sum()
             mean = sum(w * arrays[key].astype(np.float64) for w, arrays in zip(weights, client_arrays))
-            new[key] = np.rint(mean).astype(current.dtype)
+            new[key] = np.asarray(np.rint(mean)).astype(current.dtype)
     return new
 
 

@@ -14,6 +14,7 @@ heterogeneity study needs from a FedAvg server:
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -286,12 +287,15 @@ class FedAvg(FlowerFedAvg):
             return f"needs an ArrayRecord '{C.ARRAYS}' and a MetricRecord '{C.METRICS}'"
         metrics = content[C.METRICS]
         n = metrics.get(C.NUM_EXAMPLES)
-        if not isinstance(n, (int, float)) or isinstance(n, bool) or n <= 0 or n != int(n):
+        if (not isinstance(n, (int, float)) or isinstance(n, bool) or not math.isfinite(n)
+                or n <= 0 or n != int(n)):
             return f"'{C.NUM_EXAMPLES}' must be a positive integer, got {n!r}"
         expected = self.current_arrays
         arrays = content[C.ARRAYS]
-        if list(arrays.keys()) != list(expected.keys()):
-            return "array keys differ from the global model's"
+        if set(arrays.keys()) != set(expected.keys()):
+            missing = sorted(set(expected.keys()) - set(arrays.keys()))
+            extra = sorted(set(arrays.keys()) - set(expected.keys()))
+            return f"array keys differ from the global model's (missing {missing}, unexpected {extra})"
         for key, array in arrays.items():
             ref = expected[key]
             if tuple(array.shape) != tuple(ref.shape) or array.dtype != ref.dtype:

@@ -178,13 +178,20 @@ def _idx_folder_complete(folder: Path) -> bool:
 def read_idx(path: Path) -> np.ndarray:
     """Decode one IDX file (optionally gzipped) into a numpy array."""
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as handle:
-        data = handle.read()
+    try:
+        with opener(path, "rb") as handle:
+            data = handle.read()
+    except (EOFError, OSError) as exc:
+        raise ValueError(f"{path} cannot be read, it is corrupt or truncated ({exc}); "
+                         "delete it and reinstall / re-download the dataset") from exc
     if len(data) < 4:
         raise ValueError(f"{path} is not an IDX file (only {len(data)} bytes)")
     zero, dtype_code, ndim = struct.unpack(">HBB", data[:4])
     if zero != 0 or dtype_code != 0x08:
         raise ValueError(f"{path} is not an unsigned-byte IDX file (header {data[:4].hex()})")
+    if len(data) < 4 + 4 * ndim:
+        raise ValueError(f"{path} is truncated: its header announces {ndim} dimensions "
+                         f"but the file has only {len(data)} bytes")
     shape = struct.unpack(f">{ndim}I", data[4 : 4 + 4 * ndim])
     body = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim)
     if body.size != int(np.prod(shape)):

@@ -82,11 +82,13 @@ def local_sgd(
     if n == 0:
         return LocalResult(num_examples=0, local_steps=0, train_loss=float("nan"))
     total_steps = steps if steps > 0 else epochs * steps_per_epoch(n, batch_size)
+    if total_steps < 1:
+        raise ValueError(f"local work must be at least one step, got epochs={epochs}, steps={steps}")
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
     anchor = [p.detach().clone() for p in model.parameters()] if proximal_mu > 0 else None
     model.train()
-    loss_sum = torch.zeros((), device=x.device)
+    loss_sum = torch.zeros((), dtype=torch.float64, device=x.device)
     batches = batch_indices(n, batch_size, generator)
     for _ in range(total_steps):
         idx = next(batches).to(x.device)
