@@ -68,8 +68,8 @@ def main(grid: Grid, context: Context) -> None:
         dataset = load_dataset(cfg.dataset, cfg.data_dir, cfg.allow_download,
                                cfg.synthetic_alpha, cfg.synthetic_beta)
     except (ConfigError, DataNotFoundError, ValueError) as exc:
-        log(ERROR, "%s", exc)
-        raise SystemExit(f"fedhetero: {exc}") from None
+        log(ERROR, "%s", exc)  # the one line a user needs; Flower then marks the run failed
+        raise RuntimeError(f"fedhetero stopped before training: {exc}") from None
 
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.model, dataset.input_shape, dataset.num_classes)

@@ -10,7 +10,9 @@ FLWR_HOME's log file.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shlex
 import signal
 import socket
@@ -18,6 +20,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -122,20 +125,73 @@ def flwr_run_command(run_config: Mapping[str, object] | None = None,
     return cmd
 
 
+@dataclass
+class AppRun:
+    """Outcome of one ``flwr run``: exit code (non-zero unless finished:completed)."""
+
+    returncode: int
+    run_id: int | None
+    status: str
+    output: str
+
+
 def run_app(run_config: Mapping[str, object] | None = None,
             federation_config: Mapping[str, object] | None = None,
             flwr_home: Path | None = None, timeout: float | None = None,
-            isolate_ports: bool = False, capture: bool = False) -> subprocess.CompletedProcess:
-    """``flwr run . --stream`` with a private FLWR_HOME; stops the SuperLink it started."""
+            isolate_ports: bool = False, capture: bool = False) -> AppRun:
+    """``flwr run . --stream`` with a private FLWR_HOME; stops the SuperLink it started.
+
+    Output is echoed line by line (unless ``capture``) and kept. ``flwr run`` exits 0
+    even when the ServerApp fails, so the run's final status is read with
+    ``flwr ls --run-id ID --format json``.
+    """
     flwr_home = Path(flwr_home or PROJECT_ROOT / ".flwr").resolve()
     flwr_home.mkdir(parents=True, exist_ok=True)
     env = flwr_env(flwr_home, isolate_ports=isolate_ports)
     cmd = flwr_run_command(run_config, federation_config)
-    print("$ " + shlex.join(cmd), flush=True)
+    if not capture:
+        print("$ " + shlex.join(cmd), flush=True)
     already_running = set(local_superlink_pids(flwr_home))
+    lines: list[str] = []
+    deadline = None if timeout is None else time.monotonic() + timeout
     try:
-        return subprocess.run(cmd, env=env, cwd=PROJECT_ROOT, timeout=timeout, check=False,
-                              text=True, capture_output=capture)
+        with subprocess.Popen(cmd, env=env, cwd=PROJECT_ROOT, text=True, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, bufsize=1) as proc:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                lines.append(line)
+                if not capture:
+                    sys.stdout.write(line)
+                    sys.stdout.flush()
+                if deadline is not None and time.monotonic() > deadline:
+                    proc.kill()
+                    lines.append(f"[launcher] flwr run exceeded {timeout} s and was stopped\n")
+                    break
+            proc.wait()
+        output = "".join(lines)
+        match = re.search(r"Successfully started run (\d+)", output)
+        run_id = int(match.group(1)) if match else None
+        status = run_status(env, run_id) if run_id is not None else "not-started"
     finally:
         if not already_running:
             stop_local_superlink(flwr_home)
+    return AppRun(0 if status == "finished:completed" else 1, run_id, status, output)
+
+
+def run_status(env: Mapping[str, str], run_id: int, wait: float = 30.0) -> str:
+    """'finished:completed', 'finished:failed', ... of a run (polls until finished)."""
+    deadline = time.monotonic() + wait
+    status = "unknown"
+    while time.monotonic() < deadline:
+        proc = subprocess.run([str(Path(sys.executable).parent / "flwr"), "ls", "--run-id", str(run_id),
+                               "--format", "json"], env=dict(env), cwd=PROJECT_ROOT, text=True,
+                              capture_output=True, timeout=60, check=False)
+        try:
+            runs = json.loads(proc.stdout).get("runs", [])
+            status = runs[0]["status"] if runs else "unknown"
+        except (json.JSONDecodeError, KeyError, IndexError):
+            status = "unknown"
+        if status.startswith("finished"):
+            return status
+        time.sleep(1)
+    return status

@@ -321,3 +321,24 @@ def synthetic_dataset(
         num_classes=num_classes, natural_ids=id_all[~test_mask],
         source=f"synthetic(alpha={alpha}, beta={beta})",
     )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m task.data ensure NAME [DATA_DIR]``: load (download if needed) or explain."""
+    import sys  # noqa: PLC0415
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) < 2 or args[0] != "ensure":
+        print("usage: python -m task.data ensure DATASET [DATA_DIR]", file=sys.stderr)
+        return 2
+    try:
+        data = load_dataset(args[1], args[2] if len(args) > 2 else "")
+    except (DataNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"{data.name}: {len(data.y_train)} train / {len(data.y_test)} test examples from {data.source}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,57 @@
+"""``python -m simulation {run,bench}``.
+
+run    the app with the real ``flwr run . --stream`` (project-local FLWR_HOME, offline
+       flags), then stop the managed local SuperLink it started.
+bench  benchmarks; see ``python -m simulation bench --help``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .launcher import run_app
+
+
+def _parse_value(text: str) -> object:
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    return text.strip("'\"")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "bench":
+        from .bench import main as bench_main  # noqa: PLC0415
+        bench_main(argv[1:])
+        return 0
+    parser = argparse.ArgumentParser(prog="python -m simulation")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="flwr run . --stream on the simulation engine")
+    run.add_argument("--num-supernodes", type=int, default=10)
+    run.add_argument("--cpus-per-client", type=float, default=1)
+    run.add_argument("--gpus-per-client", type=float, default=0)
+    run.add_argument("-c", "--run-config", action="append", default=[], metavar="KEY=VALUE",
+                     help="run-config override, repeatable (e.g. -c strategy=fedavg -c lr=0.05)")
+    run.add_argument("--flwr-home", default=None, help="FLWR_HOME (default: <project>/.flwr)")
+    sub.add_parser("bench", help="benchmarks (python -m simulation bench --help)")
+    args = parser.parse_args(argv)
+    overrides = {}
+    for item in args.run_config:
+        key, sep, value = item.partition("=")
+        if not sep:
+            parser.error(f"--run-config {item!r}: expected KEY=VALUE")
+        overrides[key.strip()] = _parse_value(value.strip())
+    federation = {"num-supernodes": args.num_supernodes, "client-resources-num-cpus": args.cpus_per_client}
+    if args.gpus_per_client:
+        federation["client-resources-num-gpus"] = args.gpus_per_client
+    return run_app(overrides or None, federation, flwr_home=args.flwr_home).returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())

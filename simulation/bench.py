@@ -1,0 +1,144 @@
+"""Benchmarks (printed as ratios measured in one run; never asserted in tests).
+
+``python -m simulation bench overhead``:
+
+(a) wall time of FedAvg rounds on Flower's simulation engine (real ``flwr run``,
+    Ray backend) against the bare torch time of the same SGD steps in one process,
+    as a ratio; the first round (actor start, data decoding) is reported apart;
+(b) our ClientApp's per-message overhead beyond Flower's own: the time a warm
+    ``@app.train`` call spends outside SGD (record <-> tensor conversion, data and
+    model lookup, reply building), measured in-process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from fedapp.config import RunConfig
+from fedapp.registry import train_config
+from strategies import contract as C
+from task.data import PartitionSpec, client_data, load_dataset
+from task.models import build_model
+from task.train import client_seed, local_sgd
+
+from .launcher import run_app
+
+
+def _workload(args) -> dict:
+    return {
+        "num-server-rounds": args.rounds, "partition": "iid", "model": args.model,
+        "local-epochs": args.epochs, "batch-size": args.batch_size, "lr": 0.05,
+        "dataset": "fashion-mnist", "min-available-nodes": args.clients,
+    }
+
+
+def bare_torch_round_seconds(workload: dict, num_clients: int, rounds: int) -> list[float]:
+    """Sequential local SGD of every client, one process: seconds per round."""
+    cfg = RunConfig.from_user_config(workload)
+    dataset = load_dataset(cfg.dataset)
+    spec = PartitionSpec(scheme=cfg.partition, seed=cfg.seed)
+    parts = [client_data(dataset, spec, pid, num_clients) for pid in range(num_clients)]
+    torch.manual_seed(cfg.seed)
+    global_model = build_model(cfg.model, dataset.input_shape, dataset.num_classes)
+    model = build_model(cfg.model, dataset.input_shape, dataset.num_classes)
+    times = []
+    for server_round in range(1, rounds + 1):
+        start = time.perf_counter()
+        for pid, (x, y) in enumerate(parts):
+            model.load_state_dict(global_model.state_dict())
+            local_sgd(model, x, y, lr=cfg.lr, batch_size=cfg.batch_size, epochs=cfg.local_epochs,
+                      seed=client_seed(cfg.seed, server_round, pid))
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def simulation_round_seconds(workload: dict, num_clients: int, cpus_per_client: float) -> list[float]:
+    """Per-round wall seconds of a real ``flwr run`` (from the run log)."""
+    with tempfile.TemporaryDirectory(prefix="fedhetero-bench-") as tmp:
+        out = Path(tmp) / "runs"
+        result = run_app({**workload, "output-dir": str(out)},
+                         {"num-supernodes": num_clients, "client-resources-num-cpus": cpus_per_client},
+                         flwr_home=Path(tmp) / "flwr-home", isolate_ports=True, capture=True, timeout=1800)
+        runs = list(out.glob("*/rounds.jsonl"))
+        if result.returncode != 0 or not runs:
+            raise RuntimeError(f"flwr run ended {result.status}:\n{result.output[-3000:]}")
+        records = [json.loads(line) for line in runs[0].read_text().splitlines() if line.strip()]
+    return [r["wall-seconds"] for r in records if r["round"] >= 1]
+
+
+def client_overhead_ms(repeats: int = 30) -> tuple[float, float, float]:
+    """(train call ms, SGD-only ms, overhead ms) for a warm 1-step @app.train call."""
+    from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict  # noqa: PLC0415
+    from flwr.supercore.task_identity import TaskIdentity  # noqa: PLC0415
+
+    from fedapp.client_app import app  # noqa: PLC0415
+
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
+    run_config = {"model": "cnn-small", "partition": "iid", "local-steps": 1}
+    cfg = RunConfig.from_user_config(run_config)
+    context = Context(run_id=1, node_id=1, node_config={"partition-id": 0, "num-partitions": 10},
+                      state=RecordDict(), run_config=run_config)
+    dataset = load_dataset(cfg.dataset)
+    model = build_model(cfg.model, dataset.input_shape, dataset.num_classes)
+    config = ConfigRecord({**train_config(cfg), C.SERVER_ROUND: 1})
+    message = Message(RecordDict({C.ARRAYS: ArrayRecord(model.state_dict()), C.CONFIG: config}),
+                      message_type=MessageType.TRAIN, dst_node_id=1)
+    x, y = client_data(dataset, PartitionSpec(scheme="iid", seed=0), 0, 10)
+
+    def timed(fn) -> float:
+        fn()  # warm
+        samples = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            fn()
+            samples.append(time.perf_counter() - start)
+        return statistics.median(samples) * 1e3
+
+    call = timed(lambda: app(message, context))
+    sgd = timed(lambda: local_sgd(model, x, y, lr=0.05, batch_size=cfg.batch_size, steps=1, seed=1))
+    return call, sgd, call - sgd
+
+
+def overhead(args) -> None:
+    workload = _workload(args)
+    print(f"Workload: Fashion-MNIST IID, model {args.model}, {args.clients} clients, {args.rounds} rounds, "
+          f"E={args.epochs}, B={args.batch_size}; device {'cuda' if torch.cuda.is_available() else 'cpu'}, "
+          f"{torch.get_num_threads()} torch threads in this process")
+    sim = simulation_round_seconds(workload, args.clients, args.cpus_per_client)
+    bare = bare_torch_round_seconds(workload, args.clients, args.rounds)
+    warm_sim, warm_bare = statistics.mean(sim[1:]), statistics.mean(bare[1:])
+    print("\n(a) FedAvg round wall time, simulation engine vs bare torch (same SGD steps)")
+    print(f"    simulation, round 1 (actor start + data decoding): {sim[0]:.2f} s")
+    print(f"    simulation, rounds 2..{args.rounds} mean:                {warm_sim:.2f} s")
+    print(f"    bare torch, one process, rounds 2..{args.rounds} mean:   {warm_bare:.2f} s")
+    print(f"    ratio simulation / bare torch (warm rounds):      {warm_sim / warm_bare:.2f}")
+    call, sgd, extra = client_overhead_ms()
+    print("\n(b) ClientApp per-message overhead (warm, in-process, 1 SGD step, median)")
+    print(f"    @app.train call {call:.2f} ms, SGD alone {sgd:.2f} ms -> overhead {extra:.2f} ms "
+          f"per message (target <= 20 ms)")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m simulation bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="bench", required=True)
+    p = sub.add_parser("overhead", help="simulation vs bare torch, and ClientApp overhead")
+    p.add_argument("--clients", type=int, default=10)
+    p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--model", default="cnn-small")
+    p.add_argument("--cpus-per-client", type=float, default=1)
+    args = parser.parse_args(argv)
+    {"overhead": overhead}[args.bench](args)
+
+
+if __name__ == "__main__":
+    main()

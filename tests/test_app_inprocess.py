@@ -1,0 +1,93 @@
+"""The whole app in one process: ServerApp main + ClientApp through an in-process Grid."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from flwr.app import Context, RecordDict
+
+import task.data
+from fedapp.client_app import app as client_app
+from fedapp.run_log import read_rounds
+from fedapp.server_app import app as server_app
+from tests.inprocess import InProcessGrid
+
+
+def run_server(run_config: dict, num_nodes: int = 3) -> InProcessGrid:
+    grid = InProcessGrid(client_app, num_nodes, run_config)
+    context = Context(run_id=7, node_id=0, node_config={}, state=RecordDict(), run_config=dict(run_config))
+    server_app(grid, context)
+    return grid
+
+
+def only_run_dir(output_dir):
+    runs = list(output_dir.iterdir())
+    assert len(runs) == 1, runs
+    return runs[0]
+
+
+def test_two_rounds_write_the_run_log(tmp_path):
+    rc = {"num-server-rounds": 2, "local-steps": 5, "partition": "iid", "output-dir": str(tmp_path)}
+    grid = run_server(rc)
+    run_dir = only_run_dir(tmp_path)
+    rounds = read_rounds(run_dir)
+    assert [r["round"] for r in rounds] == [0, 1, 2]
+    for r in rounds[1:]:
+        assert r["clients-sampled"] == 3 and r["clients-failed"] == 0
+        assert r["bytes-up"] > 0 and r["bytes-down"] == r["bytes-up"]
+        assert 0.0 <= r["accuracy"] <= 1.0 and r["train-loss"] > 0
+    assert rounds[2]["loss"] < rounds[0]["loss"]
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["run-config"]["num-server-rounds"] == 2
+    state = torch.load(run_dir / "final_model.pt")
+    assert set(state) and all(torch.isfinite(v).all() for v in state.values())
+    # one client-info query per node, then 3 train messages per round
+    kinds = [kind for _, kind in grid.calls]
+    assert kinds.count("query") == 3 and kinds.count("train") == 6
+
+
+def test_partial_participation_samples_by_partition(tmp_path):
+    rc = {"num-server-rounds": 2, "local-steps": 2, "partition": "iid", "fraction-train": 0.5,
+          "output-dir": str(tmp_path)}
+    first = run_server(rc, num_nodes=4)
+    second = run_server({**rc, "output-dir": str(tmp_path / "again")}, num_nodes=4)
+    def sampled(grid):
+        pid = {node: ctx.node_config["partition-id"] for node, ctx in grid.contexts.items()}
+        return [pid[node] for node, kind in grid.calls if kind == "train"]
+    assert len(sampled(first)) == 4  # 2 of 4 per round
+    assert sampled(first) == sampled(second)
+
+
+@pytest.mark.parametrize(
+    "key,value",
+    [("dirichlet-alpha", 0.0), ("fraction-train", 1.5), ("batch-size", 0), ("model", "vgg99"),
+     ("dataset", "imagenet"), ("partition", "zipf"), ("strategy", "fedfoo")],
+)
+def test_bad_config_stops_before_any_training(tmp_path, key, value):
+    rc = {"num-server-rounds": 1, "output-dir": str(tmp_path), key: value}
+    grid = InProcessGrid(client_app, 2, rc)
+    context = Context(run_id=7, node_id=0, node_config={}, state=RecordDict(), run_config=rc)
+    with pytest.raises(RuntimeError) as info:
+        server_app(grid, context)
+    assert key in str(info.value) and repr(value) in str(info.value)
+    assert grid.calls == []
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_missing_data_stops_before_any_training(tmp_path, monkeypatch):
+    monkeypatch.setattr(task.data, "SYSTEM_FASHION_MNIST", tmp_path / "nowhere")
+    task.data.load_dataset.cache_clear()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    rc = {"num-server-rounds": 1, "output-dir": str(tmp_path / "out"), "data-dir": str(empty),
+          "allow-download": False}
+    grid = InProcessGrid(client_app, 2, rc)
+    context = Context(run_id=7, node_id=0, node_config={}, state=RecordDict(), run_config=rc)
+    try:
+        with pytest.raises(RuntimeError, match="dataset-fashion-mnist"):
+            server_app(grid, context)
+    finally:
+        task.data.load_dataset.cache_clear()
+    assert grid.calls == []
