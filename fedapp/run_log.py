@@ -50,6 +50,11 @@ class RunLog:
         with self.rounds_path.open("a") as handle:
             handle.write(json.dumps(record, sort_keys=True) + "\n")
 
+    def write_json(self, name: str, payload: object) -> Path:
+        path = self.directory / name
+        path.write_text(json.dumps(payload, indent=1) + "\n")
+        return path
+
     def save_model(self, state_dict: dict) -> Path:
         path = self.directory / "final_model.pt"
         tmp = path.with_suffix(".pt.tmp")

@@ -7,12 +7,14 @@ import time
 from logging import ERROR, INFO
 
 import flwr
+import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
 from task.data import DataNotFoundError, load_dataset
+from task.partition import plot_label_histogram
 from task.evaluate import evaluate
 from task.models import build_model
 from task.train import resolve_device
@@ -52,11 +54,27 @@ class ServerEvaluator:
         self.last = now
         self.records.append(record)
         self.run_log.append_round(record)
+        if server_round == 1:
+            self.plot_partitions()
         if server_round == 0:
             log(INFO, "Per-round results (also in %s):", self.run_log.rounds_path)
             log(INFO, table_header())
         log(INFO, table_row(record))
         return MetricRecord({"accuracy": result.accuracy, "loss": result.loss})
+
+
+    def plot_partitions(self) -> None:
+        """label_distribution.png + partitions.json from the clients' reported label counts."""
+        clients = getattr(self.strategy, "clients", {})
+        known = sorted((info.partition_id, info.label_counts) for info in clients.values()
+                       if info.partition_id is not None and info.label_counts)
+        if not known:
+            return
+        self.run_log.write_json("partitions.json", {str(pid): counts for pid, counts in known})
+        path = self.run_log.directory / "label_distribution.png"
+        plot_label_histogram(np.array([counts for _, counts in known]), path,
+                             title=f"label distribution of {len(known)} clients")
+        log(INFO, "Label distribution of the partitions: %s", path)
 
 
 @app.main()

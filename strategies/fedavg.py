@@ -46,6 +46,7 @@ class ClientInfo:
 
     partition_id: int | None = None
     num_examples: int | None = None
+    label_counts: list[int] | None = None
 
 
 class FedAvg(FlowerFedAvg):
@@ -157,6 +158,8 @@ class FedAvg(FlowerFedAvg):
                     info.partition_id = int(metrics[C.PARTITION_ID])
                 if C.NUM_EXAMPLES in metrics:
                     info.num_examples = int(metrics[C.NUM_EXAMPLES])
+                if C.LABEL_COUNTS in metrics:
+                    info.label_counts = [int(c) for c in metrics[C.LABEL_COUNTS]]
             self.clients[node] = info
         for node in unknown:
             self.clients.setdefault(node, ClientInfo())

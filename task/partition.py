@@ -139,13 +139,18 @@ def plot_label_distribution(
 ) -> str:
     """Write a stacked bar chart (x: partition id, y: #samples, one colour per
     class) as PNG to ``path`` and return ``path`` as a string."""
+    return plot_label_histogram(label_histogram(labels, parts, num_classes), path, title)
+
+
+def plot_label_histogram(hist: np.ndarray, path: str | os.PathLike, title: str = "") -> str:
+    """Stacked-bar PNG of a (num_partitions, num_classes) count matrix; returns ``path``."""
     # Object-oriented Agg API: no pyplot global state, no backend switching.
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
-    hist = label_histogram(labels, parts, num_classes)
-    n_parts = hist.shape[0]
+    hist = np.asarray(hist)
+    n_parts, num_classes = hist.shape
     fig = Figure(figsize=(max(6.0, min(0.12 * n_parts + 3.0, 24.0)), 4.5))
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)

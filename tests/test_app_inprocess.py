@@ -43,6 +43,9 @@ def test_two_rounds_write_the_run_log(tmp_path):
     assert config["run-config"]["num-server-rounds"] == 2
     state = torch.load(run_dir / "final_model.pt")
     assert set(state) and all(torch.isfinite(v).all() for v in state.values())
+    partitions = json.loads((run_dir / "partitions.json").read_text())
+    assert sorted(partitions) == ["0", "1", "2"] and sum(map(sum, partitions.values())) == 60000
+    assert (run_dir / "label_distribution.png").stat().st_size > 1000
     # one client-info query per node, then 3 train messages per round
     kinds = [kind for _, kind in grid.calls]
     assert kinds.count("query") == 3 and kinds.count("train") == 6
