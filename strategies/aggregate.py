@@ -146,3 +146,79 @@ def _positive(values: Sequence[float], name: str) -> np.ndarray:
     if arr.size == 0 or np.any(~np.isfinite(arr)) or np.any(arr <= 0):
         raise ValueError(f"{name} must be finite and > 0, got {arr.tolist()}")
     return arr
+
+
+# ----------------------------------------------------------------- FedNova
+def fednova_norm_sgd(tau: float) -> float:
+    """||a_i||_1 = tau for plain local SGD (Wang et al. 2020, FedNova; FedVeca eq. 5)."""
+    return float(tau)
+
+
+def fednova_norm_momentum(tau: float, rho: float) -> float:
+    """||a_i||_1 for local SGD with momentum rho (FedNova, Sec. 4 / App.):
+
+    a_i^j = (1 - rho^(tau - j)) / (1 - rho), summed over j = 0..tau-1
+          = (tau - rho (1 - rho^tau) / (1 - rho)) / (1 - rho).
+    """
+    if rho == 0:
+        return float(tau)
+    return (tau - rho * (1 - rho**tau) / (1 - rho)) / (1 - rho)
+
+
+def fednova_norm_proximal(tau: float, lr: float, mu: float) -> float:
+    """||a_i||_1 for proximal local SGD, alpha = lr * mu (FedNova, FedProx case):
+
+    a_i^j = (1 - alpha)^(tau - 1 - j), summed = (1 - (1 - alpha)^tau) / alpha.
+    """
+    alpha = lr * mu
+    if alpha == 0:
+        return float(tau)
+    return (1 - (1 - alpha) ** tau) / alpha
+
+
+def fednova_update(
+    global_arrays: Mapping[str, np.ndarray],
+    client_arrays: Sequence[Mapping[str, np.ndarray]],
+    a_norms: Sequence[float],
+    weights: Sequence[float],
+    momentum_buffer: NDArrays | None = None,
+    server_momentum: float = 0.0,
+) -> tuple[NDArrays, NDArrays | None]:
+    """FedNova's normalised averaging (Wang et al. 2020, eq. 5 of FedVeca):
+
+        d_i = (w - w_i) / ||a_i||_1,   tau_eff = sum_i p_i ||a_i||_1,
+        w  <- w - tau_eff * sum_i p_i d_i            (p_i = weights / sum weights)
+
+    With server momentum gamma > 0: v <- gamma v + tau_eff sum_i p_i d_i, w <- w - v.
+    All ||a_i|| equal gives FedAvg (sum_i p_i w_i). Integer arrays (BatchNorm's
+    ``num_batches_tracked``) are not normalised: they get the p-weighted rounded mean.
+    Returns the new arrays and the new momentum buffer (None without momentum).
+    """
+    a = np.asarray(a_norms, dtype=np.float64)
+    p = np.asarray(weights, dtype=np.float64)
+    if len(client_arrays) != len(a) or len(a) != len(p) or len(a) == 0:
+        raise ValueError(f"need the same positive number of clients, a_norms and weights, "
+                         f"got {len(client_arrays)}, {len(a)}, {len(p)}")
+    if np.any(~np.isfinite(a)) or np.any(a <= 0):
+        raise ValueError(f"a_norms must be finite and > 0, got {a.tolist()}")
+    p = _positive(p, "weights")
+    p = p / p.sum()
+    tau_eff = float(np.dot(p, a))
+    scale = tau_eff * p / a  # w - sum_i (tau_eff p_i / a_i)(w - w_i)
+    new: NDArrays = {}
+    new_buffer: NDArrays | None = {} if server_momentum > 0 else None
+    for key, current in global_arrays.items():
+        if not np.issubdtype(current.dtype, np.floating):
+            mean = sum(w * arrays[key].astype(np.float64) for w, arrays in zip(p, client_arrays))
+            new[key] = np.asarray(np.rint(mean)).astype(current.dtype)
+            continue
+        base = current.astype(np.float64)
+        step = np.zeros_like(base)
+        for s_i, arrays in zip(scale, client_arrays):
+            step += s_i * (base - arrays[key].astype(np.float64))
+        if new_buffer is not None:
+            previous = momentum_buffer.get(key) if momentum_buffer else None
+            step = step if previous is None else server_momentum * previous + step
+            new_buffer[key] = step
+        new[key] = np.asarray(base - step).astype(current.dtype)
+    return new, new_buffer

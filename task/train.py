@@ -39,23 +39,34 @@ def client_seed(seed: int, server_round: int, partition_id: int) -> int:
 
 
 def batch_indices(num_examples: int, batch_size: int, generator: torch.Generator):
-    """Endless stream of minibatch index tensors: a fresh permutation every epoch.
+    """Endless stream of minibatches of exactly B indices.
 
-    batch_size 0 (or >= num_examples) yields the full local batch every time.
-    The last batch of an epoch may be smaller (no samples are dropped).
+    The minibatches are cut from a concatenation of fresh random permutations (one per
+    epoch), so E epochs are floor(E n / B) steps of B examples each and every example
+    is used E times up to the last partial batch. batch_size 0 (or >= n) yields the
+    full local batch (a fresh permutation of all n) every time.
     """
-    size = num_examples if batch_size <= 0 else min(batch_size, num_examples)
-    while True:
-        perm = torch.randperm(num_examples, generator=generator)
-        for start in range(0, num_examples, size):
-            yield perm[start : start + size]
-
-
-def steps_per_epoch(num_examples: int, batch_size: int) -> int:
-    """ceil(n / B), or 1 for the full batch."""
     if batch_size <= 0 or batch_size >= num_examples:
-        return 1
-    return -(-num_examples // batch_size)
+        while True:
+            yield torch.randperm(num_examples, generator=generator)
+    buffer = torch.empty(0, dtype=torch.int64)
+    while True:
+        while len(buffer) < batch_size:
+            buffer = torch.cat([buffer, torch.randperm(num_examples, generator=generator)])
+        yield buffer[:batch_size]
+        buffer = buffer[batch_size:]
+
+
+def steps_for_epochs(num_examples: int, batch_size: int, epochs: int) -> int:
+    """u_k = floor(E n_k / B) local steps (McMahan et al.; FedNova's tau_i), at least 1.
+
+    B = 0 or B >= n (full batch) gives E steps.
+    """
+    if num_examples <= 0 or epochs <= 0:
+        return 0
+    if batch_size <= 0 or batch_size >= num_examples:
+        return epochs
+    return max(1, (epochs * num_examples) // batch_size)
 
 
 def local_sgd(
@@ -74,6 +85,8 @@ def local_sgd(
 ) -> LocalResult:
     """Train ``model`` in place on (x, y); ``steps`` > 0 overrides ``epochs``.
 
+    E epochs mean floor(E n / B) steps of exactly B examples (see batch_indices).
+
     Data and model must already be on the same device. The batch order depends only
     on ``seed``. Returns the number of examples, the SGD steps taken (tau_i) and the
     mean minibatch loss over those steps.
@@ -81,7 +94,7 @@ def local_sgd(
     n = len(y)
     if n == 0:
         return LocalResult(num_examples=0, local_steps=0, train_loss=float("nan"))
-    total_steps = steps if steps > 0 else epochs * steps_per_epoch(n, batch_size)
+    total_steps = steps if steps > 0 else steps_for_epochs(n, batch_size, epochs)
     if total_steps < 1:
         raise ValueError(f"local work must be at least one step, got epochs={epochs}, steps={steps}")
     generator = torch.Generator().manual_seed(seed)

@@ -11,7 +11,7 @@ from torch import nn
 
 from task.evaluate import EvalResult, evaluate
 from task.models import ClassifierModule, build_model
-from task.train import LocalResult, batch_indices, client_seed, local_sgd, steps_per_epoch
+from task.train import LocalResult, batch_indices, client_seed, local_sgd, steps_for_epochs
 
 SHAPE = (1, 4, 4)
 NUM_CLASSES = 3
@@ -72,8 +72,8 @@ def quad_run(steps: int, **kwargs) -> tuple[float, LocalResult]:
 @pytest.mark.parametrize(
     "n, batch_size, epochs, expected_sizes",
     [
-        (10, 3, 1, [3, 3, 3, 1]),
-        (10, 3, 2, [3, 3, 3, 1] * 2),
+        (10, 3, 1, [3, 3, 3]),
+        (10, 3, 2, [3] * 6),  # floor(2 * 10 / 3) = 6, not 2 * floor(10 / 3)
         (12, 4, 3, [4, 4, 4] * 3),
         (10, 10, 2, [10, 10]),
         (10, 25, 2, [10, 10]),  # B > n: the whole partition per step
@@ -82,12 +82,12 @@ def quad_run(steps: int, **kwargs) -> tuple[float, LocalResult]:
         (7, 0, 4, [7] * 4),
     ],
 )
-def test_local_sgd_epochs_take_e_times_ceil_n_over_b_steps(n, batch_size, epochs, expected_sizes):
+def test_local_sgd_epochs_take_floor_e_n_over_b_steps(n, batch_size, epochs, expected_sizes):
     x, y = tiny_data(n)
     model = tiny_model()
     sizes = record_batches(model)
     result = local_sgd(model, x, y, lr=0.01, batch_size=batch_size, epochs=epochs, seed=3)
-    expected_steps = epochs * (1 if batch_size <= 0 else math.ceil(n / min(batch_size, n)))
+    expected_steps = epochs if batch_size <= 0 or batch_size >= n else (epochs * n) // batch_size
     assert result.local_steps == expected_steps == len(expected_sizes)
     assert sizes == expected_sizes
     assert result.num_examples == n
@@ -95,7 +95,7 @@ def test_local_sgd_epochs_take_e_times_ceil_n_over_b_steps(n, batch_size, epochs
 
 
 @pytest.mark.parametrize("steps, batch_size, expected_sizes", [
-    (5, 3, [3, 3, 3, 1, 3]),  # runs on into the next epoch
+    (5, 3, [3, 3, 3, 3, 3]),  # runs on into the next epoch
     (2, 3, [3, 3]),  # stops mid-epoch
     (3, 0, [10, 10, 10]),
     (1, 4, [4]),
@@ -110,10 +110,12 @@ def test_local_sgd_steps_override_epochs(steps, batch_size, expected_sizes):
     assert result.num_examples == 10
 
 
-@pytest.mark.parametrize("n, b, expected", [(10, 3, 4), (9, 3, 3), (10, 0, 1), (10, 10, 1), (10, 20, 1),
-                                            (1, 1, 1), (60000, 32, 1875), (60001, 32, 1876)])
-def test_steps_per_epoch(n, b, expected):
-    assert steps_per_epoch(n, b) == expected
+@pytest.mark.parametrize("n, b, e, expected", [(10, 3, 1, 3), (9, 3, 1, 3), (10, 0, 1, 1), (10, 10, 1, 1),
+                                               (10, 20, 3, 3), (1, 1, 1, 1), (60000, 32, 1, 1875),
+                                               (60001, 32, 1, 1875), (10, 3, 2, 6), (600, 10, 20, 1200),
+                                               (600, 50, 1, 12), (2, 3, 1, 1), (0, 3, 1, 0), (10, 3, 0, 0)])
+def test_steps_for_epochs_is_floor_e_n_over_b(n, b, e, expected):
+    assert steps_for_epochs(n, b, e) == expected
 
 
 def test_train_loss_is_mean_minibatch_loss():
@@ -243,7 +245,7 @@ def test_cnn_small_on_28x28():
     x, y = torch.randn(6, 1, 28, 28), torch.randint(0, 10, (6,))
     sizes = record_batches(model)
     result = local_sgd(model, x, y, lr=0.01, batch_size=4, epochs=1, seed=0)
-    assert result.local_steps == 2 and sizes == [4, 2]
+    assert result.local_steps == 1 and sizes == [4]  # floor(1 * 6 / 4) = 1
     assert math.isfinite(result.train_loss)
 
 
@@ -260,18 +262,17 @@ def test_client_seed_deterministic_and_distinct():
 
 
 @pytest.mark.parametrize("n, b", [(10, 3), (12, 4), (10, 1), (5, 5), (5, 9), (7, 0)])
-def test_batch_indices_cover_every_index_once_per_epoch(n, b):
+def test_batch_indices_are_cut_from_one_permutation_per_epoch(n, b):
     stream = batch_indices(n, b, torch.Generator().manual_seed(0))
-    per_epoch = steps_per_epoch(n, b)
-    epochs = []
-    for _ in range(4):
-        batches = [next(stream) for _ in range(per_epoch)]
-        size = n if b <= 0 else min(b, n)
-        assert [len(batch) for batch in batches] == [size] * (n // size) + ([n % size] if n % size else [])
-        epoch = torch.cat(batches)
-        assert epoch.dtype == torch.int64
+    size = n if b <= 0 or b >= n else b
+    batches = []
+    while sum(len(batch) for batch in batches) < 4 * n:
+        batches.append(next(stream))
+    assert all(len(batch) == size and batch.dtype == torch.int64 for batch in batches)
+    flat = torch.cat(batches)[: 4 * n]
+    epochs = [flat[i * n : (i + 1) * n] for i in range(4)]
+    for epoch in epochs:
         assert sorted(epoch.tolist()) == list(range(n))
-        epochs.append(epoch)
     if n >= 5:
         assert any(not torch.equal(epochs[0], e) for e in epochs[1:])  # reshuffled every epoch
 
