@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from strategies.fedavg import WEIGHTINGS
+from strategies.fedavg import STRAGGLER_POLICIES, WEIGHTINGS
 from task.data import DATASET_NAMES, check_dataset_name
 from task.models import MODEL_NAMES
 from task.partition import PARTITION_NAMES
@@ -36,6 +36,10 @@ class RunConfig:
     fraction_evaluate: float = 0.0
     min_available_nodes: int = 2
     server_lr: float = 1.0
+    proximal_mu: float = 0.01
+    server_momentum: float = 0.0
+    straggler_fraction: float = 0.0
+    straggler_policy: str = "auto"
     dataset: str = "fashion-mnist"
     data_dir: str = ""
     allow_download: bool = True
@@ -89,6 +93,12 @@ class RunConfig:
         _check("fraction-evaluate", self.fraction_evaluate, 0 <= self.fraction_evaluate <= 1, "a number in [0, 1]")
         _check("min-available-nodes", self.min_available_nodes, self.min_available_nodes >= 1, "an integer >= 1")
         _check("server-lr", self.server_lr, self.server_lr > 0, "a number > 0")
+        _check("proximal-mu", self.proximal_mu, self.proximal_mu >= 0, "a number >= 0")
+        _check("server-momentum", self.server_momentum, 0 <= self.server_momentum < 1, "a number in [0, 1)")
+        _check("straggler-fraction", self.straggler_fraction, 0 <= self.straggler_fraction <= 1,
+               "a number in [0, 1]")
+        _check("straggler-policy", self.straggler_policy, self.straggler_policy in ("auto",) + STRAGGLER_POLICIES,
+               "auto (drop for fedavg/fedsgd, partial for fedprox/fednova), drop or partial")
         try:
             check_dataset_name(self.dataset)
         except ValueError:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from flwr.serverapp.strategy import Strategy
 
-from strategies import FedAvg
+from strategies import FedAvg, FedNova, FedProx
 from strategies import contract as C
 
 from .config import ConfigError, RunConfig
@@ -28,15 +28,21 @@ def train_config(cfg: RunConfig) -> dict[str, int | float | bool | str]:
     }
 
 
+def _common(cfg: RunConfig, default_policy: str) -> dict:
+    """Constructor arguments every strategy of the FedAvg family takes."""
+    policy = default_policy if cfg.straggler_policy == "auto" else cfg.straggler_policy
+    return {
+        "fraction_train": cfg.fraction_train,
+        "fraction_evaluate": cfg.fraction_evaluate,
+        "seed": cfg.seed,
+        "min_available_nodes": cfg.min_available_nodes,
+        "straggler_fraction": cfg.straggler_fraction,
+        "straggler_policy": policy,
+    }
+
+
 def _fedavg(cfg: RunConfig) -> tuple[Strategy, dict]:
-    strategy = FedAvg(
-        fraction_train=cfg.fraction_train,
-        fraction_evaluate=cfg.fraction_evaluate,
-        weighting=cfg.weighting,
-        server_lr=cfg.server_lr,
-        seed=cfg.seed,
-        min_available_nodes=cfg.min_available_nodes,
-    )
+    strategy = FedAvg(weighting=cfg.weighting, server_lr=cfg.server_lr, **_common(cfg, "drop"))
     return strategy, train_config(cfg)
 
 
@@ -47,9 +53,26 @@ def _fedsgd(cfg: RunConfig) -> tuple[Strategy, dict]:
     return strategy, config
 
 
+def _fedprox(cfg: RunConfig) -> tuple[Strategy, dict]:
+    strategy = FedProx(proximal_mu=cfg.proximal_mu, weighting=cfg.weighting, server_lr=cfg.server_lr,
+                       **_common(cfg, "partial"))
+    return strategy, train_config(cfg)
+
+
+def _fednova(cfg: RunConfig) -> tuple[Strategy, dict]:
+    if cfg.weighting != "examples":
+        raise ConfigError(f"run config: weighting={cfg.weighting!r} is not allowed with strategy='fednova'; "
+                          "FedNova weights clients by num-examples. Set --run-config \"weighting='examples'\"")
+    strategy = FedNova(server_momentum=cfg.server_momentum, local_epochs=cfg.local_epochs,
+                       batch_size=0 if cfg.full_batch else cfg.batch_size, **_common(cfg, "partial"))
+    return strategy, train_config(cfg)
+
+
 STRATEGIES: dict[str, Callable[[RunConfig], tuple[Strategy, dict]]] = {
     "fedavg": _fedavg,
     "fedsgd": _fedsgd,
+    "fedprox": _fedprox,
+    "fednova": _fednova,
 }
 
 

@@ -1,7 +1,8 @@
-"""``python -m simulation {run,bench}``.
+"""``python -m simulation {run,sweep,bench}``.
 
 run    the app with the real ``flwr run . --stream`` (project-local FLWR_HOME, offline
        flags), then stop the managed local SuperLink it started.
+sweep  variants x seeds from a TOML file, resumable, with a summary table.
 bench  benchmarks; see ``python -m simulation bench --help``.
 """
 
@@ -26,6 +27,9 @@ def _parse_value(text: str) -> object:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "sweep":
+        from .sweep import main as sweep_main  # noqa: PLC0415
+        return sweep_main(argv[1:])
     if argv and argv[0] == "bench":
         from .bench import main as bench_main  # noqa: PLC0415
         bench_main(argv[1:])
@@ -40,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
                      help="run-config override, repeatable (e.g. -c strategy=fedavg -c lr=0.05)")
     run.add_argument("--flwr-home", default=None, help="FLWR_HOME (default: <project>/.flwr)")
     sub.add_parser("bench", help="benchmarks (python -m simulation bench --help)")
+    sub.add_parser("sweep", help="variants x seeds from a TOML file (python -m simulation sweep --help)")
     args = parser.parse_args(argv)
     overrides = {}
     for item in args.run_config:

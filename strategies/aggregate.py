@@ -56,6 +56,34 @@ def sample_with_replacement(
     return np.bincount(draws, minlength=len(p))
 
 
+def steps_for_epochs(num_examples: int, batch_size: int, epochs: int) -> int:
+    """tau_i = floor(E n_i / B) local steps, at least 1; B = 0 or B >= n_i gives E.
+
+    The strategies' twin of ``task.train.steps_for_epochs`` (kept equal by a test), used
+    when a client does not report the steps it took.
+    """
+    if num_examples <= 0 or epochs <= 0:
+        return 0
+    if batch_size <= 0 or batch_size >= num_examples:
+        return epochs
+    return max(1, (epochs * num_examples) // batch_size)
+
+
+def choose_stragglers(rng: np.random.Generator, num_sampled: int, fraction: float) -> np.ndarray:
+    """Boolean mask: floor(fraction * m) of the m sampled clients are stragglers (FedProx Sec. 5.2)."""
+    count = min(int(math.floor(fraction * num_sampled + 1e-9)), num_sampled)
+    mask = np.zeros(num_sampled, dtype=bool)
+    mask[rng.choice(num_sampled, size=count, replace=False)] = True
+    return mask
+
+
+def straggler_steps(rng: np.random.Generator, full_steps: Sequence[int]) -> np.ndarray:
+    """A straggler's local work: uniform in 1..full_i steps (FedProx: x ~ U[1, E] epochs,
+    here at step granularity so that E = 1 or 2 still gives variable work)."""
+    full = np.maximum(np.asarray(full_steps, dtype=np.int64), 1)
+    return rng.integers(1, full + 1)
+
+
 def coefficients_by_examples(num_examples: Sequence[float]) -> np.ndarray:
     """c_k = n_k / m_t over the sampled clients (McMahan et al. Alg. 1, erratum)."""
     n = _positive(num_examples, "num_examples")

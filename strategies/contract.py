@@ -32,6 +32,7 @@ NUM_EXAMPLES = "num-examples"  # int > 0 (Flower's weighting key)
 TRAIN_LOSS = "train-loss"  # float, mean minibatch loss over the local steps
 STOCK_TRAIN_LOSS = "train_loss"  # what Flower's PyTorch template sends instead
 LOCAL_STEPS_TAKEN = "local-steps"  # int, SGD steps actually taken (tau_i)
+A_NORM = "a-norm"  # float, FedNova's ||a_i||_1 when the local solver is not (momentum/proximal) SGD
 PARTITION_ID = "partition-id"  # int, the client's data partition (node config)
 LABEL_COUNTS = "label-counts"  # list[int], label histogram (query reply)
 EVAL_LOSS = "eval-loss"  # float, evaluate reply

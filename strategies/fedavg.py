@@ -38,6 +38,7 @@ from . import aggregate as agg
 from . import contract as C
 
 WEIGHTINGS = ("examples", "uniform", "pre-erratum", "scheme-i", "scheme-ii")
+STRAGGLER_POLICIES = ("drop", "partial")
 
 
 @dataclass
@@ -72,6 +73,15 @@ class FedAvg(FlowerFedAvg):
         Wait until this many nodes are connected before sampling.
     query_timeout : float
         Seconds to wait for the client-info query replies.
+    straggler_fraction : float
+        Simulated system heterogeneity (FedProx Sec. 5.2): each round floor(f * m) of
+        the m sampled clients, chosen with ``default_rng([seed, round, 1])``, are
+        stragglers that can only do part of the local work: uniform in 1..tau_i steps,
+        tau_i = ``local-steps`` or floor(E n_i / B).
+    straggler_policy : str
+        ``"drop"`` (FedAvg in the FedProx paper: stragglers are not waited for, their
+        work is discarded, so they are not sent any) or ``"partial"`` (FedProx: their
+        partial updates are aggregated).
 
     Contract
     --------
@@ -94,6 +104,8 @@ class FedAvg(FlowerFedAvg):
         seed: int = 0,
         min_available_nodes: int = 1,
         query_timeout: float = 600.0,
+        straggler_fraction: float = 0.0,
+        straggler_policy: str = "drop",
     ) -> None:
         _check_fraction("fraction_train", fraction_train, allow_zero=False)
         _check_fraction("fraction_evaluate", fraction_evaluate, allow_zero=True)
@@ -103,6 +115,10 @@ class FedAvg(FlowerFedAvg):
             )
         if not server_lr > 0:
             raise ValueError(f"server_lr must be > 0, got {server_lr}")
+        _check_fraction("straggler_fraction", straggler_fraction, allow_zero=True)
+        if straggler_policy not in STRAGGLER_POLICIES:
+            raise ValueError(f"straggler_policy={straggler_policy!r} is not known; use one of "
+                             f"{', '.join(STRAGGLER_POLICIES)}")
         super().__init__(
             fraction_train=fraction_train,
             fraction_evaluate=fraction_evaluate,
@@ -114,6 +130,11 @@ class FedAvg(FlowerFedAvg):
         self.server_lr = float(server_lr)
         self.seed = int(seed)
         self.query_timeout = float(query_timeout)
+        self.straggler_fraction = float(straggler_fraction)
+        self.straggler_policy = straggler_policy
+        self.straggler_work: dict[int, int] = {}
+        self.sent_configs: dict[int, ConfigRecord] = {}
+        self.all_nodes: list[int] = []
         self.clients: dict[int, ClientInfo] = {}
         self.current_arrays: ArrayRecord | None = None
         self.draws: dict[int, int] = {}
@@ -125,6 +146,9 @@ class FedAvg(FlowerFedAvg):
         """Log the configuration."""
         log(INFO, "\t├──> Weighting: %s | server lr: %s | seed: %s",
             self.weighting, self.server_lr, self.seed)
+        if self.straggler_fraction > 0:
+            log(INFO, "\t├──> Stragglers: %.0f%% per round, policy '%s'",
+                100 * self.straggler_fraction, self.straggler_policy)
         super().summary()
 
     # ------------------------------------------------------------------ sampling
@@ -207,24 +231,63 @@ class FedAvg(FlowerFedAvg):
         self.all_nodes = nodes
         self.draws = self.sample(server_round, nodes)
         config[C.SERVER_ROUND] = server_round
+        sampled = len(self.draws)
+        stragglers = self.assign_stragglers(server_round, config)
+        if self.straggler_policy == "drop":
+            self.draws = {n: d for n, d in self.draws.items() if n not in stragglers}
+        self.sent_configs = {node: self.node_config(node, server_round, config) for node in self.draws}
         messages = [
             Message(
-                content=RecordDict({C.ARRAYS: arrays, C.CONFIG: self.node_config(node, server_round, config)}),
+                content=RecordDict({C.ARRAYS: arrays, C.CONFIG: self.sent_configs[node]}),
                 message_type=MessageType.TRAIN,
                 dst_node_id=node,
             )
             for node in self.draws
         ]
-        log(INFO, "configure_train: sampled %d of %d nodes", len(messages), len(nodes))
+        log(INFO, "configure_train: sampled %d of %d nodes (%d stragglers, policy %s)",
+            sampled, len(nodes), len(stragglers), self.straggler_policy)
         self.diagnostics[server_round] = {
-            "clients-sampled": len(messages),
+            "clients-sampled": sampled,
+            "clients-stragglers": len(stragglers),
+            "clients-dropped": sampled - len(messages),
             "bytes-down": len(messages) * arrays.count_bytes(),
         }
         return messages
 
+    def assign_stragglers(self, server_round: int, config: ConfigRecord) -> dict[int, int]:
+        """Choose this round's stragglers among the sampled nodes and their local steps."""
+        self.straggler_work = {}
+        if self.straggler_fraction <= 0:
+            return {}
+        nodes = list(self.draws)
+        rng = np.random.default_rng([self.seed, server_round, 1])
+        mask = agg.choose_stragglers(rng, len(nodes), self.straggler_fraction)
+        chosen = [n for n, is_straggler in zip(nodes, mask) if is_straggler]
+        full = [self.full_local_steps(n, config) for n in chosen]
+        self.straggler_work = {n: int(s) for n, s in zip(chosen, agg.straggler_steps(rng, full))}
+        return self.straggler_work
+
+    def full_local_steps(self, node_id: int, config: ConfigRecord) -> int:
+        """tau_i of a non-straggler: ``local-steps`` if set, else floor(E n_i / B)."""
+        steps = int(config.get(C.LOCAL_STEPS, 0))
+        if steps > 0:
+            return steps
+        epochs = int(config.get(C.LOCAL_EPOCHS, 1))
+        n = self.clients.get(node_id, ClientInfo()).num_examples
+        if not n:
+            return max(epochs, 1)
+        return max(agg.steps_for_epochs(n, int(config.get(C.BATCH_SIZE, 0)), epochs), 1)
+
     def node_config(self, node_id: int, server_round: int, config: ConfigRecord) -> ConfigRecord:
-        """The ConfigRecord sent to one node; subclasses add per-client keys."""
-        return config
+        """The ConfigRecord sent to one node; subclasses add per-client keys.
+
+        A straggler's record asks for its reduced number of local steps.
+        """
+        if node_id not in self.straggler_work:
+            return config
+        own = ConfigRecord(dict(config))
+        own[C.LOCAL_STEPS] = self.straggler_work[node_id]
+        return own
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -235,19 +298,26 @@ class FedAvg(FlowerFedAvg):
         diag = self.diagnostics.setdefault(server_round, {})
         diag["clients-received"] = len(good)
         diag["clients-failed"] = len(self.draws) - len(good)
+        steps = [r.content[C.METRICS][C.LOCAL_STEPS_TAKEN] for r in good
+                 if C.LOCAL_STEPS_TAKEN in r.content[C.METRICS]]
+        if steps:
+            diag["local-steps"] = [int(s) for s in steps]
         diag["bytes-up"] = sum(r.content[C.ARRAYS].count_bytes() for r in good)
         if not good:
             log(WARNING, "Round %d: no usable reply, the global model is kept", server_round)
             return None, None
-        coefficients = self.coefficients(good)
-        global_arrays = _to_numpy(self.current_arrays)
-        new = agg.apply_update(
-            global_arrays, [_to_numpy(r.content[C.ARRAYS]) for r in good], coefficients, self.server_lr
-        )
+        new = self.aggregate_arrays(server_round, good)
         metrics = _mean_metrics(good)
         if C.TRAIN_LOSS in metrics or C.STOCK_TRAIN_LOSS in metrics:
             diag["train-loss"] = metrics.get(C.TRAIN_LOSS, metrics.get(C.STOCK_TRAIN_LOSS))
         return _to_record(new), MetricRecord(metrics)
+
+    def aggregate_arrays(self, server_round: int, replies: list[Message]) -> agg.NDArrays:
+        """The new global arrays from accepted replies (the weighting scheme's update)."""
+        return agg.apply_update(
+            _to_numpy(self.current_arrays), [_to_numpy(r.content[C.ARRAYS]) for r in replies],
+            self.coefficients(replies), self.server_lr,
+        )
 
     def coefficients(self, replies: list[Message]) -> np.ndarray:
         """c_k of the configured weighting, renormalised over the replies received."""

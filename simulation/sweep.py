@@ -1,0 +1,141 @@
+"""``python -m simulation sweep FILE.toml``: variants x seeds through the real ``flwr run``.
+
+A sweep file names a shared run config (``[base]``), named variants that override it
+(``[variants.<name>]``), the seeds and the federation size. Every run goes through the
+same ServerApp/ClientApp on Flower's simulation engine (``simulation.launcher``). Each
+run writes to ``<out>/<variant>/seed<k>/``; finished runs (a complete ``rounds.jsonl``
+and ``final_model.pt``) are skipped, so an interrupted sweep resumes. At the end,
+``summary.md`` and ``summary.csv`` hold final and best accuracy (mean ± std over seeds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import statistics
+import time
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from fedapp.run_log import read_rounds
+
+from .launcher import run_app
+
+
+@dataclass(frozen=True)
+class SweepRun:
+    variant: str
+    seed: int
+    run_config: dict
+    directory: Path
+
+
+def load_sweep(path: Path) -> dict:
+    """Parse and check a sweep file."""
+    spec = tomllib.loads(Path(path).read_text())
+    for key in ("variants", "seeds"):
+        if key not in spec:
+            raise ValueError(f"{path}: missing '{key}' (see simulation/experiments/*.toml)")
+    return spec
+
+
+def plan(spec: dict, out: Path) -> list[SweepRun]:
+    """Every (variant, seed) run with its full run config, in file order."""
+    base = dict(spec.get("base", {}))
+    runs = []
+    for name, overrides in spec["variants"].items():
+        for seed in spec["seeds"]:
+            directory = out / name / f"seed{seed}"
+            config = {**base, **overrides, "seed": seed, "output-dir": str(directory.resolve())}
+            runs.append(SweepRun(name, seed, config, directory))
+    return runs
+
+
+def finished_run_dir(run: SweepRun) -> Path | None:
+    """The run directory of a completed run, if there is one."""
+    rounds = int(run.run_config.get("num-server-rounds", 10))
+    for candidate in sorted(run.directory.glob("*/rounds.jsonl")):
+        records = read_rounds(candidate.parent)
+        if len(records) == rounds + 1 and (candidate.parent / "final_model.pt").is_file():
+            return candidate.parent
+    return None
+
+
+def execute(spec: dict, out: Path) -> list[tuple[SweepRun, Path]]:
+    """Run what is not finished yet; return (run, run directory) for all finished runs."""
+    runs = plan(spec, out)
+    federation = {"num-supernodes": spec.get("num-supernodes", 10),
+                  "client-resources-num-cpus": spec.get("cpus-per-client", 1)}
+    done = []
+    for index, run in enumerate(runs, 1):
+        label = f"[{index}/{len(runs)}] {run.variant} seed {run.seed}"
+        existing = finished_run_dir(run)
+        if existing is None:
+            start = time.monotonic()
+            print(f"{label}: running ...", flush=True)
+            result = run_app(run.run_config, federation, flwr_home=out / ".flwr", capture=True,
+                             timeout=spec.get("timeout-seconds", 3600))
+            existing = finished_run_dir(run)
+            if result.returncode != 0 or existing is None:
+                print(f"{label}: FAILED ({result.status}); last output:\n{result.output[-2000:]}", flush=True)
+                continue
+            records = read_rounds(existing)
+            print(f"{label}: done in {time.monotonic() - start:.0f} s, final accuracy "
+                  f"{records[-1]['accuracy']:.4f}", flush=True)
+        else:
+            print(f"{label}: already done ({existing})", flush=True)
+        done.append((run, existing))
+    return done
+
+
+def summarize(done: list[tuple[SweepRun, Path]]) -> list[dict]:
+    """Final and best accuracy per variant, mean and std over seeds."""
+    by_variant: dict[str, list[list[dict]]] = {}
+    for run, directory in done:
+        by_variant.setdefault(run.variant, []).append(read_rounds(directory))
+    rows = []
+    for variant, runs in by_variant.items():
+        finals = [records[-1]["accuracy"] for records in runs]
+        bests = [max(r["accuracy"] for r in records) for records in runs]
+        rows.append({
+            "variant": variant, "seeds": len(runs),
+            "final-mean": statistics.mean(finals), "final-std": _std(finals),
+            "best-mean": statistics.mean(bests), "best-std": _std(bests),
+        })
+    return rows
+
+
+def _std(values: list[float]) -> float:
+    return statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def write_summary(rows: list[dict], out: Path, spec: dict) -> str:
+    """summary.csv + summary.md; returns the Markdown table."""
+    with (out / "summary.csv").open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]) if rows else ["variant"])
+        writer.writeheader()
+        writer.writerows(rows)
+    lines = ["| variant | seeds | final accuracy | best accuracy |", "|---|---|---|---|"]
+    for row in rows:
+        lines.append(f"| {row['variant']} | {row['seeds']} | {100 * row['final-mean']:.2f} ± "
+                     f"{100 * row['final-std']:.2f} | {100 * row['best-mean']:.2f} ± {100 * row['best-std']:.2f} |")
+    table = "\n".join(lines)
+    header = f"# {spec.get('title', 'sweep')}\n\n{spec.get('claim', '')}\n\n"
+    (out / "summary.md").write_text(header + table + "\n")
+    return table
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m simulation sweep", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("file", type=Path, help="sweep file (TOML), e.g. simulation/experiments/fedprox_stragglers.toml")
+    parser.add_argument("--out", type=Path, default=None, help="results folder (default: runs/<file stem>)")
+    args = parser.parse_args(argv)
+    spec = load_sweep(args.file)
+    out = (args.out or Path("runs") / args.file.stem).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    done = execute(spec, out)
+    table = write_summary(summarize(done), out, spec)
+    print(f"\n{spec.get('title', '')}\n{table}\n\nResults: {out}")
+    return 0 if len(done) == len(plan(spec, out)) else 1

@@ -1,0 +1,51 @@
+"""FedProx (Li et al., MLSys'20): FedAvg's server plus a proximal term on the client.
+
+The server side is FedAvg (any weighting scheme of this package) that also sends
+``proximal-mu``; each client minimises F_k(w) + (mu/2) ||w - w_t||^2, i.e. adds
+mu (w - w_t) to every local gradient. Stragglers' partial work is accepted by default
+(the paper's gamma-inexact solutions), where FedAvg drops it.
+"""
+
+from __future__ import annotations
+
+from logging import INFO
+
+from flwr.app import ConfigRecord
+from flwr.common.logger import log
+
+from . import contract as C
+from .fedavg import FedAvg
+
+
+class FedProx(FedAvg):
+    """FedAvg + ``proximal-mu`` in every train config (Flower's key).
+
+    Parameters
+    ----------
+    proximal_mu : float
+        mu >= 0 of the proximal term (mu/2)||w - w_t||^2; 0 is exactly FedAvg.
+    straggler_policy : str
+        ``"partial"`` by default (FedProx accepts partial work); see :class:`FedAvg`
+        for this and every other parameter.
+
+    Contract
+    --------
+    As :class:`FedAvg`; the ClientApp must read ``config["proximal-mu"]`` and add
+    mu (w - w_t) to its gradients (``task.train.local_sgd(..., proximal_mu=mu)``).
+    """
+
+    def __init__(self, *, proximal_mu: float = 0.01, straggler_policy: str = "partial", **kwargs) -> None:
+        if not proximal_mu >= 0:
+            raise ValueError(f"proximal_mu must be >= 0, got {proximal_mu}")
+        super().__init__(straggler_policy=straggler_policy, **kwargs)
+        self.proximal_mu = float(proximal_mu)
+
+    def summary(self) -> None:
+        """Log the configuration."""
+        log(INFO, "\t├──> Proximal mu: %s", self.proximal_mu)
+        super().summary()
+
+    def node_config(self, node_id: int, server_round: int, config: ConfigRecord) -> ConfigRecord:
+        """FedAvg's per-node config with ``proximal-mu``."""
+        config[C.PROXIMAL_MU] = self.proximal_mu
+        return super().node_config(node_id, server_round, config)
