@@ -37,6 +37,11 @@ def load_sweep(path: Path) -> dict:
     for key in ("variants", "seeds"):
         if key not in spec:
             raise ValueError(f"{path}: missing '{key}' (see simulation/experiments/*.toml)")
+    for name, overrides in spec["variants"].items():
+        nested = [k for k, v in overrides.items() if isinstance(v, dict)]
+        if nested:
+            raise ValueError(f"{path}: variant {name!r} has nested tables {nested}; a variant name "
+                             f"with a dot must be quoted: [variants.\"{name}.{nested[0]}\"]")
     return spec
 
 
