@@ -76,26 +76,48 @@ def local_superlink_pids(flwr_home: Path) -> list[int]:
 
 
 def stop_local_superlink(flwr_home: Path, timeout: float = 15.0) -> list[int]:
-    """Stop this FLWR_HOME's managed SuperLink and its children (its process group)."""
-    pids = local_superlink_pids(flwr_home)
+    """Stop this FLWR_HOME's managed SuperLink and every process below it, by PID.
+
+    Below it are SuperExec, the ServerApp / simulation processes and Ray's workers; some
+    run in process groups of their own and outlive the SuperLink if it dies first, so the
+    whole tree is collected before anything is signalled.
+    """
+    roots = local_superlink_pids(flwr_home)
+    pids = [pid for root in roots for pid in [root, *descendants(root)]]
     for pid in pids:
-        _signal_group(pid, signal.SIGTERM)
+        _signal(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
         time.sleep(0.2)
     for pid in pids:
         if _alive(pid):
-            _signal_group(pid, signal.SIGKILL)
-    return pids
+            _signal(pid, signal.SIGKILL)
+    return roots
 
 
-def _signal_group(pid: int, sig: int) -> None:
+def descendants(pid: int) -> list[int]:
+    """All processes below ``pid`` (children first), from /proc."""
+    children: dict[int, list[int]] = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            stat = (proc / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(proc.name))
+    found, queue = [], [pid]
+    while queue:
+        for child in children.get(queue.pop(0), []):
+            found.append(child)
+            queue.append(child)
+    return found
+
+
+def _signal(pid: int, sig: int) -> None:
     try:
-        pgid = os.getpgid(pid)
-        if pgid == pid:  # detached: the SuperLink leads its own group (with SuperExec, app processes)
-            os.killpg(pgid, sig)
-        else:
-            os.kill(pid, sig)
+        os.kill(pid, sig)
     except ProcessLookupError:
         pass
 

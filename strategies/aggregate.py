@@ -131,6 +131,61 @@ def coefficients_scheme_ii(
     return p * (num_clients / num_sampled)
 
 
+class WeightedModelSum:
+    """S = sum_k r_k w_k over client models added one at a time, plus R = sum_k r_k.
+
+    Streaming form of every rule in this module: only the accumulator and the client
+    model being added are in memory (two model-sized buffers), never all clients.
+    Floating arrays accumulate in their own dtype, as Flower's FedAvg does; integer
+    arrays (BatchNorm's ``num_batches_tracked``) in float64.
+    """
+
+    def __init__(self) -> None:
+        self.sum: NDArrays = {}
+        self.total = 0.0
+        self.count = 0
+        self.extras: dict[str, float] = {}
+
+    def add(self, arrays: Mapping[str, np.ndarray], weight: float, **extras: float) -> None:
+        """S += weight * w_k, R += weight, and sums of any named scalars."""
+        for key, value in arrays.items():
+            floating = np.issubdtype(value.dtype, np.floating)
+            term = value * weight if floating else value.astype(np.float64) * weight
+            if key in self.sum:
+                self.sum[key] += term
+            else:
+                self.sum[key] = np.array(term, copy=True) if term is value else term
+        self.total += weight
+        self.count += 1
+        for name, amount in extras.items():
+            self.extras[name] = self.extras.get(name, 0.0) + amount
+
+    def update(self, global_arrays: Mapping[str, np.ndarray], scale: float, server_lr: float = 1.0) -> NDArrays:
+        """w + eta_g * scale * (S - R w), i.e. w + eta_g * sum_k c_k (w_k - w) with c_k = scale * r_k.
+
+        Integer arrays get the r-weighted mean S / R, rounded.
+        """
+        if self.count == 0:
+            raise ValueError("no client model was added")
+        new: NDArrays = {}
+        for key, current in global_arrays.items():
+            if np.issubdtype(current.dtype, np.floating):
+                base = current.astype(np.float64)
+                delta = self.sum[key].astype(np.float64) - self.total * base
+                new[key] = np.asarray(base + (server_lr * scale) * delta).astype(current.dtype)
+            else:
+                new[key] = np.asarray(np.rint(self.sum[key] / self.total)).astype(current.dtype)
+        return new
+
+
+def all_finite(arrays: Mapping[str, np.ndarray]) -> str | None:
+    """The first key whose floating array holds NaN or Inf, or None."""
+    for key, value in arrays.items():
+        if np.issubdtype(value.dtype, np.floating) and not np.isfinite(value).all():
+            return key
+    return None
+
+
 def apply_update(
     global_arrays: Mapping[str, np.ndarray],
     client_arrays: Sequence[Mapping[str, np.ndarray]],
@@ -139,7 +194,6 @@ def apply_update(
 ) -> NDArrays:
     """w_t + eta_g * sum_k c_k (w_k - w_t), key by key (Option I, IID->non-IID study Alg. 3).
 
-    Floating arrays are accumulated in float64 and cast back to their dtype.
     Integer arrays (e.g. BatchNorm's ``num_batches_tracked``) are not parameters:
     they get the c-weighted mean of the clients' values, rounded.
     """
@@ -148,19 +202,10 @@ def apply_update(
         raise ValueError(f"{len(client_arrays)} client models but {len(c)} coefficients")
     if len(c) == 0:
         raise ValueError("apply_update needs at least one client model")
-    new: NDArrays = {}
-    for key, current in global_arrays.items():
-        if np.issubdtype(current.dtype, np.floating):
-            base = current.astype(np.float64)
-            step = np.zeros_like(base)
-            for c_k, arrays in zip(c, client_arrays):
-                step += c_k * (arrays[key].astype(np.float64) - base)
-            new[key] = np.asarray(base + server_lr * step).astype(current.dtype)
-        else:
-            weights = c / c.sum()
-            mean = sum(w * arrays[key].astype(np.float64) for w, arrays in zip(weights, client_arrays))
-            new[key] = np.asarray(np.rint(mean)).astype(current.dtype)
-    return new
+    acc = WeightedModelSum()
+    for c_k, arrays in zip(c, client_arrays):
+        acc.add(arrays, float(c_k))
+    return acc.update(global_arrays, 1.0, server_lr)
 
 
 def weighted_mean(values: Sequence[float], weights: Sequence[float]) -> float:
@@ -219,7 +264,7 @@ def fednova_update(
 
     With server momentum gamma > 0: v <- gamma v + tau_eff sum_i p_i d_i, w <- w - v.
     All ||a_i|| equal gives FedAvg (sum_i p_i w_i). Integer arrays (BatchNorm's
-    ``num_batches_tracked``) are not normalised: they get the p-weighted rounded mean.
+    ``num_batches_tracked``) are not normalised: they get a rounded weighted mean.
     Returns the new arrays and the new momentum buffer (None without momentum).
     """
     a = np.asarray(a_norms, dtype=np.float64)
@@ -230,23 +275,35 @@ def fednova_update(
     if np.any(~np.isfinite(a)) or np.any(a <= 0):
         raise ValueError(f"a_norms must be finite and > 0, got {a.tolist()}")
     p = _positive(p, "weights")
-    p = p / p.sum()
-    tau_eff = float(np.dot(p, a))
-    scale = tau_eff * p / a  # w - sum_i (tau_eff p_i / a_i)(w - w_i)
-    new: NDArrays = {}
-    new_buffer: NDArrays | None = {} if server_momentum > 0 else None
+    acc = WeightedModelSum()
+    for arrays, n_i, a_i in zip(client_arrays, p, a):
+        acc.add(arrays, n_i / a_i, n=n_i, na=n_i * a_i)
+    new = acc.update(global_arrays, fednova_scale(acc))
+    return apply_server_momentum(global_arrays, new, momentum_buffer, server_momentum)
+
+
+def fednova_scale(acc: WeightedModelSum) -> float:
+    """scale of ``acc.update`` for FedNova when clients were added with weight n_i/a_i
+    and extras n = n_i, na = n_i a_i: c_i = tau_eff p_i / a_i = (tau_eff / sum n) r_i."""
+    total_n = acc.extras["n"]
+    tau_eff = acc.extras["na"] / total_n
+    return tau_eff / total_n
+
+
+def apply_server_momentum(
+    global_arrays: Mapping[str, np.ndarray], new: NDArrays, buffer: NDArrays | None, gamma: float
+) -> tuple[NDArrays, NDArrays | None]:
+    """v <- gamma v + (w - w_new); w <- w - v (floating arrays; gamma = 0 returns ``new``)."""
+    if gamma <= 0:
+        return new, None
+    out: NDArrays = dict(new)
+    new_buffer: NDArrays = {}
     for key, current in global_arrays.items():
         if not np.issubdtype(current.dtype, np.floating):
-            mean = sum(w * arrays[key].astype(np.float64) for w, arrays in zip(p, client_arrays))
-            new[key] = np.asarray(np.rint(mean)).astype(current.dtype)
             continue
-        base = current.astype(np.float64)
-        step = np.zeros_like(base)
-        for s_i, arrays in zip(scale, client_arrays):
-            step += s_i * (base - arrays[key].astype(np.float64))
-        if new_buffer is not None:
-            previous = momentum_buffer.get(key) if momentum_buffer else None
-            step = step if previous is None else server_momentum * previous + step
-            new_buffer[key] = step
-        new[key] = np.asarray(base - step).astype(current.dtype)
-    return new, new_buffer
+        step = current.astype(np.float64) - new[key].astype(np.float64)
+        if buffer and key in buffer:
+            step = gamma * buffer[key] + step
+        new_buffer[key] = step
+        out[key] = np.asarray(current.astype(np.float64) - step).astype(current.dtype)
+    return out, new_buffer

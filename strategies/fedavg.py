@@ -210,6 +210,13 @@ class FedAvg(FlowerFedAvg):
         arr = np.asarray(sizes, dtype=np.float64)
         return arr / arr.sum()
 
+    def total_examples(self) -> float:
+        """n over all connected clients; a size not known yet counts as the mean known size."""
+        known = [self.clients.get(x, ClientInfo()).num_examples for x in self.all_nodes]
+        sizes = [k for k in known if k]
+        fill = float(np.mean(sizes)) if sizes else 0.0
+        return float(sum(k if k else fill for k in known))
+
     def sample(self, server_round: int, node_ids: list[int]) -> dict[int, int]:
         """Node id -> number of draws (1 unless scheme-i draws a node twice)."""
         ordered = self.ordered_nodes(node_ids)
@@ -292,55 +299,78 @@ class FedAvg(FlowerFedAvg):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Validate replies one by one, then apply the weighting scheme's update."""
-        replies = list(replies)
-        good = [r for r in replies if self.accept_reply(r)]
+        """Check replies one by one, then stream them into the weighting scheme's update.
+
+        Only one client model is deserialised at a time (plus one accumulator).
+        """
+        checked = [r for r in replies if self.accept_reply(r)]
+        acc, accepted, planned = agg.WeightedModelSum(), [], 0.0
+        if checked:
+            weights, extras = self.client_weights(checked)
+            planned = float(np.sum(weights))
+            acc, accepted = self.accumulate(checked, weights / planned, extras)
         diag = self.diagnostics.setdefault(server_round, {})
-        diag["clients-received"] = len(good)
-        diag["clients-failed"] = len(self.draws) - len(good)
-        steps = [r.content[C.METRICS][C.LOCAL_STEPS_TAKEN] for r in good
-                 if C.LOCAL_STEPS_TAKEN in r.content[C.METRICS]]
-        if steps:
+        diag["clients-received"] = len(accepted)
+        diag["clients-failed"] = len(self.draws) - len(accepted)
+        diag["bytes-up"] = sum(r.content[C.ARRAYS].count_bytes() for r in accepted)
+        steps = [r.content[C.METRICS].get(C.LOCAL_STEPS_TAKEN) for r in accepted]
+        if steps and all(isinstance(s, (int, float)) for s in steps):
             diag["local-steps"] = [int(s) for s in steps]
-        diag["bytes-up"] = sum(r.content[C.ARRAYS].count_bytes() for r in good)
-        if not good:
+        if not accepted:
             log(WARNING, "Round %d: no usable reply, the global model is kept", server_round)
             return None, None
-        new = self.aggregate_arrays(server_round, good)
-        metrics = _mean_metrics(good)
+        new = self.new_arrays(server_round, acc, planned)
+        metrics = _mean_metrics(accepted)
         if C.TRAIN_LOSS in metrics or C.STOCK_TRAIN_LOSS in metrics:
             diag["train-loss"] = metrics.get(C.TRAIN_LOSS, metrics.get(C.STOCK_TRAIN_LOSS))
         return _to_record(new), MetricRecord(metrics)
 
-    def aggregate_arrays(self, server_round: int, replies: list[Message]) -> agg.NDArrays:
-        """The new global arrays from accepted replies (the weighting scheme's update)."""
-        return agg.apply_update(
-            _to_numpy(self.current_arrays), [_to_numpy(r.content[C.ARRAYS]) for r in replies],
-            self.coefficients(replies), self.server_lr,
-        )
+    def accumulate(
+        self, replies: list[Message], weights: np.ndarray, extras: list[dict[str, float]]
+    ) -> tuple[agg.WeightedModelSum, list[Message]]:
+        """S = sum r_k w_k over the replies whose arrays are finite (the others are logged)."""
+        acc, accepted = agg.WeightedModelSum(), []
+        for reply, weight, extra in zip(replies, weights, extras):
+            arrays = _to_numpy(reply.content[C.ARRAYS])
+            bad_key = agg.all_finite(arrays)
+            if bad_key is not None:
+                log(WARNING, "Reply from node %d rejected: array '%s' has NaN or Inf",
+                    reply.metadata.src_node_id, bad_key)
+                continue
+            acc.add(arrays, float(weight), **extra)
+            accepted.append(reply)
+        return acc, accepted
 
-    def coefficients(self, replies: list[Message]) -> np.ndarray:
-        """c_k of the configured weighting, renormalised over the replies received."""
+    def client_weights(self, replies: list[Message]) -> tuple[np.ndarray, list[dict[str, float]]]:
+        """Raw weights r_k of the configured scheme (c_k is proportional to r_k)."""
         nodes = [r.metadata.src_node_id for r in replies]
-        n = [int(r.content[C.METRICS][C.NUM_EXAMPLES]) for r in replies]
-        if self.weighting == "examples":
-            return agg.coefficients_by_examples(n)
-        if self.weighting == "uniform":
-            return agg.coefficients_uniform(len(replies))
-        if self.weighting == "scheme-i":
-            return agg.coefficients_scheme_i([self.draws.get(node, 1) for node in nodes])
-        if self.weighting == "scheme-ii":
+        n = np.array([float(r.content[C.METRICS][C.NUM_EXAMPLES]) for r in replies])
+        if self.weighting in ("examples", "pre-erratum"):
+            raw = n
+        elif self.weighting == "uniform":
+            raw = np.ones(len(replies))
+        elif self.weighting == "scheme-i":
+            raw = np.array([float(self.draws.get(node, 1)) for node in nodes])
+        else:  # scheme-ii: p_k N
             shares = self.data_shares(self.all_nodes)
-            p = [shares[self.all_nodes.index(node)] for node in nodes]
-            return agg.coefficients_scheme_ii(p, len(self.all_nodes), len(replies))
-        # pre-erratum: n over all clients; a node's size comes from its reply when known
-        for node, n_k in zip(nodes, n):
-            self.clients.setdefault(node, ClientInfo()).num_examples = n_k
-        known = [self.clients.get(x, ClientInfo()).num_examples for x in self.all_nodes]
-        sizes = [k for k in known if k]
-        fill = float(np.mean(sizes)) if sizes else 0.0
-        total = sum(k if k else fill for k in known)
-        return agg.coefficients_pre_erratum(n, total)
+            raw = np.array([shares[self.all_nodes.index(node)] for node in nodes]) * len(self.all_nodes)
+        if self.weighting == "pre-erratum":  # a node's size is known from its reply
+            for node, n_k in zip(nodes, n):
+                self.clients.setdefault(node, ClientInfo()).num_examples = int(n_k)
+        return raw, [{} for _ in replies]
+
+    def new_arrays(self, server_round: int, acc: agg.WeightedModelSum, planned: float) -> agg.NDArrays:
+        """w + eta_g sum c_k (w_k - w) with c_k of the weighting, over the accepted replies.
+
+        The replies were added with r_k / planned, so c_k = scale * (r_k / planned).
+        """
+        if self.weighting == "pre-erratum":  # c_k = n_k / n over all clients
+            scale = planned / self.total_examples()
+        elif self.weighting == "scheme-ii":  # c_k = p_k N / K' over the K' replies
+            scale = planned / acc.count
+        else:  # renormalised over the accepted replies
+            scale = 1.0 / acc.total
+        return acc.update(_to_numpy(self.current_arrays), scale, self.server_lr)
 
     def accept_reply(self, reply: Message) -> bool:
         """True if the reply can be aggregated; else one log line saying why."""
@@ -373,10 +403,7 @@ class FedAvg(FlowerFedAvg):
             ref = expected[key]
             if tuple(array.shape) != tuple(ref.shape) or array.dtype != ref.dtype:
                 return f"array '{key}' is {array.dtype}{tuple(array.shape)}, expected {ref.dtype}{tuple(ref.shape)}"
-            values = array.numpy()
-            if np.issubdtype(values.dtype, np.floating) and not np.all(np.isfinite(values)):
-                return f"array '{key}' has NaN or Inf"
-        return None
+        return None  # NaN / Inf are found while aggregating, without a second deserialisation
 
 
 def _check_fraction(name: str, value: float, allow_zero: bool) -> None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from logging import INFO, WARNING
 
+import numpy as np
+
 from flwr.app import Message
 from flwr.common.logger import log
 
@@ -56,6 +58,7 @@ class FedNova(FedAvg):
         self.batch_size = batch_size
         self.momentum_buffer: agg.NDArrays | None = None
         self._warned_derived_tau = False
+        self.last_a_norms = np.zeros(0)
 
     def summary(self) -> None:
         """Log the configuration."""
@@ -95,15 +98,20 @@ class FedNova(FedAvg):
                 C.LOCAL_STEPS_TAKEN, epochs, batch or "full")
         return max(tau, 1)
 
-    def aggregate_arrays(self, server_round: int, replies: list[Message]) -> agg.NDArrays:
-        """FedNova's normalised update from the accepted replies."""
-        a_norms = [self.a_norm(r) for r in replies]
-        weights = [float(r.content[C.METRICS][C.NUM_EXAMPLES]) for r in replies]
-        new, self.momentum_buffer = agg.fednova_update(
-            _to_numpy(self.current_arrays), [_to_numpy(r.content[C.ARRAYS]) for r in replies],
-            a_norms, weights, self.momentum_buffer, self.server_momentum,
-        )
+    def client_weights(self, replies: list[Message]) -> tuple[np.ndarray, list[dict[str, float]]]:
+        """r_i = n_i / ||a_i||_1, with n_i and n_i ||a_i||_1 summed alongside (FedNova eq. 5)."""
+        a_norms = np.array([self.a_norm(r) for r in replies])
+        n = np.array([float(r.content[C.METRICS][C.NUM_EXAMPLES]) for r in replies])
+        self.last_a_norms = a_norms
+        return n / a_norms, [{"n": n_i, "na": n_i * a_i} for n_i, a_i in zip(n, a_norms)]
+
+    def new_arrays(self, server_round: int, acc: agg.WeightedModelSum, planned: float) -> agg.NDArrays:
+        """w - tau_eff sum_i p_i d_i over the accepted replies, then optional server momentum."""
+        global_arrays = _to_numpy(self.current_arrays)
+        new = acc.update(global_arrays, agg.fednova_scale(acc) * planned)
+        new, self.momentum_buffer = agg.apply_server_momentum(
+            global_arrays, new, self.momentum_buffer, self.server_momentum)
         diag = self.diagnostics.setdefault(server_round, {})
-        diag["a-norms"] = [round(a, 4) for a in a_norms]
-        diag["tau-eff"] = sum(w * a for w, a in zip(weights, a_norms)) / sum(weights)
+        diag["a-norms"] = [round(float(a), 4) for a in self.last_a_norms]
+        diag["tau-eff"] = acc.extras["na"] / acc.extras["n"]
         return new
