@@ -146,15 +146,25 @@ class WeightedModelSum:
         self.count = 0
         self.extras: dict[str, float] = {}
 
-    def add(self, arrays: Mapping[str, np.ndarray], weight: float, **extras: float) -> None:
-        """S += weight * w_k, R += weight, and sums of any named scalars."""
+    def add(self, arrays: Mapping[str, np.ndarray], weight: float, *, owned: bool = False,
+            **extras: float) -> None:
+        """S += weight * w_k, R += weight, and sums of any named scalars.
+
+        ``owned=True`` lets floating arrays be scaled in place (no temporary copy).
+        """
         for key, value in arrays.items():
-            floating = np.issubdtype(value.dtype, np.floating)
-            term = value * weight if floating else value.astype(np.float64) * weight
+            if np.issubdtype(value.dtype, np.floating):
+                if owned and value.flags.writeable:
+                    value *= weight
+                    term = value
+                else:
+                    term = value * weight
+            else:
+                term = value.astype(np.float64) * weight
             if key in self.sum:
                 self.sum[key] += term
             else:
-                self.sum[key] = np.array(term, copy=True) if term is value else term
+                self.sum[key] = term if term is not value or owned else term.copy()
         self.total += weight
         self.count += 1
         for name, amount in extras.items():
@@ -163,18 +173,22 @@ class WeightedModelSum:
     def update(self, global_arrays: Mapping[str, np.ndarray], scale: float, server_lr: float = 1.0) -> NDArrays:
         """w + eta_g * scale * (S - R w), i.e. w + eta_g * sum_k c_k (w_k - w) with c_k = scale * r_k.
 
-        Integer arrays get the r-weighted mean S / R, rounded.
+        Computed in place in the accumulator, in the arrays' own dtype (which Flower's
+        FedAvg also averages in), so the sum is consumed: call once. Integer arrays get
+        the r-weighted mean S / R, rounded.
         """
         if self.count == 0:
             raise ValueError("no client model was added")
         new: NDArrays = {}
         for key, current in global_arrays.items():
+            out = self.sum.pop(key)
             if np.issubdtype(current.dtype, np.floating):
-                base = current.astype(np.float64)
-                delta = self.sum[key].astype(np.float64) - self.total * base
-                new[key] = np.asarray(base + (server_lr * scale) * delta).astype(current.dtype)
+                out -= current * np.asarray(self.total, dtype=current.dtype)
+                out *= np.asarray(server_lr * scale, dtype=current.dtype)
+                out += current
+                new[key] = np.asarray(out, dtype=current.dtype)
             else:
-                new[key] = np.asarray(np.rint(self.sum[key] / self.total)).astype(current.dtype)
+                new[key] = np.asarray(np.rint(out / self.total)).astype(current.dtype)
         return new
 
 

@@ -337,7 +337,7 @@ class FedAvg(FlowerFedAvg):
                 log(WARNING, "Reply from node %d rejected: array '%s' has NaN or Inf",
                     reply.metadata.src_node_id, bad_key)
                 continue
-            acc.add(arrays, float(weight), **extra)
+            acc.add(arrays, float(weight), owned=True, **extra)
             accepted.append(reply)
         return acc, accepted
 
