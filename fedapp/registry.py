@@ -63,7 +63,7 @@ def _fednova(cfg: RunConfig) -> tuple[Strategy, dict]:
     if cfg.weighting != "examples":
         raise ConfigError(f"run config: weighting={cfg.weighting!r} is not allowed with strategy='fednova'; "
                           "FedNova weights clients by num-examples. Set --run-config \"weighting='examples'\"")
-    strategy = FedNova(server_momentum=cfg.server_momentum, local_epochs=cfg.local_epochs,
+    strategy = FedNova(server_momentum=cfg.server_momentum, local_epochs=cfg.local_epochs, server_lr=cfg.server_lr,
                        batch_size=0 if cfg.full_batch else cfg.batch_size, **_common(cfg, "partial"))
     return strategy, train_config(cfg)
 

@@ -34,7 +34,8 @@ class FedNova(FedAvg):
     straggler_policy : str
         ``"partial"`` by default: FedNova exists to aggregate unequal local work.
     **kwargs
-        As :class:`FedAvg` (the weighting is always n_i / n).
+        As :class:`FedAvg` (the weighting is always n_i / n; ``server_lr`` eta_g scales
+        the normalised step: w <- w - eta_g tau_eff sum_i p_i d_i).
 
     Contract
     --------
@@ -102,13 +103,35 @@ class FedNova(FedAvg):
         """r_i = n_i / ||a_i||_1, with n_i and n_i ||a_i||_1 summed alongside (FedNova eq. 5)."""
         a_norms = np.array([self.a_norm(r) for r in replies])
         n = np.array([float(r.content[C.METRICS][C.NUM_EXAMPLES]) for r in replies])
-        self.last_a_norms = a_norms
-        return n / a_norms, [{"n": n_i, "na": n_i * a_i} for n_i, a_i in zip(n, a_norms)]
+        return n / a_norms, [{"n": n_i, "na": n_i * a_i, "a": a_i} for n_i, a_i in zip(n, a_norms)]
+
+    def accumulate(self, replies, weights, extras):
+        """FedAvg's stream; also keeps the accepted replies' ||a_i||_1 for the run log."""
+        acc, accepted = super().accumulate(replies, weights, extras)
+        by_reply = {id(r): e["a"] for r, e in zip(replies, extras)}
+        self.last_a_norms = np.array([by_reply[id(r)] for r in accepted])
+        return acc, accepted
+
+    def reply_problem(self, reply: Message) -> str | None:
+        """FedAvg's checks plus: ``local-steps`` an integer >= 1, ``a-norm`` finite and > 0."""
+        problem = super().reply_problem(reply)
+        if problem:
+            return problem
+        metrics = reply.content[C.METRICS]
+        steps = metrics.get(C.LOCAL_STEPS_TAKEN)
+        if steps is not None and (isinstance(steps, bool) or not isinstance(steps, (int, float))
+                                  or not np.isfinite(steps) or steps < 1 or steps != int(steps)):
+            return f"'{C.LOCAL_STEPS_TAKEN}' must be an integer >= 1, got {steps!r}"
+        a_norm = metrics.get(C.A_NORM)
+        if a_norm is not None and (isinstance(a_norm, bool) or not isinstance(a_norm, (int, float))
+                                   or not np.isfinite(a_norm) or a_norm <= 0):
+            return f"'{C.A_NORM}' must be a finite number > 0, got {a_norm!r}"
+        return None
 
     def new_arrays(self, server_round: int, acc: agg.WeightedModelSum, planned: float) -> agg.NDArrays:
         """w - tau_eff sum_i p_i d_i over the accepted replies, then optional server momentum."""
         global_arrays = _to_numpy(self.current_arrays)
-        new = acc.update(global_arrays, agg.fednova_scale(acc) * planned)
+        new = acc.update(global_arrays, agg.fednova_scale(acc) * planned, self.server_lr)
         new, self.momentum_buffer = agg.apply_server_momentum(
             global_arrays, new, self.momentum_buffer, self.server_momentum)
         diag = self.diagnostics.setdefault(server_round, {})

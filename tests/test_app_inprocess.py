@@ -94,3 +94,36 @@ def test_missing_data_stops_before_any_training(tmp_path, monkeypatch):
     finally:
         task.data.load_dataset.cache_clear()
     assert grid.calls == []
+
+
+def test_fedprox_with_mu_zero_equals_fedavg_end_to_end(tmp_path):
+    base = {"num-server-rounds": 2, "local-steps": 4, "partition": "dirichlet", "batch-size": 16}
+    run_server({**base, "strategy": "fedavg", "output-dir": str(tmp_path / "avg")})
+    run_server({**base, "strategy": "fedprox", "proximal-mu": 0.0, "output-dir": str(tmp_path / "prox")})
+    avg = torch.load(only_run_dir(tmp_path / "avg") / "final_model.pt")
+    prox = torch.load(only_run_dir(tmp_path / "prox") / "final_model.pt")
+    assert all(torch.equal(avg[k], prox[k]) for k in avg)
+
+
+@pytest.mark.parametrize("strategy", ["fedprox", "fednova"])
+def test_stragglers_do_partial_work(tmp_path, strategy):
+    rc = {"num-server-rounds": 2, "strategy": strategy, "straggler-fraction": 0.5, "local-epochs": 1,
+          "batch-size": 512, "partition": "iid", "output-dir": str(tmp_path)}
+    run_server(rc, num_nodes=4)
+    rounds = read_rounds(only_run_dir(tmp_path))[1:]
+    full = 60000 // 4 // 512  # floor(E n_i / B) for the non-stragglers
+    for r in rounds:
+        assert r["clients-stragglers"] == 2 and r["clients-dropped"] == 0 and r["clients-received"] == 4
+        assert sorted(r["local-steps"])[2:] == [full, full]
+        assert all(1 <= s <= full for s in r["local-steps"])
+    if strategy == "fednova":
+        assert all(r["a-norms"] == [float(s) for s in r["local-steps"]] for r in rounds)
+
+
+def test_fedavg_drops_stragglers(tmp_path):
+    rc = {"num-server-rounds": 1, "strategy": "fedavg", "straggler-fraction": 0.5, "local-steps": 2,
+          "partition": "iid", "output-dir": str(tmp_path)}
+    grid = run_server(rc, num_nodes=4)
+    record = read_rounds(only_run_dir(tmp_path))[1]
+    assert record["clients-dropped"] == 2 and record["clients-received"] == 2
+    assert [kind for _, kind in grid.calls].count("train") == 2

@@ -42,3 +42,22 @@ def test_flwr_run_bad_config_fails_with_one_clear_message(tmp_path):
     assert "dirichlet-alpha=0.0 is not allowed; it must be a number > 0" in result.output
     assert not (tmp_path / "runs").exists()
     assert local_superlink_pids(home) == []
+
+
+def test_flwr_run_fednova_with_stragglers(tmp_path):
+    out = tmp_path / "runs"
+    home = tmp_path / "flwr-home"
+    result = run_app(
+        {"num-server-rounds": 2, "strategy": "fednova", "straggler-fraction": 0.5, "local-steps": 6,
+         "partition": "dirichlet", "output-dir": str(out)},
+        {"num-supernodes": 2, "client-resources-num-cpus": 1},
+        flwr_home=home, timeout=420, isolate_ports=True, capture=True,
+    )
+    assert result.status == "finished:completed", result.output[-4000:]
+    rounds = read_rounds(next(out.iterdir()))
+    assert [r["round"] for r in rounds] == [0, 1, 2]
+    for r in rounds[1:]:
+        assert r["clients-stragglers"] == 1 and r["clients-received"] == 2
+        assert max(r["local-steps"]) == 6 and 1 <= min(r["local-steps"]) <= 6
+        assert r["tau-eff"] > 0
+    assert local_superlink_pids(home) == []

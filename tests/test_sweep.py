@@ -1,0 +1,235 @@
+"""Tests for simulation.sweep: sweep files, run plans, resume detection and the summary.
+
+No real run is started: run directories are written by hand (``rounds.jsonl`` and an
+empty ``final_model.pt``), and ``run_app`` is replaced where ``execute`` is exercised.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from fedapp.config import RunConfig
+from simulation import sweep
+
+SHIPPED = Path(__file__).resolve().parent.parent / "simulation" / "experiments" / "fedprox_stragglers.toml"
+
+SWEEP_TOML = """
+title = "tiny sweep"
+claim = "b beats a"
+seeds = [1, 2]
+num-supernodes = 4
+
+[base]
+num-server-rounds = 3
+lr = 0.1
+strategy = "fedavg"
+local-epochs = 2
+
+[variants.a]
+lr = 0.2
+
+[variants."b.x"]
+strategy = "fedprox"
+proximal-mu = 0.01
+seed = 99
+output-dir = "/nowhere"
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "s.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def fake_run_dir(directory: Path, accuracies: list[float], model: bool = True, name: str = "20250101-000000-x-run1") -> Path:
+    run = directory / name
+    run.mkdir(parents=True, exist_ok=True)
+    lines = [json.dumps({"round": i, "accuracy": a, "loss": 1.0 - a}) for i, a in enumerate(accuracies)]
+    (run / "rounds.jsonl").write_text("\n".join(lines) + "\n")
+    if model:
+        (run / "final_model.pt").write_bytes(b"")
+    return run
+
+
+# ---------------------------------------------------------------- load / plan
+def test_plan_variants_times_seeds_merge_order(tmp_path):
+    spec = sweep.load_sweep(write(tmp_path, SWEEP_TOML))
+    out = tmp_path / "out"
+    runs = sweep.plan(spec, out)
+    assert [(r.variant, r.seed) for r in runs] == [("a", 1), ("a", 2), ("b.x", 1), ("b.x", 2)]
+    for run in runs:
+        assert run.directory == out / run.variant / f"seed{run.seed}"
+        # seed and output-dir are set last: they win over base and variant
+        assert run.run_config["seed"] == run.seed
+        assert run.run_config["output-dir"] == str((out / run.variant / f"seed{run.seed}").resolve())
+        assert Path(run.run_config["output-dir"]).is_absolute()
+        assert run.run_config["num-server-rounds"] == 3 and run.run_config["local-epochs"] == 2
+    a1, _, b1, _ = runs
+    assert a1.run_config["lr"] == 0.2 and a1.run_config["strategy"] == "fedavg"  # variant > base
+    assert "proximal-mu" not in a1.run_config
+    assert b1.run_config["lr"] == 0.1 and b1.run_config["strategy"] == "fedprox"
+    assert b1.run_config["proximal-mu"] == 0.01
+    # every run's config is its own dict, and the spec is untouched
+    runs[0].run_config["lr"] = 123.0
+    assert runs[1].run_config["lr"] == 0.2 and spec["base"]["lr"] == 0.1
+    assert spec["variants"]["b.x"]["seed"] == 99
+    for run in runs:
+        RunConfig.from_user_config(run.run_config)
+
+
+def test_unquoted_dotted_variant_name_says_to_quote(tmp_path):
+    text = 'seeds = [0]\n[base]\nlr = 0.1\n[variants.fedprox-mu0.01]\nstrategy = "fedprox"\n'
+    with pytest.raises(ValueError) as info:
+        sweep.load_sweep(write(tmp_path, text))
+    message = str(info.value)
+    assert "quote" in message
+    assert '[variants."fedprox-mu0.01"]' in message
+
+
+def test_quoted_dotted_variant_name_loads(tmp_path):
+    text = 'seeds = [0]\n[variants."fedprox-mu0.01"]\nstrategy = "fedprox"\n'
+    spec = sweep.load_sweep(write(tmp_path, text))
+    runs = sweep.plan(spec, tmp_path / "out")
+    assert [r.variant for r in runs] == ["fedprox-mu0.01"]
+    assert runs[0].directory == tmp_path / "out" / "fedprox-mu0.01" / "seed0"
+    assert runs[0].run_config["strategy"] == "fedprox"  # no [base]: just the variant
+
+
+@pytest.mark.parametrize("missing", ["variants", "seeds"])
+def test_missing_section_raises(tmp_path, missing):
+    text = SWEEP_TOML.replace("seeds = [1, 2]", "") if missing == "seeds" else 'seeds = [0]\n[base]\nlr = 0.1\n'
+    with pytest.raises(ValueError, match=missing):
+        sweep.load_sweep(write(tmp_path, text))
+
+
+def test_shipped_fedprox_stragglers_sweep_plans_12_valid_runs(tmp_path):
+    spec = sweep.load_sweep(SHIPPED)
+    runs = sweep.plan(spec, tmp_path / "out")
+    assert len(runs) == 12
+    assert len({r.directory for r in runs}) == 12
+    expected = {"fedavg-drop": ("fedavg", "drop"), "fedprox-mu0.01": ("fedprox", "partial"),
+                "fedprox-mu0.1": ("fedprox", "partial"), "fednova": ("fednova", "partial")}
+    assert {r.variant for r in runs} == set(expected)
+    for run in runs:
+        cfg = RunConfig.from_user_config(run.run_config)
+        assert (cfg.strategy, cfg.straggler_policy) == expected[run.variant]
+        assert cfg.seed == run.seed and cfg.seed in (0, 1, 2)
+        assert cfg.straggler_fraction == 0.5 and cfg.num_server_rounds == 20
+        assert cfg.output_dir == str(run.directory.resolve())
+    mus = {r.variant: RunConfig.from_user_config(r.run_config).proximal_mu for r in runs}
+    assert mus["fedprox-mu0.01"] == 0.01 and mus["fedprox-mu0.1"] == 0.1
+
+
+# ---------------------------------------------------------------- finished runs
+def plan_tiny(tmp_path):
+    return sweep.plan(sweep.load_sweep(write(tmp_path, SWEEP_TOML)), tmp_path / "out")
+
+
+def test_finished_run_dir_complete(tmp_path):
+    run = plan_tiny(tmp_path)[0]  # num-server-rounds = 3: rounds 0..3
+    complete = fake_run_dir(run.directory, [0.1, 0.2, 0.3, 0.4])
+    assert sweep.finished_run_dir(run) == complete
+
+
+@pytest.mark.parametrize("accuracies, model", [([0.1, 0.2, 0.3], True),  # one round short
+                                               ([0.1, 0.2, 0.3, 0.4], False),  # no final model
+                                               ([0.1], True)])
+def test_finished_run_dir_ignores_incomplete(tmp_path, accuracies, model):
+    run = plan_tiny(tmp_path)[0]
+    fake_run_dir(run.directory, accuracies, model=model)
+    assert sweep.finished_run_dir(run) is None
+
+
+def test_finished_run_dir_missing_and_mixed(tmp_path):
+    run = plan_tiny(tmp_path)[1]
+    assert sweep.finished_run_dir(run) is None  # nothing there yet
+    fake_run_dir(run.directory, [0.1, 0.2], name="20250101-000000-a-run1")  # interrupted attempt
+    done = fake_run_dir(run.directory, [0.1, 0.2, 0.3, 0.4], name="20250102-000000-a-run2")
+    assert sweep.finished_run_dir(run) == done
+
+
+def test_finished_run_dir_default_rounds_is_10(tmp_path):
+    spec = sweep.load_sweep(write(tmp_path, 'seeds = [0]\n[variants.v]\nlr = 0.1\n'))
+    run = sweep.plan(spec, tmp_path / "out")[0]
+    fake_run_dir(run.directory, [0.5] * 10)
+    assert sweep.finished_run_dir(run) is None
+    fake_run_dir(run.directory, [0.5] * 11, name="20250101-000001-x-run2")
+    assert sweep.finished_run_dir(run) is not None
+
+
+# ---------------------------------------------------------------- summary
+def test_summarize_and_write_summary_hand_computed(tmp_path):
+    runs = plan_tiny(tmp_path)
+    a1, a2, b1, _ = runs
+    # a: finals 0.4, 0.7 -> mean 0.55, std sqrt((0.15^2 + 0.15^2) / 1) = 0.212132
+    #    bests  0.5, 0.7 -> mean 0.6,  std sqrt((0.1^2 + 0.1^2) / 1)   = 0.141421
+    # b: one seed, final 0.3, best 0.35 -> std 0
+    done = [(a1, fake_run_dir(a1.directory, [0.1, 0.5, 0.45, 0.4])),
+            (a2, fake_run_dir(a2.directory, [0.1, 0.6, 0.65, 0.7])),
+            (b1, fake_run_dir(b1.directory, [0.1, 0.35, 0.2, 0.3]))]
+    rows = sweep.summarize(done)
+    assert [r["variant"] for r in rows] == ["a", "b.x"]
+    a, b = rows
+    assert a["seeds"] == 2 and b["seeds"] == 1
+    assert a["final-mean"] == pytest.approx(0.55) and a["final-std"] == pytest.approx(0.15 * math.sqrt(2))
+    assert a["best-mean"] == pytest.approx(0.6) and a["best-std"] == pytest.approx(0.1 * math.sqrt(2))
+    assert b["final-mean"] == pytest.approx(0.3) and b["final-std"] == 0.0
+    assert b["best-mean"] == pytest.approx(0.35) and b["best-std"] == 0.0
+
+    out = tmp_path / "out"
+    table = sweep.write_summary(rows, out, {"title": "tiny sweep", "claim": "b beats a"})
+    assert "| a | 2 | 55.00 ± 21.21 | 60.00 ± 14.14 |" in table
+    assert "| b.x | 1 | 30.00 ± 0.00 | 35.00 ± 0.00 |" in table
+    md = (out / "summary.md").read_text()
+    assert md.startswith("# tiny sweep\n") and "b beats a" in md and table in md
+    with (out / "summary.csv").open() as handle:
+        got = list(csv.DictReader(handle))
+    assert [r["variant"] for r in got] == ["a", "b.x"]
+    assert set(got[0]) == {"variant", "seeds", "final-mean", "final-std", "best-mean", "best-std"}
+    assert float(got[0]["final-mean"]) == pytest.approx(0.55)
+    assert float(got[0]["final-std"]) == pytest.approx(0.212132, abs=1e-6)
+    assert float(got[1]["best-mean"]) == pytest.approx(0.35) and int(got[1]["seeds"]) == 1
+
+
+def test_write_summary_empty(tmp_path):
+    table = sweep.write_summary([], tmp_path, {})
+    assert table.splitlines()[0].startswith("| variant |")
+    assert (tmp_path / "summary.csv").read_text().strip() == "variant"
+    assert (tmp_path / "summary.md").read_text().startswith("# sweep")
+
+
+# ---------------------------------------------------------------- execute (run_app faked)
+def test_execute_skips_finished_and_runs_the_rest(tmp_path, monkeypatch, capsys):
+    spec = sweep.load_sweep(write(tmp_path, SWEEP_TOML))
+    out = tmp_path / "out"
+    runs = sweep.plan(spec, out)
+    fake_run_dir(runs[0].directory, [0.1, 0.2, 0.3, 0.4])  # already finished
+    calls = []
+
+    def fake_run_app(run_config, federation, **kwargs):
+        calls.append((run_config["seed"], run_config["output-dir"], federation))
+        directory = Path(run_config["output-dir"])
+        if "b.x" in directory.parts and run_config["seed"] == 2:  # this run crashes
+            return SimpleNamespace(returncode=1, status="crashed", output="boom")
+        fake_run_dir(directory, [0.1, 0.2, 0.3, 0.5])
+        return SimpleNamespace(returncode=0, status="ok", output="")
+
+    monkeypatch.setattr(sweep, "run_app", fake_run_app)
+    done = sweep.execute(spec, out)
+    assert [(r.variant, r.seed) for r, _ in done] == [("a", 1), ("a", 2), ("b.x", 1)]
+    assert [(seed, Path(d).parts[-2:]) for seed, d, _ in calls] == [
+        (2, ("a", "seed2")), (1, ("b.x", "seed1")), (2, ("b.x", "seed2"))]
+    assert calls[0][2]["num-supernodes"] == 4
+    printed = capsys.readouterr().out
+    assert "already done" in printed and "FAILED" in printed
+    # a second pass runs only the failed one
+    calls.clear()
+    sweep.execute(spec, out)
+    assert [(seed, Path(d).parts[-2:]) for seed, d, _ in calls] == [(2, ("b.x", "seed2"))]
