@@ -1,8 +1,9 @@
-"""``python -m simulation {run,sweep,bench}``.
+"""``python -m simulation {run,sweep,report,bench}``.
 
 run    the app with the real ``flwr run . --stream`` (project-local FLWR_HOME, offline
        flags), then stop the managed local SuperLink it started.
 sweep  variants x seeds from a TOML file, resumable, with a summary table.
+report tables (final/best accuracy, rounds and bytes to target) and plots of a sweep.
 bench  benchmarks; see ``python -m simulation bench --help``.
 """
 
@@ -30,6 +31,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "sweep":
         from .sweep import main as sweep_main  # noqa: PLC0415
         return sweep_main(argv[1:])
+    if argv and argv[0] == "report":
+        from .report import main as report_main  # noqa: PLC0415
+        return report_main(argv[1:])
     if argv and argv[0] == "bench":
         from .bench import main as bench_main  # noqa: PLC0415
         bench_main(argv[1:])
@@ -45,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--flwr-home", default=None, help="FLWR_HOME (default: <project>/.flwr)")
     sub.add_parser("bench", help="benchmarks (python -m simulation bench --help)")
     sub.add_parser("sweep", help="variants x seeds from a TOML file (python -m simulation sweep --help)")
+    sub.add_parser("report", help="tables and plots of a sweep folder (python -m simulation report --help)")
     args = parser.parse_args(argv)
     overrides = {}
     for item in args.run_config:

@@ -1,0 +1,44 @@
+"""Run-log metrics for reports: best-so-far curves and rounds / bytes to a target accuracy."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+
+def best_so_far(values: Sequence[float]) -> np.ndarray:
+    """Running maximum: the monotone curve McMahan et al. read rounds-to-target from."""
+    return np.maximum.accumulate(np.asarray(values, dtype=np.float64))
+
+
+def crossing(xs: Sequence[float], accuracy: Sequence[float], target: float) -> float | None:
+    """Where the best-so-far accuracy curve first reaches ``target``, linearly
+    interpolated between the two evaluated points around it (McMahan et al. 2017,
+    Sec. 3); None if it never does. ``xs`` is the round number or the bytes so far."""
+    best = best_so_far(accuracy)
+    hits = np.flatnonzero(best >= target)
+    if hits.size == 0:
+        return None
+    i = int(hits[0])
+    if i == 0:
+        return float(xs[0])
+    lo, hi = best[i - 1], best[i]
+    fraction = (target - lo) / (hi - lo)
+    return float(xs[i - 1] + fraction * (xs[i] - xs[i - 1]))
+
+
+def rounds_to_target(records: list[dict], target: float) -> float | None:
+    """Rounds until the best-so-far test accuracy reaches ``target`` (interpolated)."""
+    return crossing([r["round"] for r in records], [r["accuracy"] for r in records], target)
+
+
+def cumulative_bytes(records: list[dict]) -> np.ndarray:
+    """Bytes up + down communicated up to and including each round (round 0 = 0)."""
+    per_round = [float(r.get("bytes-up", 0) or 0) + float(r.get("bytes-down", 0) or 0) for r in records]
+    return np.cumsum(per_round)
+
+
+def bytes_to_target(records: list[dict], target: float) -> float | None:
+    """Bytes communicated until the best-so-far accuracy reaches ``target`` (interpolated)."""
+    return crossing(cumulative_bytes(records), [r["accuracy"] for r in records], target)

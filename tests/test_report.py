@@ -1,0 +1,61 @@
+"""Report metrics against hand-computed numbers, and the report files on fake runs."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from simulation.metrics import best_so_far, bytes_to_target, cumulative_bytes, rounds_to_target
+from simulation.report import build_report
+
+
+def records(accuracies, bytes_per_round=(10, 10)):
+    out = []
+    for r, acc in enumerate(accuracies):
+        record = {"round": r, "accuracy": acc, "loss": 1.0}
+        if r > 0:
+            record["bytes-up"], record["bytes-down"] = bytes_per_round
+        out.append(record)
+    return out
+
+
+def test_best_so_far_is_the_running_maximum():
+    assert best_so_far([0.1, 0.5, 0.3, 0.6]).tolist() == [0.1, 0.5, 0.5, 0.6]
+
+
+def test_rounds_to_target_interpolates_on_the_best_so_far_curve():
+    # best-so-far 0.1, 0.5, 0.5, 0.7: 0.6 is crossed halfway between rounds 2 and 3
+    assert rounds_to_target(records([0.1, 0.5, 0.3, 0.7]), 0.6) == pytest.approx(2.5)
+    assert rounds_to_target(records([0.1, 0.5, 0.3, 0.7]), 0.5) == pytest.approx(1.0)
+    assert rounds_to_target(records([0.65, 0.5]), 0.6) == 0.0
+    assert rounds_to_target(records([0.1, 0.2]), 0.6) is None
+
+
+def test_bytes_to_target_uses_cumulative_bytes():
+    recs = records([0.1, 0.5, 0.3, 0.7])
+    assert cumulative_bytes(recs).tolist() == [0, 20, 40, 60]
+    assert bytes_to_target(recs, 0.6) == pytest.approx(50.0)
+
+
+def fake_run(folder, variant, seed, accuracies):
+    run = folder / variant / f"seed{seed}" / f"2026-{variant}-{seed}"
+    run.mkdir(parents=True)
+    (run / "rounds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records(accuracies)))
+    (run / "final_model.pt").write_bytes(b"x")
+
+
+def test_report_tables_and_plots(tmp_path):
+    fake_run(tmp_path, "a", 0, [0.1, 0.5, 0.7])
+    fake_run(tmp_path, "a", 1, [0.1, 0.3, 0.5])
+    fake_run(tmp_path, "b", 0, [0.1, 0.8, 0.6])
+    table = build_report(tmp_path, tmp_path / "out", [0.6])
+    lines = table.splitlines()
+    # a: final 0.7, 0.5 -> 60.00 ± 14.14; best the same; 0.6 reached by seed 0 only at round 1.5
+    assert lines[2] == "| a | 2 | 60.00 ± 14.14 | 60.00 ± 14.14 | 1.5 (1/2) | 0.0 |"
+    # b: final 0.6, best 0.8; 0.6 at round 0.714... (0.1 -> 0.8)
+    assert lines[3].startswith("| b | 1 | 60.00 ± 0.00 | 80.00 ± 0.00 | 0.7 (1/1) |")
+    for name in ("report.md", "report.csv", "accuracy_vs_round.png", "accuracy_vs_bytes.png"):
+        assert (tmp_path / "out" / name).stat().st_size > 0
+    assert np.isclose(float((tmp_path / "out" / "report.csv").read_text().splitlines()[1].split(",")[3]), 0.6)
