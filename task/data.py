@@ -252,14 +252,16 @@ def _hub(hub_id: str) -> TensorDataset:
 
     try:
         fds = FederatedDataset(dataset=hub_id, partitioners={"train": 1})
-        splits = fds.dataset
+        train = fds.load_split("train")
     except Exception as exc:  # noqa: BLE001
         raise DataNotFoundError(
             f"Hub dataset {hub_id!r} could not be loaded through flwr-datasets ({exc}). "
             "It needs network access on first use (then the Hugging Face cache)."
         ) from exc
-    train = splits["train"]
-    test = splits["test"] if "test" in splits else None
+    try:
+        test = fds.load_split("test")
+    except ValueError:  # no test split on the Hub (e.g. FEMNIST): hold out 20 %, seeded
+        test = None
     if test is None:
         both = train.train_test_split(test_size=0.2, seed=0)
         train, test = both["train"], both["test"]
