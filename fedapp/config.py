@@ -40,6 +40,7 @@ class RunConfig:
     server_momentum: float = 0.0
     straggler_fraction: float = 0.0
     straggler_policy: str = "auto"
+    drift_diagnostics: bool = True
     dataset: str = "fashion-mnist"
     data_dir: str = ""
     allow_download: bool = True

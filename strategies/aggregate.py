@@ -321,3 +321,67 @@ def apply_server_momentum(
         new_buffer[key] = step
         out[key] = np.asarray(current.astype(np.float64) - step).astype(current.dtype)
     return out, new_buffer
+
+
+# ----------------------------------------------------------------- client drift
+def layer_of(key: str) -> str:
+    """'features.0.weight' -> 'features.0': weights and biases of a module form one layer."""
+    return key.rsplit(".", 1)[0] if "." in key else key
+
+
+class UpdateDrift:
+    """Client-drift diagnostics over client updates d_k = w_k - w, streamed one client at a time.
+
+    Per layer, the mean pairwise cosine similarity of the updates (the IID->non-IID
+    study's Fig. 13) from the sum of unit vectors: with u_k = d_k / ||d_k||,
+    sum_{i != j} cos(d_i, d_j) = ||sum_k u_k||^2 - K, so the mean over the K(K-1)
+    ordered pairs is (||sum_k u_k||^2 - K) / (K (K - 1)). Also the spread of the whole-
+    model update norms ||d_k||. Keeps one model-sized sum of unit vectors.
+    """
+
+    def __init__(self, global_arrays: Mapping[str, np.ndarray]) -> None:
+        self.global_arrays = {k: v for k, v in global_arrays.items() if np.issubdtype(v.dtype, np.floating)}
+        self.layers: dict[str, list[str]] = {}
+        for key in self.global_arrays:
+            self.layers.setdefault(layer_of(key), []).append(key)
+        self.unit_sum: NDArrays = {}
+        self.unit_count: dict[str, int] = {}
+        self.norms: list[float] = []
+
+    def add(self, arrays: Mapping[str, np.ndarray]) -> None:
+        """Fold in one client's model (not modified)."""
+        total = 0.0
+        for layer, keys in self.layers.items():
+            deltas = {k: arrays[k].astype(np.float64) - self.global_arrays[k] for k in keys}
+            norm2 = float(sum(np.vdot(d, d) for d in deltas.values()))
+            total += norm2
+            if norm2 == 0.0:
+                continue
+            inv = 1.0 / np.sqrt(norm2)
+            for k, d in deltas.items():
+                d *= inv
+                if k in self.unit_sum:
+                    self.unit_sum[k] += d
+                else:
+                    self.unit_sum[k] = d
+            self.unit_count[layer] = self.unit_count.get(layer, 0) + 1
+        self.norms.append(float(np.sqrt(total)))
+
+    def summary(self) -> dict[str, object]:
+        """{'drift-cosine': {layer: mean pairwise cosine}, 'drift-cosine-mean', 'update-norm-mean',
+        'update-norm-cv'} (cosines need at least two clients with a non-zero update)."""
+        cosine = {}
+        for layer, keys in self.layers.items():
+            k = self.unit_count.get(layer, 0)
+            if k >= 2:
+                s2 = float(sum(np.vdot(self.unit_sum[key], self.unit_sum[key]) for key in keys))
+                cosine[layer] = (s2 - k) / (k * (k - 1))
+        out: dict[str, object] = {}
+        if cosine:
+            out["drift-cosine"] = {layer: round(v, 6) for layer, v in cosine.items()}
+            out["drift-cosine-mean"] = float(np.mean(list(cosine.values())))
+        if self.norms:
+            mean = float(np.mean(self.norms))
+            out["update-norm-mean"] = mean
+            out["update-norm-cv"] = float(np.std(self.norms) / mean) if mean > 0 else 0.0
+        return out

@@ -344,3 +344,33 @@ def test_s000_imbalance_toy_weighted_mean_local_steps():
 
 def test_weighted_mean_hand_computed():
     assert agg.weighted_mean([1.0, 3.0], [1, 3]) == pytest.approx(2.5)
+
+
+def test_update_drift_cosines_and_norm_spread_by_hand():
+    from strategies.aggregate import UpdateDrift
+
+    zeros = {"fc.weight": np.zeros(2, np.float32), "fc.bias": np.zeros(1, np.float32), "out.weight": np.zeros(2, np.float32)}
+    drift = UpdateDrift(zeros)
+    # fc updates (1,0,0), (0,1,0), (1,1,0): cosines 0, 1/sqrt2, 1/sqrt2 -> mean sqrt2/3
+    # out updates (1,1), (2,2), (-1,-1): cosines 1, -1, -1 -> mean -1/3
+    drift.add({"fc.weight": np.array([1, 0], np.float32), "fc.bias": np.array([0], np.float32), "out.weight": np.array([1, 1], np.float32)})
+    drift.add({"fc.weight": np.array([0, 1], np.float32), "fc.bias": np.array([0], np.float32), "out.weight": np.array([2, 2], np.float32)})
+    drift.add({"fc.weight": np.array([1, 1], np.float32), "fc.bias": np.array([0], np.float32), "out.weight": np.array([-1, -1], np.float32)})
+    out = drift.summary()
+    assert out["drift-cosine"]["fc"] == pytest.approx(np.sqrt(2) / 3, abs=1e-6)
+    assert out["drift-cosine"]["out"] == pytest.approx(-1 / 3, abs=1e-6)
+    norms = np.array([np.sqrt(3), 3.0, 2.0])  # whole-model update norms
+    assert out["update-norm-mean"] == pytest.approx(norms.mean())
+    assert out["update-norm-cv"] == pytest.approx(norms.std() / norms.mean())
+
+
+def test_update_drift_identical_updates_have_cosine_one():
+    from strategies.aggregate import UpdateDrift
+
+    rng = np.random.default_rng(0)
+    g = {"a.weight": rng.standard_normal((3, 4)).astype(np.float32)}
+    d = rng.standard_normal((3, 4)).astype(np.float32)
+    drift = UpdateDrift(g)
+    for scale in (1.0, 2.0, 0.5):
+        drift.add({"a.weight": g["a.weight"] + scale * d})
+    assert drift.summary()["drift-cosine"]["a"] == pytest.approx(1.0, abs=1e-5)

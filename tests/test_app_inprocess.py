@@ -38,6 +38,8 @@ def test_two_rounds_write_the_run_log(tmp_path):
         assert r["clients-sampled"] == 3 and r["clients-failed"] == 0
         assert r["bytes-up"] > 0 and r["bytes-down"] == r["bytes-up"]
         assert 0.0 <= r["accuracy"] <= 1.0 and r["train-loss"] > 0
+        assert -1.0 <= r["drift-cosine-mean"] <= 1.0 and r["update-norm-mean"] > 0
+        assert set(r["drift-cosine"]) == {"features.0.0", "features.1.0", "classifier.1", "classifier.3", "classifier.5"}
     assert rounds[2]["loss"] < rounds[0]["loss"]
     config = json.loads((run_dir / "config.json").read_text())
     assert config["run-config"]["num-server-rounds"] == 2
