@@ -19,7 +19,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -160,7 +160,8 @@ class AppRun:
 def run_app(run_config: Mapping[str, object] | None = None,
             federation_config: Mapping[str, object] | None = None,
             flwr_home: Path | None = None, timeout: float | None = None,
-            isolate_ports: bool = False, capture: bool = False) -> AppRun:
+            isolate_ports: bool = False, capture: bool = False,
+            on_line: Callable[[str], None] | None = None) -> AppRun:
     """``flwr run . --stream`` with a private FLWR_HOME; stops the SuperLink it started.
 
     Output is echoed line by line (unless ``capture``) and kept. ``flwr run`` exits 0
@@ -185,6 +186,8 @@ def run_app(run_config: Mapping[str, object] | None = None,
                 if not capture:
                     sys.stdout.write(line)
                     sys.stdout.flush()
+                if on_line is not None:
+                    on_line(line)
                 if deadline is not None and time.monotonic() > deadline:
                     proc.kill()
                     lines.append(f"[launcher] flwr run exceeded {timeout} s and was stopped\n")

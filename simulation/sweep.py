@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import argparse
 import csv
+import re
 import statistics
+import sys
 import time
 import tomllib
 from dataclasses import dataclass
@@ -57,6 +59,24 @@ def plan(spec: dict, out: Path) -> list[SweepRun]:
     return runs
 
 
+ROUND_ROW = re.compile(r"INFO.{0,12}?:\s+(\d+) \|\s+([0-9.]+) \|")
+
+
+class RoundProgress:
+    """Prints 'label: round r/R, accuracy a' as the ServerApp's per-round rows stream by."""
+
+    def __init__(self, label: str, rounds: int) -> None:
+        self.label, self.rounds = label, rounds
+        self.tty = sys.stdout.isatty()
+
+    def __call__(self, line: str) -> None:
+        match = ROUND_ROW.search(line)
+        if not match:
+            return
+        text = f"{self.label}: round {match.group(1)}/{self.rounds}, accuracy {float(match.group(2)):.4f}"
+        print(("\r" + text) if self.tty else text, end="" if self.tty else "\n", flush=True)
+
+
 def finished_run_dir(run: SweepRun) -> Path | None:
     """The run directory of a completed run, if there is one."""
     rounds = int(run.run_config.get("num-server-rounds", 10))
@@ -80,7 +100,8 @@ def execute(spec: dict, out: Path) -> list[tuple[SweepRun, Path]]:
             start = time.monotonic()
             print(f"{label}: running ...", flush=True)
             result = run_app(run.run_config, federation, flwr_home=out / ".flwr", capture=True,
-                             timeout=spec.get("timeout-seconds", 3600))
+                             timeout=spec.get("timeout-seconds", 3600),
+                             on_line=RoundProgress(label, int(run.run_config.get("num-server-rounds", 10))))
             existing = finished_run_dir(run)
             if result.returncode != 0 or existing is None:
                 print(f"{label}: FAILED ({result.status}); last output:\n{result.output[-2000:]}", flush=True)
