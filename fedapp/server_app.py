@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import platform
+import resource
 import time
 from logging import ERROR, INFO
 
@@ -49,6 +50,7 @@ class ServerEvaluator:
             "loss": result.loss,
             "wall-seconds": now - self.last,
             "elapsed-seconds": now - self.started,
+            "server-max-rss-mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         }
         record.update(getattr(self.strategy, "diagnostics", {}).get(server_round, {}))
         self.last = now

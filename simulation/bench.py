@@ -9,6 +9,12 @@
     ``@app.train`` call spends outside SGD (record <-> tensor conversion, data and
     model lookup, reply building), measured in-process.
 
+``python -m simulation bench efficiency`` (standard workload: Fashion-MNIST, McMahan CNN,
+20 clients, 5 rounds, E = 1): simulation efficiency = ideal time / our wall time, where
+the ideal is the bare torch time of the same local SGD (one thread per client, as the
+Ray actors get) divided by the number of parallel workers; round 1 (Ray and actor
+start-up, data decoding) is excluded; plus the ServerApp's peak memory (max RSS).
+
 ``python -m simulation bench aggregation``: each strategy's ``aggregate_train`` against
 Flower's FedAvg on the same replies (default 100 replies of the 1,663,370-parameter
 McMahan CNN): time ratio (best of interleaved repeats) and peak memory beyond the
@@ -64,18 +70,71 @@ def bare_torch_round_seconds(workload: dict, num_clients: int, rounds: int) -> l
     return times
 
 
-def simulation_round_seconds(workload: dict, num_clients: int, cpus_per_client: float) -> list[float]:
-    """Per-round wall seconds of a real ``flwr run`` (from the run log)."""
+def simulation_round_seconds(workload: dict, num_clients: int, cpus_per_client: float,
+                             federation: dict | None = None, keep_records: bool = False) -> list:
+    """Per-round wall seconds (or the whole records) of a real ``flwr run``, from the run log."""
+    federation = {"client-resources-num-cpus": cpus_per_client, **(federation or {}), "num-supernodes": num_clients}
     with tempfile.TemporaryDirectory(prefix="fedhetero-bench-") as tmp:
         out = Path(tmp) / "runs"
-        result = run_app({**workload, "output-dir": str(out)},
-                         {"num-supernodes": num_clients, "client-resources-num-cpus": cpus_per_client},
+        result = run_app({**workload, "output-dir": str(out)}, federation,
                          flwr_home=Path(tmp) / "flwr-home", isolate_ports=True, capture=True, timeout=1800)
         runs = list(out.glob("*/rounds.jsonl"))
         if result.returncode != 0 or not runs:
             raise RuntimeError(f"flwr run ended {result.status}:\n{result.output[-3000:]}")
         records = [json.loads(line) for line in runs[0].read_text().splitlines() if line.strip()]
-    return [r["wall-seconds"] for r in records if r["round"] >= 1]
+    return records if keep_records else [r["wall-seconds"] for r in records if r["round"] >= 1]
+
+
+def bare_client_seconds(workload: dict, num_clients: int, rounds: list[int], threads: int) -> list[float]:
+    """Per round: the summed bare-torch seconds of every client's local SGD with ``threads`` threads."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        cfg = RunConfig.from_user_config(workload)
+        dataset = load_dataset(cfg.dataset)
+        spec = PartitionSpec(scheme=cfg.partition, seed=cfg.seed)
+        parts = [client_data(dataset, spec, pid, num_clients) for pid in range(num_clients)]
+        torch.manual_seed(cfg.seed)
+        start_model = build_model(cfg.model, dataset.input_shape, dataset.num_classes)
+        model = build_model(cfg.model, dataset.input_shape, dataset.num_classes)
+        totals = []
+        for server_round in rounds:
+            total = 0.0
+            for pid, (x, y) in enumerate(parts):
+                model.load_state_dict(start_model.state_dict())
+                start = time.perf_counter()
+                local_sgd(model, x, y, lr=cfg.lr, batch_size=cfg.batch_size, epochs=cfg.local_epochs,
+                          seed=client_seed(cfg.seed, server_round, pid))
+                total += time.perf_counter() - start
+            totals.append(total)
+        return totals
+    finally:
+        torch.set_num_threads(previous)
+
+
+def efficiency(args) -> None:
+    import os  # noqa: PLC0415
+
+    workload = {**_workload(args), "drift-diagnostics": False}
+    cpus = os.cpu_count() or 1
+    gpu = torch.cuda.is_available()
+    workers = max(1, int(cpus // args.cpus_per_client)) if not gpu else max(1, int(1 / args.gpus_per_client))
+    print(f"Workload: Fashion-MNIST IID, {args.model}, {args.clients} clients, {args.rounds} rounds, E={args.epochs}, "
+          f"B={args.batch_size}; {cpus} CPUs, {'GPU' if gpu else 'no GPU'}, {workers} parallel ClientApp workers")
+    federation = {"client-resources-num-cpus": args.cpus_per_client}
+    if gpu:
+        federation["client-resources-num-gpus"] = args.gpus_per_client
+    sim = simulation_round_seconds(workload, args.clients, args.cpus_per_client, federation, keep_records=True)
+    walls = [r["wall-seconds"] for r in sim if r["round"] >= 2]
+    bare = bare_client_seconds(workload, args.clients, list(range(2, args.rounds + 1)),
+                               threads=max(1, int(args.cpus_per_client)))
+    ideal = sum(bare) / workers
+    ours = sum(walls)
+    print(f"\n(a) simulation efficiency, rounds 2..{args.rounds} (round 1 = start-up, {sim[1]['wall-seconds']:.1f} s, excluded)")
+    print(f"    bare torch local SGD, all clients, 1 thread each: {sum(bare):.1f} s -> ideal with {workers} workers {ideal:.1f} s")
+    print(f"    our wall time (flwr run, Ray backend):            {ours:.1f} s")
+    print(f"    efficiency = ideal / ours = {ideal / ours:.2f}   (target >= 0.8)")
+    print(f"\n(c) ServerApp peak memory (max RSS): {max(r['server-max-rss-mb'] for r in sim):.0f} MB")
 
 
 def client_overhead_ms(repeats: int = 30) -> tuple[float, float, float]:
@@ -198,12 +257,20 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--model", default="cnn-small")
     p.add_argument("--cpus-per-client", type=float, default=1)
+    p = sub.add_parser("efficiency", help="simulation efficiency vs ideal parallel bare torch; server memory")
+    p.add_argument("--clients", type=int, default=20)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--model", default="cnn-mcmahan")
+    p.add_argument("--cpus-per-client", type=float, default=1)
+    p.add_argument("--gpus-per-client", type=float, default=0.25)
     p = sub.add_parser("aggregation", help="aggregate_train time and memory vs Flower's FedAvg")
     p.add_argument("--replies", type=int, default=100)
     p.add_argument("--model", default="cnn-mcmahan")
     p.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args(argv)
-    {"overhead": overhead, "aggregation": aggregation}[args.bench](args)
+    {"overhead": overhead, "aggregation": aggregation, "efficiency": efficiency}[args.bench](args)
 
 
 if __name__ == "__main__":

@@ -205,17 +205,19 @@ def read_idx(path: Path) -> np.ndarray:
 def _from_uint8(name: str, arrays: dict[str, np.ndarray], num_classes: int, source: str) -> TensorDataset:
     """uint8 images (N, H, W) or (N, H, W, C) -> standardised float32 (N, C, H, W)."""
     def to_nchw(images: np.ndarray) -> torch.Tensor:
-        x = torch.from_numpy(np.array(images, copy=True)).float().div_(255.0)
+        x = torch.from_numpy(np.asarray(images, dtype=np.float32)).div_(255.0)  # one float copy
         return x.unsqueeze(1) if x.dim() == 3 else x.permute(0, 3, 1, 2).contiguous()
 
     x_train, x_test = to_nchw(arrays["x_train"]), to_nchw(arrays["x_test"])
     mean = x_train.mean(dim=(0, 2, 3), keepdim=True)
     std = x_train.std(dim=(0, 2, 3), keepdim=True)
+    for x in (x_train, x_test):  # in place: no second copy of the training set
+        x.sub_(mean).div_(std)
     return TensorDataset(
         name=name,
-        x_train=(x_train - mean) / std,
+        x_train=x_train,
         y_train=torch.as_tensor(np.array(arrays["y_train"]), dtype=torch.int64),
-        x_test=(x_test - mean) / std,
+        x_test=x_test,
         y_test=torch.as_tensor(np.array(arrays["y_test"]), dtype=torch.int64),
         num_classes=num_classes,
         source=source,
