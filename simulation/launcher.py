@@ -161,7 +161,7 @@ def run_app(run_config: Mapping[str, object] | None = None,
             federation_config: Mapping[str, object] | None = None,
             flwr_home: Path | None = None, timeout: float | None = None,
             isolate_ports: bool = False, capture: bool = False,
-            on_line: Callable[[str], None] | None = None) -> AppRun:
+            on_line: Callable[[str], None] | None = None, app_dir: Path = PROJECT_ROOT) -> AppRun:
     """``flwr run . --stream`` with a private FLWR_HOME; stops the SuperLink it started.
 
     Output is echoed line by line (unless ``capture``) and kept. ``flwr run`` exits 0
@@ -171,7 +171,7 @@ def run_app(run_config: Mapping[str, object] | None = None,
     flwr_home = Path(flwr_home or PROJECT_ROOT / ".flwr").resolve()
     flwr_home.mkdir(parents=True, exist_ok=True)
     env = flwr_env(flwr_home, isolate_ports=isolate_ports)
-    cmd = flwr_run_command(run_config, federation_config)
+    cmd = flwr_run_command(run_config, federation_config, app_dir=Path(app_dir))
     if not capture:
         print("$ " + shlex.join(cmd), flush=True)
     already_running = set(local_superlink_pids(flwr_home))

@@ -1,0 +1,1 @@
+"""A stock Flower PyTorch app (template style) whose ServerApp uses fedhetero's strategies."""
