@@ -41,6 +41,10 @@ def flwr_env(flwr_home: Path, base: Mapping[str, str] | None = None, isolate_por
     env["FLWR_DISABLE_UPDATE_CHECK"] = "1"
     bin_dir = str(Path(sys.executable).parent)
     env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
+    # Without an explicit RAY_ADDRESS, ray.init() attaches to any Ray cluster that
+    # `ray start` left running on this machine; a simulation should start its own
+    # unless the user points it at a cluster (README: "Ray cluster").
+    env.setdefault("RAY_ADDRESS", "local")
     if isolate_ports:
         env["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"] = str(free_port())
         env["FLWR_LOCAL_CONTROL_API_PORT"] = str(free_port())
