@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from strategies.fedavg import STRAGGLER_POLICIES, WEIGHTINGS
+from strategies.fedavg import STRAGGLER_POLICIES, STRAGGLER_UNITS, WEIGHTINGS
 from task.data import DATASET_NAMES, check_dataset_name
 from task.models import MODEL_NAMES
 from task.partition import PARTITION_NAMES
@@ -40,6 +40,7 @@ class RunConfig:
     server_momentum: float = 0.0
     straggler_fraction: float = 0.0
     straggler_policy: str = "auto"
+    straggler_unit: str = "steps"
     drift_diagnostics: bool = True
     dataset: str = "fashion-mnist"
     data_dir: str = ""
@@ -98,6 +99,8 @@ class RunConfig:
         _check("server-momentum", self.server_momentum, 0 <= self.server_momentum < 1, "a number in [0, 1)")
         _check("straggler-fraction", self.straggler_fraction, 0 <= self.straggler_fraction <= 1,
                "a number in [0, 1]")
+        _check("straggler-unit", self.straggler_unit, self.straggler_unit in STRAGGLER_UNITS,
+               "steps (1..tau_i local steps) or epochs (1..E epochs, the FedProx paper)")
         _check("straggler-policy", self.straggler_policy, self.straggler_policy in ("auto",) + STRAGGLER_POLICIES,
                "auto (drop for fedavg/fedsgd, partial for fedprox/fednova), drop or partial")
         try:

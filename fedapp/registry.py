@@ -38,6 +38,7 @@ def _common(cfg: RunConfig, default_policy: str) -> dict:
         "min_available_nodes": cfg.min_available_nodes,
         "straggler_fraction": cfg.straggler_fraction,
         "straggler_policy": policy,
+        "straggler_unit": cfg.straggler_unit,
         "drift_diagnostics": cfg.drift_diagnostics,
     }
 

@@ -39,6 +39,7 @@ from . import contract as C
 
 WEIGHTINGS = ("examples", "uniform", "pre-erratum", "scheme-i", "scheme-ii")
 STRAGGLER_POLICIES = ("drop", "partial")
+STRAGGLER_UNITS = ("steps", "epochs")
 
 
 @dataclass
@@ -82,6 +83,10 @@ class FedAvg(FlowerFedAvg):
         ``"drop"`` (FedAvg in the FedProx paper: stragglers are not waited for, their
         work is discarded, so they are not sent any) or ``"partial"`` (FedProx: their
         partial updates are aggregated).
+    straggler_unit : str
+        ``"steps"``: a straggler does 1..tau_i steps, uniformly; ``"epochs"``: 1..E whole
+        epochs, uniformly (the FedProx paper's x ~ U[1, E]; with ``local-steps`` set it
+        falls back to steps).
     drift_diagnostics : bool
         Log client drift per round: per layer the mean pairwise cosine similarity of the
         client updates (IID->non-IID study, Fig. 13) and the spread of their norms.
@@ -110,6 +115,7 @@ class FedAvg(FlowerFedAvg):
         query_timeout: float = 600.0,
         straggler_fraction: float = 0.0,
         straggler_policy: str = "drop",
+        straggler_unit: str = "steps",
         drift_diagnostics: bool = False,
     ) -> None:
         _check_fraction("fraction_train", fraction_train, allow_zero=False)
@@ -121,6 +127,9 @@ class FedAvg(FlowerFedAvg):
         if not server_lr > 0:
             raise ValueError(f"server_lr must be > 0, got {server_lr}")
         _check_fraction("straggler_fraction", straggler_fraction, allow_zero=True)
+        if straggler_unit not in STRAGGLER_UNITS:
+            raise ValueError(f"straggler_unit={straggler_unit!r} is not known; use one of "
+                             f"{', '.join(STRAGGLER_UNITS)}")
         if straggler_policy not in STRAGGLER_POLICIES:
             raise ValueError(f"straggler_policy={straggler_policy!r} is not known; use one of "
                              f"{', '.join(STRAGGLER_POLICIES)}")
@@ -137,6 +146,7 @@ class FedAvg(FlowerFedAvg):
         self.query_timeout = float(query_timeout)
         self.straggler_fraction = float(straggler_fraction)
         self.straggler_policy = straggler_policy
+        self.straggler_unit = straggler_unit
         self.drift_diagnostics = bool(drift_diagnostics)
         self._drift: agg.UpdateDrift | None = None
         self.straggler_work: dict[int, int] = {}
@@ -277,7 +287,10 @@ class FedAvg(FlowerFedAvg):
         rng = np.random.default_rng([self.seed, server_round, 1])
         mask = agg.choose_stragglers(rng, len(nodes), self.straggler_fraction)
         chosen = [n for n, is_straggler in zip(nodes, mask) if is_straggler]
-        full = [self.full_local_steps(n, config) for n in chosen]
+        if self.straggler_unit == "epochs" and int(config.get(C.LOCAL_STEPS, 0)) == 0:
+            full = [int(config.get(C.LOCAL_EPOCHS, 1))] * len(chosen)
+        else:
+            full = [self.full_local_steps(n, config) for n in chosen]
         self.straggler_work = {n: int(s) for n, s in zip(chosen, agg.straggler_steps(rng, full))}
         return self.straggler_work
 
@@ -300,7 +313,10 @@ class FedAvg(FlowerFedAvg):
         if node_id not in self.straggler_work:
             return config
         own = ConfigRecord(dict(config))
-        own[C.LOCAL_STEPS] = self.straggler_work[node_id]
+        if self.straggler_unit == "epochs" and int(config.get(C.LOCAL_STEPS, 0)) == 0:
+            own[C.LOCAL_EPOCHS] = self.straggler_work[node_id]
+        else:
+            own[C.LOCAL_STEPS] = self.straggler_work[node_id]
         return own
 
     def aggregate_train(

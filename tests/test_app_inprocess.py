@@ -129,3 +129,13 @@ def test_fedavg_drops_stragglers(tmp_path):
     record = read_rounds(only_run_dir(tmp_path))[1]
     assert record["clients-dropped"] == 2 and record["clients-received"] == 2
     assert [kind for _, kind in grid.calls].count("train") == 2
+
+
+def test_epoch_granular_stragglers_do_whole_epochs(tmp_path):
+    rc = {"num-server-rounds": 1, "strategy": "fednova", "straggler-fraction": 0.5, "straggler-unit": "epochs",
+          "local-epochs": 2, "batch-size": 1000, "partition": "iid", "output-dir": str(tmp_path)}
+    run_server(rc, num_nodes=4)
+    record = read_rounds(only_run_dir(tmp_path))[1]
+    one_epoch = 15000 // 1000
+    assert sorted(record["local-steps"])[2:] == [2 * one_epoch, 2 * one_epoch]
+    assert all(s in (one_epoch, 2 * one_epoch) for s in record["local-steps"])
