@@ -8,7 +8,8 @@ Reads every ``<FOLDER>/<variant>/seed<k>/<run>/rounds.jsonl`` and writes into FO
   interpolation, McMahan et al.; mean over the seeds that reach it, "n/k" reached);
 * ``accuracy_vs_round.png`` and ``accuracy_vs_bytes.png``: mean over seeds with the
   min-max band, one line per variant;
-* ``label_distribution_<variant>.png``: the partitions of the first seed's run.
+* ``label_distribution_seed<k>.png``: the clients' label counts of each seed (the
+  partition depends on the seed only).
 """
 
 from __future__ import annotations
@@ -115,10 +116,11 @@ def build_report(folder: Path, out: Path, targets: list[float]) -> str:
     (out / "report.md").write_text(table + "\n")
     plot_curves(runs, out / "accuracy_vs_round.png", by_bytes=False)
     plot_curves(runs, out / "accuracy_vs_bytes.png", by_bytes=True)
-    for variant, items in runs.items():
-        picture = items[0][0] / "label_distribution.png"
+    first = next(iter(runs.values()))  # partitions depend on the seed, not on the variant
+    for run_dir, _ in first:
+        picture = run_dir / "label_distribution.png"
         if picture.is_file():
-            shutil.copyfile(picture, out / f"label_distribution_{variant}.png")
+            shutil.copyfile(picture, out / f"label_distribution_{run_dir.parent.name}.png")
     return table
 
 

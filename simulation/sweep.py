@@ -52,7 +52,8 @@ def plan(spec: dict, out: Path) -> list[SweepRun]:
     base = dict(spec.get("base", {}))
     runs = []
     for name, overrides in spec["variants"].items():
-        for seed in spec["seeds"]:
+        overrides = dict(overrides)
+        for seed in overrides.pop("seeds", spec["seeds"]):  # a variant may name its own seeds
             directory = out / name / f"seed{seed}"
             config = {**base, **overrides, "seed": seed, "output-dir": str(directory.resolve())}
             runs.append(SweepRun(name, seed, config, directory))

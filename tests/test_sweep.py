@@ -243,3 +243,12 @@ def test_round_progress_reads_the_serverapp_table_rows(capsys):
     progress("\x1b[92mINFO \x1b[0m:      round |     acc |    loss |\n")
     progress("configure_train: sampled 10 of 10 nodes\n")
     assert capsys.readouterr().out.strip() == "[1/2] fedavg seed 0: round 6/20, accuracy 0.8334"
+
+
+def test_a_variant_may_name_its_own_seeds(tmp_path):
+    from simulation.sweep import plan
+
+    spec = {"seeds": [0, 1, 2], "variants": {"a": {"lr": 0.1}, "b": {"lr": 0.03, "seeds": [0]}}}
+    runs = plan(spec, tmp_path)
+    assert [(r.variant, r.seed) for r in runs] == [("a", 0), ("a", 1), ("a", 2), ("b", 0)]
+    assert "seeds" not in runs[-1].run_config
