@@ -39,6 +39,7 @@ from strategies import contract as C
 from task import train as task_train
 from task.models import ClassifierModule
 from tests.inprocess import InProcessGrid
+from tests.messages import instruction, numpy_of, record
 
 
 @pytest.fixture(autouse=True)
@@ -50,20 +51,6 @@ def _task_identity():
 
 
 # ================================================================ helpers
-def record(arrays: dict[str, np.ndarray]) -> ArrayRecord:
-    return ArrayRecord({k: Array(np.asarray(v)) for k, v in arrays.items()})
-
-
-def numpy_of(rec: ArrayRecord) -> dict[str, np.ndarray]:
-    return {k: a.numpy() for k, a in rec.items()}
-
-
-def instruction(node: int) -> Message:
-    return Message(
-        content=RecordDict({C.CONFIG: ConfigRecord({C.SERVER_ROUND: 1})}),
-        message_type=MessageType.TRAIN,
-        dst_node_id=node,
-    )
 
 
 def reply(node_or_instr, values, n, **metrics) -> Message:
