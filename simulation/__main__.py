@@ -47,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("-c", "--run-config", action="append", default=[], metavar="KEY=VALUE",
                      help="run-config override, repeatable (e.g. -c strategy=fedavg -c lr=0.05)")
     run.add_argument("--flwr-home", default=None, help="FLWR_HOME (default: <project>/.flwr)")
+    run.add_argument("--ray-address", default=None, metavar="HOST:PORT",
+                     help="run the ClientApps on this Ray cluster instead of a private Ray")
     sub.add_parser("bench", help="benchmarks (python -m simulation bench --help)")
     sub.add_parser("sweep", help="variants x seeds from a TOML file (python -m simulation sweep --help)")
     sub.add_parser("report", help="tables and plots of a sweep folder (python -m simulation report --help)")
@@ -60,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     federation = {"num-supernodes": args.num_supernodes, "client-resources-num-cpus": args.cpus_per_client}
     if args.gpus_per_client:
         federation["client-resources-num-gpus"] = args.gpus_per_client
-    return run_app(overrides or None, federation, flwr_home=args.flwr_home).returncode
+    return run_app(overrides or None, federation, flwr_home=args.flwr_home, ray_address=args.ray_address).returncode
 
 
 if __name__ == "__main__":

@@ -33,8 +33,13 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def flwr_env(flwr_home: Path, base: Mapping[str, str] | None = None, isolate_ports: bool = False) -> dict[str, str]:
-    """Environment for an offline ``flwr`` CLI with its own FLWR_HOME."""
+def flwr_env(flwr_home: Path, base: Mapping[str, str] | None = None, isolate_ports: bool = False,
+             ray_address: str | None = None) -> dict[str, str]:
+    """Environment for an offline ``flwr`` CLI with its own FLWR_HOME.
+
+    ``ray_address`` (``host:port`` of a running Ray cluster's head) makes the simulation
+    engine run its ClientApp actors on that cluster instead of starting a private Ray.
+    """
     env = dict(os.environ if base is None else base)
     env["FLWR_HOME"] = str(flwr_home)
     env["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] = "1"
@@ -44,6 +49,8 @@ def flwr_env(flwr_home: Path, base: Mapping[str, str] | None = None, isolate_por
     # Without an explicit RAY_ADDRESS, ray.init() attaches to any Ray cluster that
     # `ray start` left running on this machine; a simulation should start its own
     # unless the user points it at a cluster (README: "Ray cluster").
+    if ray_address:
+        env["RAY_ADDRESS"] = ray_address
     env.setdefault("RAY_ADDRESS", "local")
     if isolate_ports:
         env["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"] = str(free_port())
@@ -87,7 +94,12 @@ def stop_local_superlink(flwr_home: Path, timeout: float = 15.0) -> list[int]:
     whole tree is collected before anything is signalled.
     """
     roots = local_superlink_pids(flwr_home)
-    pids = [pid for root in roots for pid in [root, *descendants(root)]]
+    stop_pids([pid for root in roots for pid in [root, *descendants(root)]], timeout)
+    return roots
+
+
+def stop_pids(pids: list[int], timeout: float = 15.0) -> None:
+    """SIGTERM every PID, wait up to ``timeout`` s, then SIGKILL the survivors."""
     for pid in pids:
         _signal(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
@@ -96,7 +108,6 @@ def stop_local_superlink(flwr_home: Path, timeout: float = 15.0) -> list[int]:
     for pid in pids:
         if _alive(pid):
             _signal(pid, signal.SIGKILL)
-    return roots
 
 
 def descendants(pid: int) -> list[int]:
@@ -165,7 +176,8 @@ def run_app(run_config: Mapping[str, object] | None = None,
             federation_config: Mapping[str, object] | None = None,
             flwr_home: Path | None = None, timeout: float | None = None,
             isolate_ports: bool = False, capture: bool = False,
-            on_line: Callable[[str], None] | None = None, app_dir: Path = PROJECT_ROOT) -> AppRun:
+            on_line: Callable[[str], None] | None = None, app_dir: Path = PROJECT_ROOT,
+            ray_address: str | None = None) -> AppRun:
     """``flwr run . --stream`` with a private FLWR_HOME; stops the SuperLink it started.
 
     Output is echoed line by line (unless ``capture``) and kept. ``flwr run`` exits 0
@@ -174,7 +186,7 @@ def run_app(run_config: Mapping[str, object] | None = None,
     """
     flwr_home = Path(flwr_home or PROJECT_ROOT / ".flwr").resolve()
     flwr_home.mkdir(parents=True, exist_ok=True)
-    env = flwr_env(flwr_home, isolate_ports=isolate_ports)
+    env = flwr_env(flwr_home, isolate_ports=isolate_ports, ray_address=ray_address)
     cmd = flwr_run_command(run_config, federation_config, app_dir=Path(app_dir))
     if not capture:
         print("$ " + shlex.join(cmd), flush=True)

@@ -88,7 +88,7 @@ def finished_run_dir(run: SweepRun) -> Path | None:
     return None
 
 
-def execute(spec: dict, out: Path) -> list[tuple[SweepRun, Path]]:
+def execute(spec: dict, out: Path, ray_address: str | None = None) -> list[tuple[SweepRun, Path]]:
     """Run what is not finished yet; return (run, run directory) for all finished runs."""
     runs = plan(spec, out)
     federation = {"num-supernodes": spec.get("num-supernodes", 10),
@@ -102,7 +102,8 @@ def execute(spec: dict, out: Path) -> list[tuple[SweepRun, Path]]:
             print(f"{label}: running ...", flush=True)
             result = run_app(run.run_config, federation, flwr_home=out / ".flwr", capture=True,
                              timeout=spec.get("timeout-seconds", 3600),
-                             on_line=RoundProgress(label, int(run.run_config.get("num-server-rounds", 10))))
+                             on_line=RoundProgress(label, int(run.run_config.get("num-server-rounds", 10))),
+                             ray_address=ray_address)
             existing = finished_run_dir(run)
             if result.returncode != 0 or existing is None:
                 print(f"{label}: FAILED ({result.status}); last output:\n{result.output[-2000:]}", flush=True)
@@ -158,11 +159,14 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("file", type=Path, help="sweep file (TOML), e.g. simulation/experiments/fedprox_stragglers.toml")
     parser.add_argument("--out", type=Path, default=None, help="results folder (default: runs/<file stem>)")
+    parser.add_argument("--ray-address", default=None, metavar="HOST:PORT",
+                        help="run the ClientApps on this Ray cluster (its head's GCS address) instead of "
+                             "a private Ray on this machine; README: 'Running on a Ray cluster'")
     args = parser.parse_args(argv)
     spec = load_sweep(args.file)
     out = (args.out or Path("runs") / args.file.stem).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    done = execute(spec, out)
+    done = execute(spec, out, ray_address=args.ray_address)
     table = write_summary(summarize(done), out, spec)
     print(f"\n{spec.get('title', '')}\n{table}\n\nResults: {out}")
     return 0 if len(done) == len(plan(spec, out)) else 1
