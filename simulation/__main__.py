@@ -4,6 +4,7 @@ run    the app with the real ``flwr run . --stream`` (project-local FLWR_HOME, o
        flags), then stop the managed local SuperLink it started.
 sweep  variants x seeds from a TOML file, resumable, with a summary table.
 report tables (final/best accuracy, rounds and bytes to target) and plots of a sweep.
+results rebuild every docs/results/<experiment>/ from runs/<experiment>/.
 bench  benchmarks; see ``python -m simulation bench --help``.
 """
 
@@ -34,6 +35,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "report":
         from .report import main as report_main  # noqa: PLC0415
         return report_main(argv[1:])
+    if argv and argv[0] == "results":
+        from .report import results_main  # noqa: PLC0415
+        return results_main(argv[1:])
     if argv and argv[0] == "bench":
         from .bench import main as bench_main  # noqa: PLC0415
         bench_main(argv[1:])
@@ -52,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("bench", help="benchmarks (python -m simulation bench --help)")
     sub.add_parser("sweep", help="variants x seeds from a TOML file (python -m simulation sweep --help)")
     sub.add_parser("report", help="tables and plots of a sweep folder (python -m simulation report --help)")
+    sub.add_parser("results", help="rebuild docs/results/* from runs/* (python -m simulation results --help)")
     args = parser.parse_args(argv)
     overrides = {}
     for item in args.run_config:

@@ -9,7 +9,15 @@ Reads every ``<FOLDER>/<variant>/seed<k>/<run>/rounds.jsonl`` and writes into FO
 * ``accuracy_vs_round.png`` and ``accuracy_vs_bytes.png``: mean over seeds with the
   min-max band, one line per variant;
 * ``label_distribution_seed<k>.png``: the clients' label counts of each seed (the
-  partition depends on the seed only).
+  partition depends on the seed only);
+* with ``baselines`` (variant-name prefix -> baseline variant, e.g. FedSGD), the speedup
+  in rounds to target against the baseline (McMahan et al. Tables 1, 2, 4);
+* where the run logs carry client-drift diagnostics, the per-layer mean pairwise cosine
+  similarity of client updates averaged over rounds and seeds (IID->non-IID study, Fig. 13).
+
+``python -m simulation results`` rebuilds every ``docs/results/<experiment>/`` from
+``runs/<experiment>/`` with the targets, baselines, title and claim of
+``simulation/experiments/<experiment>.toml``.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ import argparse
 import csv
 import shutil
 import statistics
+import tomllib
 from pathlib import Path
 
 import numpy as np
@@ -77,6 +86,58 @@ def markdown(rows: list[dict], targets: list[float]) -> str:
     return "\n".join(lines)
 
 
+def baseline_of(variant: str, baselines: dict[str, str]) -> str | None:
+    """The baseline variant for ``variant``: the one named for its longest matching prefix."""
+    matches = [prefix for prefix in baselines if variant.startswith(prefix)]
+    return baselines[max(matches, key=len)] if matches else None
+
+
+def speedup_markdown(rows: list[dict], targets: list[float], baselines: dict[str, str]) -> str:
+    """Rounds-to-target speedup against each row's baseline ("≥" where the baseline never
+    reached the target within its rounds: its round budget is a lower bound)."""
+    by_name = {row["variant"]: row for row in rows}
+    head = "| variant | baseline |" + "".join(f" speedup to {100 * t:g}% |" for t in targets)
+    lines = [head, "|---|---|" + "---|" * len(targets)]
+    for row in rows:
+        base = by_name.get(baseline_of(row["variant"], baselines) or "")
+        if base is None or base is row:
+            continue
+        cells = []
+        for target in targets:
+            ours, theirs = row[f"rounds-to-{target:g}"], base[f"rounds-to-{target:g}"]
+            if ours is None or ours <= 0:
+                cells.append("-")
+            elif theirs is None:
+                cells.append(f"≥ {base['rounds'] / ours:.1f}×")
+            else:
+                cells.append(f"{theirs / ours:.1f}×")
+        lines.append(f"| {row['variant']} | {base['variant']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
+def drift_markdown(runs: dict[str, list[tuple[Path, list[dict]]]]) -> str:
+    """Per variant and layer, the mean pairwise cosine of client updates over rounds and seeds."""
+    table: dict[str, dict[str, float]] = {}
+    layers: list[str] = []
+    for variant, items in runs.items():
+        values: dict[str, list[float]] = {}
+        for _, records in items:
+            for record in records:
+                for layer, cosine in (record.get("drift-cosine") or {}).items():
+                    values.setdefault(layer, []).append(cosine)
+                    if layer not in layers:
+                        layers.append(layer)
+        if values:
+            table[variant] = {layer: statistics.mean(v) for layer, v in values.items()}
+    if not table:
+        return ""
+    lines = ["| variant |" + "".join(f" {layer} |" for layer in layers), "|---|" + "---|" * len(layers)]
+    for variant, means in table.items():
+        lines.append(f"| {variant} |" + "".join(
+            f" {means[layer]:.3f} |" if layer in means else " - |" for layer in layers))
+    return "\n".join(lines)
+
+
 def plot_curves(runs: dict[str, list[tuple[Path, list[dict]]]], path: Path, by_bytes: bool) -> None:
     """Mean accuracy over seeds with a min-max band, per variant."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415
@@ -102,7 +163,9 @@ def plot_curves(runs: dict[str, list[tuple[Path, list[dict]]]], path: Path, by_b
     fig.savefig(path, dpi=100)
 
 
-def build_report(folder: Path, out: Path, targets: list[float]) -> str:
+def build_report(folder: Path, out: Path, targets: list[float], baselines: dict[str, str] | None = None,
+                 header: str = "") -> str:
+    """Write report.csv, report.md and plots for the sweep in ``folder``; returns the tables."""
     runs = collect(folder)
     if not runs:
         raise SystemExit(f"no finished runs under {folder} (expected <variant>/seed<k>/<run>/rounds.jsonl)")
@@ -113,7 +176,14 @@ def build_report(folder: Path, out: Path, targets: list[float]) -> str:
         writer.writeheader()
         writer.writerows(rows)
     table = markdown(rows, targets)
-    (out / "report.md").write_text(table + "\n")
+    speedups = speedup_markdown(rows, targets, baselines or {})
+    if speedups:
+        table += "\n\nSpeedup in rounds to target against the baseline:\n\n" + speedups
+    drift = drift_markdown(runs)
+    if drift:
+        table += ("\n\nClient drift: mean pairwise cosine similarity of the client updates per layer, "
+                  "averaged over rounds and seeds:\n\n" + drift)
+    (out / "report.md").write_text(header + table + "\n")
     plot_curves(runs, out / "accuracy_vs_round.png", by_bytes=False)
     plot_curves(runs, out / "accuracy_vs_bytes.png", by_bytes=True)
     first = next(iter(runs.values()))  # partitions depend on the seed, not on the variant
@@ -122,6 +192,42 @@ def build_report(folder: Path, out: Path, targets: list[float]) -> str:
         if picture.is_file():
             shutil.copyfile(picture, out / f"label_distribution_{run_dir.parent.name}.png")
     return table
+
+
+def experiment_header(spec: dict) -> str:
+    runtime = f"\n\nRuntime: {spec['runtime']}." if spec.get("runtime") else ""
+    return f"# {spec.get('title', 'sweep')}\n\n{spec.get('claim', '').strip()}{runtime}\n\n"
+
+
+def rebuild_results(experiments: Path, runs: Path, out: Path, names: list[str]) -> list[str]:
+    """Rebuild ``out/<name>/`` from ``runs/<name>/`` for every experiment file that has runs."""
+    built = []
+    for path in sorted(experiments.glob("*.toml")):
+        if (names and path.stem not in names) or not (runs / path.stem).is_dir():
+            continue
+        spec = tomllib.loads(path.read_text())
+        build_report(runs / path.stem, out / path.stem, list(spec.get("targets", [0.6, 0.7])),
+                     spec.get("baselines"), experiment_header(spec))
+        built.append(path.stem)
+    return built
+
+
+def results_main(argv: list[str] | None = None) -> int:
+    """``python -m simulation results``: rebuild docs/results/* from runs/*."""
+    parser = argparse.ArgumentParser(prog="python -m simulation results", description=rebuild_results.__doc__)
+    parser.add_argument("names", nargs="*", help="experiment names (file stems); default: all with runs")
+    parser.add_argument("--experiments", type=Path, default=Path(__file__).parent / "experiments")
+    parser.add_argument("--runs", type=Path, default=Path("runs"))
+    parser.add_argument("--out", type=Path, default=Path("docs/results"))
+    args = parser.parse_args(argv)
+    built = rebuild_results(args.experiments, args.runs.resolve(), args.out.resolve(), args.names)
+    if not built:
+        print(f"no experiment under {args.experiments} has runs in {args.runs}; run "
+              "python -m simulation sweep simulation/experiments/<name>.toml first")
+        return 1
+    for name in built:
+        print(f"{args.out / name / 'report.md'}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

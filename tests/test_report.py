@@ -59,3 +59,43 @@ def test_report_tables_and_plots(tmp_path):
     for name in ("report.md", "report.csv", "accuracy_vs_round.png", "accuracy_vs_bytes.png"):
         assert (tmp_path / "out" / name).stat().st_size > 0
     assert np.isclose(float((tmp_path / "out" / "report.csv").read_text().splitlines()[1].split(",")[3]), 0.6)
+
+
+def test_speedup_against_the_baseline_named_by_prefix(tmp_path):
+    fake_run(tmp_path, "iid-sgd", 0, [0.1, 0.2, 0.3, 0.4, 0.6])   # 0.6 at round 4
+    fake_run(tmp_path, "iid-avg", 0, [0.1, 0.7])                  # 0.6 at 0.1 + 0.5/0.6 -> 0.8333
+    fake_run(tmp_path, "niid-sgd", 0, [0.1, 0.2])                 # never: 1 round budget
+    fake_run(tmp_path, "niid-avg", 0, [0.1, 0.2, 0.6])            # 0.6 at round 2
+    table = build_report(tmp_path, tmp_path / "out", [0.6], {"iid-": "iid-sgd", "niid-": "niid-sgd"})
+    speedups = table.split("Speedup in rounds to target against the baseline:")[1]
+    assert "| iid-avg | iid-sgd | 4.8× |" in speedups       # 4 / 0.8333
+    assert "| niid-avg | niid-sgd | ≥ 0.5× |" in speedups     # baseline's 1 round / 2
+    assert not [line for line in speedups.splitlines() if line.startswith("| iid-sgd |")]  # no row for itself
+
+
+def test_drift_table_averages_the_layer_cosines_over_rounds_and_seeds(tmp_path):
+    for seed, cosines in enumerate(([0.2, 0.4], [0.6, 0.8])):
+        run = tmp_path / "iid" / f"seed{seed}" / "run"
+        run.mkdir(parents=True)
+        recs = records([0.1, 0.2, 0.3])
+        recs[1]["drift-cosine"] = {"conv1": cosines[0], "fc1": 0.5}
+        recs[2]["drift-cosine"] = {"conv1": cosines[1], "fc1": 0.5}
+        (run / "rounds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+        (run / "final_model.pt").write_bytes(b"x")
+    table = build_report(tmp_path, tmp_path / "out", [0.6])
+    assert "| variant | conv1 | fc1 |" in table
+    assert "| iid | 0.500 | 0.500 |" in table
+
+
+def test_results_rebuilds_each_experiment_with_its_own_targets(tmp_path):
+    experiments, runs, out = tmp_path / "experiments", tmp_path / "runs", tmp_path / "docs"
+    experiments.mkdir()
+    (experiments / "alpha.toml").write_text('title = "Alpha"\nclaim = "It falls."\ntargets = [0.5]\n'
+                                            'seeds = [0]\n[variants.a]\n')
+    (experiments / "no_runs_yet.toml").write_text('seeds = [0]\n[variants.a]\n')
+    fake_run(runs / "alpha", "a", 0, [0.1, 0.7])
+    from simulation.report import rebuild_results  # noqa: PLC0415
+    assert rebuild_results(experiments, runs, out, []) == ["alpha"]
+    text = (out / "alpha" / "report.md").read_text()
+    assert text.startswith("# Alpha\n\nIt falls.")
+    assert "rounds to 50% |" in text and "rounds to 60%" not in text
