@@ -16,6 +16,7 @@ from flwr.clientapp import ClientApp
 from strategies import contract as C
 from task.data import PartitionSpec, client_data, load_dataset
 from task.evaluate import evaluate
+from task.fedveca import fedveca_train
 from task.models import build_model
 from task.train import client_seed, local_sgd, resolve_device
 
@@ -86,6 +87,9 @@ def train(msg: Message, context: Context) -> Message:
     config = msg.content[C.CONFIG]
     partition_id, _ = partition_of(context)
     server_round = int(config.get(C.SERVER_ROUND, 0))
+    if C.FEDVECA_ESTIMATE in config or C.GNORM2_PREV in config:  # a FedVeca server
+        seed = client_seed(int(config.get(C.SEED, cfg.seed)), server_round, partition_id)
+        return train_fedveca(msg, model, x, y, cfg, seed, partition_id)
     result = local_sgd(
         model, x, y,
         lr=float(config.get(C.LR, cfg.lr)),
@@ -105,6 +109,40 @@ def train(msg: Message, context: Context) -> Message:
     })
     arrays = ArrayRecord({k: v.detach().cpu() for k, v in model.state_dict().items()})
     return Message(RecordDict({C.ARRAYS: arrays, C.METRICS: metrics}), reply_to=msg)
+
+
+def train_fedveca(msg: Message, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: RunConfig,
+                  seed: int, partition_id: int) -> Message:
+    """FedVeca's client (Alg. 2): tau plain SGD steps, grad F_i(w_k), beta and delta."""
+    config = msg.content[C.CONFIG]
+    result = fedveca_train(
+        model, x, y,
+        tau=int(config[C.LOCAL_STEPS]),
+        lr=float(config.get(C.LR, cfg.lr)),
+        batch_size=int(config.get(C.BATCH_SIZE, cfg.batch_size)),
+        beta_mode=str(config.get(C.BETA_MODE, cfg.fedveca_beta_mode)),
+        gnorm2_prev=float(config.get(C.GNORM2_PREV, 0.0)),
+        estimate=bool(config.get(C.FEDVECA_ESTIMATE, False)),
+        grad_subsample=int(config.get(C.GRAD_SUBSAMPLE, cfg.fedveca_grad_subsample)),
+        seed=seed,
+        chunk_size=cfg.eval_batch_size,
+    )
+    metrics = {
+        C.NUM_EXAMPLES: result.num_examples,
+        C.TRAIN_LOSS: result.train_loss,
+        C.LOCAL_STEPS_TAKEN: result.local_steps,
+        C.PARTITION_ID: partition_id,
+        C.LOSS_AT_GLOBAL: result.loss_at_global,
+    }
+    if result.beta is not None:
+        metrics[C.BETA] = result.beta
+        metrics[C.DELTA] = result.delta
+    content = RecordDict({
+        C.ARRAYS: ArrayRecord(result.arrays),
+        C.GRAD: ArrayRecord(result.grad),
+        C.METRICS: MetricRecord(metrics),
+    })
+    return Message(content, reply_to=msg)
 
 
 @app.evaluate()

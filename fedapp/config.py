@@ -9,6 +9,7 @@ the value, what is allowed and how to set it.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from strategies.fedavg import STRAGGLER_POLICIES, STRAGGLER_UNITS, WEIGHTINGS
+from strategies.fedveca_math import BETA_MODES as FEDVECA_BETA_MODES
 from task.data import DATASET_NAMES, check_dataset_name
 from task.models import MODEL_NAMES
 from task.partition import PARTITION_NAMES
@@ -42,6 +44,11 @@ class RunConfig:
     straggler_policy: str = "auto"
     straggler_unit: str = "steps"
     drift_diagnostics: bool = True
+    fedveca_tau_init: int = 20
+    fedveca_tau_max: int = 50
+    fedveca_alpha: float = 0.95
+    fedveca_beta_mode: str = "same-batch"
+    fedveca_grad_subsample: int = 0
     dataset: str = "fashion-mnist"
     data_dir: str = ""
     allow_download: bool = True
@@ -103,6 +110,15 @@ class RunConfig:
                "steps (1..tau_i local steps) or epochs (1..E epochs, the FedProx paper)")
         _check("straggler-policy", self.straggler_policy, self.straggler_policy in ("auto",) + STRAGGLER_POLICIES,
                "auto (drop for fedavg/fedsgd, partial for fedprox/fednova), drop or partial")
+        _check("fedveca-tau-max", self.fedveca_tau_max, self.fedveca_tau_max >= 2, "an integer >= 2 (paper: 50)")
+        _check("fedveca-tau-init", self.fedveca_tau_init, 2 <= self.fedveca_tau_init <= self.fedveca_tau_max,
+               f"an integer in [2, fedveca-tau-max={self.fedveca_tau_max}] (delta needs two local steps)")
+        _check("fedveca-alpha", self.fedveca_alpha, math.isfinite(self.fedveca_alpha) and self.fedveca_alpha > 0,
+               "a number > 0 (paper: 0.95; Theorem 2 needs < 1)")
+        _check("fedveca-beta-mode", self.fedveca_beta_mode,
+               self.fedveca_beta_mode.replace("_", "-") in FEDVECA_BETA_MODES, "same-batch or literal")
+        _check("fedveca-grad-subsample", self.fedveca_grad_subsample, self.fedveca_grad_subsample >= 0,
+               "an integer >= 0 (0 = the whole local set)")
         try:
             check_dataset_name(self.dataset)
         except ValueError:

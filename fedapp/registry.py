@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from flwr.serverapp.strategy import Strategy
 
-from strategies import FedAvg, FedNova, FedProx
+from strategies import FedAvg, FedNova, FedProx, FedVeca
 from strategies import contract as C
 
 from .config import ConfigError, RunConfig
@@ -70,11 +70,28 @@ def _fednova(cfg: RunConfig) -> tuple[Strategy, dict]:
     return strategy, train_config(cfg)
 
 
+def _fedveca(cfg: RunConfig) -> tuple[Strategy, dict]:
+    """FedVeca (Luo et al.): per-client adaptive local steps, FedNova's eq. (5), plain local SGD."""
+    neutral = {"momentum": (cfg.momentum, 0.0), "weight-decay": (cfg.weight_decay, 0.0),
+               "server-momentum": (cfg.server_momentum, 0.0), "server-lr": (cfg.server_lr, 1.0),
+               "straggler-fraction": (cfg.straggler_fraction, 0.0), "weighting": (cfg.weighting, "examples")}
+    for key, (value, wanted) in neutral.items():
+        if value != wanted:
+            raise ConfigError(f"run config: {key}={value!r} is not allowed with strategy='fedveca' (plain local "
+                              f"SGD, eq. 5, and FedVeca sets every client's local steps itself). Set "
+                              f"--run-config \"{key}={wanted!r}\"")
+    strategy = FedVeca(tau_init=cfg.fedveca_tau_init, tau_max=cfg.fedveca_tau_max, alpha=cfg.fedveca_alpha,
+                       beta_mode=cfg.fedveca_beta_mode, grad_subsample=cfg.fedveca_grad_subsample, lr=cfg.lr,
+                       **_common(cfg, "partial"))
+    return strategy, train_config(cfg)
+
+
 STRATEGIES: dict[str, Callable[[RunConfig], tuple[Strategy, dict]]] = {
     "fedavg": _fedavg,
     "fedsgd": _fedsgd,
     "fedprox": _fedprox,
     "fednova": _fednova,
+    "fedveca": _fedveca,
 }
 
 

@@ -34,13 +34,10 @@ from flwr.serverapp.strategy import Result
 from . import contract as C
 from . import dynacomm as dc
 from . import dynamicfl_schedule as ds
+from .contract import COMM_BUDGET, NUM_STEPS, ROUND_STEPS, START_STEP  # the chunk keys (re-exported)
 from .fedavg import ClientInfo, FedAvg
 
-# ---- proposed contract keys (to move into strategies/contract.py) -------------------
-START_STEP = "start-step"  # int >= 0: local steps this client already did this round
-NUM_STEPS = "num-steps"  # int >= 1: steps of this chunk (also sent as `local-steps`)
-ROUND_STEPS = "round-steps"  # int L: steps per round, for the client's batch stream length
-COMM_BUDGET = "comm-budget"  # float, query reply: bytes per round the client can move (tau_m)
+STATE_VERSION = 1  # of state_dict()
 
 
 class DynamicFL(FedAvg):
@@ -120,6 +117,41 @@ class DynamicFL(FedAvg):
         self.budgets: dict[int, float] = {}
         self.rich: set[int] | None = None  # Fix-beta, drawn once over the partition order
         self.plans: dict[int, ds.RoundPlan] = {}
+
+    def state_dict(self) -> dict:
+        """Cross-round state for a checkpoint: L, the Fix-beta rich set (partition ids), the
+        reported byte budgets (by partition id). Plain Python, JSON-able.
+
+        Keyed by partition id, not node id, because node ids change between runs."""
+        def pid(node: int) -> int | None:
+            return self.clients.get(node, ClientInfo()).partition_id
+        rich = None if self.rich is None else sorted(p for p in (pid(n) for n in self.rich) if p is not None)
+        budgets = {str(pid(n)): b for n, b in self.budgets.items() if pid(n) is not None}
+        return {"version": STATE_VERSION, "local-steps": self.local_steps, "rich-partitions": rich,
+                "budgets": budgets}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what :meth:`state_dict` returned. The rich set and budgets are mapped back to
+        node ids once the nodes have answered the client-info query (first round)."""
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"DynamicFL state version {state.get('version')!r} is not {STATE_VERSION}")
+        steps = int(state["local-steps"])
+        if steps < 0:
+            raise ValueError(f"DynamicFL state has local-steps={steps}; it must be >= 0")
+        self.local_steps = steps
+        self._restored = state
+
+    def _apply_restored(self) -> None:
+        state = getattr(self, "_restored", None)
+        if not state:
+            return
+        by_pid = {info.partition_id: node for node, info in self.clients.items() if info.partition_id is not None}
+        if state.get("rich-partitions") is not None:
+            self.rich = {by_pid[p] for p in state["rich-partitions"] if p in by_pid}
+        for p, budget in state.get("budgets", {}).items():
+            if int(p) in by_pid:
+                self.budgets.setdefault(by_pid[int(p)], float(budget))
+        self._restored = None
 
     def summary(self) -> None:
         log(INFO, "\t├──> DynamicFL: intervals %s | L %s | budget %s (beta %s) | n_ens %d | seed %d",
@@ -218,6 +250,7 @@ class DynamicFL(FedAvg):
         started = time.perf_counter()
         nodes = self.wait_for_nodes(grid)
         self.register_clients(grid, nodes)
+        self._apply_restored()
         self.all_nodes = nodes
         L = self.steps_per_round(nodes, config)
         active = self.ordered_nodes(list(self.sample(server_round, nodes)))

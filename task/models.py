@@ -129,7 +129,7 @@ def lenet_gn(input_shape: InputShape, num_classes: int, groups: int = 2) -> Conv
 
 
 def cnn_fedveca(input_shape: InputShape, num_classes: int) -> ConvNet:
-    """Zhu et al., "FedVeca: Federated Vectorized Averaging on Non-IID Data
+    """Luo et al., "FedVeca: Federated Vectorized Averaging on Non-IID Data
     with Adaptive Bi-directional Global Objective": two 5x5x32 'same' convs,
     each with ReLU and 2x2/2 max-pool, FC 256, FC classes.
 
@@ -165,7 +165,7 @@ class ResNet18GN(ClassifierModule):
 
 
 class LinearSVM(ClassifierModule):
-    """Linear squared-hinge SVM of FedVeca (Zhu et al.) for the binary
+    """Linear squared-hinge SVM of FedVeca (Luo et al.) for the binary
     even/odd digit task.
 
     ``f(x) = <w, vec(x)>`` with no bias and ``w`` initialised to zero. Class ids
