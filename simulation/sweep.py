@@ -100,7 +100,7 @@ def execute(spec: dict, out: Path, ray_address: str | None = None) -> list[tuple
         if existing is None:
             start = time.monotonic()
             print(f"{label}: running ...", flush=True)
-            result = run_app(run.run_config, federation, flwr_home=out / ".flwr", capture=True,
+            result = run_app(run.run_config, federation, flwr_home=out / ".flwr", capture=True, isolate_ports=True,
                              timeout=spec.get("timeout-seconds", 3600),
                              on_line=RoundProgress(label, int(run.run_config.get("num-server-rounds", 10))),
                              ray_address=ray_address)
