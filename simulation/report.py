@@ -164,9 +164,13 @@ def plot_curves(runs: dict[str, list[tuple[Path, list[dict]]]], path: Path, by_b
 
 
 def build_report(folder: Path, out: Path, targets: list[float], baselines: dict[str, str] | None = None,
-                 header: str = "") -> str:
-    """Write report.csv, report.md and plots for the sweep in ``folder``; returns the tables."""
+                 header: str = "", order: list[str] | None = None) -> str:
+    """Write report.csv, report.md and plots for the sweep in ``folder``; returns the tables.
+
+    Variants appear in ``order`` (e.g. the sweep file's), then any others by name."""
     runs = collect(folder)
+    rank = {name: i for i, name in enumerate(order or [])}
+    runs = dict(sorted(runs.items(), key=lambda item: (rank.get(item[0], len(rank)), item[0])))
     if not runs:
         raise SystemExit(f"no finished runs under {folder} (expected <variant>/seed<k>/<run>/rounds.jsonl)")
     out.mkdir(parents=True, exist_ok=True)
@@ -207,7 +211,7 @@ def rebuild_results(experiments: Path, runs: Path, out: Path, names: list[str]) 
             continue
         spec = tomllib.loads(path.read_text())
         build_report(runs / path.stem, out / path.stem, list(spec.get("targets", [0.6, 0.7])),
-                     spec.get("baselines"), experiment_header(spec))
+                     spec.get("baselines"), experiment_header(spec), order=list(spec.get("variants", {})))
         built.append(path.stem)
     return built
 
