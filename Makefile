@@ -42,3 +42,17 @@ data: install  ## make sure Fashion-MNIST is present (apt package, else torchvis
 
 clean:
 	rm -rf $(VENV) .flwr .pytest_cache *.egg-info
+
+# Deployment runtime (deploy/README.md): SuperLink + $(NUM_DEPLOY_SUPERNODES) SuperNodes on this machine.
+NUM_DEPLOY_SUPERNODES ?= 2
+DEPLOY_ARGS ?=
+.PHONY: deploy-run deploy-run-secure deploy-test
+
+deploy-run: install data  ## insecure SuperLink + SuperNodes on 127.0.0.1, one flwr run, stop all
+	$(PY) -m deploy run --num-supernodes $(NUM_DEPLOY_SUPERNODES) $(DEPLOY_ARGS)
+
+deploy-run-secure: install data  ## the same with TLS and SuperNode authentication
+	$(PY) -m deploy run --num-supernodes $(NUM_DEPLOY_SUPERNODES) --tls --auth $(DEPLOY_ARGS)
+
+deploy-test: install data  ## the deployment e2e tests only
+	$(PY) -m pytest tests/test_deploy_e2e.py -q

@@ -101,13 +101,13 @@ def stop_local_superlink(flwr_home: Path, timeout: float = 15.0) -> list[int]:
 def stop_pids(pids: list[int], timeout: float = 15.0) -> None:
     """SIGTERM every PID, wait up to ``timeout`` s, then SIGKILL the survivors."""
     for pid in pids:
-        _signal(pid, signal.SIGTERM)
+        send_signal(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
+    while time.monotonic() < deadline and any(is_alive(pid) for pid in pids):
         time.sleep(0.2)
     for pid in pids:
-        if _alive(pid):
-            _signal(pid, signal.SIGKILL)
+        if is_alive(pid):
+            send_signal(pid, signal.SIGKILL)
 
 
 def descendants(pid: int) -> list[int]:
@@ -130,14 +130,14 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def _signal(pid: int, sig: int) -> None:
+def send_signal(pid: int, sig: int) -> None:
     try:
         os.kill(pid, sig)
     except ProcessLookupError:
         pass
 
 
-def _alive(pid: int) -> bool:
+def is_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -1,0 +1,79 @@
+"""Where one local deployment keeps its certificates, keys, logs and FLWR_HOMEs."""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from simulation.launcher import PROJECT_ROOT
+
+DEPLOY_DIR = Path(__file__).resolve().parent
+DEFAULT_WORKDIR = PROJECT_ROOT / ".flwr" / "deploy"  # git-ignored, never ~/.flwr
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Paths below one deployment work directory."""
+
+    root: Path
+
+    @property
+    def certs(self) -> Path:
+        return self.root / "certificates"
+
+    @property
+    def keys(self) -> Path:
+        return self.root / "keys"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def cli_home(self) -> Path:
+        """FLWR_HOME of the ``flwr`` CLI (holds config.toml with our connection)."""
+        return self.root / "cli-home"
+
+    @property
+    def superlink_home(self) -> Path:
+        return self.root / "superlink"
+
+    def supernode_home(self, partition_id: int) -> Path:
+        return self.root / f"supernode-{partition_id}"
+
+    @property
+    def ca_cert(self) -> Path:
+        return self.certs / "ca.crt"
+
+    @property
+    def server_cert(self) -> Path:
+        return self.certs / "server.pem"
+
+    @property
+    def server_key(self) -> Path:
+        return self.certs / "server.key"
+
+    def private_key(self, partition_id: int) -> Path:
+        return self.keys / f"supernode_credentials_{partition_id}"
+
+    def public_key(self, partition_id: int) -> Path:
+        return self.keys / f"supernode_credentials_{partition_id}.pub"
+
+
+def ensure_certs(layout: Layout, hosts: tuple[str, ...] = ()) -> None:
+    """CA + server certificate (SANs 127.0.0.1, localhost, ``hosts``) unless all three files exist."""
+    if all(p.is_file() for p in (layout.ca_cert, layout.server_cert, layout.server_key)):
+        return
+    _script("make_certs.sh", str(layout.certs), *hosts)
+
+
+def ensure_keys(layout: Layout, num_supernodes: int) -> None:
+    """Key pairs supernode_credentials_<i>[.pub] for i = 0..N-1 (existing ones are kept)."""
+    _script("make_keys.sh", str(layout.keys), str(num_supernodes))
+
+
+def _script(name: str, *args: str) -> None:
+    proc = subprocess.run(["bash", str(DEPLOY_DIR / name), *args], text=True, capture_output=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"deploy/{name} {' '.join(args)} failed (exit {proc.returncode}):\n{proc.stderr}")
