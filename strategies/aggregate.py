@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from fractions import Fraction
 
 import numpy as np
 
@@ -56,8 +57,9 @@ def sample_with_replacement(
     return np.bincount(draws, minlength=len(p))
 
 
-def steps_for_epochs(num_examples: int, batch_size: int, epochs: int) -> int:
-    """tau_i = floor(E n_i / B) local steps, at least 1; B = 0 or B >= n_i gives E.
+def steps_for_epochs(num_examples: int, batch_size: int, epochs: float) -> int:
+    """tau_i = floor(E n_i / B) local steps, at least 1; B = 0 or B >= n_i gives E
+    (floor(E) for a fractional E; E may be any number > 0).
 
     The strategies' twin of ``task.train.steps_for_epochs`` (kept equal by a test), used
     when a client does not report the steps it took.
@@ -65,8 +67,12 @@ def steps_for_epochs(num_examples: int, batch_size: int, epochs: int) -> int:
     if num_examples <= 0 or epochs <= 0:
         return 0
     if batch_size <= 0 or batch_size >= num_examples:
-        return epochs
-    return max(1, (epochs * num_examples) // batch_size)
+        return max(1, math.floor(epochs))
+    if isinstance(epochs, int):
+        return max(1, (epochs * num_examples) // batch_size)
+    # A fraction of an epoch (FedVeca's fairness protocol, E_avg < 1): floor(E n / B)
+    # with E taken as the decimal it prints as, so no float rounding moves the floor.
+    return max(1, math.floor(Fraction(repr(float(epochs))) * num_examples / batch_size))
 
 
 def choose_stragglers(rng: np.random.Generator, num_sampled: int, fraction: float) -> np.ndarray:

@@ -15,7 +15,7 @@ METRICS = "metrics"
 # --- server -> client: ConfigRecord "config" ------------------------------------
 SERVER_ROUND = "server-round"  # int, injected every round (Flower's key)
 LR = "lr"  # float, local learning rate
-LOCAL_EPOCHS = "local-epochs"  # int >= 1, used when LOCAL_STEPS is 0
+LOCAL_EPOCHS = "local-epochs"  # number > 0 (fractions allowed: tau_i = max(1, floor(E n_i / B))), used when LOCAL_STEPS is 0
 LOCAL_STEPS = "local-steps"  # int >= 0; > 0 means "exactly this many SGD steps"
 BATCH_SIZE = "batch-size"  # int >= 0; 0 means full local batch (B = inf)
 MOMENTUM = "momentum"  # float in [0, 1)

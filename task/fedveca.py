@@ -28,10 +28,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from collections.abc import Mapping
+
 import numpy as np
 import torch
 import torch.nn.functional as F
+from flwr.app import ArrayRecord, MetricRecord, RecordDict
 from torch import nn
+
+from strategies import contract as C
 
 from .train import batch_indices
 
@@ -229,3 +234,49 @@ def fedveca_train(
         train_loss=loss_sum / tau,
         loss_at_global=loss_at_global,
     )
+
+
+def is_fedveca_round(config: Mapping) -> bool:
+    """True when a train message's config comes from a FedVeca server (it sends the estimator keys)."""
+    return C.FEDVECA_ESTIMATE in config or C.GNORM2_PREV in config
+
+
+def fedveca_reply(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: Mapping, *, seed: int,
+                  lr: float = 0.01, batch_size: int = 32, beta_mode: str = "same-batch", grad_subsample: int = 0,
+                  partition_id: int | None = None, chunk_size: int = 1000,
+                  loss_fn: LossFn | None = None) -> RecordDict:
+    """The whole FedVeca client side of one train message, as the reply's RecordDict.
+
+    ``config`` is the message's ConfigRecord (its ``local-steps`` is this client's tau;
+    ``lr``, ``batch-size``, ``beta-mode``, ``grad-subsample`` there win over the keyword
+    fallbacks). The reply carries "arrays", the "grad" ArrayRecord and the metrics
+    ``num-examples``, ``train-loss``, ``local-steps``, ``loss-at-global`` and, when the
+    server asked for estimates, ``beta`` and ``delta`` (plus ``partition-id`` if given).
+    """
+    result = fedveca_train(
+        model, x, y,
+        tau=int(config[C.LOCAL_STEPS]),
+        lr=float(config.get(C.LR, lr)),
+        batch_size=int(config.get(C.BATCH_SIZE, batch_size)),
+        beta_mode=str(config.get(C.BETA_MODE, beta_mode)),
+        gnorm2_prev=float(config.get(C.GNORM2_PREV, 0.0)),
+        estimate=bool(config.get(C.FEDVECA_ESTIMATE, False)),
+        grad_subsample=int(config.get(C.GRAD_SUBSAMPLE, grad_subsample)),
+        seed=seed, loss_fn=loss_fn, chunk_size=chunk_size,
+    )
+    metrics = {
+        C.NUM_EXAMPLES: result.num_examples,
+        C.TRAIN_LOSS: result.train_loss,
+        C.LOCAL_STEPS_TAKEN: result.local_steps,
+        C.LOSS_AT_GLOBAL: result.loss_at_global,
+    }
+    if partition_id is not None:
+        metrics[C.PARTITION_ID] = int(partition_id)
+    if result.beta is not None:
+        metrics[C.BETA] = result.beta
+        metrics[C.DELTA] = result.delta
+    return RecordDict({
+        C.ARRAYS: ArrayRecord(result.arrays),
+        C.GRAD: ArrayRecord(result.grad),
+        C.METRICS: MetricRecord(metrics),
+    })

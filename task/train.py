@@ -9,7 +9,9 @@ runs at all, so FedProx(mu=0) is bit-identical to FedAvg for the same seed.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 import torch
@@ -57,16 +59,22 @@ def batch_indices(num_examples: int, batch_size: int, generator: torch.Generator
         buffer = buffer[batch_size:]
 
 
-def steps_for_epochs(num_examples: int, batch_size: int, epochs: int) -> int:
+def steps_for_epochs(num_examples: int, batch_size: int, epochs: float) -> int:
     """u_k = floor(E n_k / B) local steps (McMahan et al.; FedNova's tau_i), at least 1.
 
-    B = 0 or B >= n (full batch) gives E steps.
+    B = 0 or B >= n (full batch) gives E steps (floor(E) for a fractional E).
+    E may be a fraction (> 0), e.g. FedVeca's fairness protocol's E_avg; at least one
+    step is taken whenever n > 0 and E > 0.
     """
     if num_examples <= 0 or epochs <= 0:
         return 0
     if batch_size <= 0 or batch_size >= num_examples:
-        return epochs
-    return max(1, (epochs * num_examples) // batch_size)
+        return max(1, math.floor(epochs))
+    if isinstance(epochs, int):
+        return max(1, (epochs * num_examples) // batch_size)
+    # A fraction of an epoch (FedVeca's fairness protocol, E_avg < 1): floor(E n / B)
+    # with E taken as the decimal it prints as, so no float rounding moves the floor.
+    return max(1, math.floor(Fraction(repr(float(epochs))) * num_examples / batch_size))
 
 
 def local_sgd(
@@ -76,7 +84,7 @@ def local_sgd(
     *,
     lr: float,
     batch_size: int,
-    epochs: int = 1,
+    epochs: float = 1,
     steps: int = 0,
     momentum: float = 0.0,
     weight_decay: float = 0.0,
