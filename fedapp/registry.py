@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from flwr.serverapp.strategy import Strategy
 
-from strategies import FedAvg, FedNova, FedProx, FedVeca
+from strategies import DynamicFL, FedAvg, FedNova, FedProx, FedVeca
 from strategies import contract as C
 
 from .config import ConfigError, RunConfig
@@ -19,7 +19,7 @@ def train_config(cfg: RunConfig) -> dict[str, int | float | bool | str]:
     """The ConfigRecord every train message carries (strategies may add to it)."""
     return {
         C.LR: cfg.lr,
-        C.LOCAL_EPOCHS: cfg.local_epochs,
+        C.LOCAL_EPOCHS: int(cfg.local_epochs) if float(cfg.local_epochs).is_integer() else cfg.local_epochs,
         C.LOCAL_STEPS: cfg.local_steps,
         C.BATCH_SIZE: 0 if cfg.full_batch else cfg.batch_size,
         C.MOMENTUM: cfg.momentum,
@@ -65,7 +65,8 @@ def _fednova(cfg: RunConfig) -> tuple[Strategy, dict]:
     if cfg.weighting != "examples":
         raise ConfigError(f"run config: weighting={cfg.weighting!r} is not allowed with strategy='fednova'; "
                           "FedNova weights clients by num-examples. Set --run-config \"weighting='examples'\"")
-    strategy = FedNova(server_momentum=cfg.server_momentum, local_epochs=cfg.local_epochs, server_lr=cfg.server_lr,
+    strategy = FedNova(server_momentum=cfg.server_momentum, local_epochs=train_config(cfg)[C.LOCAL_EPOCHS],
+                       server_lr=cfg.server_lr,
                        batch_size=0 if cfg.full_batch else cfg.batch_size, **_common(cfg, "partial"))
     return strategy, train_config(cfg)
 
@@ -86,12 +87,38 @@ def _fedveca(cfg: RunConfig) -> tuple[Strategy, dict]:
     return strategy, train_config(cfg)
 
 
+def _dynamicfl(cfg: RunConfig, intervals: str | None = None) -> tuple[Strategy, dict]:
+    """DynamicFL (Le et al.): DynaComm's high group syncs often, the rest rarely; L steps per round."""
+    name = cfg.strategy
+    neutral = {"straggler-fraction": (cfg.straggler_fraction, 0.0), "weighting": (cfg.weighting, "examples"),
+               "server-lr": (cfg.server_lr, 1.0), "server-momentum": (cfg.server_momentum, 0.0)}
+    for key, (value, wanted) in neutral.items():
+        if value != wanted:
+            raise ConfigError(f"run config: {key}={value!r} is not allowed with strategy={name!r} (every active "
+                              f"client does exactly L local steps and each sync event sets W to the "
+                              f"num-examples-weighted average). Set --run-config \"{key}={wanted!r}\"")
+    strategy = DynamicFL(
+        intervals=intervals or cfg.dynamicfl_intervals, local_steps=cfg.dynamicfl_local_steps,
+        budget_mode=cfg.dynamicfl_budget_mode, beta=cfg.dynamicfl_beta,
+        server_budget=cfg.dynamicfl_server_budget or None, n_ens=cfg.dynamicfl_n_ens,
+        x_star_mode=cfg.dynamicfl_x_star_mode, fraction_train=cfg.fraction_train,
+        fraction_evaluate=cfg.fraction_evaluate, seed=cfg.seed, min_available_nodes=cfg.min_available_nodes)
+    return strategy, train_config(cfg)
+
+
+def _dynamicsgd(cfg: RunConfig) -> tuple[Strategy, dict]:
+    """DynamicSGD preset: every active client syncs after every local step (dynamicfl-intervals='a')."""
+    return _dynamicfl(cfg, intervals="a")
+
+
 STRATEGIES: dict[str, Callable[[RunConfig], tuple[Strategy, dict]]] = {
     "fedavg": _fedavg,
     "fedsgd": _fedsgd,
     "fedprox": _fedprox,
     "fednova": _fednova,
     "fedveca": _fedveca,
+    "dynamicfl": _dynamicfl,
+    "dynamicsgd": _dynamicsgd,
 }
 
 

@@ -19,6 +19,16 @@ start-up, data decoding) is excluded; plus the ServerApp's peak memory (max RSS)
 Flower's FedAvg on the same replies (default 100 replies of the 1,663,370-parameter
 McMahan CNN): time ratio (best of interleaved repeats) and peak memory beyond the
 replies, in model-sized buffers (tracemalloc).
+
+``python -m simulation bench import``: ``import strategies`` against
+``import flwr.serverapp.strategy`` in fresh interpreters (what a Flower user imports anyway).
+
+``python -m simulation bench sync-events`` (DynamicFL): seconds per sync event on the
+simulation engine against the number of active clients. DynamicSGD (every client syncs
+after every step, so a round of L steps is L sync events of all N clients), real
+``flwr run`` with N supernodes, C = 1; the figure is the run log's ``seconds-per-event``
+of the warm rounds (round 1, with Ray actor start and data decoding, is excluded) next
+to the bare torch time of one step of all N clients in one process.
 """
 
 from __future__ import annotations
@@ -216,12 +226,20 @@ def aggregation(args) -> None:
 
     from flwr.serverapp.strategy import FedAvg as FlowerFedAvg  # noqa: PLC0415
 
-    from strategies import FedAvg, FedNova, FedProx  # noqa: PLC0415
+    from flwr.app import ArrayRecord  # noqa: PLC0415
+
+    from strategies import FedAvg, FedNova, FedProx, FedVeca  # noqa: PLC0415
 
     global_arrays, replies, model_bytes = _replies(args.replies, args.model)
+    _, veca_replies, _ = _replies(args.replies, args.model)
+    for reply in veca_replies:  # FedVeca's extra payload: grad F_i(w_k) (as large as the model), beta, delta
+        reply.content[C.GRAD] = ArrayRecord(dict(reply.content[C.ARRAYS].items()))
+        reply.content[C.METRICS][C.BETA], reply.content[C.METRICS][C.DELTA] = 1.0, 0.5
+    replies_of = {"FedVeca": veca_replies}
     nodes = [r.metadata.src_node_id for r in replies]
     contenders = {"Flower FedAvg": FlowerFedAvg()}
-    for name, strategy in {"FedAvg": FedAvg(), "FedProx": FedProx(proximal_mu=0.01), "FedNova": FedNova()}.items():
+    for name, strategy in {"FedAvg": FedAvg(), "FedProx": FedProx(proximal_mu=0.01), "FedNova": FedNova(),
+                           "FedVeca": FedVeca()}.items():
         strategy.current_arrays, strategy.all_nodes = global_arrays, nodes
         strategy.draws = {n: 1 for n in nodes}
         contenders[name] = strategy
@@ -229,21 +247,86 @@ def aggregation(args) -> None:
     for _ in range(args.repeats):
         for name, strategy in contenders.items():
             start = time.perf_counter()
-            strategy.aggregate_train(1, replies)
+            strategy.aggregate_train(1, replies_of.get(name, replies))
             times[name].append(time.perf_counter() - start)
     peaks = {}
     for name, strategy in contenders.items():
         tracemalloc.start()
         base = tracemalloc.get_traced_memory()[0]
-        strategy.aggregate_train(1, replies)
+        strategy.aggregate_train(1, replies_of.get(name, replies))
         peaks[name] = (tracemalloc.get_traced_memory()[1] - base) / model_bytes
         tracemalloc.stop()
     flower = min(times["Flower FedAvg"])
-    print(f"Aggregation of {args.replies} replies of {args.model} ({model_bytes / 1e6:.2f} MB float32 each); "
-          f"best of {args.repeats} interleaved repeats")
+    print(f"Aggregation of {args.replies} replies of {args.model} ({model_bytes / 1e6:.2f} MB float32 each; "
+          f"FedVeca's also carry the gradient); best of {args.repeats} interleaved repeats")
     print(f"{'strategy':<14} {'seconds':>8} {'vs Flower FedAvg':>17} {'peak extra memory (model sizes)':>32}")
     for name in contenders:
         print(f"{name:<14} {min(times[name]):>8.3f} {min(times[name]) / flower:>17.2f} {peaks[name]:>32.2f}")
+
+
+def import_seconds(statement: str, repeats: int) -> float:
+    """Median wall seconds of ``statement`` in fresh interpreters (interpreter start excluded)."""
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    code = f"import time; t = time.perf_counter(); {statement}; print(time.perf_counter() - t)"
+    samples = [float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                                    timeout=120).stdout) for _ in range(repeats)]
+    return statistics.median(samples)
+
+
+def import_cost(args) -> None:
+    """``import strategies`` against the Flower import a strategy user has anyway."""
+    baseline = "import flwr.serverapp.strategy"
+    ours = "import strategies"
+    times = {}
+    for _ in range(2):  # interleave, in case the machine's load changes
+        for statement in (baseline, ours):
+            times.setdefault(statement, []).append(import_seconds(statement, args.repeats))
+    base, mine = min(times[baseline]), min(times[ours])
+    print(f"fresh interpreters, median of {args.repeats}, best of 2 interleaved rounds")
+    print(f"  {baseline:<32} {base:.3f} s")
+    print(f"  {ours:<32} {mine:.3f} s   ratio {mine / base:.2f} (target <= 1.0 + noise; torch is not imported)")
+
+
+def sync_events(args) -> None:
+    """seconds per sync event of DynamicSGD on the simulation engine, for each N in --clients."""
+    import os  # noqa: PLC0415
+
+    from task.chunked import train_chunk  # noqa: PLC0415
+
+    print(f"Workload: DynamicSGD (dynamicfl-intervals='a'), Fashion-MNIST IID, {args.model}, B = {args.batch_size}, "
+          f"L = {args.local_steps} steps per round, {args.rounds} rounds, C = 1; {os.cpu_count()} CPUs, "
+          f"load average {os.getloadavg()[0]:.1f}")
+    print(f"{'active N':>8} {'s/event (warm)':>15} {'min':>7} {'max':>7} {'bare step, all N, s':>20} {'round 1 s':>10}")
+    rows = []
+    for n in args.clients:
+        workload = {"num-server-rounds": args.rounds, "strategy": "dynamicsgd", "partition": "iid", "model": args.model,
+                    "dynamicfl-local-steps": args.local_steps, "batch-size": args.batch_size, "lr": 0.05,
+                    "fraction-train": 1.0, "min-available-nodes": n, "drift-diagnostics": False}
+        records = simulation_round_seconds(workload, n, args.cpus_per_client, keep_records=True)
+        warm = [r["seconds-per-event"] for r in records if r["round"] >= 2]
+        cfg = RunConfig.from_user_config(workload)
+        dataset = load_dataset(cfg.dataset)
+        parts = [client_data(dataset, PartitionSpec(scheme="iid", seed=0), pid, n) for pid in range(n)]
+        model = build_model(cfg.model, dataset.input_shape, dataset.num_classes)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(max(1, int(args.cpus_per_client)))  # as a Ray actor gets
+        start = time.perf_counter()
+        for step in range(args.local_steps):
+            for pid, (x, y) in enumerate(parts):
+                train_chunk(model, x, y, lr=0.05, batch_size=args.batch_size, start_step=step, num_steps=1,
+                            round_steps=args.local_steps, seed=pid)
+        bare = (time.perf_counter() - start) / args.local_steps
+        torch.set_num_threads(threads)
+        round1 = next(r["wall-seconds"] for r in records if r["round"] == 1)
+        rows.append((n, statistics.mean(warm), min(warm), max(warm), bare, round1))
+        print(f"{n:>8} {rows[-1][1]:>15.3f} {rows[-1][2]:>7.3f} {rows[-1][3]:>7.3f} {bare:>20.4f} {round1:>10.1f}",
+              flush=True)
+    if len(rows) >= 2:
+        (n0, t0, *_), (n1, t1, *_) = rows[0], rows[-1]
+        print(f"\nslope: {(t1 - t0) / (n1 - n0) * 1e3:.1f} ms per extra active client per sync event "
+              f"(N = {n0} -> {n1}); intercept ~ {t0 - n0 * (t1 - t0) / (n1 - n0):.3f} s")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -269,8 +352,18 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--replies", type=int, default=100)
     p.add_argument("--model", default="cnn-mcmahan")
     p.add_argument("--repeats", type=int, default=5)
+    p = sub.add_parser("sync-events", help="DynamicFL: seconds per sync event vs the number of active clients")
+    p.add_argument("--clients", type=int, nargs="+", default=[2, 5, 10])
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--local-steps", type=int, default=10)
+    p.add_argument("--batch-size", type=int, default=10)
+    p.add_argument("--model", default="lenet-gn")
+    p.add_argument("--cpus-per-client", type=float, default=1)
+    p = sub.add_parser("import", help="import cost of strategies vs flwr.serverapp.strategy")
+    p.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args(argv)
-    {"overhead": overhead, "aggregation": aggregation, "efficiency": efficiency}[args.bench](args)
+    {"overhead": overhead, "aggregation": aggregation, "efficiency": efficiency,
+     "sync-events": sync_events, "import": import_cost}[args.bench](args)
 
 
 if __name__ == "__main__":

@@ -127,14 +127,18 @@ class DynamicFL(FedAvg):
             return self.clients.get(node, ClientInfo()).partition_id
         rich = None if self.rich is None else sorted(p for p in (pid(n) for n in self.rich) if p is not None)
         budgets = {str(pid(n)): b for n, b in self.budgets.items() if pid(n) is not None}
-        return {"version": STATE_VERSION, "local-steps": self.local_steps, "rich-partitions": rich,
-                "budgets": budgets}
+        base = super().state_dict() if hasattr(super(), "state_dict") else {}
+        return {**base, "dynamicfl-state-version": STATE_VERSION, "local-steps": self.local_steps,
+                "rich-partitions": rich, "budgets": budgets}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore what :meth:`state_dict` returned. The rich set and budgets are mapped back to
         node ids once the nodes have answered the client-info query (first round)."""
-        if state.get("version") != STATE_VERSION:
-            raise ValueError(f"DynamicFL state version {state.get('version')!r} is not {STATE_VERSION}")
+        if hasattr(super(), "load_state_dict"):
+            super().load_state_dict(state)  # FedAvg's check that this is a DynamicFL state
+        if state.get("dynamicfl-state-version") != STATE_VERSION:
+            raise ValueError(f"DynamicFL state version {state.get('dynamicfl-state-version')!r} is not "
+                             f"{STATE_VERSION}; start the run afresh")
         steps = int(state["local-steps"])
         if steps < 0:
             raise ValueError(f"DynamicFL state has local-steps={steps}; it must be >= 0")
@@ -200,10 +204,10 @@ class DynamicFL(FedAvg):
         if any(not s for s in sizes):
             raise ValueError("local_steps = 0 asks for L by Eq. 4, which needs every client's num-examples; "
                              "set local_steps (the DynamicFL run config's L) instead")
-        epochs = int(config.get(C.LOCAL_EPOCHS, 5))
+        epochs = float(config.get(C.LOCAL_EPOCHS, 5))
         batch = int(config.get(C.BATCH_SIZE, 10))
         self.local_steps = ds.steps_per_round(sizes, epochs, batch if batch > 0 else max(sizes))
-        log(INFO, "DynamicFL: L = %d local steps per round (Eq. 4, E = %d, B = %d)", self.local_steps, epochs, batch)
+        log(INFO, "DynamicFL: L = %d local steps per round (Eq. 4, E = %g, B = %d)", self.local_steps, epochs, batch)
         return self.local_steps
 
     # ------------------------------------------------------------------ grouping
@@ -325,8 +329,9 @@ class DynamicFL(FedAvg):
                     failed.update(needed - held.keys())
                 if deadline is not None and time.monotonic() > deadline:
                     late = needed - held.keys() - failed
-                    log(WARNING, "Round %d: %d client(s) did not reply within %.0f s and are dropped for "
-                        "the rest of the round", server_round, len(late), timeout)
+                    if late:
+                        log(WARNING, "Round %d: %d client(s) did not reply within %.0f s and are dropped for "
+                            "the rest of the round", server_round, len(late), timeout)
                     failed.update(late)
                     for message_id in [i for i, c in pending.items() if c.client in late]:
                         del pending[message_id]
@@ -363,12 +368,18 @@ class DynamicFL(FedAvg):
         return final, stats
 
     def accept_chunk_reply(self, reply: Message, node: int) -> bool:
-        """A usable chunk reply: no error, arrays present and finite, num-examples > 0."""
+        """A usable chunk reply: FedAvg's checks (no error, the model's keys / shapes / dtypes,
+        num-examples a positive integer, finite metrics), and finite arrays."""
         if reply.has_error():
             log(WARNING, "Node %d failed a chunk: %s", reply.metadata.src_node_id, reply.error.reason)
             return False
         if C.ARRAYS not in reply.content:
             log(WARNING, "Node %d replied without '%s'", reply.metadata.src_node_id, C.ARRAYS)
+            return False
+        problem = self.reply_problem(reply) if self.current_arrays is not None else None
+        if problem:
+            log(WARNING, "Node %d: chunk reply rejected: %s; dropped for the rest of the round",
+                reply.metadata.src_node_id, problem)
             return False
         arrays = _to_numpy(reply.content[C.ARRAYS])
         bad = next((k for k, v in arrays.items() if np.issubdtype(v.dtype, np.floating) and not np.isfinite(v).all()),
@@ -397,23 +408,30 @@ class DynamicFL(FedAvg):
         train_config: ConfigRecord | None = None,
         evaluate_config: ConfigRecord | None = None,
         evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+        first_round: int = 1,
     ) -> Result:
-        """Flower's round loop with the training step replaced by the DynamicFL schedule."""
+        """Flower's round loop with the training step replaced by the DynamicFL schedule.
+
+        ``first_round`` > 1 resumes a checkpoint (fedapp/checkpoint.py): ``initial_arrays``
+        is the model after round ``first_round - 1``, which is not evaluated again.
+        """
         log(INFO, "Starting %s strategy:", self.__class__.__name__)
         self.summary()
         train_config = ConfigRecord() if train_config is None else train_config
         evaluate_config = ConfigRecord() if evaluate_config is None else evaluate_config
         result = Result()
-        if evaluate_fn:
+        if evaluate_fn and first_round <= 1:
             res = evaluate_fn(0, initial_arrays)
             if res is not None:
                 result.evaluate_metrics_serverapp[0] = res
         arrays = initial_arrays
         result.arrays = arrays
-        for current_round in range(1, num_rounds + 1):
+        for current_round in range(max(first_round, 1), num_rounds + 1):
             log(INFO, "")
             log(INFO, "[ROUND %s/%s]", current_round, num_rounds)
+            self.current_arrays = arrays  # what accept_chunk_reply checks keys, shapes and dtypes against
             new = self.train_round(current_round, num_rounds, arrays, train_config, grid, timeout)
+            self.diagnostics.setdefault(current_round, {})["model-kept"] = new is None
             if new is not None:
                 arrays = result.arrays = new
             else:

@@ -8,6 +8,7 @@ and an error reply when the ClientApp raises.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from uuid import uuid4
 
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.serverapp import Grid
@@ -29,6 +30,7 @@ class InProcessGrid(Grid):
             for i, node in enumerate(self.node_ids)
         }
         self.calls: list[tuple[int, str]] = []
+        self.queue: dict[str, Message] = {}
         TaskIdentity.run_id = 1
         TaskIdentity.node_id = 0
         TaskIdentity.task_id = 1
@@ -46,19 +48,27 @@ class InProcessGrid(Grid):
     def get_node_ids(self) -> Iterable[int]:
         return list(self.node_ids)
 
-    def push_messages(self, messages):  # pragma: no cover
-        raise NotImplementedError
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        """Queue the messages; they run when pulled (in push order)."""
+        ids = []
+        for msg in messages:
+            msg.metadata.__dict__["_message_id"] = uuid4().hex
+            self.queue[msg.metadata.message_id] = msg
+            ids.append(msg.metadata.message_id)
+        return ids
 
-    def pull_messages(self, message_ids):  # pragma: no cover
-        raise NotImplementedError
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        """Run every queued message asked for and return the replies."""
+        return [self.call(self.queue.pop(i)) for i in list(message_ids) if i in self.queue]
+
+    def call(self, msg: Message) -> Message:
+        """One ClientApp call; an exception becomes an error reply, as in the simulation engine."""
+        node = msg.metadata.dst_node_id
+        self.calls.append((node, msg.metadata.message_type))
+        try:
+            return self.client_app(msg, self.contexts[node])
+        except Exception as exc:  # noqa: BLE001 - a failing ClientApp becomes an error reply
+            return Message(Error(code=0, reason=f"{type(exc).__name__}: {exc}"), reply_to=msg)
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
-        replies = []
-        for msg in messages:
-            node = msg.metadata.dst_node_id
-            self.calls.append((node, msg.metadata.message_type))
-            try:
-                replies.append(self.client_app(msg, self.contexts[node]))
-            except Exception as exc:  # noqa: BLE001 - a failing ClientApp becomes an error reply
-                replies.append(Message(Error(code=0, reason=f"{type(exc).__name__}: {exc}"), reply_to=msg))
-        return replies
+        return [self.call(msg) for msg in messages]

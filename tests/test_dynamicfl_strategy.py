@@ -11,11 +11,10 @@ run on the same plans.
 from __future__ import annotations
 
 import random
-from uuid import uuid4
 
 import numpy as np
 import pytest
-from flwr.app import ArrayRecord, Context, Error, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.supercore.task_identity import TaskIdentity
 
@@ -84,45 +83,35 @@ def make_app(budgets=None, fail_pid=None, label_counts=True) -> ClientApp:
 
 
 class PushPullGrid(InProcessGrid):
-    """push_messages queues; pull_messages runs at most ``per_pull`` of the asked-for queued
-    messages, in random order, so replies arrive late and out of order."""
+    """pull_messages runs at most ``per_pull`` of the asked-for queued messages, in random
+    order, so replies arrive late and out of order; pushes are recorded and a second chunk
+    to a node with one in flight fails the test."""
 
     def __init__(self, app, per_pull: int = 2, seed: int = 0) -> None:
         super().__init__(app, NUM_NODES, {})
-        self.queue: dict[str, Message] = {}
         self.per_pull = per_pull
         self.shuffle = random.Random(seed)
         self.pushes: list[list[tuple[int, int, int]]] = []  # per push call: (node, start, steps)
         self.in_flight: set[int] = set()
 
     def push_messages(self, messages):
-        ids, batch = [], []
+        messages = list(messages)
+        batch = []
         for msg in messages:
             node = msg.metadata.dst_node_id
             assert node not in self.in_flight, "a node got a second chunk before replying to the first"
             self.in_flight.add(node)
-            msg.metadata.__dict__["_message_id"] = uuid4().hex
-            self.queue[msg.metadata.message_id] = msg
             cfg = msg.content[C.CONFIG]
             batch.append((node, int(cfg[START_STEP]), int(cfg[NUM_STEPS])))
-            ids.append(msg.metadata.message_id)
         self.pushes.append(batch)
-        return ids
+        return super().push_messages(messages)
 
     def pull_messages(self, message_ids):
         ready = [i for i in message_ids if i in self.queue]
         self.shuffle.shuffle(ready)
-        replies = []
-        for message_id in ready[: self.per_pull]:
-            msg = self.queue.pop(message_id)
-            node = msg.metadata.dst_node_id
-            self.in_flight.discard(node)
-            self.calls.append((node, msg.metadata.message_type))
-            try:
-                replies.append(self.client_app(msg, self.contexts[node]))
-            except Exception as exc:  # noqa: BLE001
-                replies.append(Message(Error(code=0, reason=f"{type(exc).__name__}: {exc}"), reply_to=msg))
-        return replies
+        pulled = [self.queue.pop(i) for i in ready[: self.per_pull]]
+        self.in_flight.difference_update(m.metadata.dst_node_id for m in pulled)
+        return [self.call(m) for m in pulled]
 
 
 def pid_of(grid: InProcessGrid, node: int) -> int:
