@@ -14,13 +14,15 @@ from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from strategies import contract as C
+from task.chunked import dynamicfl_train, is_dynamicfl_chunk
 from task.data import PartitionSpec, client_data, load_dataset
 from task.evaluate import evaluate
-from task.fedveca import fedveca_train
+from task.fedveca import fedveca_reply, is_fedveca_round
 from task.models import build_model
 from task.train import client_seed, local_sgd, resolve_device
 
 from .config import ConfigError, RunConfig
+from .faults import apply_fault
 
 app = ClientApp()
 
@@ -79,6 +81,12 @@ def received_model(msg: Message, cfg: RunConfig, dataset) -> torch.nn.Module:
     return model
 
 
+def _epochs(value: object) -> int | float:
+    """``local-epochs`` as sent: an int for whole epochs, a float for a fraction of one."""
+    value = float(value)
+    return int(value) if value.is_integer() else value
+
+
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     """Local SGD on this node's partition; replies the model and the statistics."""
@@ -87,14 +95,21 @@ def train(msg: Message, context: Context) -> Message:
     config = msg.content[C.CONFIG]
     partition_id, _ = partition_of(context)
     server_round = int(config.get(C.SERVER_ROUND, 0))
-    if C.FEDVECA_ESTIMATE in config or C.GNORM2_PREV in config:  # a FedVeca server
+    apply_fault(int(config.get(C.SEED, cfg.seed)), server_round, partition_id,  # fault-*-prob (docs/reliability.md)
+                cfg.fault_crash_prob, cfg.fault_late_prob, cfg.round_timeout)
+    if len(y) == 0:  # an empty partition: report 0 examples; the server skips the reply with one log line
+        empty = MetricRecord({C.NUM_EXAMPLES: 0, C.PARTITION_ID: partition_id})
+        return Message(RecordDict({C.ARRAYS: msg.content[C.ARRAYS], C.METRICS: empty}), reply_to=msg)
+    if is_fedveca_round(config):  # a FedVeca server
         seed = client_seed(int(config.get(C.SEED, cfg.seed)), server_round, partition_id)
         return train_fedveca(msg, model, x, y, cfg, seed, partition_id)
+    if is_dynamicfl_chunk(config):  # a DynamicFL chunk [start-step, start-step + num-steps)
+        return train_dynamicfl_chunk(msg, context, model, x, y, cfg, partition_id)
     result = local_sgd(
         model, x, y,
         lr=float(config.get(C.LR, cfg.lr)),
         batch_size=int(config.get(C.BATCH_SIZE, cfg.batch_size)),
-        epochs=int(config.get(C.LOCAL_EPOCHS, cfg.local_epochs)),
+        epochs=_epochs(config.get(C.LOCAL_EPOCHS, cfg.local_epochs)),
         steps=int(config.get(C.LOCAL_STEPS, cfg.local_steps)),
         momentum=float(config.get(C.MOMENTUM, cfg.momentum)),
         weight_decay=float(config.get(C.WEIGHT_DECAY, cfg.weight_decay)),
@@ -114,35 +129,27 @@ def train(msg: Message, context: Context) -> Message:
 def train_fedveca(msg: Message, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: RunConfig,
                   seed: int, partition_id: int) -> Message:
     """FedVeca's client (Alg. 2): tau plain SGD steps, grad F_i(w_k), beta and delta."""
-    config = msg.content[C.CONFIG]
-    result = fedveca_train(
-        model, x, y,
-        tau=int(config[C.LOCAL_STEPS]),
-        lr=float(config.get(C.LR, cfg.lr)),
-        batch_size=int(config.get(C.BATCH_SIZE, cfg.batch_size)),
-        beta_mode=str(config.get(C.BETA_MODE, cfg.fedveca_beta_mode)),
-        gnorm2_prev=float(config.get(C.GNORM2_PREV, 0.0)),
-        estimate=bool(config.get(C.FEDVECA_ESTIMATE, False)),
-        grad_subsample=int(config.get(C.GRAD_SUBSAMPLE, cfg.fedveca_grad_subsample)),
-        seed=seed,
-        chunk_size=cfg.eval_batch_size,
+    content = fedveca_reply(model, x, y, msg.content[C.CONFIG], seed=seed, lr=cfg.lr, batch_size=cfg.batch_size,
+                            beta_mode=cfg.fedveca_beta_mode, grad_subsample=cfg.fedveca_grad_subsample,
+                            partition_id=partition_id, chunk_size=cfg.eval_batch_size)
+    return Message(content, reply_to=msg)
+
+
+def train_dynamicfl_chunk(msg: Message, context: Context, model: torch.nn.Module, x: torch.Tensor,
+                          y: torch.Tensor, cfg: RunConfig, partition_id: int) -> Message:
+    """DynamicFL (Le et al., Alg. 1): one chunk of the round's batch stream; momentum in context.state."""
+    result = dynamicfl_train(
+        model, x, y, msg.content[C.CONFIG], context.state, partition_id=partition_id,
+        lr=cfg.lr, batch_size=cfg.batch_size, momentum=cfg.momentum, weight_decay=cfg.weight_decay, seed=cfg.seed,
     )
-    metrics = {
-        C.NUM_EXAMPLES: result.num_examples,
+    metrics = MetricRecord({
+        C.NUM_EXAMPLES: result.num_examples,  # |D_m|, the aggregation weight
         C.TRAIN_LOSS: result.train_loss,
         C.LOCAL_STEPS_TAKEN: result.local_steps,
         C.PARTITION_ID: partition_id,
-        C.LOSS_AT_GLOBAL: result.loss_at_global,
-    }
-    if result.beta is not None:
-        metrics[C.BETA] = result.beta
-        metrics[C.DELTA] = result.delta
-    content = RecordDict({
-        C.ARRAYS: ArrayRecord(result.arrays),
-        C.GRAD: ArrayRecord(result.grad),
-        C.METRICS: MetricRecord(metrics),
     })
-    return Message(content, reply_to=msg)
+    arrays = ArrayRecord({k: v.detach().cpu() for k, v in model.state_dict().items()})
+    return Message(RecordDict({C.ARRAYS: arrays, C.METRICS: metrics}), reply_to=msg)
 
 
 @app.evaluate()
@@ -170,4 +177,6 @@ def query(msg: Message, context: Context) -> Message:
         C.NUM_EXAMPLES: len(y),
         C.LABEL_COUNTS: [int(c) for c in counts],
     })
+    if C.COMM_BUDGET in context.node_config:  # DynamicFL: bytes per round this node can move
+        metrics[C.COMM_BUDGET] = float(context.node_config[C.COMM_BUDGET])
     return Message(RecordDict({C.METRICS: metrics}), reply_to=msg)

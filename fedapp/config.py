@@ -17,6 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from strategies.fedavg import STRAGGLER_POLICIES, STRAGGLER_UNITS, WEIGHTINGS
+from strategies.dynacomm import BUDGET_MODES as DYNAMICFL_BUDGET_MODES
+from strategies.dynamicfl_schedule import X_STAR_MODES as DYNAMICFL_X_STAR_MODES
+from strategies.dynamicfl_schedule import parse_interval_spec
 from strategies.fedveca_math import BETA_MODES as FEDVECA_BETA_MODES
 from task.data import DATASET_NAMES, check_dataset_name
 from task.models import MODEL_NAMES
@@ -49,6 +52,13 @@ class RunConfig:
     fedveca_alpha: float = 0.95
     fedveca_beta_mode: str = "same-batch"
     fedveca_grad_subsample: int = 0
+    dynamicfl_intervals: str = "a-g"
+    dynamicfl_local_steps: int = 0
+    dynamicfl_budget_mode: str = "dynamic"
+    dynamicfl_beta: float = 0.3
+    dynamicfl_server_budget: float = 0.0
+    dynamicfl_n_ens: int = 10
+    dynamicfl_x_star_mode: str = "paper"
     dataset: str = "fashion-mnist"
     data_dir: str = ""
     allow_download: bool = True
@@ -61,7 +71,7 @@ class RunConfig:
     shards_per_partition: int = 2
     quantity_sigma: float = 0.5
     model: str = "cnn-small"
-    local_epochs: int = 2
+    local_epochs: float = 2.0
     local_steps: int = 0
     batch_size: int = 32
     full_batch: bool = False
@@ -71,6 +81,11 @@ class RunConfig:
     seed: int = 0
     device: str = "auto"
     eval_batch_size: int = 1000
+    fault_crash_prob: float = 0.0
+    fault_late_prob: float = 0.0
+    round_timeout: float = 3600.0
+    checkpoint_every: int = 0
+    resume_from: str = ""
     output_dir: str = ""
 
     @classmethod
@@ -120,6 +135,28 @@ class RunConfig:
         _check("fedveca-grad-subsample", self.fedveca_grad_subsample, self.fedveca_grad_subsample >= 0,
                "an integer >= 0 (0 = the whole local set)")
         try:
+            parse_interval_spec(self.dynamicfl_intervals)
+            intervals_ok = True
+        except ValueError:
+            intervals_ok = False
+        _check("dynamicfl-intervals", self.dynamicfl_intervals, intervals_ok,
+               "'<high>-<low>' with levels a-g (= 1, 4, 16, 32, 64, 128, 256 steps) or step counts, high <= low "
+               "(e.g. 'a-g', 'b-g', '4-300'), one level for everyone ('a' = DynamicSGD), or '<level>*' "
+               "(only the high group trains)")
+        _check("dynamicfl-local-steps", self.dynamicfl_local_steps, self.dynamicfl_local_steps >= 0,
+               "an integer >= 0: L, local steps per round (0 = Eq. 4: sum |D_m| E / (M B))")
+        _check("dynamicfl-budget-mode", self.dynamicfl_budget_mode,
+               self.dynamicfl_budget_mode in DYNAMICFL_BUDGET_MODES, f"one of {', '.join(DYNAMICFL_BUDGET_MODES)}")
+        _check("dynamicfl-beta", self.dynamicfl_beta, 0 <= self.dynamicfl_beta <= 1,
+               "a number in [0, 1] (the paper's Dynamic-0.3 / Fix-0.3 use 0.3)")
+        _check("dynamicfl-server-budget", self.dynamicfl_server_budget,
+               math.isfinite(self.dynamicfl_server_budget) and self.dynamicfl_server_budget >= 0,
+               "a number of bytes per round >= 0 (0 = no server budget; used by dynamicfl-budget-mode='budget')")
+        _check("dynamicfl-n-ens", self.dynamicfl_n_ens, self.dynamicfl_n_ens >= 1,
+               "an integer >= 1 (DynaComm's random orderings; the paper uses 10)")
+        _check("dynamicfl-x-star-mode", self.dynamicfl_x_star_mode,
+               self.dynamicfl_x_star_mode in DYNAMICFL_X_STAR_MODES, f"one of {', '.join(DYNAMICFL_X_STAR_MODES)}")
+        try:
             check_dataset_name(self.dataset)
         except ValueError:
             _check("dataset", self.dataset, False, f"one of {', '.join(DATASET_NAMES)}")
@@ -132,7 +169,8 @@ class RunConfig:
         _check("shards-per-partition", self.shards_per_partition, self.shards_per_partition >= 1, "an integer >= 1")
         _check("quantity-sigma", self.quantity_sigma, self.quantity_sigma >= 0, "a number >= 0 (0 = balanced)")
         _check("model", self.model, self.model in MODEL_NAMES, f"one of {', '.join(MODEL_NAMES)}")
-        _check("local-epochs", self.local_epochs, self.local_epochs >= 1, "an integer >= 1")
+        _check("local-epochs", self.local_epochs, math.isfinite(self.local_epochs) and self.local_epochs > 0,
+               "a number > 0: an integer >= 1 for whole epochs, or a fraction (tau_i = max(1, floor(E n_i / B)))")
         _check("local-steps", self.local_steps, self.local_steps >= 0, "an integer >= 0 (0 = use local-epochs)")
         _check("batch-size", self.batch_size, self.batch_size >= 1, "an integer >= 1 (for B = full local data set full-batch=true)")
         _check("lr", self.lr, self.lr > 0, "a number > 0")
@@ -143,6 +181,16 @@ class RunConfig:
         _check("data-dir", self.data_dir, self.data_dir == "" or Path(self.data_dir).is_absolute(),
                "an absolute path, or '' for the default lookup (app processes do not run in your cwd)")
         _check("eval-batch-size", self.eval_batch_size, self.eval_batch_size >= 1, "an integer >= 1")
+        _check("fault-crash-prob", self.fault_crash_prob, 0 <= self.fault_crash_prob <= 1, "a number in [0, 1]")
+        _check("fault-late-prob", self.fault_late_prob,
+               0 <= self.fault_late_prob <= 1 - self.fault_crash_prob,
+               f"a number in [0, 1 - fault-crash-prob = {1 - self.fault_crash_prob}]")
+        _check("round-timeout", self.round_timeout, math.isfinite(self.round_timeout) and self.round_timeout > 0,
+               "a number of seconds > 0 (how long the server waits for a round's replies)")
+        _check("checkpoint-every", self.checkpoint_every, self.checkpoint_every >= 0,
+               "an integer >= 0 (save a checkpoint every k rounds; 0 = never)")
+        _check("resume-from", self.resume_from, self.resume_from == "" or Path(self.resume_from).is_absolute(),
+               "the absolute path of a run directory holding checkpoint.pkl, or '' to start fresh")
         _check("output-dir", self.output_dir, self.output_dir == "" or Path(self.output_dir).is_absolute(),
                "an absolute path, or '' for the per-user default (app processes do not run in your cwd)")
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import platform
+import shutil
 import resource
 import time
 from logging import ERROR, INFO
+from pathlib import Path
 
 import flwr
 import numpy as np
@@ -20,6 +22,8 @@ from task.evaluate import evaluate
 from task.models import build_model
 from task.train import resolve_device
 
+from .checkpoint import (Checkpointer, arrays_of, check_compatible, load_checkpoint, restore_rng,
+                         restore_strategy, run_rounds)
 from .config import ConfigError, RunConfig
 from .registry import build_strategy
 from .run_log import RunLog, format_table, table_header, table_row
@@ -39,6 +43,7 @@ class ServerEvaluator:
         self.batch_size = batch_size
         self.records: list[dict] = []
         self.started = self.last = time.perf_counter()
+        self.checkpointer: Checkpointer | None = None  # checkpoint-every
 
     def __call__(self, server_round: int, arrays: ArrayRecord) -> MetricRecord:
         self.model.load_state_dict(arrays.to_torch_state_dict())
@@ -62,8 +67,25 @@ class ServerEvaluator:
             log(INFO, "Per-round results (also in %s):", self.run_log.rounds_path)
             log(INFO, table_header())
         log(INFO, table_row(record))
+        if self.checkpointer is not None:
+            self.checkpointer.after_round(server_round, arrays, self.records, now - self.started)
         return MetricRecord({"accuracy": result.accuracy, "loss": result.loss})
 
+
+    def resume(self, payload: dict, source: str) -> None:
+        """Continue a checkpoint's run log: its rounds 0..r, elapsed time and partition plots."""
+        self.records = [dict(r) for r in payload["records"]]
+        for record in self.records:
+            self.run_log.append_round(record)
+        self.started = time.perf_counter() - payload["elapsed-seconds"]
+        for name in ("partitions.json", "label_distribution.png"):
+            if (Path(source) / name).is_file():
+                shutil.copyfile(Path(source) / name, self.run_log.directory / name)
+        log(INFO, "Resuming %s after round %d (run log continues in %s):", source, payload["round"],
+            self.run_log.rounds_path)
+        log(INFO, table_header())
+        for record in self.records:
+            log(INFO, table_row(record))
 
     def plot_partitions(self) -> None:
         """label_distribution.png + partitions.json from the clients' reported label counts."""
@@ -87,6 +109,10 @@ def main(grid: Grid, context: Context) -> None:
         strategy, train_config = build_strategy(cfg)
         dataset = load_dataset(cfg.dataset, cfg.data_dir, cfg.allow_download,
                                cfg.synthetic_alpha, cfg.synthetic_beta)
+        checkpoint = load_checkpoint(cfg.resume_from) if cfg.resume_from else None  # resume-from
+        if checkpoint is not None:
+            check_compatible(checkpoint, cfg.to_dict())
+            restore_strategy(strategy, checkpoint)
     except (ConfigError, DataNotFoundError, ValueError) as exc:
         log(ERROR, "%s", exc)  # the one line a user needs; Flower then marks the run failed
         raise RuntimeError(f"fedhetero stopped before training: {exc}") from None
@@ -99,6 +125,7 @@ def main(grid: Grid, context: Context) -> None:
         "run-id": context.run_id,
         "train-config": train_config,
         "dataset-source": dataset.source,
+        "resumed-from": {"run-dir": cfg.resume_from, "round": checkpoint["round"]} if checkpoint else None,
         "device": str(device),
         "versions": {"flwr": flwr.__version__, "torch": torch.__version__, "python": platform.python_version()},
     }
@@ -106,10 +133,19 @@ def main(grid: Grid, context: Context) -> None:
     log(INFO, "fedhetero: %s on %s (%s, %s), model %s, run directory %s",
         cfg.strategy, cfg.dataset, cfg.partition, dataset.source, cfg.model, run_log.directory)
     evaluator = ServerEvaluator(model, dataset, device, strategy, run_log, cfg.eval_batch_size)
-    result = strategy.start(
+    evaluator.checkpointer = Checkpointer(run_log.directory, cfg.checkpoint_every, strategy, cfg.to_dict())
+    initial_arrays, first_round = ArrayRecord(model.state_dict()), 1
+    if checkpoint is not None:
+        initial_arrays, first_round = arrays_of(checkpoint), checkpoint["round"] + 1
+        evaluator.resume(checkpoint, cfg.resume_from)
+        restore_rng(checkpoint["rng"])  # last: nothing may draw from the global RNGs after this
+    result = run_rounds(
+        strategy,
         grid=grid,
-        initial_arrays=ArrayRecord(model.state_dict()),
+        initial_arrays=initial_arrays,
         num_rounds=cfg.num_server_rounds,
+        first_round=first_round,
+        timeout=cfg.round_timeout,
         train_config=ConfigRecord(train_config),
         evaluate_config=ConfigRecord({"seed": cfg.seed}),
         evaluate_fn=evaluator,

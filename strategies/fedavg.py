@@ -299,10 +299,10 @@ class FedAvg(FlowerFedAvg):
         steps = int(config.get(C.LOCAL_STEPS, 0))
         if steps > 0:
             return steps
-        epochs = int(config.get(C.LOCAL_EPOCHS, 1))
+        epochs = config.get(C.LOCAL_EPOCHS, 1)  # may be a fraction of an epoch
         n = self.clients.get(node_id, ClientInfo()).num_examples
         if not n:
-            return max(epochs, 1)
+            return max(int(epochs), 1)
         return max(agg.steps_for_epochs(n, int(config.get(C.BATCH_SIZE, 0)), epochs), 1)
 
     def node_config(self, node_id: int, server_round: int, config: ConfigRecord) -> ConfigRecord:
@@ -326,7 +326,7 @@ class FedAvg(FlowerFedAvg):
 
         Only one client model is deserialised at a time (plus one accumulator).
         """
-        checked = [r for r in replies if self.accept_reply(r)]
+        checked = [r for r in self.in_partition_order(replies) if self.accept_reply(r)]
         acc, accepted, planned = agg.WeightedModelSum(), [], 0.0
         self._drift = agg.UpdateDrift(_to_numpy(self.current_arrays)) if self.drift_diagnostics and checked else None
         if checked:
@@ -342,6 +342,7 @@ class FedAvg(FlowerFedAvg):
             diag["local-steps"] = [int(s) for s in steps]
         if self._drift is not None:
             diag.update(self._drift.summary())
+        diag["model-kept"] = not accepted
         if not accepted:
             log(WARNING, "Round %d: no usable reply, the global model is kept", server_round)
             return None, None
@@ -350,6 +351,36 @@ class FedAvg(FlowerFedAvg):
         if C.TRAIN_LOSS in metrics or C.STOCK_TRAIN_LOSS in metrics:
             diag["train-loss"] = metrics.get(C.TRAIN_LOSS, metrics.get(C.STOCK_TRAIN_LOSS))
         return _to_record(new), MetricRecord(metrics)
+
+    def in_partition_order(self, replies: Iterable[Message]) -> list[Message]:
+        """Replies sorted by the sender's partition id (node id after), not by arrival.
+
+        Flower's Grid returns replies in arrival order, which varies between runs; the
+        floating-point sums of the aggregation (and the per-client lists in the run log)
+        depend on the order, so a fixed order is what makes two runs with the same seed,
+        and a resumed run, bit-identical.
+        """
+        def key(reply: Message) -> tuple[int, int]:
+            node = reply.metadata.src_node_id
+            pid = self.clients.get(node, ClientInfo()).partition_id
+            return (0, pid) if pid is not None else (1, node)
+        return sorted(replies, key=key)
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict:
+        """Cross-round state for a checkpoint (see fedapp/checkpoint.py).
+
+        FedAvg keeps none that a resumed run could not rebuild: sampling and stragglers
+        are drawn from ``default_rng([seed, server_round(, 1)])`` afresh every round (no
+        generator state to carry), and the client table is re-queried (node ids change
+        between runs; partition ids do not). Subclasses add their own state.
+        """
+        return {"fedavg-state-version": 1, "class": type(self).__name__}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what :meth:`state_dict` returned (checks it is this class's)."""
+        if state.get("class") != type(self).__name__:
+            raise ValueError(f"checkpoint holds the state of {state.get('class')!r}, not of {type(self).__name__}")
 
     def accumulate(
         self, replies: list[Message], weights: np.ndarray, extras: list[dict[str, float]]
@@ -418,9 +449,15 @@ class FedAvg(FlowerFedAvg):
             return f"needs an ArrayRecord '{C.ARRAYS}' and a MetricRecord '{C.METRICS}'"
         metrics = content[C.METRICS]
         n = metrics.get(C.NUM_EXAMPLES)
+        if n == 0 and not isinstance(n, bool):
+            return f"'{C.NUM_EXAMPLES}' is 0 (an empty partition?): nothing to aggregate, skipped"
         if (not isinstance(n, (int, float)) or isinstance(n, bool) or not math.isfinite(n)
                 or n <= 0 or n != int(n)):
             return f"'{C.NUM_EXAMPLES}' must be a positive integer, got {n!r}"
+        for key, value in metrics.items():
+            values = value if isinstance(value, list) else [value]
+            if any(isinstance(v, float) and not math.isfinite(v) for v in values):
+                return f"metric '{key}' is NaN or Inf ({value!r})"
         expected = self.current_arrays
         arrays = content[C.ARRAYS]
         if set(arrays.keys()) != set(expected.keys()):

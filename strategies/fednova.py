@@ -66,6 +66,19 @@ class FedNova(FedAvg):
         log(INFO, "\t├──> FedNova server momentum: %s", self.server_momentum)
         super().summary()
 
+    def state_dict(self) -> dict:
+        """FedAvg's state plus the server momentum buffer v (None without momentum), copied."""
+        state = super().state_dict()
+        state["momentum-buffer"] = (None if self.momentum_buffer is None
+                                    else {k: np.array(v, copy=True) for k, v in self.momentum_buffer.items()})
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what :meth:`state_dict` returned."""
+        super().load_state_dict(state)
+        buffer = state.get("momentum-buffer")
+        self.momentum_buffer = None if buffer is None else {k: np.array(v, copy=True) for k, v in buffer.items()}
+
     def a_norm(self, reply: Message) -> float:
         """||a_i||_1 of one reply (reported, or from tau_i and the solver it was sent)."""
         metrics = reply.content[C.METRICS]
@@ -88,7 +101,7 @@ class FedNova(FedAvg):
         metrics = reply.content[C.METRICS]
         if C.LOCAL_STEPS_TAKEN in metrics:
             return int(metrics[C.LOCAL_STEPS_TAKEN])
-        epochs = self.local_epochs or int(sent.get(C.LOCAL_EPOCHS, 1))
+        epochs = self.local_epochs or sent.get(C.LOCAL_EPOCHS, 1)  # may be a fraction of an epoch
         batch = self.batch_size if self.batch_size is not None else int(sent.get(C.BATCH_SIZE, 0))
         steps = int(sent.get(C.LOCAL_STEPS, 0))
         tau = steps if steps > 0 else agg.steps_for_epochs(int(metrics[C.NUM_EXAMPLES]), batch, epochs)

@@ -1,0 +1,207 @@
+"""Checkpoint / resume of a run (run config ``checkpoint-every``, ``resume-from``).
+
+Every ``checkpoint-every`` rounds the ServerApp writes ``checkpoint.pkl`` into the run
+directory (temp file, fsync, ``os.replace``: a crash while writing leaves the previous
+checkpoint intact). It holds, at the end of round r:
+
+* the global model (numpy arrays, exact bytes, key order kept);
+* the strategy's cross-round state (``strategy.state_dict()``: FedNova's momentum
+  buffer, FedVeca's tau table / L / previous gradient, DynamicFL's L / rich set / budgets);
+* the server's RNG states (torch, numpy, Python ``random``);
+* the run-log records of rounds 0..r and the elapsed seconds;
+* the resolved run config, to refuse resuming a different experiment.
+
+``resume-from=<run dir>`` starts a *new* run directory (the old one is left as it
+was), seeds its ``rounds.jsonl`` with rounds 0..r from the checkpoint and runs rounds
+r+1..N with their true round numbers, so clients draw the same (seed, round,
+partition) batch streams and the strategies the same per-round samples as an
+uninterrupted run.
+
+Why Flower's ``Strategy.start`` and not a copy of its loop: :class:`RoundOffset`
+wraps the strategy and adds r to every round number it passes on, then runs Flower's
+own ``Strategy.start`` for N - r rounds. That loop is configure_train ->
+send_and_receive -> aggregate_train -> configure/aggregate_evaluate -> evaluate_fn per
+round, with no state of its own besides the current arrays (which we hand it), so
+rounds r+1..N are exactly the calls an uninterrupted run makes; only its log lines
+("[ROUND 1/N-r]") count from 1, and we log the mapping once. A strategy that replaces
+``start`` (DynamicFL) must accept ``first_round`` instead.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import pickle
+import random
+from collections.abc import Callable
+from logging import INFO
+from pathlib import Path
+
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result, Strategy
+
+from .config import ConfigError
+
+CHECKPOINT_NAME = "checkpoint.pkl"
+FORMAT_VERSION = 1
+# Keys a resumed run may change; every other run-config value must equal the checkpoint's.
+MAY_DIFFER = ("num-server-rounds", "checkpoint-every", "resume-from", "output-dir", "data-dir", "allow-download",
+              "device", "round-timeout")
+
+
+# ----------------------------------------------------------------- files
+def save_checkpoint(directory: Path, payload: dict) -> Path:
+    """Atomically write ``payload`` to ``directory/checkpoint.pkl``."""
+    path = Path(directory) / CHECKPOINT_NAME
+    tmp = path.with_name(f".{CHECKPOINT_NAME}.tmp")
+    with tmp.open("wb") as handle:
+        pickle.dump(payload, handle, protocol=pickle.HIGHEST_PROTOCOL)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def load_checkpoint(run_dir: str | Path) -> dict:
+    """The checkpoint of a run directory, with a clear error if there is none or it is broken.
+
+    The file is a pickle: resume only from run directories you (or your runs) wrote.
+    """
+    path = Path(run_dir) / CHECKPOINT_NAME
+    if not path.is_file():
+        raise ConfigError(f"run config: resume-from={str(run_dir)!r} has no {CHECKPOINT_NAME}; point it at a run "
+                          f"directory written with checkpoint-every >= 1 (its rounds.jsonl shows how far it got)")
+    try:
+        with path.open("rb") as handle:
+            payload = pickle.load(handle)
+    except Exception as exc:  # noqa: BLE001 - any unpickling failure means the same thing
+        raise ConfigError(f"{path} cannot be read ({type(exc).__name__}: {exc}); it is corrupt or truncated. "
+                          "Resume from an earlier copy or start the run again") from None
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT_VERSION:
+        raise ConfigError(f"{path} is not a fedhetero checkpoint of format {FORMAT_VERSION}")
+    return payload
+
+
+def check_compatible(payload: dict, run_config: dict) -> None:
+    """Refuse to resume a checkpoint of a different experiment (other than ``MAY_DIFFER``)."""
+    saved = payload["run-config"]
+    diff = {k: (saved.get(k), run_config.get(k)) for k in sorted(set(saved) | set(run_config))
+            if k not in MAY_DIFFER and saved.get(k) != run_config.get(k)}
+    if diff:
+        shown = ", ".join(f"{k}: checkpoint {a!r} vs now {b!r}" for k, (a, b) in diff.items())
+        raise ConfigError(f"run config: resume-from checkpoint was written with other settings ({shown}); "
+                          "resume with the same run config (only " + ", ".join(MAY_DIFFER) + " may change)")
+    if run_config["num-server-rounds"] <= payload["round"]:
+        raise ConfigError(f"run config: num-server-rounds={run_config['num-server-rounds']} but the checkpoint "
+                          f"is already at round {payload['round']}; ask for more rounds to resume")
+
+
+# ----------------------------------------------------------------- payload
+def rng_state() -> dict:
+    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+
+
+def restore_rng(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+
+
+def make_payload(server_round: int, arrays: ArrayRecord, strategy: Strategy, records: list[dict],
+                 elapsed: float, run_config: dict) -> dict:
+    state = strategy.state_dict() if hasattr(strategy, "state_dict") else None
+    return {
+        "format": FORMAT_VERSION,
+        "round": int(server_round),
+        "arrays": {key: np.array(array.numpy(), copy=True) for key, array in arrays.items()},
+        "strategy-class": type(strategy).__name__,
+        "strategy": state,
+        "rng": rng_state(),
+        "records": [dict(r) for r in records],
+        "elapsed-seconds": float(elapsed),
+        "run-config": dict(run_config),
+    }
+
+
+def arrays_of(payload: dict) -> ArrayRecord:
+    return ArrayRecord({key: Array(np.ascontiguousarray(value)) for key, value in payload["arrays"].items()})
+
+
+def restore_strategy(strategy: Strategy, payload: dict) -> None:
+    if payload["strategy-class"] != type(strategy).__name__:
+        raise ConfigError(f"checkpoint is of strategy {payload['strategy-class']}, the run config builds "
+                          f"{type(strategy).__name__}")
+    if payload["strategy"] is not None:
+        strategy.load_state_dict(payload["strategy"])
+
+
+class Checkpointer:
+    """Called by the server evaluator after each round's evaluation."""
+
+    def __init__(self, directory: Path, every: int, strategy: Strategy, run_config: dict) -> None:
+        self.directory, self.every, self.strategy, self.run_config = Path(directory), int(every), strategy, run_config
+
+    def after_round(self, server_round: int, arrays: ArrayRecord, records: list[dict], elapsed: float) -> None:
+        if self.every <= 0 or server_round <= 0 or server_round % self.every:
+            return
+        path = save_checkpoint(self.directory, make_payload(server_round, arrays, self.strategy, records, elapsed,
+                                                            self.run_config))
+        log(INFO, "Checkpoint of round %d: %s", server_round, path)
+
+
+# ----------------------------------------------------------------- the loop
+class RoundOffset(Strategy):
+    """``strategy`` with every round number shifted by ``offset`` (see the module docstring)."""
+
+    def __init__(self, strategy: Strategy, offset: int) -> None:
+        self.inner = strategy
+        self.offset = int(offset)
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid):
+        return self.inner.configure_train(server_round + self.offset, arrays, config, grid)
+
+    def aggregate_train(self, server_round: int, replies):
+        return self.inner.aggregate_train(server_round + self.offset, replies)
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid):
+        return self.inner.configure_evaluate(server_round + self.offset, arrays, config, grid)
+
+    def aggregate_evaluate(self, server_round: int, replies) -> MetricRecord | None:
+        return self.inner.aggregate_evaluate(server_round + self.offset, replies)
+
+    def summary(self) -> None:
+        log(INFO, "\t├──> Resumed after round %d: Flower's round k below is round k + %d", self.offset, self.offset)
+        self.inner.summary()
+
+
+def run_rounds(strategy: Strategy, *, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int, first_round: int,
+               timeout: float, train_config: ConfigRecord, evaluate_config: ConfigRecord,
+               evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None]) -> Result:
+    """Rounds ``first_round``..``num_rounds`` of ``strategy`` (Flower's loop; see the module docstring).
+
+    With ``first_round`` > 1 the initial model is not evaluated again (round r's record
+    is already in the run log).
+    """
+    kwargs = dict(grid=grid, initial_arrays=initial_arrays, timeout=timeout, train_config=train_config,
+                  evaluate_config=evaluate_config)
+    if first_round <= 1:
+        return strategy.start(num_rounds=num_rounds, evaluate_fn=evaluate_fn, **kwargs)
+    if type(strategy).start is not Strategy.start:
+        if "first_round" not in inspect.signature(strategy.start).parameters:
+            raise ConfigError(f"{type(strategy).__name__} replaces Strategy.start without a 'first_round' "
+                              "parameter, so it cannot be resumed")
+        return strategy.start(num_rounds=num_rounds, evaluate_fn=evaluate_fn, first_round=first_round, **kwargs)
+    offset = first_round - 1
+
+    def shifted(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
+        return None if server_round == 0 else evaluate_fn(server_round + offset, arrays)
+
+    return RoundOffset(strategy, offset).start(num_rounds=num_rounds - offset, evaluate_fn=shifted, **kwargs)
+
+
+__all__ = ["CHECKPOINT_NAME", "Checkpointer", "RoundOffset", "arrays_of", "check_compatible", "load_checkpoint",
+           "restore_rng", "restore_strategy", "run_rounds", "save_checkpoint"]

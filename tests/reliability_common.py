@@ -1,0 +1,45 @@
+"""Shared setup of the tests/test_reliability_*.py files: a tiny, fast run config for
+every registered strategy, in-process runs on simulation.inprocess.FaultGrid."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from fedapp.registry import STRATEGIES
+from fedapp.run_log import read_rounds
+from simulation.inprocess import run_inprocess
+
+ALL_STRATEGIES = sorted(STRATEGIES)
+TIMING_KEYS = {"wall-seconds", "elapsed-seconds", "server-max-rss-mb", "seconds-per-event"}
+
+BASE = {
+    "dataset": "synthetic", "model": "mlp-2nn", "partition": "iid", "local-steps": 3, "batch-size": 10,
+    "lr": 0.05, "eval-batch-size": 2000, "fedveca-tau-init": 2, "fedveca-tau-max": 4,
+    "dynamicfl-local-steps": 4, "dynamicfl-intervals": "1-4", "round-timeout": 0.3,
+    "drift-diagnostics": False,
+}
+
+
+def config(strategy: str, out, **overrides) -> dict:
+    rc = {**BASE, "strategy": strategy, "output-dir": str(out), **overrides}
+    return {k: v for k, v in rc.items() if k != "dynamicfl-intervals" or strategy == "dynamicfl"}
+
+
+def run(strategy: str, out, num_nodes: int = 3, grid_kwargs: dict | None = None, **overrides):
+    """(grid, run_dir, rounds, final state_dict) of one in-process run."""
+    grid, run_dir = run_inprocess(config(strategy, out, **overrides), num_nodes, **(grid_kwargs or {}))
+    return grid, run_dir, read_rounds(run_dir), torch.load(run_dir / "final_model.pt")
+
+
+def without_timings(rounds: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in rounds]
+
+
+def same_model(a: dict, b: dict) -> bool:
+    return list(a) == list(b) and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def warnings_of(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
