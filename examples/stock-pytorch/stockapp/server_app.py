@@ -4,7 +4,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
 
 from stockapp.task import Net
-from strategies import FedAvg, FedNova, FedProx
+from strategies import DynamicFL, FedAvg, FedNova, FedProx, FedVeca
 
 app = ServerApp()
 
@@ -18,10 +18,14 @@ def main(grid: Grid, context: Context) -> None:
         "fedprox": lambda: FedProx(proximal_mu=0.01, weighting=cfg["weighting"], **common),
         # a stock client reports no local steps: FedNova derives tau_i = floor(E n_i / B)
         "fednova": lambda: FedNova(local_epochs=cfg["local-epochs"], batch_size=cfg["batch-size"], **common),
+        # FedVeca and DynamicFL need stockapp.client_app_plus (README: the client contract)
+        "fedveca": lambda: FedVeca(lr=cfg["learning-rate"], tau_init=cfg["local-steps"], **common),
+        "dynamicfl": lambda: DynamicFL(intervals=cfg["dynamicfl-intervals"], local_steps=cfg["local-steps"],
+                                       beta=0.5, fraction_train=cfg["fraction-train"]),
     }[cfg["strategy"]]()
     strategy.start(
         grid=grid,
         initial_arrays=ArrayRecord(Net().state_dict()),
-        train_config=ConfigRecord({"lr": cfg["learning-rate"]}),
+        train_config=ConfigRecord({"lr": cfg["learning-rate"], "batch-size": cfg["batch-size"]}),
         num_rounds=cfg["num-server-rounds"],
     )
