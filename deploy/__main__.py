@@ -16,22 +16,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from simulation.__main__ import parse_value
+from simulation.launcher import parse_overrides
 
 from .cluster import DeploySpec, LocalDeployment
 from .layout import DEFAULT_WORKDIR, Layout
 from .runner import run_on_connection
-
-
-def parse_overrides(items: list[str]) -> dict[str, object]:
-    """['lr=0.05', "strategy=fednova"] -> {'lr': 0.05, 'strategy': 'fednova'}."""
-    overrides: dict[str, object] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ValueError(f"--run-config {item!r}: expected KEY=VALUE, e.g. -c num-server-rounds=5")
-        overrides[key.strip()] = parse_value(value.strip())
-    return overrides
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,18 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .launcher import run_app
-
-
-def parse_value(text: str) -> object:
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    if text.lower() in ("true", "false"):
-        return text.lower() == "true"
-    return text.strip("'\"")
+from .launcher import parse_overrides, run_app
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,12 +68,10 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("fedveca-plots", help="tables and plots of a fedveca-fig3 folder (--help)")
     sub.add_parser("results", help="rebuild docs/results/* from runs/* (python -m simulation results --help)")
     args = parser.parse_args(argv)
-    overrides = {}
-    for item in args.run_config:
-        key, sep, value = item.partition("=")
-        if not sep:
-            parser.error(f"--run-config {item!r}: expected KEY=VALUE")
-        overrides[key.strip()] = parse_value(value.strip())
+    try:
+        overrides = parse_overrides(args.run_config)
+    except ValueError as exc:
+        parser.error(str(exc))
     federation = {"num-supernodes": args.num_supernodes, "client-resources-num-cpus": args.cpus_per_client}
     if args.gpus_per_client:
         federation["client-resources-num-gpus"] = args.gpus_per_client

@@ -29,7 +29,7 @@ from fedapp.run_log import read_rounds
 
 from .centralized import run_centralized
 from .fedveca_fairness import budget, checkpoints, partition_sizes
-from .launcher import run_app
+from .launcher import parse_overrides, run_app
 from .sweep import RoundProgress, SweepRun, finished_run_dir
 
 VARIANTS = ("fedveca", "fedavg", "fednova", "centralized")
@@ -47,21 +47,8 @@ def base_config(args: argparse.Namespace) -> dict:
     }
     if args.data_dir:
         config["data-dir"] = args.data_dir
-    for item in args.extra:
-        key, _, value = item.partition("=")
-        config[key] = _parse(value)
+    config.update(parse_overrides(args.extra))
     return config
-
-
-def _parse(text: str) -> object:
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    if text.lower() in ("true", "false"):
-        return text.lower() == "true"
-    return text.strip("'\"")
 
 
 def fedveca_config(args: argparse.Namespace) -> dict:

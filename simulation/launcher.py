@@ -26,6 +26,29 @@ from pathlib import Path
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
+def parse_value(text: str) -> object:
+    """A ``KEY=VALUE`` value as ``flwr run --run-config`` would type it: int, float, bool or string."""
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    return text.strip("'\"")
+
+
+def parse_overrides(items: list[str]) -> dict[str, object]:
+    """['lr=0.05', "strategy=fednova"] -> {'lr': 0.05, 'strategy': 'fednova'}."""
+    overrides: dict[str, object] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--run-config {item!r}: expected KEY=VALUE, e.g. -c num-server-rounds=5")
+        overrides[key.strip()] = parse_value(value.strip())
+    return overrides
+
+
 def free_port() -> int:
     """A free TCP port on 127.0.0.1."""
     with socket.socket() as sock:
