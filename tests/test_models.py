@@ -26,6 +26,16 @@ def test_parameter_counts_match_mcmahan_2017(name, expected):
     assert count_parameters(build_model(name, MNIST_SHAPE, 10)) == expected
 
 
+@pytest.mark.parametrize("shape, classes, expected", [
+    (MNIST_SHAPE, 10, 44_470), (MNIST_SHAPE, 62, 48_890), (CIFAR_SHAPE, 10, 62_050)])
+def test_lenet_gn_matches_dynamicfl_paper(shape, classes, expected):
+    """Le et al. (DynamicFL) Table 6: ~48.9k parameters on FEMNIST, ~62.1k on CIFAR-10."""
+    model = build_model("lenet-gn", shape, classes)
+    assert count_parameters(model) == expected
+    norms = [m for m in model.modules() if isinstance(m, nn.GroupNorm)]
+    assert [(m.num_groups, m.num_channels) for m in norms] == [(1, 6), (1, 16)]
+
+
 def test_count_parameters_ignores_frozen():
     model = build_model("mlp-2nn", MNIST_SHAPE, 10)
     model.net[1].weight.requires_grad_(False)
