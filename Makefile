@@ -18,8 +18,8 @@ run: install data  ## train FedAvg on Fashion-MNIST (10 clients, Dirichlet 0.5) 
 test: install data  ## the whole test suite (offline)
 	$(PY) -m pytest
 
-bench: install data  ## simulation overhead benchmark
-	$(PY) -m simulation bench overhead
+bench: install data  ## efficiency, aggregation time and memory (python -m simulation bench)
+	$(PY) -m simulation bench
 
 install: $(STAMP)
 

@@ -1,5 +1,10 @@
 """Benchmarks (printed as ratios measured in one run; never asserted in tests).
 
+``python -m simulation bench`` (no sub-command): the issue's three figures in one run:
+(a) ``efficiency`` on the standard workload, (b) ``aggregation`` of every strategy against
+Flower's FedAvg on the same replies, (c) the ServerApp's peak memory (from (a)) and the
+aggregation's peak extra memory (from (b)).
+
 ``python -m simulation bench overhead``:
 
 (a) wall time of FedAvg rounds on Flower's simulation engine (real ``flwr run``,
@@ -332,7 +337,7 @@ def sync_events(args) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m simulation bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="bench", required=True)
+    sub = parser.add_subparsers(dest="bench")
     p = sub.add_parser("overhead", help="simulation vs bare torch, and ClientApp overhead")
     p.add_argument("--clients", type=int, default=10)
     p.add_argument("--rounds", type=int, default=4)
@@ -362,6 +367,11 @@ def main(argv: list[str] | None = None) -> None:
     p = sub.add_parser("import", help="import cost of strategies vs flwr.serverapp.strategy")
     p.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args(argv)
+    if args.bench is None:  # the standard figures (a), (b), (c) in one run
+        for name in ("efficiency", "aggregation"):
+            print(f"\n===== python -m simulation bench {name} =====", flush=True)
+            main([name])
+        return
     {"overhead": overhead, "aggregation": aggregation, "efficiency": efficiency,
      "sync-events": sync_events, "import": import_cost}[args.bench](args)
 
