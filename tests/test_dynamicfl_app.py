@@ -126,8 +126,11 @@ def test_two_rounds_end_to_end_equal_the_chunk_simulator(tmp_path, monkeypatch):
     assert all(MOMENTUM_STATE in ctx.state for ctx in grid.contexts.values())
     final = torch.load(run_dir / "final_model.pt")
     expected = reference_model(rc, grid, strategy)
+    # Equal up to float32 rounding: run alone this is bit for bit, but after other tests in the
+    # same process the conv kernels have been seen to round one weight 1 ulp apart (summation
+    # order can follow memory alignment); a wrong schedule, weight or batch moves far more.
     for key, value in expected.items():
-        assert np.array_equal(final[key].numpy(), value), key
+        np.testing.assert_allclose(final[key].numpy(), value, rtol=1e-5, atol=1e-6, err_msg=key)
 
 
 def test_dynamicsgd_preset_and_comm_budget_from_node_config(tmp_path, monkeypatch):
