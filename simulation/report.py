@@ -12,6 +12,8 @@ Reads every ``<FOLDER>/<variant>/seed<k>/<run>/rounds.jsonl`` and writes into FO
   partition depends on the seed only);
 * with ``baselines`` (variant-name prefix -> baseline variant, e.g. FedSGD), the speedup
   in rounds to target against the baseline (McMahan et al. Tables 1, 2, 4);
+* communication per run: MB up + down (mean over seeds) and, where the run logs carry
+  them (DynamicFL), the mean cost kappa-hat, sync events and high-group size per round;
 * where the run logs carry client-drift diagnostics, the per-layer mean pairwise cosine
   similarity of client updates averaged over rounds and seeds (IID->non-IID study, Fig. 13).
 
@@ -138,6 +140,24 @@ def drift_markdown(runs: dict[str, list[tuple[Path, list[dict]]]]) -> str:
     return "\n".join(lines)
 
 
+def communication_markdown(runs: dict[str, list[tuple[Path, list[dict]]]]) -> str:
+    """Per variant: MB up + down over the whole run, and DynamicFL's per-round kappa-hat,
+    sync events and |z| (means over rounds and seeds; "-" where a run does not log them)."""
+    keys = {"kappa-hat": "mean kappa-hat", "sync-events": "sync events / round",
+            "dynamicfl-group-size": "mean high-group size |z|"}
+    logged = [k for k in keys if any(k in x for items in runs.values() for _, r in items for x in r)]
+    lines = ["| variant | MB up + down per run |" + "".join(f" {keys[k]} |" for k in logged),
+             "|---|---|" + "---|" * len(logged)]
+    for variant, items in runs.items():
+        total = statistics.mean(cumulative_bytes(r)[-1] for _, r in items) / 1e6
+        cells = []
+        for key in logged:
+            values = [x[key] for _, r in items for x in r if x.get(key) is not None]
+            cells.append(f" {statistics.mean(values):.4g} |" if values else " - |")
+        lines.append(f"| {variant} | {total:.1f} |" + "".join(cells))
+    return "\n".join(lines)
+
+
 def plot_curves(runs: dict[str, list[tuple[Path, list[dict]]]], path: Path, by_bytes: bool) -> None:
     """Mean accuracy over seeds with a min-max band, per variant."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415
@@ -183,6 +203,7 @@ def build_report(folder: Path, out: Path, targets: list[float], baselines: dict[
     speedups = speedup_markdown(rows, targets, baselines or {})
     if speedups:
         table += "\n\nSpeedup in rounds to target against the baseline:\n\n" + speedups
+    table += "\n\nCommunication (means over seeds):\n\n" + communication_markdown(runs)
     drift = drift_markdown(runs)
     if drift:
         table += ("\n\nClient drift: mean pairwise cosine similarity of the client updates per layer, "

@@ -67,10 +67,25 @@ def test_speedup_against_the_baseline_named_by_prefix(tmp_path):
     fake_run(tmp_path, "niid-sgd", 0, [0.1, 0.2])                 # never: 1 round budget
     fake_run(tmp_path, "niid-avg", 0, [0.1, 0.2, 0.6])            # 0.6 at round 2
     table = build_report(tmp_path, tmp_path / "out", [0.6], {"iid-": "iid-sgd", "niid-": "niid-sgd"})
-    speedups = table.split("Speedup in rounds to target against the baseline:")[1]
+    speedups = table.split("Speedup in rounds to target against the baseline:")[1].split("Communication")[0]
     assert "| iid-avg | iid-sgd | 4.8× |" in speedups       # 4 / 0.8333
     assert "| niid-avg | niid-sgd | ≥ 0.5× |" in speedups     # baseline's 1 round / 2
     assert not [line for line in speedups.splitlines() if line.startswith("| iid-sgd |")]  # no row for itself
+
+
+def test_communication_table_totals_bytes_and_averages_dynamicfl_costs(tmp_path):
+    for seed, kappa in enumerate((0.3, 0.5)):
+        run = tmp_path / "dyn" / f"seed{seed}" / "run"
+        run.mkdir(parents=True)
+        recs = records([0.1, 0.2, 0.3], bytes_per_round=(1e6, 2e6))  # 3 MB a round, 2 rounds
+        for record in recs[1:]:
+            record.update({"kappa-hat": kappa, "sync-events": 4, "dynamicfl-group-size": 1 + seed})
+        (run / "rounds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+        (run / "final_model.pt").write_bytes(b"x")
+    fake_run(tmp_path, "fedavg", 0, [0.1, 0.2, 0.3])  # logs no kappa-hat: "-"
+    table = build_report(tmp_path, tmp_path / "out", [0.6]).split("Communication (means over seeds):")[1]
+    assert "| dyn | 6.0 | 0.4 | 4 | 1.5 |" in table
+    assert "| fedavg | 0.0 | - | - | - |" in table
 
 
 def test_drift_table_averages_the_layer_cosines_over_rounds_and_seeds(tmp_path):
