@@ -13,6 +13,7 @@ from stockapp.client_app import train as template_train
 from stockapp.task import Net, load_data
 from task.chunked import dynamicfl_train, is_dynamicfl_chunk, label_counts
 from task.fedveca import fedveca_reply, is_fedveca_round
+from task.train import client_seed
 
 app = ClientApp()
 app.evaluate()(template_evaluate)
@@ -33,7 +34,8 @@ def train(msg: Message, context: Context):
     x, y = local_data(context)
     partition_id = context.node_config["partition-id"]
     if is_fedveca_round(config):  # tau plain-SGD steps, the local gradient, beta, delta
-        return Message(fedveca_reply(model, x, y, config, seed=partition_id), reply_to=msg)
+        seed = client_seed(0, int(config["server-round"]), partition_id)  # a fresh batch order each round
+        return Message(fedveca_reply(model, x, y, config, seed=seed), reply_to=msg)
     r = dynamicfl_train(model, x, y, config, context.state, partition_id=partition_id)  # one chunk
     metrics = {"train_loss": r.train_loss, "num-examples": r.num_examples}
     return Message(RecordDict({"arrays": ArrayRecord(model.state_dict()), "metrics": MetricRecord(metrics)}),
