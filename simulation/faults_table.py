@@ -108,9 +108,15 @@ def format_row(row: dict) -> str:
 
 # ----------------------------------------------------------------- resume check
 def _child(config_path: str) -> int:
-    """Run one config in-process (the process the parent kills)."""
+    """Run one config in-process (the process the parent kills). It stops at the first train
+    message after round ``_hold_after`` and waits there for the SIGKILL, so the kill always
+    lands right after that round, however fast the rounds are."""
     rc = json.loads(Path(config_path).read_text())
-    run_inprocess(rc, rc.pop("_nodes"))
+    nodes, hold_after = rc.pop("_nodes"), rc.pop("_hold_after")
+    try:
+        run_inprocess(rc, nodes, kill_after_round=hold_after)
+    except SimulatedKill:
+        time.sleep(3600)
     return 0
 
 
@@ -134,7 +140,8 @@ def resume_check(strategy: str, rounds: int, kill_after: int, every: int, nodes:
     _, full_dir = run_inprocess(_config(strategy, workdir / "full", seed, rounds, extra), nodes)
     killed_out = workdir / "killed"
     cfg_path = workdir / "killed.json"
-    cfg_path.write_text(json.dumps({**_config(strategy, killed_out, seed, rounds, extra), "_nodes": nodes}))
+    cfg_path.write_text(json.dumps({**_config(strategy, killed_out, seed, rounds, extra), "_nodes": nodes,
+                                    "_hold_after": kill_after}))
     proc = subprocess.Popen([sys.executable, "-m", "simulation.faults_table", "_child", str(cfg_path)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=Path(__file__).parent.parent)
     killed_dir = _wait_for_round(killed_out, kill_after, proc)
@@ -165,9 +172,16 @@ def main(argv: list[str] | None = None, command: str = "faults-table") -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--nodes", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default=None, help="also write the table (markdown) / results (JSON) here")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="also write the table (markdown) / results (JSON) to this file, or into this folder "
+                             "as faults_table.md / resume_check.json")
     args = parser.parse_args(argv)
     strategies = [s for s in args.strategies.split(",") if s]
+    unknown = [s for s in strategies if s not in STRATEGIES]
+    if unknown:
+        parser.error(f"--strategies: unknown {', '.join(unknown)}; choose from {','.join(sorted(STRATEGIES))}")
+    if args.out is not None and args.out.is_dir():
+        args.out = args.out / ("resume_check.json" if command == "resume-check" else "faults_table.md")
     import logging  # noqa: PLC0415
     logging.getLogger("flwr").setLevel(logging.ERROR)
     with tempfile.TemporaryDirectory() as tmp:
@@ -181,12 +195,12 @@ def main(argv: list[str] | None = None, command: str = "faults-table") -> int:
             ok = all(r["final-model-bit-identical"] and r["run-log-identical-timings-aside"] for r in results)
             print("RESUME CHECK:", "PASS" if ok else "FAIL")
             if args.out:
-                Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
+                args.out.write_text(json.dumps(results, indent=1) + "\n")
             return 0 if ok else 1
         print(HEADER, flush=True)
         rows = faults_table(strategies, args.rounds, args.nodes, args.seed, Path(tmp))
     if args.out:
-        Path(args.out).write_text(HEADER + "\n" + "\n".join(format_row(r) for r in rows) + "\n")
+        args.out.write_text(HEADER + "\n" + "\n".join(format_row(r) for r in rows) + "\n")
     return 0 if all(r["completed"] for r in rows) else 1
 
 
