@@ -29,6 +29,12 @@ TABLE_COLUMNS = (
 )
 
 
+# Fields of a round record that measure time or memory: they differ between two runs
+# with the same seed (everything else must not; tests/test_reliability_resume.py).
+TIMING_KEYS = frozenset({"wall-seconds", "elapsed-seconds", "eval-seconds", "server-max-rss-mb",
+                         "seconds-per-event"})
+
+
 class RunLog:
     """Writes one run's directory."""
 

@@ -46,6 +46,7 @@ class ServerEvaluator:
         self.checkpointer: Checkpointer | None = None  # checkpoint-every
 
     def __call__(self, server_round: int, arrays: ArrayRecord) -> MetricRecord:
+        began = time.perf_counter()
         self.model.load_state_dict(arrays.to_torch_state_dict())
         result = evaluate(self.model, self.x_test, self.y_test, self.batch_size)
         now = time.perf_counter()
@@ -54,6 +55,7 @@ class ServerEvaluator:
             "accuracy": result.accuracy,
             "loss": result.loss,
             "wall-seconds": now - self.last,
+            "eval-seconds": now - began,
             "elapsed-seconds": now - self.started,
             "server-max-rss-mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         }

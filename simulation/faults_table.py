@@ -24,11 +24,10 @@ from pathlib import Path
 import torch
 
 from fedapp.registry import STRATEGIES
-from fedapp.run_log import read_rounds
+from fedapp.run_log import TIMING_KEYS, read_rounds
 
 from .inprocess import CORRUPTIONS, SimulatedKill, run_inprocess
 
-TIMING_KEYS = {"wall-seconds", "elapsed-seconds", "server-max-rss-mb", "seconds-per-event"}
 BASE = {
     "dataset": "synthetic", "model": "mlp-2nn", "partition": "iid", "local-steps": 5, "batch-size": 10,
     "lr": 0.05, "eval-batch-size": 2000, "fedveca-tau-init": 2, "fedveca-tau-max": 5,

@@ -47,13 +47,16 @@ def load_sweep(path: Path) -> dict:
     return spec
 
 
-def plan(spec: dict, out: Path) -> list[SweepRun]:
-    """Every (variant, seed) run with its full run config, in file order."""
+def plan(spec: dict, out: Path, seeds: list[int] | None = None) -> list[SweepRun]:
+    """Every (variant, seed) run with its full run config, in file order; with ``seeds``,
+    only the runs of those seeds (e.g. one seed of every variant first)."""
     base = dict(spec.get("base", {}))
     runs = []
     for name, overrides in spec["variants"].items():
         overrides = dict(overrides)
         for seed in overrides.pop("seeds", spec["seeds"]):  # a variant may name its own seeds
+            if seeds is not None and seed not in seeds:
+                continue
             directory = out / name / f"seed{seed}"
             config = {**base, **overrides, "seed": seed, "output-dir": str(directory.resolve())}
             runs.append(SweepRun(name, seed, config, directory))
@@ -88,9 +91,10 @@ def finished_run_dir(run: SweepRun) -> Path | None:
     return None
 
 
-def execute(spec: dict, out: Path, ray_address: str | None = None) -> list[tuple[SweepRun, Path]]:
+def execute(spec: dict, out: Path, ray_address: str | None = None,
+            seeds: list[int] | None = None) -> list[tuple[SweepRun, Path]]:
     """Run what is not finished yet; return (run, run directory) for all finished runs."""
-    runs = plan(spec, out)
+    runs = plan(spec, out, seeds)
     federation = {"num-supernodes": spec.get("num-supernodes", 10),
                   "client-resources-num-cpus": spec.get("cpus-per-client", 1)}
     done = []
@@ -162,11 +166,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ray-address", default=None, metavar="HOST:PORT",
                         help="run the ClientApps on this Ray cluster (its head's GCS address) instead of "
                              "a private Ray on this machine; README: 'Running on a Ray cluster'")
+    parser.add_argument("--seeds", type=int, nargs="+", default=None,
+                        help="run only these of the file's seeds (e.g. --seeds 0 for one seed of every variant "
+                             "first; a later run without --seeds adds the rest)")
     args = parser.parse_args(argv)
     spec = load_sweep(args.file)
     out = (args.out or Path("runs") / args.file.stem).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    done = execute(spec, out, ray_address=args.ray_address)
+    done = execute(spec, out, ray_address=args.ray_address, seeds=args.seeds)
     table = write_summary(summarize(done), out, spec)
     print(f"\n{spec.get('title', '')}\n{table}\n\nResults: {out}")
-    return 0 if len(done) == len(plan(spec, out)) else 1
+    return 0 if len(done) == len(plan(spec, out, args.seeds)) else 1

@@ -329,7 +329,15 @@ class FedVeca(FedNova):
                 "fedveca-eta-tau-k-L-upper": _finite(4.0 / (2.0 + eps)) if eps is not None else None,
             })
         log(INFO, "FedVeca round %d: tau_k %.3g, next taus %s, L %s", server_round, tau_k,
-            dict(zip(keys, next_taus)), "n/a" if L is None else f"{L:.4g}")
+            _taus_summary(keys, next_taus), "n/a" if L is None else f"{L:.4g}")
+
+
+def _taus_summary(keys: list[str], taus: list[int]) -> str:
+    """Every client's tau for up to 10 clients, else min / median / max (the run log has all)."""
+    if len(taus) <= 10:
+        return str(dict(zip(keys, taus)))
+    ordered = sorted(taus)
+    return f"min {ordered[0]} / median {ordered[len(ordered) // 2]} / max {ordered[-1]} over {len(taus)} clients"
 
 
 def _finite(value: float | None) -> float | None:

@@ -8,11 +8,10 @@ import logging
 import torch
 
 from fedapp.registry import STRATEGIES
-from fedapp.run_log import read_rounds
+from fedapp.run_log import TIMING_KEYS, read_rounds
 from simulation.inprocess import run_inprocess
 
 ALL_STRATEGIES = sorted(STRATEGIES)
-TIMING_KEYS = {"wall-seconds", "elapsed-seconds", "server-max-rss-mb", "seconds-per-event"}
 
 BASE = {
     "dataset": "synthetic", "model": "mlp-2nn", "partition": "iid", "local-steps": 3, "batch-size": 10,

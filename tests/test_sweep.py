@@ -102,6 +102,13 @@ def test_quoted_dotted_variant_name_loads(tmp_path):
     assert runs[0].run_config["strategy"] == "fedprox"  # no [base]: just the variant
 
 
+def test_plan_restricted_to_some_seeds_keeps_file_order(tmp_path):
+    text = 'seeds = [0, 1]\n[variants.a]\nlr = 0.1\n[variants.b]\nseeds = [1, 2]\n'
+    spec = sweep.load_sweep(write(tmp_path, text))
+    assert [(r.variant, r.seed) for r in sweep.plan(spec, tmp_path / "out")] == [("a", 0), ("a", 1), ("b", 1), ("b", 2)]
+    assert [(r.variant, r.seed) for r in sweep.plan(spec, tmp_path / "out", seeds=[1])] == [("a", 1), ("b", 1)]
+
+
 @pytest.mark.parametrize("missing", ["variants", "seeds"])
 def test_missing_section_raises(tmp_path, missing):
     text = SWEEP_TOML.replace("seeds = [1, 2]", "") if missing == "seeds" else 'seeds = [0]\n[base]\nlr = 0.1\n'
