@@ -85,7 +85,8 @@ class GradientSum:
     def add(self, grad: Mapping[str, np.ndarray], num_examples: float) -> None:
         """S += D_i grad_i; D += D_i."""
         for key, value in grad.items():
-            term = value.astype(np.float64) * float(num_examples)
+            term = value.astype(np.float64)  # one float64 temporary, scaled in place
+            term *= float(num_examples)
             if key in self.sum:
                 self.sum[key] += term
             else:
@@ -93,10 +94,13 @@ class GradientSum:
         self.total += float(num_examples)
 
     def mean(self) -> NDArrays:
-        """S / D (float64)."""
+        """S / D (float64), computed in place: the sum is consumed."""
         if self.total <= 0:
             raise ValueError("no client gradient was added")
-        return {key: value / self.total for key, value in self.sum.items()}
+        for value in self.sum.values():
+            value /= self.total
+        mean, self.sum, self.total = self.sum, {}, 0.0
+        return mean
 
 
 def global_gradient(grads: Sequence[Mapping[str, np.ndarray]], num_examples: Sequence[float]) -> NDArrays:
