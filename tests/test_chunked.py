@@ -21,13 +21,7 @@ from task.models import build_model
 from task.train import client_seed
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Two cores shared with other jobs: one torch thread is ~20x faster than two contended ones."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _data(n=37, seed=0):

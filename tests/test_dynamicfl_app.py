@@ -33,12 +33,7 @@ from task.train import client_seed
 from tests.inprocess import InProcessGrid
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 class PushPullAppGrid(InProcessGrid):

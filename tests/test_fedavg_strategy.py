@@ -15,7 +15,6 @@ import re
 import numpy as np
 import pytest
 from flwr.app import (
-    Array,
     ArrayRecord,
     ConfigRecord,
     Context,

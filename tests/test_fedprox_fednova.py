@@ -18,12 +18,10 @@ import numpy as np
 import pytest
 import torch
 from flwr.app import (
-    Array,
     ArrayRecord,
     ConfigRecord,
     Context,
     Message,
-    MessageType,
     MetricRecord,
     RecordDict,
 )

@@ -4,15 +4,11 @@ arrives after the round timeout and is lost)."""
 
 from __future__ import annotations
 
-import math
-
-import numpy as np
 import pytest
 import torch
 
 from fedapp.config import ConfigError, RunConfig
 from fedapp.faults import fault_of
-from simulation.inprocess import FaultGrid
 from tests.reliability_common import ALL_STRATEGIES, run, warnings_of
 
 CRASH, LATE, NODES, ROUNDS = 0.3, 0.2, 4, 3
@@ -61,7 +57,7 @@ def test_strategies_keep_going_count_failures_and_keep_the_model(strategy, tmp_p
         assert r["model-kept"] is (len(faults) == NODES)
     kept = rounds[2]
     assert kept["model-kept"] and kept["accuracy"] == rounds[1]["accuracy"] and kept["loss"] == rounds[1]["loss"]
-    assert any(f"Round 2: no usable reply" in m for m in warnings_of(caplog))
+    assert any("Round 2: no usable reply" in m for m in warnings_of(caplog))
     assert rounds[3]["accuracy"] != rounds[2]["accuracy"]  # training resumes with the survivors
     assert all(torch.isfinite(v).all() for v in final.values() if v.is_floating_point())
     late = {(grid.contexts[n].node_config["partition-id"], r) for n, r in grid.late}
