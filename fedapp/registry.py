@@ -102,7 +102,8 @@ def _dynamicfl(cfg: RunConfig, intervals: str | None = None) -> tuple[Strategy, 
         budget_mode=cfg.dynamicfl_budget_mode, beta=cfg.dynamicfl_beta,
         server_budget=cfg.dynamicfl_server_budget or None, n_ens=cfg.dynamicfl_n_ens,
         x_star_mode=cfg.dynamicfl_x_star_mode, fraction_train=cfg.fraction_train,
-        fraction_evaluate=cfg.fraction_evaluate, seed=cfg.seed, min_available_nodes=cfg.min_available_nodes)
+        fraction_evaluate=cfg.fraction_evaluate, seed=cfg.seed, min_available_nodes=cfg.min_available_nodes,
+        drift_diagnostics=cfg.drift_diagnostics)
     return strategy, train_config(cfg)
 
 

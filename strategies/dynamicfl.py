@@ -31,6 +31,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 
+from . import aggregate as agg
 from . import contract as C
 from . import dynacomm as dc
 from . import dynamicfl_schedule as ds
@@ -92,9 +93,11 @@ class DynamicFL(FedAvg):
         seed: int = 0,
         min_available_nodes: int = 1,
         query_timeout: float = 600.0,
+        drift_diagnostics: bool = False,
     ) -> None:
         super().__init__(fraction_train=fraction_train, fraction_evaluate=fraction_evaluate, seed=seed,
-                         min_available_nodes=min_available_nodes, query_timeout=query_timeout)
+                         min_available_nodes=min_available_nodes, query_timeout=query_timeout,
+                         drift_diagnostics=drift_diagnostics)
         self.spec = ds.parse_interval_spec(intervals)
         if budget_mode not in dc.BUDGET_MODES:
             raise ValueError(f"budget_mode={budget_mode!r} is not known; use one of {', '.join(dc.BUDGET_MODES)}")
@@ -284,6 +287,7 @@ class DynamicFL(FedAvg):
         }
         if stats["train-loss"] is not None:
             self.diagnostics[server_round]["train-loss"] = stats["train-loss"]
+        self.diagnostics[server_round].update(stats.get("drift", {}))
         log(INFO, "Round %d: |M^t| = %d, |z| = %d (KL %s), %d sync events, kappa-hat %.4f",
             server_round, len(active), len(z), f"{selection.kl:.4f}" if math.isfinite(selection.kl) else "-",
             stats["events"], cost.kappa_hat)
@@ -351,6 +355,11 @@ class DynamicFL(FedAvg):
             models = [_to_numpy(r.content[C.ARRAYS]) for r in replies]
             weights = [self.weight_of(m, r) for m, r in zip(members, replies)]
             if event.step == plan.local_steps:
+                if self.drift_diagnostics and models:  # each client's round update W_m^L - W_g^{t-1}
+                    drift = agg.UpdateDrift(_to_numpy(arrays))
+                    for model in models:
+                        drift.add(model)
+                    stats["drift"] = drift.summary()
                 for r, w in zip(replies, weights):
                     loss = r.content[C.METRICS].get(C.TRAIN_LOSS) if C.METRICS in r.content else None
                     if isinstance(loss, (int, float)):

@@ -98,7 +98,7 @@ def test_two_rounds_end_to_end_equal_the_chunk_simulator(tmp_path, monkeypatch):
     rc = {"strategy": "dynamicfl", "num-server-rounds": 2, "dynamicfl-local-steps": 6, "dynamicfl-intervals": "a-c",
           "dynamicfl-beta": 0.5, "fraction-train": 1.0, "partition": "dirichlet", "dirichlet-alpha": 0.3,
           "model": "cnn-small", "batch-size": 16, "lr": 0.05, "momentum": 0.9, "min-available-nodes": 4,
-          "drift-diagnostics": False, "output-dir": str(tmp_path)}
+          "drift-diagnostics": True, "output-dir": str(tmp_path)}
     grid, strategy = run_server(rc, 4, monkeypatch)
     run_dir = next(tmp_path.iterdir())
     rounds = read_rounds(run_dir)
@@ -115,6 +115,10 @@ def test_two_rounds_end_to_end_equal_the_chunk_simulator(tmp_path, monkeypatch):
         assert r["sync-events"] == (6 if z else 1) and r["seconds-per-event"] > 0
         assert r["dynamicfl-kl"] is None or r["dynamicfl-kl"] >= 0
         assert 0 <= r["accuracy"] <= 1 and r["train-loss"] > 0
+        # client drift of the 4 round updates W_m^L - W_g^{t-1}, per layer (every strategy logs it)
+        assert set(r["drift-cosine"]) == {"features.0.0", "features.1.0", "classifier.1", "classifier.3",
+                                          "classifier.5"}
+        assert all(-1 <= c <= 1 for c in r["drift-cosine"].values()) and r["update-norm-mean"] > 0
     # every node trained L steps a round in chunks; momentum sits in its Context.state
     trains = [node for node, kind in grid.calls if kind == "train"]
     assert len(trains) == sum(len(c) for p in strategy.plans.values() for c in p.chunks.values())
