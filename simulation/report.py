@@ -158,27 +158,46 @@ def communication_markdown(runs: dict[str, list[tuple[Path, list[dict]]]]) -> st
     return "\n".join(lines)
 
 
-def plot_curves(runs: dict[str, list[tuple[Path, list[dict]]]], path: Path, by_bytes: bool) -> None:
-    """Mean accuracy over seeds with a min-max band, per variant."""
+def panels_of(variants: list[str], baselines: dict[str, str]) -> dict[str, list[str]]:
+    """Variants grouped by the baseline prefix they match (one plot panel per setting, e.g.
+    'c2-' and 'dir0.1-'); variants matching no prefix share one panel."""
+    groups: dict[str, list[str]] = {}
+    for variant in variants:
+        matches = [prefix for prefix in baselines if variant.startswith(prefix)]
+        groups.setdefault(max(matches, key=len) if matches else "", []).append(variant)
+    return groups
+
+
+def plot_curves(runs: dict[str, list[tuple[Path, list[dict]]]], path: Path, by_bytes: bool,
+                baselines: dict[str, str] | None = None) -> None:
+    """Mean accuracy over seeds with a min-max band, per variant; one panel per setting."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415
     from matplotlib.figure import Figure  # noqa: PLC0415
 
-    fig = Figure(figsize=(7.5, 4.5))
+    groups = panels_of(list(runs), baselines or {})
+    fig = Figure(figsize=(7.5 * len(groups), 4.5))
     FigureCanvasAgg(fig)
-    ax = fig.add_subplot(1, 1, 1)
-    for variant, items in runs.items():
-        length = min(len(r) for _, r in items)
-        acc = np.array([[x["accuracy"] for x in r[:length]] for _, r in items])
+    for index, (prefix, variants) in enumerate(groups.items()):
+        ax = fig.add_subplot(1, len(groups), index + 1)
+        for number, variant in enumerate(variants):
+            items = runs[variant]
+            length = min(len(r) for _, r in items)
+            acc = np.array([[x["accuracy"] for x in r[:length]] for _, r in items])
+            if by_bytes:
+                xs = np.mean([cumulative_bytes(r[:length]) for _, r in items], axis=0) / 1e6
+            else:
+                xs = np.array([x["round"] for x in items[0][1][:length]])
+            style = {"color": f"C{number % 10}", "linestyle": "-" if number < 10 else "--"}
+            ax.plot(xs, acc.mean(axis=0), label=f"{variant} ({len(items)} seeds)", **style)
+            ax.fill_between(xs, acc.min(axis=0), acc.max(axis=0), alpha=0.15, color=style["color"])
         if by_bytes:
-            xs = np.mean([cumulative_bytes(r[:length]) for _, r in items], axis=0) / 1e6
-        else:
-            xs = np.array([x["round"] for x in items[0][1][:length]])
-        ax.plot(xs, acc.mean(axis=0), label=f"{variant} ({len(items)} seeds)")
-        ax.fill_between(xs, acc.min(axis=0), acc.max(axis=0), alpha=0.15)
-    ax.set_xlabel("communicated MB (up + down)" if by_bytes else "round")
-    ax.set_ylabel("test accuracy")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
+            ax.set_xscale("symlog", linthresh=10.0)
+        ax.set_xlabel("communicated MB (up + down)" if by_bytes else "round")
+        ax.set_ylabel("test accuracy")
+        if prefix:
+            ax.set_title(prefix.rstrip("-_"))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
 
@@ -209,8 +228,8 @@ def build_report(folder: Path, out: Path, targets: list[float], baselines: dict[
         table += ("\n\nClient drift: mean pairwise cosine similarity of the client updates per layer, "
                   "averaged over rounds and seeds:\n\n" + drift)
     (out / "report.md").write_text(header + table + "\n")
-    plot_curves(runs, out / "accuracy_vs_round.png", by_bytes=False)
-    plot_curves(runs, out / "accuracy_vs_bytes.png", by_bytes=True)
+    plot_curves(runs, out / "accuracy_vs_round.png", by_bytes=False, baselines=baselines)
+    plot_curves(runs, out / "accuracy_vs_bytes.png", by_bytes=True, baselines=baselines)
     first = next(iter(runs.values()))  # partitions depend on the seed, not on the variant
     for run_dir, _ in first:
         picture = run_dir / "label_distribution.png"

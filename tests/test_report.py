@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from simulation.metrics import best_so_far, bytes_to_target, cumulative_bytes, rounds_to_target
-from simulation.report import build_report
+from simulation.report import build_report, panels_of
 
 
 def records(accuracies, bytes_per_round=(10, 10)):
@@ -71,6 +71,15 @@ def test_speedup_against_the_baseline_named_by_prefix(tmp_path):
     assert "| iid-avg | iid-sgd | 4.8× |" in speedups       # 4 / 0.8333
     assert "| niid-avg | niid-sgd | ≥ 0.5× |" in speedups     # baseline's 1 round / 2
     assert not [line for line in speedups.splitlines() if line.startswith("| iid-sgd |")]  # no row for itself
+
+
+def test_plot_panels_follow_the_baseline_prefixes():
+    variants = ["c2-fedavg", "c2-ag", "dir0.1-fedavg", "dir0.1-ag", "central"]
+    panels = panels_of(variants, {"c2-": "c2-fedavg", "dir0.1-": "dir0.1-fedavg", "dir0.1-a": "dir0.1-fedavg"})
+    # longest matching prefix wins; an unmatched variant gets the shared "" panel
+    assert panels == {"c2-": ["c2-fedavg", "c2-ag"], "dir0.1-": ["dir0.1-fedavg"],
+                      "dir0.1-a": ["dir0.1-ag"], "": ["central"]}
+    assert panels_of(variants, {}) == {"": variants}
 
 
 def test_communication_table_totals_bytes_and_averages_dynamicfl_costs(tmp_path):
