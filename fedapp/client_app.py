@@ -131,7 +131,7 @@ def train_fedveca(msg: Message, model: torch.nn.Module, x: torch.Tensor, y: torc
     """FedVeca's client (Alg. 2): tau plain SGD steps, grad F_i(w_k), beta and delta."""
     content = fedveca_reply(model, x, y, msg.content[C.CONFIG], seed=seed, lr=cfg.lr, batch_size=cfg.batch_size,
                             beta_mode=cfg.fedveca_beta_mode, grad_subsample=cfg.fedveca_grad_subsample,
-                            partition_id=partition_id, chunk_size=cfg.eval_batch_size)
+                            partition_id=partition_id)
     return Message(content, reply_to=msg)
 
 

@@ -80,7 +80,7 @@ class RunConfig:
     weight_decay: float = 0.0
     seed: int = 0
     device: str = "auto"
-    eval_batch_size: int = 1000
+    eval_batch_size: int = 128
     fault_crash_prob: float = 0.0
     fault_late_prob: float = 0.0
     round_timeout: float = 3600.0

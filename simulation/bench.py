@@ -18,7 +18,10 @@ aggregation's peak extra memory (from (b)).
 20 clients, 5 rounds, E = 1): simulation efficiency = ideal time / our wall time, where
 the ideal is the bare torch time of the same local SGD (one thread per client, as the
 Ray actors get) divided by the number of parallel workers; round 1 (Ray and actor
-start-up, data decoding) is excluded; plus the ServerApp's peak memory (max RSS).
+start-up, data decoding) is excluded; plus the ServerApp's peak memory (max RSS). As a
+profile, the same bare SGD also runs split over that many processes at once: the
+ideal's parallelism measured (shared caches and memory bandwidth included), so the
+remaining gap is the simulation's own (Ray, Flower's messaging, our ClientApp).
 
 ``python -m simulation bench aggregation``: each strategy's ``aggregate_train`` against
 Flower's FedAvg on the same replies (default 100 replies of the 1,663,370-parameter
@@ -100,22 +103,27 @@ def simulation_round_seconds(workload: dict, num_clients: int, cpus_per_client: 
     return records if keep_records else [r["wall-seconds"] for r in records if r["round"] >= 1]
 
 
-def bare_client_seconds(workload: dict, num_clients: int, rounds: list[int], threads: int) -> list[float]:
-    """Per round: the summed bare-torch seconds of every client's local SGD with ``threads`` threads."""
+def bare_client_seconds(workload: dict, num_clients: int, rounds: list[int], threads: int,
+                        clients: list[int] | None = None, ready=None) -> list[float]:
+    """Per round: the summed bare-torch seconds of the local SGD of ``clients`` (default: all)
+    with ``threads`` threads; ``ready`` (a barrier) is awaited once the data is loaded."""
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         cfg = RunConfig.from_user_config(workload)
         dataset = load_dataset(cfg.dataset)
         spec = PartitionSpec(scheme=cfg.partition, seed=cfg.seed)
-        parts = [client_data(dataset, spec, pid, num_clients) for pid in range(num_clients)]
+        pids = list(range(num_clients)) if clients is None else clients
+        parts = {pid: client_data(dataset, spec, pid, num_clients) for pid in pids}
         torch.manual_seed(cfg.seed)
         start_model = build_model(cfg.model, dataset.input_shape, dataset.num_classes)
         model = build_model(cfg.model, dataset.input_shape, dataset.num_classes)
+        if ready is not None:
+            ready.wait()
         totals = []
         for server_round in rounds:
             total = 0.0
-            for pid, (x, y) in enumerate(parts):
+            for pid, (x, y) in parts.items():
                 model.load_state_dict(start_model.state_dict())
                 start = time.perf_counter()
                 local_sgd(model, x, y, lr=cfg.lr, batch_size=cfg.batch_size, epochs=cfg.local_epochs,
@@ -125,6 +133,30 @@ def bare_client_seconds(workload: dict, num_clients: int, rounds: list[int], thr
         return totals
     finally:
         torch.set_num_threads(previous)
+
+
+def _bare_worker(args: tuple) -> float:
+    return sum(bare_client_seconds(*args[:4], clients=args[4], ready=_BARRIER))
+
+
+_BARRIER = None
+
+
+def _init_bare_worker(barrier) -> None:
+    global _BARRIER  # noqa: PLW0603 - the pool initializer's only way to hand the barrier over
+    _BARRIER = barrier
+
+
+def bare_parallel_seconds(workload: dict, num_clients: int, rounds: list[int], threads: int, workers: int) -> float:
+    """Wall seconds of the same local SGD split over ``workers`` processes started together
+    (clients dealt round-robin): the ideal's parallel half, measured, memory contention included."""
+    import multiprocessing  # noqa: PLC0415
+
+    context = multiprocessing.get_context("spawn")
+    barrier = context.Barrier(workers)
+    jobs = [(workload, num_clients, rounds, threads, list(range(w, num_clients, workers))) for w in range(workers)]
+    with context.Pool(workers, initializer=_init_bare_worker, initargs=(barrier,)) as pool:
+        return max(pool.map(_bare_worker, jobs))
 
 
 def efficiency(args) -> None:
@@ -146,6 +178,8 @@ def efficiency(args) -> None:
     bare = bare_client_seconds(workload, args.clients, list(range(2, args.rounds + 1)),
                                threads=max(1, int(args.cpus_per_client)))
     ideal = sum(bare) / workers
+    parallel = bare_parallel_seconds(workload, args.clients, list(range(2, args.rounds + 1)),
+                                     max(1, int(args.cpus_per_client)), workers) if workers > 1 and not gpu else None
     print(f"\n(a) simulation efficiency, rounds 2..{args.rounds} (round 1 = start-up, {sim[1]['wall-seconds']:.1f} s, excluded)")
     print(f"    bare torch local SGD, all clients, 1 thread each: {sum(bare):.1f} s -> ideal with {workers} workers {ideal:.1f} s")
     print(f"    our wall time (flwr run, Ray backend):            {ours:.1f} s")
@@ -155,6 +189,11 @@ def efficiency(args) -> None:
     print(f"    efficiency = ideal / ours = {ideal / ours:.2f}   (target >= 0.8)")
     print(f"    efficiency of the federated training alone = ideal / (ours - evaluation) = "
           f"{ideal / (ours - evals):.2f}")
+    if parallel is not None:
+        print(f"    profile: the same bare torch SGD in {workers} processes at once takes {parallel:.1f} s "
+              f"({parallel / ideal:.2f}x the ideal: cores share caches and memory bandwidth);")
+        print(f"      against that measured parallel baseline, the federated rounds run at "
+              f"{parallel / (ours - evals):.2f} (Ray, Flower's messaging, our ClientApp and aggregation)")
     print(f"\n(c) ServerApp peak memory (max RSS): {max(r['server-max-rss-mb'] for r in sim):.0f} MB")
 
 

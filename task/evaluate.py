@@ -17,7 +17,7 @@ class EvalResult:
 
 
 @torch.no_grad()
-def evaluate(model: ClassifierModule, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1000) -> EvalResult:
+def evaluate(model: ClassifierModule, x: torch.Tensor, y: torch.Tensor, batch_size: int = 128) -> EvalResult:
     """Mean loss and top-1 accuracy (``model.num_correct``) over (x, y)."""
     model.eval()
     n = len(y)
