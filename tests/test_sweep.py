@@ -259,3 +259,16 @@ def test_a_variant_may_name_its_own_seeds(tmp_path):
     runs = plan(spec, tmp_path)
     assert [(r.variant, r.seed) for r in runs] == [("a", 0), ("a", 1), ("a", 2), ("b", 0)]
     assert "seeds" not in runs[-1].run_config
+
+
+@pytest.mark.parametrize("path", sorted(SHIPPED.parent.glob("*.toml")), ids=lambda p: p.stem)
+def test_every_shipped_experiment_is_a_valid_sweep(path, tmp_path):
+    spec = sweep.load_sweep(path)
+    for key in ("title", "claim", "runtime", "targets"):
+        assert spec.get(key), f"{path.name}: no '{key}'"
+    runs = sweep.plan(spec, tmp_path)
+    assert runs
+    for run in runs:
+        RunConfig.from_user_config(run.run_config)  # raises ConfigError naming the bad key
+    for prefix, baseline in spec.get("baselines", {}).items():
+        assert baseline.startswith(prefix) and baseline in spec["variants"], (path.name, prefix, baseline)
