@@ -135,16 +135,17 @@ def bare_client_seconds(workload: dict, num_clients: int, rounds: list[int], thr
         torch.set_num_threads(previous)
 
 
-def _bare_worker(args: tuple) -> float:
-    return sum(bare_client_seconds(*args[:4], clients=args[4], ready=_BARRIER))
-
-
-_BARRIER = None
+_BARRIER = None  # set in each pool process by _init_bare_worker
 
 
 def _init_bare_worker(barrier) -> None:
     global _BARRIER  # noqa: PLW0603 - the pool initializer's only way to hand the barrier over
     _BARRIER = barrier
+
+
+def _bare_worker(job: tuple) -> float:
+    workload, num_clients, rounds, threads, clients = job
+    return sum(bare_client_seconds(workload, num_clients, rounds, threads, clients=clients, ready=_BARRIER))
 
 
 def bare_parallel_seconds(workload: dict, num_clients: int, rounds: list[int], threads: int, workers: int) -> float:
