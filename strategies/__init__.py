@@ -1,9 +1,16 @@
-"""fedhetero strategies: heterogeneity-aware Flower strategies (flwr + numpy only)."""
+"""fedhetero strategies: heterogeneity-aware Flower strategies (flwr + numpy only).
+
+Server strategies: :class:`FedAvg`, :class:`FedProx`, :class:`FedNova`, :class:`FedVeca`,
+:class:`DynamicFL`. A strategy whose contract the clients do not implement stops the run
+with a :class:`ClientContractError` naming the ``strategies.client`` helper to call.
+"""
 
 from .dynamicfl import DynamicFL
-from .fedavg import STRAGGLER_POLICIES, WEIGHTINGS, FedAvg
+from .fedavg import STRAGGLER_POLICIES, STRAGGLER_UNITS, WEIGHTINGS, FedAvg
 from .fednova import FedNova
-from .fedveca import FedVeca
 from .fedprox import FedProx
+from .fedveca import FedVeca
+from .records import ClientContractError
 
-__all__ = ["DynamicFL", "FedAvg", "FedNova", "FedProx", "FedVeca", "STRAGGLER_POLICIES", "WEIGHTINGS"]
+__all__ = ["ClientContractError", "DynamicFL", "FedAvg", "FedNova", "FedProx", "FedVeca",
+           "STRAGGLER_POLICIES", "STRAGGLER_UNITS", "WEIGHTINGS"]

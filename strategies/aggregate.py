@@ -1,140 +1,178 @@
-"""Pure numpy math of the FedAvg family: sampling, aggregation coefficients, update.
+"""Pure numpy aggregation of the FedAvg family: weighting coefficients, one streaming
+weighted sum, FedNova's normalisation, client-drift diagnostics.
 
-No Flower types here. Models are ``dict[str, np.ndarray]`` keyed by parameter name.
-
-Every aggregation rule of the family is written as one update (Option I of the
-IID->non-IID study, Alg. 3):
+No Flower types. Models are ``dict[str, np.ndarray]`` keyed by parameter name. Every
+rule of the family is one update (Option I of Hsieh et al.'s IID->non-IID study):
 
     w_{t+1} = w_t + eta_g * sum_{k in S_t} c_k * (w_k - w_t)
 
-and only the coefficients c_k differ:
+computed by :func:`streamed_update`, one client model in memory at a time. Only the
+coefficients c_k differ; each weighting is one function returning a
+:class:`Coefficients`:
 
-* McMahan et al. Alg. 1 (erratum):   c_k = n_k / m_t, m_t = sum_{k in S_t} n_k
-* uniform ("naive") averaging:       c_k = 1 / |S_t|
-* McMahan et al. pre-erratum:        c_k = n_k / n over ALL n examples; unsampled
-                                     clients contribute w_t (the update form above)
-* Li et al. ICLR'20 Scheme I:        c_k = (#draws of k) / K   (K draws with replacement, prob. p_k)
-* Li et al. ICLR'20 Scheme II:       c_k = p_k * N / K         (K of N uniformly without replacement)
+* :func:`coefficients_by_examples`  c_k = n_k / m_t, m_t = sum_{k in S_t} n_k
+  (McMahan et al. 2017, Algorithm 1 after the erratum);
+* :func:`coefficients_uniform`      c_k = 1 / |S_t|;
+* :func:`coefficients_pre_erratum`  c_k = n_k / n over ALL n examples, the unsampled
+  clients contributing w_t (McMahan et al., Algorithm 1 before the erratum);
+* :func:`coefficients_scheme_i`     c_k = (#draws of k) / K, K draws with replacement with
+  probability p_k (Li et al. 2020, "On the convergence of FedAvg", Scheme I);
+* :func:`coefficients_scheme_ii`    c_k = p_k N / K, K of N uniformly without
+  replacement (Li et al. 2020, Scheme II);
+* :func:`coefficients_fednova`      c_i = tau_eff p_i / ||a_i||_1 (Wang et al. 2020, eq. 6).
 
-When sum(c) = 1 and eta_g = 1 this is exactly model averaging, sum_k c_k w_k.
+When sum(c) = 1 and eta_g = 1 the update is exactly model averaging, sum_k c_k w_k.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping, Sequence
-from fractions import Fraction
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import contract as C
+
 NDArrays = dict[str, np.ndarray]
 
+RENORMALISE = "renormalise"  # scale = 1 / sum of the accepted shares: sum c = 1
+FIXED = "fixed"  # scale given (pre-erratum: R / n)
+PER_REPLY = "per-reply"  # scale = R / |accepted| (Scheme II)
+FEDNOVA = "fednova"  # scale = R tau_eff / sum_{accepted} n_i (FedNova)
 
-def num_to_sample(fraction: float, num_clients: int) -> int:
-    """m = max(floor(C * K), 1) clients per round (McMahan et al., Alg. 1).
 
-    A tiny tolerance keeps e.g. 0.29 * 100 = 28.999999999999996 at 29.
+@dataclass(frozen=True)
+class Coefficients:
+    """c_k = scale * shares_k for the replies that end up aggregated.
+
+    ``shares`` are r_k / R, the raw weights of a scheme over all checked replies
+    normalised by R = sum_k r_k; they are what :class:`WeightedModelSum` adds. The
+    ``rule`` says how ``scale`` follows from the replies finally accepted (a reply with
+    NaN / Inf is dropped only while streaming): :data:`RENORMALISE`, :data:`FIXED`,
+    :data:`PER_REPLY` or :data:`FEDNOVA`. ``extras`` are per-reply scalars summed
+    alongside (FedNova's n_i and n_i ||a_i||_1).
     """
-    if num_clients < 1:
-        raise ValueError(f"num_clients must be >= 1, got {num_clients}")
-    return max(min(int(math.floor(fraction * num_clients + 1e-9)), num_clients), 1)
+
+    shares: np.ndarray
+    rule: str
+    planned: float
+    fixed: float = 1.0
+    extras: tuple[dict[str, float], ...] = field(default=())
+
+    def extras_of(self, k: int) -> dict[str, float]:
+        """The named scalars of reply k (empty for the FedAvg schemes)."""
+        return self.extras[k] if self.extras else {}
+
+    def scale(self, acc: WeightedModelSum) -> float:
+        """The scale of ``acc.update`` once the accepted replies are in ``acc``."""
+        return self._scale(acc.total, acc.count, acc.extras)
+
+    def values(self, accepted: Sequence[int] | None = None) -> np.ndarray:
+        """c_k of the accepted replies (all by default), in their order."""
+        idx = list(range(len(self.shares))) if accepted is None else list(accepted)
+        total, sums = 0.0, {}
+        for k in idx:
+            total += float(self.shares[k])
+            for name, amount in self.extras_of(k).items():
+                sums[name] = sums.get(name, 0.0) + amount
+        scale = self._scale(total, len(idx), sums)
+        return np.array([scale * float(self.shares[k]) for k in idx])
+
+    def _scale(self, total: float, count: int, sums: Mapping[str, float]) -> float:
+        if self.rule == RENORMALISE:
+            return 1.0 / total
+        if self.rule == FIXED:
+            return self.fixed
+        if self.rule == PER_REPLY:
+            return self.planned / count
+        if self.rule == FEDNOVA:
+            tau_eff = sums["na"] / sums["n"]
+            return (tau_eff / sums["n"]) * self.planned
+        raise ValueError(f"unknown coefficient rule {self.rule!r}")
 
 
-def sample_without_replacement(rng: np.random.Generator, num_clients: int, m: int) -> np.ndarray:
-    """Indices of m distinct clients out of num_clients, uniformly (sorted)."""
-    return np.sort(rng.choice(num_clients, size=m, replace=False))
+def _coefficients(raw: np.ndarray, rule: str, **kwargs) -> Coefficients:
+    planned = float(np.sum(raw))
+    return Coefficients(raw / planned, rule, planned, **kwargs)
 
 
-def sample_with_replacement(
-    rng: np.random.Generator, probabilities: Sequence[float], num_draws: int
-) -> np.ndarray:
-    """K draws with replacement, client k with probability p_k (Li et al., Scheme I).
-
-    Returns the draw count of every client (length N, sums to num_draws).
-    """
-    p = np.asarray(probabilities, dtype=np.float64)
-    draws = rng.choice(len(p), size=num_draws, replace=True, p=p / p.sum())
-    return np.bincount(draws, minlength=len(p))
+def coefficients_by_examples(num_examples: Sequence[float]) -> Coefficients:
+    """c_k = n_k / m_t over the aggregated clients (McMahan et al., Algorithm 1, erratum)."""
+    return _coefficients(_positive(num_examples, "num_examples"), RENORMALISE)
 
 
-def steps_for_epochs(num_examples: int, batch_size: int, epochs: float) -> int:
-    """tau_i = floor(E n_i / B) local steps, at least 1; B = 0 or B >= n_i gives E
-    (floor(E) for a fractional E; E may be any number > 0).
-
-    The strategies' twin of ``task.train.steps_for_epochs`` (kept equal by a test), used
-    when a client does not report the steps it took.
-    """
-    if num_examples <= 0 or epochs <= 0:
-        return 0
-    if batch_size <= 0 or batch_size >= num_examples:
-        return max(1, math.floor(epochs))
-    if isinstance(epochs, int):
-        return max(1, (epochs * num_examples) // batch_size)
-    # A fraction of an epoch (FedVeca's fairness protocol, E_avg < 1): floor(E n / B)
-    # with E taken as the decimal it prints as, so no float rounding moves the floor.
-    return max(1, math.floor(Fraction(repr(float(epochs))) * num_examples / batch_size))
-
-
-def choose_stragglers(rng: np.random.Generator, num_sampled: int, fraction: float) -> np.ndarray:
-    """Boolean mask: floor(fraction * m) of the m sampled clients are stragglers (FedProx Sec. 5.2)."""
-    count = min(int(math.floor(fraction * num_sampled + 1e-9)), num_sampled)
-    mask = np.zeros(num_sampled, dtype=bool)
-    mask[rng.choice(num_sampled, size=count, replace=False)] = True
-    return mask
-
-
-def straggler_steps(rng: np.random.Generator, full_steps: Sequence[int]) -> np.ndarray:
-    """A straggler's local work: uniform in 1..full_i steps (FedProx: x ~ U[1, E] epochs,
-    here at step granularity so that E = 1 or 2 still gives variable work)."""
-    full = np.maximum(np.asarray(full_steps, dtype=np.int64), 1)
-    return rng.integers(1, full + 1)
-
-
-def coefficients_by_examples(num_examples: Sequence[float]) -> np.ndarray:
-    """c_k = n_k / m_t over the sampled clients (McMahan et al. Alg. 1, erratum)."""
-    n = _positive(num_examples, "num_examples")
-    return n / n.sum()
-
-
-def coefficients_uniform(num_sampled: int) -> np.ndarray:
+def coefficients_uniform(num_replies: int) -> Coefficients:
     """c_k = 1 / |S_t| (naive averaging)."""
-    if num_sampled < 1:
-        raise ValueError(f"num_sampled must be >= 1, got {num_sampled}")
-    return np.full(num_sampled, 1.0 / num_sampled)
+    if num_replies < 1:
+        raise ValueError(f"num_replies must be >= 1, got {num_replies}")
+    return _coefficients(np.ones(num_replies), RENORMALISE)
 
 
-def coefficients_pre_erratum(num_examples: Sequence[float], total_examples: float) -> np.ndarray:
-    """c_k = n_k / n with n over all clients (McMahan et al. Alg. 1 before the erratum).
+def coefficients_pre_erratum(num_examples: Sequence[float], total_examples: float) -> Coefficients:
+    """c_k = n_k / n with n over all clients (McMahan et al., Algorithm 1 before the erratum).
 
-    The missing mass sum_{k not in S_t} n_k / n multiplies w_t, which the update
-    form w_t + sum c_k (w_k - w_t) already does.
+    The missing mass sum_{k not in S_t} n_k / n multiplies w_t, which the update form
+    w_t + sum c_k (w_k - w_t) already does; a dropped reply keeps its mass on w_t too.
     """
     n = _positive(num_examples, "num_examples")
     if total_examples < n.sum():
-        raise ValueError(
-            f"total_examples ({total_examples}) is smaller than the sampled clients' "
-            f"examples ({n.sum()})"
-        )
-    return n / float(total_examples)
+        raise ValueError(f"total_examples ({total_examples}) is smaller than the sampled "
+                         f"clients' examples ({n.sum()})")
+    planned = float(np.sum(n))
+    return Coefficients(n / planned, FIXED, planned, fixed=planned / float(total_examples))
 
 
-def coefficients_scheme_i(draw_counts: Sequence[int]) -> np.ndarray:
+def coefficients_scheme_i(draw_counts: Sequence[int]) -> Coefficients:
     """c_k = (#draws of k) / K: the plain mean over K draws with replacement (Scheme I)."""
     counts = np.asarray(draw_counts, dtype=np.float64)
-    if counts.sum() <= 0:
+    if counts.size == 0 or counts.sum() <= 0:
         raise ValueError("draw_counts must sum to at least 1")
-    return counts / counts.sum()
+    return _coefficients(counts, RENORMALISE)
 
 
-def coefficients_scheme_ii(
-    probabilities: Sequence[float], num_clients: int, num_sampled: int
-) -> np.ndarray:
-    """c_k = p_k * N / K for K of N clients sampled uniformly (Li et al., Scheme II).
+def coefficients_scheme_ii(probabilities: Sequence[float], num_clients: int) -> Coefficients:
+    """c_k = p_k N / K over the K aggregated of N clients sampled uniformly (Scheme II).
 
-    Unbiased: E[sum_{k in S} p_k N / K] = 1. The sum is 1 only for balanced data.
+    Unbiased: E[sum_{k in S} p_k N / K] = 1; the sum is 1 only for balanced data.
     """
     p = np.asarray(probabilities, dtype=np.float64)
-    return p * (num_clients / num_sampled)
+    if p.size == 0:
+        raise ValueError("scheme-ii needs at least one reply")
+    return _coefficients(p * num_clients, PER_REPLY)
+
+
+def coefficients_fednova(num_examples: Sequence[float], a_norms: Sequence[float]) -> Coefficients:
+    """FedNova's c_i = tau_eff p_i / ||a_i||_1 (Wang et al. 2020, eq. 6), so that
+
+        w <- w - eta_g tau_eff sum_i p_i (w - w_i) / ||a_i||_1,
+        tau_eff = sum_i p_i ||a_i||_1,  p_i = n_i / sum_j n_j
+
+    over the accepted replies (r_i = n_i / ||a_i||_1; n_i and n_i ||a_i||_1 are summed
+    alongside). All ||a_i||_1 equal gives FedAvg's sum_i p_i w_i.
+    """
+    n = _positive(num_examples, "num_examples")
+    a = np.asarray(a_norms, dtype=np.float64)
+    if len(a) != len(n):
+        raise ValueError(f"{len(n)} num_examples but {len(a)} a_norms")
+    if np.any(~np.isfinite(a)) or np.any(a <= 0):
+        raise ValueError(f"a_norms must be finite and > 0, got {a.tolist()}")
+    extras = tuple({"n": n_i, "na": n_i * a_i} for n_i, a_i in zip(n, a))
+    return _coefficients(n / a, FEDNOVA, extras=extras)
+
+
+def total_examples(sizes: Sequence[int | None]) -> float:
+    """n = sum_k n_k over all clients; a size not known counts as the mean known size."""
+    known = [k for k in sizes if k]
+    fill = float(np.mean(known)) if known else 0.0
+    return float(sum(k if k else fill for k in sizes))
+
+
+def data_shares(sizes: Sequence[int | None]) -> np.ndarray | None:
+    """p_k = n_k / n over the given clients, or None if a size is unknown."""
+    if any(s is None or s <= 0 for s in sizes):
+        return None
+    arr = np.asarray(sizes, dtype=np.float64)
+    return arr / arr.sum()
 
 
 class WeightedModelSum:
@@ -176,8 +214,9 @@ class WeightedModelSum:
         for name, amount in extras.items():
             self.extras[name] = self.extras.get(name, 0.0) + amount
 
-    def update(self, global_arrays: Mapping[str, np.ndarray], scale: float, server_lr: float = 1.0) -> NDArrays:
-        """w + eta_g * scale * (S - R w), i.e. w + eta_g * sum_k c_k (w_k - w) with c_k = scale * r_k.
+    def update(self, global_arrays: Mapping[str, np.ndarray], scale: float,
+               server_lr: float = 1.0) -> NDArrays:
+        """w + eta_g scale (S - R w), i.e. w + eta_g sum_k c_k (w_k - w) with c_k = scale r_k.
 
         Computed in place in the accumulator, in the arrays' own dtype (which Flower's
         FedAvg also averages in), so the sum is consumed: call once. Integer arrays get
@@ -198,40 +237,61 @@ class WeightedModelSum:
         return new
 
 
+def streamed_update(
+    global_arrays: Mapping[str, np.ndarray],
+    models: Iterable[tuple[int, Mapping[str, np.ndarray]]],
+    coefficients: Coefficients,
+    server_lr: float = 1.0,
+    *,
+    owned: bool = False,
+) -> tuple[NDArrays | None, list[int], dict[str, float]]:
+    """w + eta_g sum_k c_k (w_k - w) over the (index k, model w_k) pairs of ``models``.
+
+    ``models`` may be a generator that deserialises one reply at a time and skips bad
+    ones; c_k is ``coefficients`` over exactly the indices it yields. ``owned=True``
+    lets the models be scaled in place. Returns the new model (None when no model
+    came), the indices used, and the sums of the coefficients' extras.
+    """
+    acc, used = WeightedModelSum(), []
+    for k, arrays in models:
+        acc.add(arrays, float(coefficients.shares[k]), owned=owned, **coefficients.extras_of(k))
+        used.append(k)
+    if not used:
+        return None, used, {}
+    return acc.update(global_arrays, coefficients.scale(acc), server_lr), used, dict(acc.extras)
+
+
+def fednova_update(
+    global_arrays: Mapping[str, np.ndarray],
+    models: Iterable[tuple[int, Mapping[str, np.ndarray]]],
+    coefficients: Coefficients,
+    server_lr: float = 1.0,
+    momentum_buffer: NDArrays | None = None,
+    server_momentum: float = 0.0,
+    *,
+    owned: bool = False,
+) -> tuple[NDArrays | None, NDArrays | None, list[int], float | None]:
+    """FedNova's round (Wang et al. 2020, eq. 6) with optional server momentum gamma:
+
+        v <- gamma v + eta_g tau_eff sum_i p_i d_i,  w <- w - v,  d_i = (w - w_i) / ||a_i||_1
+
+    ``coefficients`` from :func:`coefficients_fednova`. Returns the new model (None when
+    no model came), the new momentum buffer (None without momentum), the indices used
+    and tau_eff.
+    """
+    new, used, sums = streamed_update(global_arrays, models, coefficients, server_lr, owned=owned)
+    if new is None:
+        return None, momentum_buffer, used, None
+    new, buffer = apply_server_momentum(global_arrays, new, momentum_buffer, server_momentum)
+    return new, buffer, used, sums["na"] / sums["n"]
+
+
 def all_finite(arrays: Mapping[str, np.ndarray]) -> str | None:
     """The first key whose floating array holds NaN or Inf, or None."""
     for key, value in arrays.items():
         if np.issubdtype(value.dtype, np.floating) and not np.isfinite(value).all():
             return key
     return None
-
-
-def apply_update(
-    global_arrays: Mapping[str, np.ndarray],
-    client_arrays: Sequence[Mapping[str, np.ndarray]],
-    coefficients: Sequence[float],
-    server_lr: float = 1.0,
-) -> NDArrays:
-    """w_t + eta_g * sum_k c_k (w_k - w_t), key by key (Option I, IID->non-IID study Alg. 3).
-
-    Integer arrays (e.g. BatchNorm's ``num_batches_tracked``) are not parameters:
-    they get the c-weighted mean of the clients' values, rounded.
-    """
-    c = np.asarray(coefficients, dtype=np.float64)
-    if len(client_arrays) != len(c):
-        raise ValueError(f"{len(client_arrays)} client models but {len(c)} coefficients")
-    if len(c) == 0:
-        raise ValueError("apply_update needs at least one client model")
-    acc = WeightedModelSum()
-    for c_k, arrays in zip(c, client_arrays):
-        acc.add(arrays, float(c_k))
-    return acc.update(global_arrays, 1.0, server_lr)
-
-
-def weighted_mean(values: Sequence[float], weights: Sequence[float]) -> float:
-    """sum w_i v_i / sum w_i."""
-    w = np.asarray(weights, dtype=np.float64)
-    return float(np.dot(w, np.asarray(values, dtype=np.float64)) / w.sum())
 
 
 def _positive(values: Sequence[float], name: str) -> np.ndarray:
@@ -267,47 +327,6 @@ def fednova_norm_proximal(tau: float, lr: float, mu: float) -> float:
     if alpha == 0:
         return float(tau)
     return (1 - (1 - alpha) ** tau) / alpha
-
-
-def fednova_update(
-    global_arrays: Mapping[str, np.ndarray],
-    client_arrays: Sequence[Mapping[str, np.ndarray]],
-    a_norms: Sequence[float],
-    weights: Sequence[float],
-    momentum_buffer: NDArrays | None = None,
-    server_momentum: float = 0.0,
-) -> tuple[NDArrays, NDArrays | None]:
-    """FedNova's normalised averaging (Wang et al. 2020, eq. 5 of FedVeca):
-
-        d_i = (w - w_i) / ||a_i||_1,   tau_eff = sum_i p_i ||a_i||_1,
-        w  <- w - tau_eff * sum_i p_i d_i            (p_i = weights / sum weights)
-
-    With server momentum gamma > 0: v <- gamma v + tau_eff sum_i p_i d_i, w <- w - v.
-    All ||a_i|| equal gives FedAvg (sum_i p_i w_i). Integer arrays (BatchNorm's
-    ``num_batches_tracked``) are not normalised: they get a rounded weighted mean.
-    Returns the new arrays and the new momentum buffer (None without momentum).
-    """
-    a = np.asarray(a_norms, dtype=np.float64)
-    p = np.asarray(weights, dtype=np.float64)
-    if len(client_arrays) != len(a) or len(a) != len(p) or len(a) == 0:
-        raise ValueError(f"need the same positive number of clients, a_norms and weights, "
-                         f"got {len(client_arrays)}, {len(a)}, {len(p)}")
-    if np.any(~np.isfinite(a)) or np.any(a <= 0):
-        raise ValueError(f"a_norms must be finite and > 0, got {a.tolist()}")
-    p = _positive(p, "weights")
-    acc = WeightedModelSum()
-    for arrays, n_i, a_i in zip(client_arrays, p, a):
-        acc.add(arrays, n_i / a_i, n=n_i, na=n_i * a_i)
-    new = acc.update(global_arrays, fednova_scale(acc))
-    return apply_server_momentum(global_arrays, new, momentum_buffer, server_momentum)
-
-
-def fednova_scale(acc: WeightedModelSum) -> float:
-    """scale of ``acc.update`` for FedNova when clients were added with weight n_i/a_i
-    and extras n = n_i, na = n_i a_i: c_i = tau_eff p_i / a_i = (tau_eff / sum n) r_i."""
-    total_n = acc.extras["n"]
-    tau_eff = acc.extras["na"] / total_n
-    return tau_eff / total_n
 
 
 def apply_server_momentum(
@@ -346,7 +365,8 @@ class UpdateDrift:
     """
 
     def __init__(self, global_arrays: Mapping[str, np.ndarray]) -> None:
-        self.global_arrays = {k: v for k, v in global_arrays.items() if np.issubdtype(v.dtype, np.floating)}
+        self.global_arrays = {k: v for k, v in global_arrays.items()
+                              if np.issubdtype(v.dtype, np.floating)}
         self.layers: dict[str, list[str]] = {}
         for key in self.global_arrays:
             self.layers.setdefault(layer_of(key), []).append(key)
@@ -384,10 +404,10 @@ class UpdateDrift:
                 cosine[layer] = (s2 - k) / (k * (k - 1))
         out: dict[str, object] = {}
         if cosine:
-            out["drift-cosine"] = {layer: round(v, 6) for layer, v in cosine.items()}
-            out["drift-cosine-mean"] = float(np.mean(list(cosine.values())))
+            out[C.LOG_DRIFT_COSINE] = {layer: round(v, 6) for layer, v in cosine.items()}
+            out[C.LOG_DRIFT_COSINE_MEAN] = float(np.mean(list(cosine.values())))
         if self.norms:
             mean = float(np.mean(self.norms))
-            out["update-norm-mean"] = mean
-            out["update-norm-cv"] = float(np.std(self.norms) / mean) if mean > 0 else 0.0
+            out[C.LOG_UPDATE_NORM_MEAN] = mean
+            out[C.LOG_UPDATE_NORM_CV] = float(np.std(self.norms) / mean) if mean > 0 else 0.0
         return out

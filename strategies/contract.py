@@ -1,7 +1,8 @@
-"""The message contract: every key a strategy sends and every key it reads.
+"""The contracts: every key a strategy sends and reads, and every run-log key it writes.
 
 This module is the only place where these strings are spelled out. Server and
-client code, the README table and the tests all import the names from here.
+client code, the run log, reports, plots, the README table and the tests all import
+the names from here. Run-log keys are the ``LOG_*`` names at the end.
 
 Server -> client (ConfigRecord ``"config"`` of a train / evaluate / query message)
 Client -> server (MetricRecord ``"metrics"`` and ArrayRecord ``"arrays"`` of a reply)
@@ -15,7 +16,7 @@ METRICS = "metrics"
 # --- server -> client: ConfigRecord "config" ------------------------------------
 SERVER_ROUND = "server-round"  # int, injected every round (Flower's key)
 LR = "lr"  # float, local learning rate
-LOCAL_EPOCHS = "local-epochs"  # number > 0 (fractions allowed: tau_i = max(1, floor(E n_i / B))), used when LOCAL_STEPS is 0
+LOCAL_EPOCHS = "local-epochs"  # number > 0 (fractions allowed), used when LOCAL_STEPS is 0
 LOCAL_STEPS = "local-steps"  # int >= 0; > 0 means "exactly this many SGD steps"
 BATCH_SIZE = "batch-size"  # int >= 0; 0 means full local batch (B = inf)
 MOMENTUM = "momentum"  # float in [0, 1)
@@ -40,9 +41,10 @@ EVAL_ACCURACY = "eval-accuracy"  # float, evaluate reply
 
 # --- FedVeca (strategies/fedveca.py; docs/fedveca.md) ----------------------------
 # server -> client, per node (ConfigRecord "config"): LOCAL_STEPS is this client's tau_(k,i)
-GNORM2_PREV = "gnorm2-prev"  # float, ||grad F(w_{k-1})||^2 (eq. 8) for delta; 0.0 when not known (k = 0)
+# float, ||grad F(w_{k-1})||^2 (eq. 8) for delta; 0.0 when not known (k = 0)
+GNORM2_PREV = "gnorm2-prev"
 FEDVECA_ESTIMATE = "fedveca-estimate"  # bool, True when beta and delta are wanted (k >= 1)
-BETA_MODE = "beta-mode"  # str, "same-batch" or "literal" (spec §4.6)
+BETA_MODE = "beta-mode"  # str, "same-batch" or "literal" (FedVeca Assumption 3)
 GRAD_SUBSAMPLE = "grad-subsample"  # int >= 0, examples for grad F_i(w_k); 0 = the whole local set
 # client -> server
 GRAD = "grad"  # ArrayRecord: grad F_i(w_k), the local full-data gradient at the received model
@@ -51,9 +53,83 @@ DELTA = "delta"  # float >= 0, delta_(k,i) (Assumption 4, Alg. 2 line 18); when 
 LOSS_AT_GLOBAL = "loss-at-global"  # float, optional: F_i(w_k) on the gradient's examples
 
 # --- DynamicFL (strategies/dynamicfl.py; docs/dynamicfl.md) ----------------------
-# server -> client, per chunk (ConfigRecord "config"): SERVER_ROUND is the round t, LOCAL_STEPS = NUM_STEPS
-START_STEP = "start-step"  # int >= 0: local steps this client already did this round (chunk [s, s+k))
+# server -> client, per chunk (ConfigRecord "config"): SERVER_ROUND is the round t,
+# LOCAL_STEPS = NUM_STEPS
+# int >= 0: local steps this client already did this round (chunk [s, s+k))
+START_STEP = "start-step"
 NUM_STEPS = "num-steps"  # int >= 1: steps of this chunk
 ROUND_STEPS = "round-steps"  # int L >= 1: steps per round (length of the client's batch stream)
 # client -> server, query reply (MetricRecord "metrics"), optional
-COMM_BUDGET = "comm-budget"  # float > 0, bytes per round this client can move (tau_m); absent = unconstrained
+# float > 0, bytes per round this client can move (tau_m); absent = unconstrained
+COMM_BUDGET = "comm-budget"
+
+# === Run log ======================================================================
+# One JSON object per round in ``rounds.jsonl``: the ServerApp's own keys plus the
+# diagnostics a strategy returns for that round. Every key is spelled here once; the
+# run log, report tables, plots and tests import these names.
+
+# --- written by the ServerApp every round (fedapp/server_app.py) ------------------
+LOG_ROUND = "round"  # int, the server round (1-based)
+LOG_ACCURACY = "accuracy"  # float, centralised test accuracy of the round's global model
+LOG_LOSS = "loss"  # float, centralised test loss of the round's global model
+LOG_WALL_SECONDS = "wall-seconds"  # float, seconds since the previous round's record
+LOG_ELAPSED_SECONDS = "elapsed-seconds"  # float, seconds since the run started
+LOG_EVAL_SECONDS = "eval-seconds"  # float, seconds of the centralised evaluation
+LOG_SERVER_MAX_RSS_MB = "server-max-rss-mb"  # float, peak resident memory of the server
+
+# --- written by every FedAvg-family strategy (strategies/fedavg.py) ----------------
+LOG_CLIENTS_SAMPLED = "clients-sampled"  # int, m clients drawn this round
+LOG_CLIENTS_STRAGGLERS = "clients-stragglers"  # int, drawn clients marked stragglers
+LOG_CLIENTS_DROPPED = "clients-dropped"  # int, stragglers not sent a train message
+LOG_CLIENTS_RECEIVED = "clients-received"  # int, replies accepted into the aggregate
+LOG_CLIENTS_FAILED = "clients-failed"  # int, drawn clients without an accepted reply
+LOG_BYTES_UP = "bytes-up"  # int, bytes of arrays received from clients
+LOG_BYTES_DOWN = "bytes-down"  # int, bytes of arrays sent to clients
+LOG_LOCAL_STEPS = LOCAL_STEPS_TAKEN  # list[int], tau_i of the accepted replies
+LOG_TRAIN_LOSS = TRAIN_LOSS  # float, weighted mean client training loss
+LOG_MODEL_KEPT = "model-kept"  # bool, True when no reply was accepted (w_{t+1} = w_t)
+LOG_DRIFT_COSINE = "drift-cosine"  # dict layer -> mean cosine(client update, mean update)
+LOG_DRIFT_COSINE_MEAN = "drift-cosine-mean"  # float, mean of LOG_DRIFT_COSINE over layers
+LOG_UPDATE_NORM_MEAN = "update-norm-mean"  # float, mean ||w_i - w|| over accepted clients
+LOG_UPDATE_NORM_CV = "update-norm-cv"  # float, std / mean of those norms
+
+# --- FedNova (strategies/fednova.py) ----------------------------------------------
+LOG_A_NORMS = "a-norms"  # list[float], ||a_i||_1 per accepted client (Wang et al. eq. 6)
+LOG_TAU_EFF = "tau-eff"  # float, tau_eff = sum_i p_i ||a_i||_1 (Wang et al. eq. 7)
+
+# --- FedVeca (strategies/fedveca.py) -----------------------------------------------
+# dicts are keyed by the client key (partition id when known, else node id) as a string
+LOG_FEDVECA_TAU_SENT = "fedveca-tau-sent"  # dict, tau_(k,i) sent this round
+LOG_FEDVECA_ESTIMATE = FEDVECA_ESTIMATE  # bool, beta/delta were requested this round
+LOG_FEDVECA_TAU = "fedveca-tau"  # dict, tau_(k,i) executed (reported local steps)
+LOG_FEDVECA_TAU_K = "fedveca-tau-k"  # float, tau_k = sum_i p_i tau_(k,i)
+LOG_FEDVECA_TAU_NEXT = "fedveca-tau-next"  # dict, tau_(k+1,i) decided this round
+LOG_FEDVECA_TAU_K_NEXT = "fedveca-tau-k-next"  # float, tau_(k+1)
+LOG_FEDVECA_TAU_TABLE = "fedveca-tau-table"  # dict, the server's whole tau table
+LOG_FEDVECA_GNORM2 = "fedveca-gnorm2"  # float, ||grad F(w_k)||^2
+LOG_FEDVECA_L_LATEST = "fedveca-L-latest"  # float | None, this round's smoothness estimate
+LOG_FEDVECA_L = "fedveca-L"  # float | None, the smoothness estimate in use
+LOG_FEDVECA_ETA_TAU_K_L = "fedveca-eta-tau-k-L"  # float | None, eta tau_k L
+LOG_FEDVECA_BETA = "fedveca-beta"  # dict, beta_(k,i)
+LOG_FEDVECA_DELTA = "fedveca-delta"  # dict, delta_(k,i)
+LOG_FEDVECA_A = "fedveca-A"  # dict, A_(k,i), the per-client effect
+LOG_FEDVECA_R = "fedveca-r"  # dict, the ratio that decides tau_(k+1,i)
+LOG_FEDVECA_SIGN = "fedveca-sign"  # dict, +1 / -1 / 0 step direction of tau_(k+1,i)
+LOG_FEDVECA_REASON = "fedveca-reason"  # dict, why tau_(k+1,i) was chosen
+LOG_FEDVECA_MIN_A = "fedveca-min-A"  # float | None, min_i A_(k,i)
+LOG_FEDVECA_ALPHA_BOUND = "fedveca-alpha-bound"  # float | None, upper bound on alpha
+LOG_FEDVECA_ETA_TAU_K_L_UPPER = "fedveca-eta-tau-k-L-upper"  # float | None, 4 / (2 + eps)
+
+# --- DynamicFL (strategies/dynamicfl.py) -------------------------------------------
+LOG_DYNAMICFL_GROUP_SIZE = "dynamicfl-group-size"  # int, |z| high-frequency group size
+LOG_DYNAMICFL_KL = "dynamicfl-kl"  # float | None, KL of the chosen group's label mix
+LOG_KAPPA_HAT = "kappa-hat"  # float, planned syncs per client and step
+LOG_SYNCS = "syncs"  # int, planned synchronisations this round
+LOG_SYNC_EVENTS = "sync-events"  # int, synchronisation events actually run
+LOG_SECONDS_PER_EVENT = "seconds-per-event"  # float, wall seconds per sync event
+LOG_LR = LR  # float, learning rate of this round
+
+# Keys whose values depend on the machine, not on the run's seed (ignored by
+# bit-identity comparisons of run logs).
+LOG_TIMING_KEYS = frozenset({LOG_WALL_SECONDS, LOG_ELAPSED_SECONDS, LOG_EVAL_SECONDS,
+                             LOG_SERVER_MAX_RSS_MB, LOG_SECONDS_PER_EVENT})

@@ -53,7 +53,6 @@ import numpy as np
 
 BUDGET_MODES = ("none", "fix", "dynamic", "budget")
 N_ENS = 10  # DynaComm ensemble repetitions (eta_ens; official code ``dp_ensemble_times``)
-BRUTE_FORCE_MAX_CLIENTS = 20
 _EPS = 1e-9  # float guard: 0.3 * 100 = 30.000000000000004 must not ceil to 31
 
 
@@ -83,7 +82,8 @@ def label_distribution(counts: Sequence[float]) -> np.ndarray:
     """p(c) = n_c / sum_c n_c for one label histogram."""
     arr = np.asarray(counts, dtype=np.float64)
     if arr.ndim != 1 or np.any(arr < 0) or not np.isfinite(arr).all():
-        raise ValueError(f"a label histogram must be a 1-d vector of counts >= 0, got {arr.tolist()}")
+        raise ValueError(f"a label histogram must be a 1-d vector of counts >= 0, "
+                         f"got {arr.tolist()}")
     total = arr.sum()
     if total <= 0:
         raise ValueError("a label histogram with no examples has no distribution")
@@ -100,7 +100,8 @@ def global_label_distribution(all_counts: Sequence[Sequence[float]]) -> np.ndarr
 
 
 def kl_divergence(p: Sequence[float], q: Sequence[float]) -> float:
-    """D_KL(p || q) = sum_{c: p(c) > 0} p(c) log(p(c) / q(c)), natural log; +inf if q(c) = 0 < p(c)."""
+    """D_KL(p || q) = sum_{c: p(c) > 0} p(c) log(p(c) / q(c)), natural log;
+    +inf if q(c) = 0 < p(c)."""
     p_arr = np.asarray(p, dtype=np.float64)
     q_arr = np.asarray(q, dtype=np.float64)
     if p_arr.shape != q_arr.shape:
@@ -111,7 +112,8 @@ def kl_divergence(p: Sequence[float], q: Sequence[float]) -> float:
     return float(np.sum(p_arr[mask] * np.log(p_arr[mask] / q_arr[mask])))
 
 
-def pooled_kl(counts: Sequence[Sequence[float]], members: Sequence[int], q: Sequence[float]) -> float:
+def pooled_kl(counts: Sequence[Sequence[float]], members: Sequence[int],
+              q: Sequence[float]) -> float:
     """KL of the pooled histogram of ``members`` (Eq. 1) to q; +inf for no examples / no members."""
     arr = _counts_matrix(counts)
     if len(members) == 0:
@@ -145,7 +147,7 @@ def dynacomm(
     that client is eligible, the group stays within ``k_max`` and its KL is lower.
     The answer is the lowest-KL cell over every size and every ordering: the group is
     NOT forced to fill the budget (paper l. 34, official code). Not exact, since KL is
-    not additive; compare with :func:`brute_force`.
+    not additive; the tests compare it with an exact enumeration.
 
     Parameters
     ----------
@@ -170,7 +172,7 @@ def dynacomm(
         Ascending positions and the group's KL; empty with KL = inf when no group of
         at least ``min_size`` eligible clients fits under ``k_max``.
     """
-    arr, q_arr, ok, cap = _checked(counts, q, eligible, k_max)
+    arr, q_arr, ok, cap = checked_inputs(counts, q, eligible, k_max)
     if n_ens < 1:
         raise ValueError(f"n_ens must be >= 1, got {n_ens}")
     generator = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
@@ -179,7 +181,8 @@ def dynacomm(
     for _ in range(n_ens):
         order = generator.permutation(n)
         # prev[j] = (kl, members, pooled counts) of the best size-j group so far
-        prev: list[tuple[float, tuple[int, ...], np.ndarray | None]] = [(math.inf, (), None)] * (n + 1)
+        prev: list[tuple[float, tuple[int, ...], np.ndarray | None]]
+        prev = [(math.inf, (), None)] * (n + 1)
         for i in range(1, n + 1):
             client = int(order[i - 1])
             row = list(prev)  # option 1: skip the client
@@ -199,61 +202,6 @@ def dynacomm(
     return Selection(tuple(sorted(best_members)), best_kl)
 
 
-def brute_force(
-    counts: Sequence[Sequence[float]],
-    q: Sequence[float],
-    *,
-    eligible: Sequence[bool] | None = None,
-    k_max: int | None = None,
-    min_size: int = 1,
-    max_clients: int = BRUTE_FORCE_MAX_CLIENTS,
-) -> Selection:
-    """The exact minimiser of Eq. 5 by enumerating every subset of the eligible clients.
-
-    2^n_eligible subsets, vectorised in blocks of 2^12; at most ``max_clients`` (20)
-    eligible clients. Ties go to the subset with the smallest bit mask (lowest positions
-    first in binary order).
-    """
-    arr, q_arr, ok, cap = _checked(counts, q, eligible, k_max)
-    idx = np.flatnonzero(ok)
-    n_e = len(idx)
-    if n_e > max_clients:
-        raise ValueError(f"brute force over {n_e} eligible clients (2^{n_e} subsets) is too "
-                         f"slow; the limit is {max_clients}: use dynacomm() instead")
-    if n_e == 0 or cap < max(min_size, 1):
-        return Selection((), math.inf)
-    x = arr[idx]
-    lo = min(n_e, 12)
-    hi = n_e - lo
-    low_bits = (np.arange(1 << lo)[:, None] >> np.arange(lo)) & 1
-    low_sums = low_bits @ x[:lo]
-    low_size = low_bits.sum(axis=1)
-    with np.errstate(divide="ignore"):
-        log_q = np.log(q_arr)
-    best_kl, best_mask = math.inf, -1
-    for h in range(1 << hi):
-        high_bits = (h >> np.arange(hi)) & 1
-        sums = low_sums + high_bits @ x[lo:]
-        size = low_size + int(high_bits.sum())
-        totals = sums.sum(axis=1)
-        valid = (size >= max(min_size, 1)) & (size <= cap) & (totals > 0)
-        if not valid.any():
-            continue
-        p = sums[valid] / totals[valid, None]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            terms = np.where(p > 0, p * (np.log(np.where(p > 0, p, 1.0)) - log_q), 0.0)
-        kls = terms.sum(axis=1)
-        k = int(np.argmin(kls))
-        if kls[k] < best_kl:
-            best_kl = float(kls[k])
-            best_mask = (h << lo) | int(np.flatnonzero(valid)[k])
-    if best_mask < 0:
-        return Selection((), math.inf)
-    members = tuple(int(idx[b]) for b in range(n_e) if (best_mask >> b) & 1)
-    # recompute exactly like dynacomm does, so the two solvers' KLs compare bit for bit
-    return Selection(members, pooled_kl(arr, members, q_arr))
-
-
 def _counts_matrix(counts: Sequence[Sequence[float]]) -> np.ndarray:
     arr = np.asarray(counts, dtype=np.float64)
     if arr.ndim != 2 or np.any(arr < 0) or not np.isfinite(arr).all():
@@ -262,12 +210,15 @@ def _counts_matrix(counts: Sequence[Sequence[float]]) -> np.ndarray:
     return arr
 
 
-def _checked(counts, q, eligible, k_max) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+def checked_inputs(counts, q, eligible, k_max) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """The label-count matrix, q, the eligibility mask and the size cap, checked."""
     arr = _counts_matrix(counts)
     n, num_classes = arr.shape
     q_arr = np.asarray(q, dtype=np.float64)
-    if q_arr.shape != (num_classes,) or np.any(q_arr < 0) or not math.isclose(q_arr.sum(), 1.0, abs_tol=1e-6):
-        raise ValueError(f"q must be a distribution over the {num_classes} classes, got {q_arr.tolist()}")
+    if (q_arr.shape != (num_classes,) or np.any(q_arr < 0)
+            or not math.isclose(q_arr.sum(), 1.0, abs_tol=1e-6)):
+        raise ValueError(f"q must be a distribution over the {num_classes} classes, "
+                         f"got {q_arr.tolist()}")
     ok = np.ones(n, dtype=bool) if eligible is None else np.asarray(eligible, dtype=bool)
     if ok.shape != (n,):
         raise ValueError(f"eligible has {ok.shape} entries for {n} clients")
@@ -302,15 +253,18 @@ def client_cost(nu: int, model_bytes: float) -> float:
     return 2.0 * float(model_bytes) * int(nu)
 
 
-def server_cost(group_size: int, num_active: int, nu_high: int, nu_low: int, model_bytes: float) -> float:
+def server_cost(group_size: int, num_active: int, nu_high: int, nu_low: int,
+                model_bytes: float) -> float:
     """kappa_g = sum_m 2|W| nu_m = 2|W| (|z| nu_high + (n - |z|) nu_low) (Eq. 2)."""
     if not 0 <= group_size <= num_active:
         raise ValueError(f"group_size {group_size} must be in 0..{num_active}")
-    return client_cost(nu_high, model_bytes) * group_size + client_cost(nu_low, model_bytes) * (num_active - group_size)
+    return (client_cost(nu_high, model_bytes) * group_size
+            + client_cost(nu_low, model_bytes) * (num_active - group_size))
 
 
-def server_budget_for_cap(k_max: int, num_active: int, nu_high: int, nu_low: int, model_bytes: float) -> float:
-    """The tau_g of Eq. 5 that allows exactly ``k_max`` high-frequency clients (= kappa_g(k_max))."""
+def server_budget_for_cap(k_max: int, num_active: int, nu_high: int, nu_low: int,
+                          model_bytes: float) -> float:
+    """The tau_g of Eq. 5 that allows exactly ``k_max`` high-frequency clients (kappa_g(k_max))."""
     return server_cost(k_max, num_active, nu_high, nu_low, model_bytes)
 
 
@@ -326,7 +280,8 @@ def cap_from_server_budget(
     if tau_g is None:
         return num_active
     if nu_high <= nu_low:  # the group does not change the cost
-        return num_active if server_cost(0, num_active, nu_high, nu_low, model_bytes) <= tau_g else 0
+        fits = server_cost(0, num_active, nu_high, nu_low, model_bytes) <= tau_g
+        return num_active if fits else 0
     base = server_cost(0, num_active, nu_high, nu_low, model_bytes)
     if base > tau_g:
         return 0
@@ -334,8 +289,10 @@ def cap_from_server_budget(
     return min(int(math.floor((tau_g - base) / extra + _EPS)), num_active)
 
 
-def eligible_by_budget(budgets: Sequence[float | None], nu_high: int, model_bytes: float) -> np.ndarray:
-    """Client constraint of Eq. 5: tau_m >= 2 |W| nu_high; None / NaN (no report) = unconstrained."""
+def eligible_by_budget(budgets: Sequence[float | None], nu_high: int,
+                       model_bytes: float) -> np.ndarray:
+    """Client constraint of Eq. 5: tau_m >= 2 |W| nu_high; None / NaN (no report) means
+    unconstrained."""
     need = client_cost(nu_high, model_bytes)
     return np.array([b is None or (isinstance(b, float) and math.isnan(b)) or float(b) >= need
                      for b in budgets], dtype=bool)
@@ -393,7 +350,8 @@ def constraints(
         if len(tau) != num_active:
             raise ValueError(f"{len(tau)} client budgets for {num_active} active clients")
         return Constraints(eligible_by_budget(tau, nu_high, model_bytes),
-                           cap_from_server_budget(server_budget, num_active, nu_high, nu_low, model_bytes))
+                           cap_from_server_budget(server_budget, num_active, nu_high, nu_low,
+                                                  model_bytes))
     raise ValueError(f"budget mode {mode!r} is not known; use one of {', '.join(BUDGET_MODES)}")
 
 

@@ -1,6 +1,6 @@
 """DynamicFL's round: two-frequency synchronisation, planned by chunks (pure numpy).
 
-Le et al., DynamicFL, Alg. 1 (lines 6-20) and spec dynamicfl.md Sec. 2.3, 2.6, 3.3.
+Le et al., DynamicFL, Alg. 1 (lines 6-20), Eq. 2 (cost) and Eq. 4 (L).
 No Flower types here; :mod:`strategies.dynamicfl` moves these plans over the Grid.
 
 One round t
@@ -12,15 +12,14 @@ clients U_l = {m : l in S_m} and sends that average back to them only; the other
 keep training their own model. At l = L every client syncs and that average is the
 round's global model W_g^t.
 
-Chunks (spec Sec. 3.3)
-----------------------
+Chunks
+------
 Between two of its syncs, a client's work depends only on the model it received at
 the first, its own batch stream and its own optimizer state. So the server sends
 each chunk (start-step s, num-steps k = next sync - s) when it starts and holds the
-returned weights until the chunk's end step s + k. :func:`plan_round` lists every
-client's chunks and the ordered sync events; :func:`simulate_round` runs a plan with
-a local-step callable and is equal to Algorithm 1's step-by-step loop
-(:func:`simulate_round_stepwise`; the tests check the two agree).
+returned weights until the chunk's end step s + k. :class:`RoundPlan` lists every
+client's chunks and the ordered sync events; :class:`strategies.DynamicFL` runs them on
+the Grid (the tests check it against Algorithm 1's step-by-step loop).
 
 Interval levels and presets
 ---------------------------
@@ -40,14 +39,13 @@ Convention for nu: we count the syncs that Alg. 1 performs, nu = |S_m| = ceil(L/
 so interval 1 gives nu = L and DynamicSGD costs kappa-hat = 1. The paper's tables
 print 0.996 for DynamicSGD and 0.302 for Dynamic-0.3 'a-g' at L = 250 because the
 official code performs L - 1 syncs at interval 1 (its last chunk is two steps long);
-:func:`num_syncs_reference_code` reproduces that for comparison with the tables, and
 our own schedule gives 0.303 for Dynamic-0.3 'a-g' ((3 * 250 + 7 * 1) / 2500).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -66,7 +64,6 @@ X_STAR_MODES = ("paper", "code")
 
 Client = Hashable
 Params = Mapping[str, np.ndarray] | Sequence[np.ndarray]
-LocalStepFn = Callable[[Client, Params, int, int], Params]
 
 
 # ------------------------------------------------------------------ intervals
@@ -181,13 +178,6 @@ def num_syncs(interval: int, local_steps: int) -> int:
     return -(-local_steps // capped(interval, local_steps))
 
 
-def num_syncs_reference_code(interval: int, local_steps: int) -> int:
-    """nu as the official code counts it: L - 1 at interval 1 (its last chunk is 2 steps),
-    else ceil(L / I). Only for comparing kappa-hat with the paper's tables."""
-    nu = num_syncs(interval, local_steps)
-    return nu - 1 if capped(interval, local_steps) == 1 and local_steps > 1 else nu
-
-
 @dataclass(frozen=True)
 class Chunk:
     """``num_steps`` local steps of ``client`` from ``start`` (steps already done this round)."""
@@ -288,7 +278,8 @@ def assign_intervals(
     the rest left out ("paper") or frozen into the final average ("code").
     """
     if x_star_mode not in X_STAR_MODES:
-        raise ValueError(f"x_star_mode={x_star_mode!r} is not known; use one of {', '.join(X_STAR_MODES)}")
+        raise ValueError(f"x_star_mode={x_star_mode!r} is not known; use one of "
+                         f"{', '.join(X_STAR_MODES)}")
     z = set(high_group)
     unknown = z.difference(active)
     if unknown:
@@ -298,27 +289,9 @@ def assign_intervals(
         frozen = tuple(m for m in active if m not in z) if x_star_mode == "code" else ()
         return RoundPlan(local_steps, intervals, frozen, num_active=len(active))
     assert spec.low is not None
-    intervals = {m: capped(spec.high if (m in z or spec.single) else spec.low, local_steps) for m in active}
+    intervals = {m: capped(spec.high if (m in z or spec.single) else spec.low, local_steps)
+                 for m in active}
     return RoundPlan(local_steps, intervals, (), num_active=len(active))
-
-
-def plan_from_groups(
-    groups: Mapping[str, Iterable[Client]], intervals: Mapping[str, int], local_steps: int,
-    *, frozen: Iterable[Client] = (), num_active: int = 0,
-) -> RoundPlan:
-    """A plan from named groups (e.g. {"high": z, "low": rest}) and an interval per group."""
-    per_client: dict[Client, int] = {}
-    for name, members in groups.items():
-        if name not in intervals:
-            raise ValueError(f"group {name!r} has no interval; intervals are given for {sorted(intervals)}")
-        for m in members:
-            if m in per_client:
-                raise ValueError(f"client {m!r} is in more than one group")
-            per_client[m] = capped(intervals[name], local_steps)
-    frozen_t = tuple(frozen)
-    if set(frozen_t) & set(per_client):
-        raise ValueError("a frozen client cannot also train")
-    return RoundPlan(local_steps, per_client, frozen_t, num_active=num_active)
 
 
 # ------------------------------------------------------------------ averaging
@@ -329,7 +302,8 @@ def weighted_average(models: Sequence[Params], weights: Sequence[float]) -> Para
     (not parameters) get the weighted mean, rounded.
     """
     if len(models) != len(weights) or not models:
-        raise ValueError(f"need the same positive number of models and weights, got {len(models)}, {len(weights)}")
+        raise ValueError(f"need the same positive number of models and weights, got "
+                         f"{len(models)}, {len(weights)}")
     w = np.asarray(weights, dtype=np.float64)
     if np.any(~np.isfinite(w)) or np.any(w <= 0):
         raise ValueError(f"weights must be finite and > 0, got {w.tolist()}")
@@ -366,122 +340,6 @@ def _map(fn, params: Params) -> Params:
     return [fn(v) for v in params]
 
 
-# ------------------------------------------------------------------ simulation
-@dataclass
-class RoundTrace:
-    """What :func:`simulate_round` did, for checking the invariants.
-
-    Attributes
-    ----------
-    global_params
-        W_g^t, the average at step L.
-    events : list of (step, clients, average)
-        Every server aggregation, in order, with exactly the clients averaged.
-    dispatched : list of (Chunk, step)
-        Every chunk with the step at which the server sent it (= its start).
-    received : dict client -> list of steps
-        When each client was sent a model (0: the round-start broadcast).
-    steps_done : dict client -> int
-        Local steps each client took.
-    """
-
-    global_params: Params
-    events: list[tuple[int, tuple[Client, ...], Params]] = field(default_factory=list)
-    dispatched: list[tuple[Chunk, int]] = field(default_factory=list)
-    received: dict[Client, list[int]] = field(default_factory=dict)
-    steps_done: dict[Client, int] = field(default_factory=dict)
-
-
-def run_plan(
-    initial_params: Params,
-    local_step_fn: LocalStepFn,
-    plan: RoundPlan,
-    weights: Mapping[Client, float],
-) -> RoundTrace:
-    """Run one round by chunks, as the strategy does on the Grid.
-
-    Each chunk is computed when it is dispatched (its start step) and its result is
-    held until its end step; at each sync event the held results of exactly the clients
-    that sync there are averaged (weights |D_m|) and sent back only to them, which
-    starts their next chunk. ``local_step_fn(client, params, start_step, num_steps)``
-    returns the client's parameters after ``num_steps`` steps; it must not modify its
-    input and may keep per-client state (momentum) in a closure.
-    """
-    trace = RoundTrace(global_params=initial_params)
-    held: dict[Client, Params] = {}
-
-    def dispatch(chunk: Chunk, params: Params, at: int) -> None:
-        trace.dispatched.append((chunk, at))
-        trace.received.setdefault(chunk.client, []).append(at)
-        held[chunk.client] = local_step_fn(chunk.client, params, chunk.start, chunk.num_steps)
-        trace.steps_done[chunk.client] = trace.steps_done.get(chunk.client, 0) + chunk.num_steps
-
-    for chunk in plan.first_chunks():
-        dispatch(chunk, initial_params, 0)
-    for event in plan.events:
-        members = list(event.clients)
-        models = [held.pop(m) for m in members]
-        w = [float(weights[m]) for m in members]
-        if event.step == plan.local_steps and plan.frozen:  # 'x*' code mode
-            members += list(plan.frozen)
-            models += [initial_params] * len(plan.frozen)
-            w += [float(weights[m]) for m in plan.frozen]
-        average = weighted_average(models, w)
-        trace.events.append((event.step, tuple(members), average))
-        if event.step == plan.local_steps:
-            trace.global_params = average
-            continue
-        for m in event.clients:
-            nxt = plan.next_chunk(m, event.step)
-            assert nxt is not None
-            dispatch(nxt, average, event.step)
-    if held:  # pragma: no cover - a plan always ends every chunk at an event
-        raise RuntimeError(f"results never averaged: {sorted(map(str, held))}")
-    return trace
-
-
-def simulate_round(
-    initial_params: Params,
-    local_step_fn: LocalStepFn,
-    groups: Mapping[str, Iterable[Client]],
-    intervals: Mapping[str, int],
-    L: int,
-    weights: Mapping[Client, float],
-    *,
-    frozen: Iterable[Client] = (),
-) -> RoundTrace:
-    """One DynamicFL round by chunks: ``groups`` (e.g. {"high": z, "low": rest}) with one
-    interval per group (capped at L), aggregation weights |D_m|; see :func:`run_plan`.
-
-    ``frozen``: 'x*' code mode clients (untrained, start model in the final average).
-    """
-    return run_plan(initial_params, local_step_fn, plan_from_groups(groups, intervals, L, frozen=frozen), weights)
-
-
-def simulate_round_stepwise(
-    initial_params: Params,
-    local_step_fn: LocalStepFn,
-    intervals: Mapping[Client, int],
-    L: int,
-    weights: Mapping[Client, float],
-) -> Params:
-    """Algorithm 1 literally (lines 12-20): for l = 1..L every client takes one step, then
-    U_l = {m : l mod I_m = 0 or l = L} are averaged and receive the average. Slow
-    (L calls per client); the reference :func:`run_plan` is checked against."""
-    models = {m: initial_params for m in intervals}
-    caps = {m: capped(i, L) for m, i in intervals.items()}
-    average = initial_params
-    for step in range(1, L + 1):
-        for m in models:
-            models[m] = local_step_fn(m, models[m], step - 1, 1)
-        sync = [m for m in models if step % caps[m] == 0 or step == L]
-        if sync:
-            average = weighted_average([models[m] for m in sync], [weights[m] for m in sync])
-            for m in sync:
-                models[m] = average
-    return average
-
-
 # ------------------------------------------------------------------ cost
 @dataclass(frozen=True)
 class RoundCost:
@@ -515,24 +373,6 @@ def round_cost(plan: RoundPlan, model_bytes: int) -> RoundCost:
         bytes_up=syncs * int(model_bytes),
         bytes_down=syncs * int(model_bytes),
     )
-
-
-def expected_kappa_hat(
-    spec: IntervalSpec, num_active: int, group_size: int, local_steps: int, *, reference_code: bool = False
-) -> float:
-    """kappa-hat from group sizes: (|z| nu_high + (n - |z|) nu_low) / (n L); 'x*': |z| nu_high / (n L).
-
-    ``reference_code=True`` counts L - 1 syncs at interval 1 like the official code (the
-    paper's tables).
-    """
-    count = num_syncs_reference_code if reference_code else num_syncs
-    if spec.single:
-        return count(spec.high, local_steps) / local_steps
-    total = group_size * count(spec.high, local_steps)
-    if not spec.only_high:
-        assert spec.low is not None
-        total += (num_active - group_size) * count(spec.low, local_steps)
-    return kappa_hat([total], num_active, local_steps)
 
 
 def _positive_int(value, name: str) -> int:

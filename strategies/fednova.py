@@ -1,65 +1,82 @@
-"""FedNova (Wang et al., NeurIPS'20): normalised averaging for heterogeneous local work.
+"""FedNova (Wang et al., NeurIPS 2020): normalised averaging for heterogeneous local work.
 
-    d_i = (w - w_i) / ||a_i||_1,  tau_eff = sum_i p_i ||a_i||_1,  w <- w - tau_eff sum_i p_i d_i
+    d_i = (w - w_i) / ||a_i||_1,  tau_eff = sum_i p_i ||a_i||_1,
+    w <- w - eta_g tau_eff sum_i p_i d_i                                (eq. 6)
 
-(eq. 5 of FedVeca for plain SGD), p_i = n_i / n over the replies, with ||a_i||_1 from
-the client's local solver: tau_i for SGD, momentum and proximal forms in
-:mod:`strategies.aggregate`. The math is :func:`strategies.aggregate.fednova_update`.
+p_i = n_i / n over the accepted replies; ||a_i||_1 from the client's local solver (eq. 5
+and its momentum / proximal forms, :mod:`strategies.aggregate`). The coefficients are
+:func:`strategies.aggregate.coefficients_fednova`, the update
+:func:`strategies.aggregate.fednova_update`; this module moves records.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from logging import INFO, WARNING
 
 import numpy as np
-
 from flwr.app import Message
 from flwr.common.logger import log
 
 from . import aggregate as agg
 from . import contract as C
-from .fedavg import FedAvg, _to_numpy
+from . import records
+from . import sampling
+from .fedavg import FedAvg
+
+REPORT_STEPS_HELPER = "strategies.client.fednova.report_local_steps"
 
 
 class FedNova(FedAvg):
-    """FedNova's normalised averaging on FedAvg's sampling and reply checks.
+    """FedNova's normalised averaging (Wang et al. 2020, eq. 6) on FedAvg's sampling.
 
     Parameters
     ----------
     server_momentum : float
         gamma of optional server momentum on the normalised update (0 = off, default).
-    local_epochs, batch_size : int
-        Only for clients that do not report ``local-steps`` (e.g. Flower's stock PyTorch
-        ClientApp): tau_i is then floor(E n_i / B) from these values, with one warning.
+    local_epochs, batch_size : float, int, optional
+        E and B of clients that do not report ``local-steps`` (Flower's stock PyTorch
+        ClientApp); default: the train config's ``local-epochs`` and ``batch-size``.
+        B = 0 means one full batch per epoch.
+    drop_last : bool
+        How such a client's loop batches an epoch: ``False`` (PyTorch's DataLoader
+        default) runs tau_i = E ceil(n_i / B) steps, ``True`` runs E floor(n_i / B); a
+        fractional E gives floor(E ceil(n_i / B)) (:func:`strategies.sampling.dataloader_steps`).
+        When E or B is not known either way, the first such reply stops the run with a
+        ValueError saying how to give them; tau_i is never guessed.
     straggler_policy : str
         ``"partial"`` by default: FedNova exists to aggregate unequal local work.
     **kwargs
         As :class:`FedAvg` (the weighting is always n_i / n; ``server_lr`` eta_g scales
-        the normalised step: w <- w - eta_g tau_eff sum_i p_i d_i).
+        the normalised step).
 
     Contract
     --------
-    Each reply: ArrayRecord ``arrays`` (the local model w_i) and MetricRecord
-    ``metrics`` with ``num-examples`` and ``local-steps`` (tau_i, the SGD steps taken);
-    optionally ``a-norm`` (||a_i||_1) for a local solver other than plain/momentum/
-    proximal SGD. The server computes ||a_i||_1 from tau_i and the ``momentum``,
-    ``proximal-mu`` and ``lr`` it sent that client.
+    Each reply: ArrayRecord ``arrays`` (the local model w_i) and MetricRecord ``metrics``
+    with ``num-examples`` and, best, ``local-steps`` (tau_i, the SGD steps taken;
+    ``strategies.client.fednova.report_local_steps`` adds it); optionally ``a-norm``
+    (||a_i||_1) for a local solver other than plain, momentum or proximal SGD. The
+    server computes ||a_i||_1 from tau_i and the ``momentum``, ``proximal-mu`` and
+    ``lr`` it sent that client.
     """
 
-    def __init__(self, *, server_momentum: float = 0.0, local_epochs: int | None = None,
-                 batch_size: int | None = None, straggler_policy: str = "partial", **kwargs) -> None:
+    CLIENT_HELPER = REPORT_STEPS_HELPER
+
+    def __init__(self, *, server_momentum: float = 0.0, local_epochs: float | None = None,
+                 batch_size: int | None = None, drop_last: bool = False,
+                 straggler_policy: str = "partial", **kwargs) -> None:
         if not 0 <= server_momentum < 1:
             raise ValueError(f"server_momentum must be in [0, 1), got {server_momentum}")
         if kwargs.get("weighting", "examples") != "examples":
-            raise ValueError(f"FedNova weights clients by num-examples; weighting={kwargs['weighting']!r} "
-                             "is not supported")
+            raise ValueError(f"FedNova weights clients by num-examples; "
+                             f"weighting={kwargs['weighting']!r} is not supported")
         super().__init__(straggler_policy=straggler_policy, **kwargs)
         self.server_momentum = float(server_momentum)
         self.local_epochs = local_epochs
         self.batch_size = batch_size
+        self.drop_last = bool(drop_last)
         self.momentum_buffer: agg.NDArrays | None = None
         self._warned_derived_tau = False
-        self.last_a_norms = np.zeros(0)
 
     def summary(self) -> None:
         """Log the configuration."""
@@ -69,15 +86,34 @@ class FedNova(FedAvg):
     def state_dict(self) -> dict:
         """FedAvg's state plus the server momentum buffer v (None without momentum), copied."""
         state = super().state_dict()
-        state["momentum-buffer"] = (None if self.momentum_buffer is None
-                                    else {k: np.array(v, copy=True) for k, v in self.momentum_buffer.items()})
+        state["momentum-buffer"] = (None if self.momentum_buffer is None else
+                                    {k: np.array(v, copy=True)
+                                     for k, v in self.momentum_buffer.items()})
         return state
 
     def load_state_dict(self, state: dict) -> None:
         """Restore what :meth:`state_dict` returned."""
         super().load_state_dict(state)
         buffer = state.get("momentum-buffer")
-        self.momentum_buffer = None if buffer is None else {k: np.array(v, copy=True) for k, v in buffer.items()}
+        self.momentum_buffer = (None if buffer is None else
+                                {k: np.array(v, copy=True) for k, v in buffer.items()})
+
+    # ------------------------------------------------------------------ aggregation
+    def update_model(
+        self, server_round: int, global_arrays: agg.NDArrays, replies: list[Message],
+        models: Iterator[tuple[int, agg.NDArrays]],
+    ) -> tuple[agg.NDArrays | None, list[int]]:
+        """eq. (6) over the accepted replies, then optional server momentum."""
+        a_norms = [self.a_norm(r) for r in replies]
+        n = [float(r.content[C.METRICS][C.NUM_EXAMPLES]) for r in replies]
+        new, self.momentum_buffer, used, tau_eff = agg.fednova_update(
+            global_arrays, models, agg.coefficients_fednova(n, a_norms), self.server_lr,
+            self.momentum_buffer, self.server_momentum, owned=True)
+        if used:
+            diag = self.diagnostics.setdefault(server_round, {})
+            diag[C.LOG_A_NORMS] = [round(float(a_norms[k]), 4) for k in used]
+            diag[C.LOG_TAU_EFF] = tau_eff
+        return new, used
 
     def a_norm(self, reply: Message) -> float:
         """||a_i||_1 of one reply (reported, or from tau_i and the solver it was sent)."""
@@ -90,40 +126,43 @@ class FedNova(FedAvg):
         mu = float(sent.get(C.PROXIMAL_MU, 0.0))
         if rho > 0:
             if mu > 0:
-                log(WARNING, "FedNova: momentum and proximal term together; using the momentum norm")
+                log(WARNING, "FedNova: momentum and proximal term together; "
+                    "using the momentum norm")
             return agg.fednova_norm_momentum(tau, rho)
         if mu > 0:
             return agg.fednova_norm_proximal(tau, float(sent.get(C.LR, 0.0)), mu)
         return agg.fednova_norm_sgd(tau)
 
     def reply_tau(self, reply: Message, sent) -> int:
-        """tau_i: reported ``local-steps``, else floor(E n_i / B) with a warning."""
+        """tau_i: the reported ``local-steps``; else the ``local-steps`` sent; else the steps
+        of a stock DataLoader loop, E ceil(n_i / B) (one warning per run)."""
         metrics = reply.content[C.METRICS]
         if C.LOCAL_STEPS_TAKEN in metrics:
             return int(metrics[C.LOCAL_STEPS_TAKEN])
-        epochs = self.local_epochs or sent.get(C.LOCAL_EPOCHS, 1)  # may be a fraction of an epoch
-        batch = self.batch_size if self.batch_size is not None else int(sent.get(C.BATCH_SIZE, 0))
         steps = int(sent.get(C.LOCAL_STEPS, 0))
-        tau = steps if steps > 0 else agg.steps_for_epochs(int(metrics[C.NUM_EXAMPLES]), batch, epochs)
+        epochs = self.local_epochs if self.local_epochs is not None else sent.get(C.LOCAL_EPOCHS)
+        batch = self.batch_size if self.batch_size is not None else sent.get(C.BATCH_SIZE)
+        if steps > 0:
+            tau = steps
+        elif epochs is None or batch is None:
+            raise ValueError(
+                f"FedNova: replies carry no '{C.LOCAL_STEPS_TAKEN}' and the local work tau_i "
+                f"cannot be derived: local_epochs={epochs!r}, batch_size={batch!r}. Pass the "
+                f"clients' values, FedNova(local_epochs=E, batch_size=B) (B=0 for full batch; "
+                f"drop_last=True if their DataLoader drops the last batch), or put "
+                f"'{C.LOCAL_EPOCHS}' and '{C.BATCH_SIZE}' in the train config, or report the "
+                f"steps from the ClientApp with {REPORT_STEPS_HELPER}")
+        else:
+            tau = sampling.dataloader_steps(int(metrics[C.NUM_EXAMPLES]), int(batch), epochs,
+                                            drop_last=self.drop_last)
         if not self._warned_derived_tau:
             self._warned_derived_tau = True
-            log(WARNING, "FedNova: replies carry no '%s'; tau_i is derived as floor(E n_i / B) with "
-                "E=%s, B=%s (pass local_epochs/batch_size to FedNova if these are not the clients' values)",
-                C.LOCAL_STEPS_TAKEN, epochs, batch or "full")
+            rule = "sent local-steps" if steps > 0 else (
+                f"E {'floor' if self.drop_last else 'ceil'}(n_i / B) with E={epochs}, "
+                f"B={batch or 'full'}")
+            log(WARNING, "FedNova: replies carry no '%s'; tau_i is taken as the %s (report it "
+                "with %s to be exact)", C.LOCAL_STEPS_TAKEN, rule, REPORT_STEPS_HELPER)
         return max(tau, 1)
-
-    def client_weights(self, replies: list[Message]) -> tuple[np.ndarray, list[dict[str, float]]]:
-        """r_i = n_i / ||a_i||_1, with n_i and n_i ||a_i||_1 summed alongside (FedNova eq. 5)."""
-        a_norms = np.array([self.a_norm(r) for r in replies])
-        n = np.array([float(r.content[C.METRICS][C.NUM_EXAMPLES]) for r in replies])
-        return n / a_norms, [{"n": n_i, "na": n_i * a_i, "a": a_i} for n_i, a_i in zip(n, a_norms)]
-
-    def accumulate(self, replies, weights, extras):
-        """FedAvg's stream; also keeps the accepted replies' ||a_i||_1 for the run log."""
-        acc, accepted = super().accumulate(replies, weights, extras)
-        by_reply = {id(r): e["a"] for r, e in zip(replies, extras)}
-        self.last_a_norms = np.array([by_reply[id(r)] for r in accepted])
-        return acc, accepted
 
     def reply_problem(self, reply: Message) -> str | None:
         """FedAvg's checks plus: ``local-steps`` an integer >= 1, ``a-norm`` finite and > 0."""
@@ -132,22 +171,12 @@ class FedNova(FedAvg):
             return problem
         metrics = reply.content[C.METRICS]
         steps = metrics.get(C.LOCAL_STEPS_TAKEN)
-        if steps is not None and (isinstance(steps, bool) or not isinstance(steps, (int, float))
-                                  or not np.isfinite(steps) or steps < 1 or steps != int(steps)):
-            return f"'{C.LOCAL_STEPS_TAKEN}' must be an integer >= 1, got {steps!r}"
+        if steps is not None:
+            problem = records.number_problem(C.LOCAL_STEPS_TAKEN, steps, integer=True, low=1,
+                                             strict=False)
+            if problem:
+                return problem
         a_norm = metrics.get(C.A_NORM)
-        if a_norm is not None and (isinstance(a_norm, bool) or not isinstance(a_norm, (int, float))
-                                   or not np.isfinite(a_norm) or a_norm <= 0):
-            return f"'{C.A_NORM}' must be a finite number > 0, got {a_norm!r}"
+        if a_norm is not None:
+            return records.number_problem(C.A_NORM, a_norm)
         return None
-
-    def new_arrays(self, server_round: int, acc: agg.WeightedModelSum, planned: float) -> agg.NDArrays:
-        """w - tau_eff sum_i p_i d_i over the accepted replies, then optional server momentum."""
-        global_arrays = _to_numpy(self.current_arrays)
-        new = acc.update(global_arrays, agg.fednova_scale(acc) * planned, self.server_lr)
-        new, self.momentum_buffer = agg.apply_server_momentum(
-            global_arrays, new, self.momentum_buffer, self.server_momentum)
-        diag = self.diagnostics.setdefault(server_round, {})
-        diag["a-norms"] = [round(float(a), 4) for a in self.last_a_norms]
-        diag["tau-eff"] = acc.extras["na"] / acc.extras["n"]
-        return new

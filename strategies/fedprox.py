@@ -34,7 +34,8 @@ class FedProx(FedAvg):
     mu (w - w_t) to its gradients (``task.train.local_sgd(..., proximal_mu=mu)``).
     """
 
-    def __init__(self, *, proximal_mu: float = 0.01, straggler_policy: str = "partial", **kwargs) -> None:
+    def __init__(self, *, proximal_mu: float = 0.01, straggler_policy: str = "partial",
+                 **kwargs) -> None:
         if not proximal_mu >= 0:
             raise ValueError(f"proximal_mu must be >= 0, got {proximal_mu}")
         super().__init__(straggler_policy=straggler_policy, **kwargs)

@@ -20,8 +20,8 @@ from flwr.serverapp import Grid
 from . import aggregate as agg
 from . import contract as C
 from . import fedveca_math as vm
-from .fedavg import ClientInfo, _to_numpy
 from .fednova import FedNova
+from .records import ClientInfo, to_numpy
 
 STATE_VERSION = 1
 
@@ -43,15 +43,15 @@ class FedVeca(FedNova):
        tau_(k+1,i) = floor(A_i / (A_i - alpha min_j A_j)), A_i = eta beta_i^2 delta_i,
        then <= 1 -> 2 and the cap ``tau_max`` (eq. 15, Alg. 1 lines 17-21).
 
-    Timeline (spec §4.9): rounds k = 0 and 1 use ``tau_init``; round 0 has no
+    Timeline (Alg. 1): rounds k = 0 and 1 use ``tau_init``; round 0 has no
     ||grad F(w_{-1})||^2, so clients first estimate beta and delta in round 1, and the
     first adaptive tau is used in round k = 2 (``server_round`` 3).
 
     Partial participation (not in the paper): p_i, tau_k, grad F(w_k) and min_j A_j are
     taken over the clients whose replies were accepted this round; a client that is
     not sampled, fails, or sends no estimate keeps its last tau. Clients are keyed by
-    the ``partition-id`` they report (node id when they report none), so the tau
-    table survives node restarts and checkpoints.
+    the ``partition-id`` they report to the client-info query (``query_client_info=True``;
+    node id without it), so the tau table survives node restarts and checkpoints.
 
     Parameters
     ----------
@@ -64,7 +64,8 @@ class FedVeca(FedNova):
         0 < alpha < min(1, 2L / min A) (logged, not enforced); alpha >= 1 makes the
         clients with r_i <= alpha "negative direction" clients, which get ``tau_max``.
     beta_mode : str
-        Client estimator of beta (spec §4.6): ``"same-batch"`` (both gradients on the
+        Client estimator of beta (Assumption 3, Alg. 2 lines 14-16): ``"same-batch"`` (both
+        gradients on the
         step's minibatch; default) or ``"literal"`` (Alg. 2 line 15: full local
         gradient at w_k vs. the minibatch gradient at w^lambda).
     grad_subsample : int
@@ -94,27 +95,38 @@ class FedVeca(FedNova):
     ``num-examples`` (D_i), ``local-steps`` (tau actually run, >= 1) and, when
     ``fedveca-estimate`` is true, ``beta`` and ``delta`` (finite, >= 0). A reply
     missing any of these, or with NaN / Inf in its arrays, is rejected with one log
-    line naming the node; the others are aggregated. ``task.fedveca.fedveca_train``
-    computes all of it for a PyTorch model; docs/fedveca.md has the ClientApp diff.
+    line naming the node; the others are aggregated. ``strategies.client.fedveca.fedveca_train``
+    computes all of it for a PyTorch model; a round in which every reply lacks
+    ``local-steps`` or ``grad`` stops the run with a
+    :class:`strategies.records.ClientContractError` naming that helper.
     """
 
+    CLIENT_HELPER = "strategies.client.fedveca.fedveca_train"
+
     def __init__(self, *, tau_init: int = 20, tau_max: int = 50, alpha: float = 0.95,
-                 beta_mode: str = "same-batch", grad_subsample: int = 0, lr: float = 0.01, **kwargs) -> None:
+                 beta_mode: str = "same-batch", grad_subsample: int = 0, lr: float = 0.01,
+                 **kwargs) -> None:
         if isinstance(tau_max, bool) or not isinstance(tau_max, int) or tau_max < vm.TAU_MIN:
             raise ValueError(f"tau_max must be an integer >= {vm.TAU_MIN}, got {tau_max!r}")
-        if isinstance(tau_init, bool) or not isinstance(tau_init, int) or not vm.TAU_MIN <= tau_init <= tau_max:
-            raise ValueError(f"tau_init must be an integer in [{vm.TAU_MIN}, tau_max={tau_max}] (delta needs "
-                             f"two local steps), got {tau_init!r}")
+        if (isinstance(tau_init, bool) or not isinstance(tau_init, int)
+                or not vm.TAU_MIN <= tau_init <= tau_max):
+            raise ValueError(f"tau_init must be an integer in [{vm.TAU_MIN}, tau_max={tau_max}] "
+                             f"(delta needs two local steps), got {tau_init!r}")
         if not (isinstance(alpha, (int, float)) and math.isfinite(alpha) and alpha > 0):
-            raise ValueError(f"alpha must be a finite number > 0 (the paper uses 0.95), got {alpha!r}")
-        if isinstance(grad_subsample, bool) or not isinstance(grad_subsample, int) or grad_subsample < 0:
-            raise ValueError(f"grad_subsample must be an integer >= 0 (0 = whole local set), got {grad_subsample!r}")
+            raise ValueError(f"alpha must be a finite number > 0 (the paper uses 0.95), "
+                             f"got {alpha!r}")
+        if (isinstance(grad_subsample, bool) or not isinstance(grad_subsample, int)
+                or grad_subsample < 0):
+            raise ValueError(f"grad_subsample must be an integer >= 0 (0 = whole local set), "
+                             f"got {grad_subsample!r}")
         if not (math.isfinite(lr) and lr > 0):
             raise ValueError(f"lr must be a finite number > 0, got {lr!r}")
-        for name, neutral in (("straggler_fraction", 0.0), ("server_momentum", 0.0), ("server_lr", 1.0)):
+        for name, neutral in (("straggler_fraction", 0.0), ("server_momentum", 0.0),
+                              ("server_lr", 1.0)):
             if kwargs.get(name, neutral) != neutral:
-                raise ValueError(f"FedVeca: {name}={kwargs[name]!r} is not supported (eq. 5 has no such term; "
-                                 f"FedVeca sets each client's local steps itself); leave it at {neutral}")
+                raise ValueError(f"FedVeca: {name}={kwargs[name]!r} is not supported (eq. 5 has no "
+                                 f"such term; FedVeca sets each client's local steps itself); "
+                                 f"leave it at {neutral}")
         super().__init__(**kwargs)
         self.tau_init = int(tau_init)
         self.tau_max = int(tau_max)
@@ -125,28 +137,30 @@ class FedVeca(FedNova):
         # cross-round state (state_dict / load_state_dict)
         self.taus: dict[str, int] = {}
         self.smoothness_max: float | None = None  # L, running max (Alg. 1 line 16)
-        self.smoothness_pending: float | None = None  # L_k, folded into L in round k + 1 (one-round delay)
+        # L_k, folded into L in round k + 1 (one-round delay)
+        self.smoothness_pending: float | None = None
         self.gnorm2_prev: float | None = None  # ||grad F(w_k)||^2, sent in round k + 1
         self.prev_model: agg.NDArrays | None = None  # w_k (floating arrays)
         self.prev_grad: agg.NDArrays | None = None  # grad F(w_k)
-        self._accepted: list[Message] = []
         self._eta = self.lr
         self._warned_solver = False
 
     def summary(self) -> None:
         """Log the configuration."""
-        log(INFO, "\t├──> FedVeca: tau_init %d, tau_max %d, alpha %s, beta mode %s, grad subsample %s",
-            self.tau_init, self.tau_max, self.alpha, self.beta_mode, self.grad_subsample or "off")
+        log(INFO, "\t├──> FedVeca: tau_init %d, tau_max %d, alpha %s, beta mode %s, "
+            "grad subsample %s", self.tau_init, self.tau_max, self.alpha, self.beta_mode,
+            self.grad_subsample or "off")
         super().summary()
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict:
-        """The cross-round state (tau table, L, previous global gradient and model) for a checkpoint.
+        """The cross-round state (tau table, L, previous global gradient and model).
 
         numpy arrays are copied; everything else is plain Python (JSON-able but for the arrays).
         """
         def copy(arrays):
-            return None if arrays is None else {k: np.array(v, copy=True) for k, v in arrays.items()}
+            return (None if arrays is None else
+                    {k: np.array(v, copy=True) for k, v in arrays.items()})
         return {
             "version": STATE_VERSION,
             "taus": dict(self.taus),
@@ -160,17 +174,19 @@ class FedVeca(FedNova):
     def load_state_dict(self, state: dict) -> None:
         """Restore what :meth:`state_dict` returned."""
         if state.get("version") != STATE_VERSION:
-            raise ValueError(f"FedVeca state version {state.get('version')!r} is not {STATE_VERSION}")
+            raise ValueError(f"FedVeca state version {state.get('version')!r} is not "
+                             f"{STATE_VERSION}")
         taus = {str(k): int(v) for k, v in state["taus"].items()}
         bad = {k: v for k, v in taus.items() if not vm.TAU_MIN <= v <= self.tau_max}
         if bad:
-            raise ValueError(f"FedVeca state has taus outside [{vm.TAU_MIN}, {self.tau_max}]: {bad}")
+            raise ValueError(f"FedVeca state has taus outside [{vm.TAU_MIN}, {self.tau_max}]: "
+                             f"{bad}")
         self.taus = taus
         self.smoothness_max = state["smoothness-max"]
         self.smoothness_pending = state["smoothness-pending"]
         self.gnorm2_prev = state["gnorm2-prev"]
-        self.prev_model = None if state["prev-model"] is None else {k: np.array(v) for k, v in state["prev-model"].items()}
-        self.prev_grad = None if state["prev-grad"] is None else {k: np.array(v) for k, v in state["prev-grad"].items()}
+        self.prev_model = _copied(state["prev-model"])
+        self.prev_grad = _copied(state["prev-grad"])
 
     # ------------------------------------------------------------------ configure
     def client_key(self, node_id: int) -> str:
@@ -184,21 +200,25 @@ class FedVeca(FedNova):
 
     def estimating(self) -> bool:
         """Clients estimate beta and delta once ||grad F(w_{k-1})||^2 is known and > 0 (k >= 1)."""
-        return self.gnorm2_prev is not None and math.isfinite(self.gnorm2_prev) and self.gnorm2_prev > 0
+        g = self.gnorm2_prev
+        return g is not None and math.isfinite(g) and g > 0
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """FedAvg's sampling; one message per node with its own tau in its own ConfigRecord."""
         self._eta = float(config.get(C.LR, self.lr))
-        ignored = {k: config[k] for k in (C.MOMENTUM, C.WEIGHT_DECAY, C.PROXIMAL_MU) if config.get(k, 0)}
+        ignored = {k: config[k] for k in (C.MOMENTUM, C.WEIGHT_DECAY, C.PROXIMAL_MU)
+                   if config.get(k, 0)}
         if ignored and not self._warned_solver:
             self._warned_solver = True
-            log(WARNING, "FedVeca: clients run plain SGD (eq. 1); the train config's %s are ignored", ignored)
+            log(WARNING, "FedVeca: clients run plain SGD (eq. 1); the train config's %s are "
+                "ignored", ignored)
         messages = super().configure_train(server_round, arrays, config, grid)
         diag = self.diagnostics.setdefault(server_round, {})
-        diag["fedveca-tau-sent"] = {self.client_key(n): int(self.sent_configs[n][C.LOCAL_STEPS]) for n in self.draws}
-        diag["fedveca-estimate"] = self.estimating()
+        diag[C.LOG_FEDVECA_TAU_SENT] = {self.client_key(n): int(self.sent_configs[n][C.LOCAL_STEPS])
+                                        for n in self.draws}
+        diag[C.LOG_FEDVECA_ESTIMATE] = self.estimating()
         return messages
 
     def node_config(self, node_id: int, server_round: int, config: ConfigRecord) -> ConfigRecord:
@@ -212,6 +232,15 @@ class FedVeca(FedNova):
         return own
 
     # ------------------------------------------------------------------ replies
+    def contract_gap(self, reply: Message) -> str | None:
+        """The FedVeca keys a reply lacks (a stock ClientApp sends neither), or None."""
+        metrics = reply.content.metric_records.get(C.METRICS)
+        if metrics is None or C.LOCAL_STEPS_TAKEN not in metrics:
+            return f"the metric '{C.LOCAL_STEPS_TAKEN}'"
+        if C.GRAD not in reply.content.array_records:
+            return f"the ArrayRecord '{C.GRAD}'"
+        return None
+
     def reply_problem(self, reply: Message) -> str | None:
         """FedNova's checks plus: ``local-steps``, the ``grad`` ArrayRecord (keys, shapes, finite)
         and, when asked for, finite ``beta`` and ``delta`` >= 0."""
@@ -224,16 +253,19 @@ class FedVeca(FedNova):
             return f"FedVeca needs metric '{C.LOCAL_STEPS_TAKEN}' (the SGD steps taken)"
         if C.GRAD not in content.array_records:
             return f"FedVeca needs an ArrayRecord '{C.GRAD}' (grad F_i at the received model)"
-        expected = {k: a for k, a in self.current_arrays.items() if np.issubdtype(np.dtype(a.dtype), np.floating)}
+        expected = {k: a for k, a in self.current_arrays.items()
+                    if np.issubdtype(np.dtype(a.dtype), np.floating)}
         grad = content[C.GRAD]
         if set(grad.keys()) != set(expected):
             missing = sorted(set(expected) - set(grad.keys()))
             extra = sorted(set(grad.keys()) - set(expected))
-            return f"'{C.GRAD}' keys differ from the model's floating arrays (missing {missing}, unexpected {extra})"
+            return (f"'{C.GRAD}' keys differ from the model's floating arrays (missing {missing}, "
+                    f"unexpected {extra})")
         for key, array in grad.items():
             if tuple(array.shape) != tuple(expected[key].shape):
-                return f"'{C.GRAD}' array '{key}' has shape {tuple(array.shape)}, expected {tuple(expected[key].shape)}"
-        bad_key = agg.all_finite(_to_numpy(grad))
+                return (f"'{C.GRAD}' array '{key}' has shape {tuple(array.shape)}, "
+                        f"expected {tuple(expected[key].shape)}")
+        bad_key = agg.all_finite(to_numpy(grad))
         if bad_key is not None:
             return f"'{C.GRAD}' array '{bad_key}' has NaN or Inf"
         sent = self.sent_configs.get(reply.metadata.src_node_id, {})
@@ -242,29 +274,22 @@ class FedVeca(FedNova):
                 value = metrics.get(key)
                 if (value is None or isinstance(value, bool) or not isinstance(value, (int, float))
                         or not math.isfinite(value) or value < 0):
-                    return f"'{key}' must be a finite number >= 0 when '{C.FEDVECA_ESTIMATE}' is sent, got {value!r}"
+                    return (f"'{key}' must be a finite number >= 0 when "
+                            f"'{C.FEDVECA_ESTIMATE}' is sent, got {value!r}")
         return None
 
     def a_norm(self, reply: Message) -> float:
         """||a_i||_1 = tau_i: FedVeca's clients run plain SGD (eq. 5)."""
         return agg.fednova_norm_sgd(int(reply.content[C.METRICS][C.LOCAL_STEPS_TAKEN]))
 
-    def accumulate(self, replies, weights, extras):
-        """FedNova's stream; remembers the accepted replies for the tau rule."""
-        acc, accepted = super().accumulate(replies, weights, extras)
-        self._accepted = accepted
-        return acc, accepted
-
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """eq. (5) via FedNova, then eq. (8), L and the tau rule (15) for the next round."""
-        self._accepted = []
-        arrays, metrics = super().aggregate_train(server_round, replies)
-        if self._accepted:
-            self.update_step_sizes(server_round, self._accepted)
-        self._accepted = []
-        return arrays, metrics
+        new, accepted = self.aggregate_replies(server_round, replies)
+        if accepted:
+            self.update_step_sizes(server_round, accepted)
+        return self.train_result(server_round, new, accepted)
 
     def update_step_sizes(self, server_round: int, accepted: list[Message]) -> None:
         """Global gradient, L and the next taus from this round's accepted replies; diagnostics."""
@@ -277,10 +302,11 @@ class FedVeca(FedNova):
         # eq. (8), streamed
         gsum = vm.GradientSum()
         for reply, n in zip(accepted, sizes):
-            gsum.add(_to_numpy(reply.content[C.GRAD]), n)
+            gsum.add(to_numpy(reply.content[C.GRAD]), n)
         grad = gsum.mean()
-        diag["bytes-up"] = diag.get("bytes-up", 0) + sum(r.content[C.GRAD].count_bytes() for r in accepted)
-        model = vm.floating_only(_to_numpy(self.current_arrays))
+        grad_bytes = sum(r.content[C.GRAD].count_bytes() for r in accepted)
+        diag[C.LOG_BYTES_UP] = diag.get(C.LOG_BYTES_UP, 0) + grad_bytes
+        model = vm.floating_only(to_numpy(self.current_arrays))
         # L: L_{k-1} joins the running max now (Alg. 1 lines 11-16), L_k is computed for round k + 1
         latest = self.smoothness_pending
         self.smoothness_max = vm.running_max(self.smoothness_max, latest)
@@ -291,12 +317,13 @@ class FedVeca(FedNova):
         self.prev_model, self.prev_grad = model, grad
         self.gnorm2_prev = vm.squared_norm(grad)
         # eq. (15) from the clients that were asked for (and sent) beta and delta
-        estimated = [bool(self.sent_configs.get(r.metadata.src_node_id, {}).get(C.FEDVECA_ESTIMATE, False))
-                     for r in accepted]
+        sent = [self.sent_configs.get(r.metadata.src_node_id, {}) for r in accepted]
+        estimated = [bool(s.get(C.FEDVECA_ESTIMATE, False)) for s in sent]
         betas = [float(m[C.BETA]) if e else None for m, e in zip(records, estimated)]
         deltas = [float(m[C.DELTA]) if e else None for m, e in zip(records, estimated)]
-        etas = [float(self.sent_configs.get(r.metadata.src_node_id, {}).get(C.LR, self._eta)) for r in accepted]
-        effects = [vm.non_iid_effect(eta, b, d) if b is not None else None for eta, b, d in zip(etas, betas, deltas)]
+        etas = [float(s.get(C.LR, self._eta)) for s in sent]
+        effects = [vm.non_iid_effect(eta, b, d) if b is not None else None
+                   for eta, b, d in zip(etas, betas, deltas)]
         decision = vm.next_taus(effects, self.alpha, self.tau_max)
         for key, tau in zip(keys, decision.taus):
             if tau is not None:
@@ -305,28 +332,29 @@ class FedVeca(FedNova):
         tau_next = vm.aggregated_tau(next_taus, sizes)
         L = self.smoothness_max
         diag.update({
-            "fedveca-tau": dict(zip(keys, executed)),
-            "fedveca-tau-k": tau_k,
-            "fedveca-tau-next": dict(zip(keys, next_taus)),
-            "fedveca-tau-k-next": tau_next,
-            "fedveca-tau-table": dict(sorted(self.taus.items())),
-            "fedveca-gnorm2": self.gnorm2_prev,
-            "fedveca-L-latest": _finite(latest),
-            "fedveca-L": _finite(L),
-            "fedveca-eta-tau-k-L": _finite(self._eta * tau_k * L) if L is not None else None,
+            C.LOG_FEDVECA_TAU: dict(zip(keys, executed)),
+            C.LOG_FEDVECA_TAU_K: tau_k,
+            C.LOG_FEDVECA_TAU_NEXT: dict(zip(keys, next_taus)),
+            C.LOG_FEDVECA_TAU_K_NEXT: tau_next,
+            C.LOG_FEDVECA_TAU_TABLE: dict(sorted(self.taus.items())),
+            C.LOG_FEDVECA_GNORM2: self.gnorm2_prev,
+            C.LOG_FEDVECA_L_LATEST: _finite(latest),
+            C.LOG_FEDVECA_L: _finite(L),
+            C.LOG_FEDVECA_ETA_TAU_K_L: _finite(self._eta * tau_k * L) if L is not None else None,
         })
         if any(estimated):
             eps = (self.alpha * decision.min_a / L) if (L and decision.min_a) else None
             diag.update({
-                "fedveca-beta": _per_client(keys, betas),
-                "fedveca-delta": _per_client(keys, deltas),
-                "fedveca-A": _per_client(keys, effects),
-                "fedveca-r": _per_client(keys, decision.ratios),
-                "fedveca-sign": dict(zip(keys, decision.signs)),
-                "fedveca-reason": dict(zip(keys, decision.reasons)),
-                "fedveca-min-A": _finite(decision.min_a),
-                "fedveca-alpha-bound": _finite(vm.alpha_upper_bound(L, decision.min_a)),
-                "fedveca-eta-tau-k-L-upper": _finite(4.0 / (2.0 + eps)) if eps is not None else None,
+                C.LOG_FEDVECA_BETA: _per_client(keys, betas),
+                C.LOG_FEDVECA_DELTA: _per_client(keys, deltas),
+                C.LOG_FEDVECA_A: _per_client(keys, effects),
+                C.LOG_FEDVECA_R: _per_client(keys, decision.ratios),
+                C.LOG_FEDVECA_SIGN: dict(zip(keys, decision.signs)),
+                C.LOG_FEDVECA_REASON: dict(zip(keys, decision.reasons)),
+                C.LOG_FEDVECA_MIN_A: _finite(decision.min_a),
+                C.LOG_FEDVECA_ALPHA_BOUND: _finite(vm.alpha_upper_bound(L, decision.min_a)),
+                C.LOG_FEDVECA_ETA_TAU_K_L_UPPER: (_finite(4.0 / (2.0 + eps)) if eps is not None
+                                                  else None),
             })
         log(INFO, "FedVeca round %d: tau_k %.3g, next taus %s, L %s", server_round, tau_k,
             _taus_summary(keys, next_taus), "n/a" if L is None else f"{L:.4g}")
@@ -337,7 +365,12 @@ def _taus_summary(keys: list[str], taus: list[int]) -> str:
     if len(taus) <= 10:
         return str(dict(zip(keys, taus)))
     ordered = sorted(taus)
-    return f"min {ordered[0]} / median {ordered[len(ordered) // 2]} / max {ordered[-1]} over {len(taus)} clients"
+    return (f"min {ordered[0]} / median {ordered[len(ordered) // 2]} / max {ordered[-1]} "
+            f"over {len(taus)} clients")
+
+
+def _copied(arrays: dict | None) -> dict | None:
+    return None if arrays is None else {k: np.array(v) for k, v in arrays.items()}
 
 
 def _finite(value: float | None) -> float | None:

@@ -35,7 +35,7 @@ NDArrays = dict[str, np.ndarray]
 
 TAU_MIN = 2  # Alg. 1 lines 19-21: tau <= 1 is reset to 2 (Thm. 1 needs tau > 1)
 FLOOR_TOLERANCE = 1e-9  # relative; see the module docstring
-BETA_MODES = ("same-batch", "literal")  # client-side beta estimator (spec §4.6, A8)
+BETA_MODES = ("same-batch", "literal")  # client-side beta estimator (Assumption 3)
 
 # Why a client's next tau is what it is (logged per client).
 RULE = "rule"  # eq. (15), then <= 1 -> 2, then the cap
@@ -56,8 +56,8 @@ def normalise_beta_mode(mode: str) -> str:
 # ----------------------------------------------------------------- vectors
 def squared_norm(arrays: Mapping[str, np.ndarray]) -> float:
     """||v||^2 of the flattened vector (float64 accumulation)."""
-    return float(sum(np.vdot(a.astype(np.float64, copy=False).ravel(), a.astype(np.float64, copy=False).ravel())
-                     for a in arrays.values()))
+    flat = (a.astype(np.float64, copy=False).ravel() for a in arrays.values())
+    return float(sum(np.vdot(v, v) for v in flat))
 
 
 def difference_norm(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray]) -> float:
@@ -103,7 +103,8 @@ class GradientSum:
         return mean
 
 
-def global_gradient(grads: Sequence[Mapping[str, np.ndarray]], num_examples: Sequence[float]) -> NDArrays:
+def global_gradient(grads: Sequence[Mapping[str, np.ndarray]],
+                    num_examples: Sequence[float]) -> NDArrays:
     """eq. (8) for a list of client gradients (see :class:`GradientSum` for streaming)."""
     if len(grads) != len(num_examples) or not grads:
         raise ValueError(f"need the same positive number of gradients and sizes, got {len(grads)}, "
@@ -118,7 +119,7 @@ def global_gradient(grads: Sequence[Mapping[str, np.ndarray]], num_examples: Seq
 def initial_smoothness(grad0: Mapping[str, np.ndarray], w0: Mapping[str, np.ndarray],
                        eps: float = 1e-12) -> float | None:
     """L_0 = ||grad F(w_0)|| / ||w_0|| (Alg. 1 line 12); None when ||w_0|| <= eps
-    (e.g. the squared-SVM's w_0 = 0, which would give L_0 = inf; spec §4.10)."""
+    (e.g. the squared-SVM's w_0 = 0, which would give L_0 = inf)."""
     denominator = math.sqrt(squared_norm(w0))
     if not denominator > eps:
         return None
@@ -127,7 +128,8 @@ def initial_smoothness(grad0: Mapping[str, np.ndarray], w0: Mapping[str, np.ndar
 
 
 def smoothness(grad_a: Mapping[str, np.ndarray], grad_b: Mapping[str, np.ndarray],
-               w_a: Mapping[str, np.ndarray], w_b: Mapping[str, np.ndarray], eps: float = 1e-12) -> float | None:
+               w_a: Mapping[str, np.ndarray], w_b: Mapping[str, np.ndarray],
+               eps: float = 1e-12) -> float | None:
     """L = ||grad F(w_a) - grad F(w_b)|| / ||w_a - w_b|| (Assumption 1, eq. 9; Alg. 1 line 14);
     None when the models coincide (||w_a - w_b|| <= eps) or the value is not finite."""
     denominator = difference_norm(w_a, w_b)
@@ -138,7 +140,7 @@ def smoothness(grad_a: Mapping[str, np.ndarray], grad_b: Mapping[str, np.ndarray
 
 
 def running_max(current: float | None, estimate: float | None) -> float | None:
-    """L <- max over all L estimates so far (Alg. 1 line 16); None / NaN / Inf estimates are ignored."""
+    """L <- max over all L estimates so far (Alg. 1 line 16); None / NaN / Inf are ignored."""
     if estimate is None or not math.isfinite(estimate):
         return current
     return estimate if current is None else max(current, estimate)
@@ -146,7 +148,7 @@ def running_max(current: float | None, estimate: float | None) -> float | None:
 
 # ----------------------------------------------------------------- A and tau
 def non_iid_effect(eta: float, beta: float, delta: float) -> float:
-    """A_(k,i) = eta * beta_(k,i)^2 * delta_(k,i) (Theorem 1, eq. 13). NaN if an input is not finite."""
+    """A_(k,i) = eta beta_(k,i)^2 delta_(k,i) (Theorem 1, eq. 13); NaN if an input is not finite."""
     if not (math.isfinite(eta) and math.isfinite(beta) and math.isfinite(delta)):
         return float("nan")
     with np.errstate(over="ignore"):
@@ -159,7 +161,7 @@ def exact_alpha(alpha: float) -> Fraction:
 
 
 def _floor_with_tolerance(q: Fraction) -> int:
-    """floor(q), but a q within a relative FLOOR_TOLERANCE below the next integer gives that integer."""
+    """floor(q), but a q within a relative FLOOR_TOLERANCE below the next integer gives it."""
     n = math.floor(q)
     if (n + 1 - q) <= FLOOR_TOLERANCE * (n + 1):
         return n + 1
@@ -179,7 +181,7 @@ def tau_from_ratio(r: float | Fraction, alpha: float, tau_max: int = 50) -> int:
     A_i - alpha min A <= 0) has no bound from eq. (14) and gives tau_max.
 
     At alpha = 0.95: r = 1 -> 20, 1.01 -> 16, 1.02 -> 14, 1.05 -> 10, 1.1 -> 7, 1.2 -> 4,
-    1.3 -> 3, 1.5 -> 2, >= 1.9 -> 2 (spec §4.4).
+    1.3 -> 3, 1.5 -> 2, >= 1.9 -> 2.
     """
     r_exact = r if isinstance(r, Fraction) else Fraction(float(r))
     a = exact_alpha(alpha)
@@ -205,10 +207,11 @@ class TauDecision:
 
 
 def next_taus(effects: Sequence[float | None], alpha: float, tau_max: int = 50) -> TauDecision:
-    """Theorem 2 / eq. (15): tau_(k+1,i) = floor(A_i / (A_i - alpha min_j A_j)), <= 1 -> 2, cap tau_max.
+    """Theorem 2 / eq. (15): tau_(k+1,i) = floor(A_i / (A_i - alpha min_j A_j)), <= 1 -> 2,
+    cap tau_max.
 
     ``effects`` are the A_(k,i) of the clients of this round (None: no estimate).
-    Guards (spec §4.10): a None, NaN or Inf A keeps the client's previous tau and is left
+    Guards: a None, NaN or Inf A keeps the client's previous tau and is left
     out of min A; an A of 0 (beta or delta 0) has no bound and gets tau_max; min A is
     taken over the positive A's; A_i - alpha min A <= 0 ("negative direction") gives
     tau_max. Only ratios of the A's matter: scaling every A by c > 0 changes nothing.
@@ -253,7 +256,8 @@ def aggregated_tau(taus: Sequence[float], num_examples: Sequence[float]) -> floa
     t = np.asarray(taus, dtype=np.float64)
     n = np.asarray(num_examples, dtype=np.float64)
     if t.size == 0 or t.size != n.size or n.sum() <= 0:
-        raise ValueError(f"need the same positive number of taus and sizes, got {t.tolist()}, {n.tolist()}")
+        raise ValueError(f"need the same positive number of taus and sizes, got {t.tolist()}, "
+                         f"{n.tolist()}")
     return float(np.dot(t, n) / n.sum())
 
 

@@ -1,7 +1,7 @@
 """Tests for strategies.dynacomm: KL, DynaComm's ensemble DP, brute force, budget modes.
 
 Expected values are computed by hand (written as numbers or closed forms in the
-comments), spec dynamicfl.md Sec. 2.4-2.5 and paper Eq. 1, 2, 5.
+comments) and the paper's Eq. 1, 2, 5.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from strategies import dynacomm as dc
+from tests.oracles.dynacomm import brute_force
 
 
 # ---------------------------------------------------------------- KL by hand
@@ -66,14 +67,14 @@ def test_hand_kl_of_pair_2_3():
     assert dc.pooled_kl(HAND, [2, 3], Q3) == pytest.approx(KL_23, abs=1e-14)
 
 
-@pytest.mark.parametrize("solver", [dc.dynacomm, dc.brute_force])
+@pytest.mark.parametrize("solver", [dc.dynacomm, brute_force])
 def test_hand_example_unconstrained(solver):
     sel = solver(HAND, Q3)
     assert sel.members == (0, 1, 2)
     assert sel.kl == pytest.approx(0.0, abs=1e-15)
 
 
-@pytest.mark.parametrize("solver", [dc.dynacomm, dc.brute_force])
+@pytest.mark.parametrize("solver", [dc.dynacomm, brute_force])
 def test_hand_example_server_cap(solver):
     assert solver(HAND, Q3, k_max=2).members == (2, 3)
     assert solver(HAND, Q3, k_max=2).kl == pytest.approx(KL_23, abs=1e-14)
@@ -83,7 +84,7 @@ def test_hand_example_server_cap(solver):
     assert empty.members == () and empty.kl == math.inf
 
 
-@pytest.mark.parametrize("solver", [dc.dynacomm, dc.brute_force])
+@pytest.mark.parametrize("solver", [dc.dynacomm, brute_force])
 def test_hand_example_eligibility(solver):
     # c2 cannot afford the high frequency: the best groups are (1/2, 1/2, 0) mixes, KL ln 1.5
     sel = solver(HAND, Q3, eligible=[True, True, False, True])
@@ -93,7 +94,7 @@ def test_hand_example_eligibility(solver):
     assert none.members == () and none.kl == math.inf
 
 
-@pytest.mark.parametrize("solver", [dc.dynacomm, dc.brute_force])
+@pytest.mark.parametrize("solver", [dc.dynacomm, brute_force])
 def test_min_size_rules_out_singletons(solver):
     # with k_max = 1 and min_size = 2 nothing fits
     assert solver(HAND, Q3, k_max=1, min_size=2).members == ()
@@ -126,9 +127,9 @@ def test_rejects_bad_inputs():
     with pytest.raises(ValueError, match="n_ens"):
         dc.dynacomm(HAND, Q3, n_ens=0)
     with pytest.raises(ValueError, match="k_max"):
-        dc.brute_force(HAND, Q3, k_max=-1)
+        brute_force(HAND, Q3, k_max=-1)
     with pytest.raises(ValueError, match="too slow"):
-        dc.brute_force(np.ones((21, 3)), Q3)
+        brute_force(np.ones((21, 3)), Q3)
 
 
 # ---------------------------------------------------------------- brute force vs itertools
@@ -150,7 +151,7 @@ def test_brute_force_matches_itertools():
         q = rng.dirichlet(np.ones(5))
         eligible = rng.random(n) < 0.7
         k_max = int(rng.integers(0, n + 1))
-        sel = dc.brute_force(counts, q, eligible=eligible, k_max=k_max)
+        sel = brute_force(counts, q, eligible=eligible, k_max=k_max)
         expected = _enumerate(counts, q, eligible, k_max)
         if math.isinf(expected):
             assert sel.members == ()
@@ -166,7 +167,7 @@ def test_brute_force_twenty_clients_uses_blocks():
     counts[7] = [0, 10, 10, 10]
     counts[16] = [10, 0, 0, 0]
     q = np.full(4, 0.25)
-    sel = dc.brute_force(counts, q)
+    sel = brute_force(counts, q)
     assert sel.kl == pytest.approx(0.0, abs=1e-15)
     assert sel.members == (7, 16)  # the only subset with KL 0
     assert dc.dynacomm(counts, q).kl == pytest.approx(0.0, abs=1e-15)
@@ -175,7 +176,8 @@ def test_brute_force_twenty_clients_uses_blocks():
 # ---------------------------------------------------------------- DynaComm's gap to the optimum
 def _population(rng, kind, num_clients=100, num_classes=10, size=600):
     if kind == "dirichlet-0.1":
-        return np.array([rng.multinomial(size, rng.dirichlet([0.1] * num_classes)) for _ in range(num_clients)])
+        return np.array([rng.multinomial(size, rng.dirichlet([0.1] * num_classes))
+                         for _ in range(num_clients)])
     out = np.zeros((num_clients, num_classes), dtype=np.int64)  # "#C = 2" classes per client
     for m in range(num_clients):
         out[m, rng.choice(num_classes, 2, replace=False)] = size // 2
@@ -196,7 +198,7 @@ def gap_study(kind: str, mode: str, trials: int, seed: int = 0, num_active: int 
         elif mode == "fix-0.3":
             kw["eligible"] = rng.random(num_active) < 0.3
         dp = dc.dynacomm(active, q, rng=[seed, trial], **kw)
-        exact = dc.brute_force(active, q, **kw)
+        exact = brute_force(active, q, **kw)
         assert len(dp.members) <= kw.get("k_max", num_active)
         if "eligible" in kw:
             assert all(kw["eligible"][m] for m in dp.members)
@@ -225,7 +227,8 @@ def test_dynacomm_close_to_brute_force(kind, mode):
 
 # ---------------------------------------------------------------- budget modes
 @pytest.mark.parametrize("beta, m, expected", [(0.3, 100, 30), (0.6, 100, 60), (0.9, 100, 90),
-                                               (0.3, 10, 3), (0.25, 10, 3), (0.0, 100, 0), (1.0, 7, 7)])
+                                               (0.3, 10, 3), (0.25, 10, 3), (0.0, 100, 0),
+                                               (1.0, 7, 7)])
 def test_num_rich_is_ceil(beta, m, expected):
     # 0.3 * 100 = 30.000000000000004 in floating point: must stay 30
     assert dc.num_rich(beta, m) == expected

@@ -1,6 +1,7 @@
-"""Tests for strategies.dynamicfl_schedule: sync levels, chunk plans, the round simulator, cost.
+"""Tests for strategies.dynamicfl_schedule: sync levels, chunk plans, cost; the plans run on
+the reference simulators of tests/oracles/dynamicfl.py.
 
-The six invariants of spec dynamicfl.md Sec. 3.3 are the tests named ``test_invariant_*``;
+Six invariants of a chunked round (Le et al., Alg. 1) are the tests named ``test_invariant_*``;
 hand-computed rounds are written out in the comments.
 
 kappa-hat convention
@@ -10,7 +11,7 @@ or l = L), so interval 1 gives nu = L. Hence DynamicSGD costs 1.000 and Dynamic-
 at L = 250 costs (3 * 250 + 7 * 1) / 2500 = 0.3028 -> 0.303. The paper's tables print 0.996
 and 0.302 because the official code performs only L - 1 = 249 syncs at interval 1 (its last
 chunk is two steps long); we follow the paper's Algorithm 1 rather than that quirk, and
-``num_syncs_reference_code`` reproduces the tables' numbers for comparison.
+``tests.oracles.dynamicfl.num_syncs_reference_code`` reproduces the tables' numbers for comparison.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import numpy as np
 import pytest
 
 from strategies import dynamicfl_schedule as ds
+from tests.oracles import dynamicfl as oracle
 
 
 # ---------------------------------------------------------------- levels and specs
@@ -35,7 +37,8 @@ def test_parse_interval_specs():
     assert ds.parse_interval_spec("a-g") == ds.IntervalSpec(1, 256)
     assert ds.parse_interval_spec("B-G") == ds.IntervalSpec(4, 256)
     assert ds.parse_interval_spec("a") == ds.dynamic_sgd()
-    assert ds.parse_interval_spec("c*") == ds.x_star("c") == ds.IntervalSpec(16, None, only_high=True)
+    assert ds.parse_interval_spec("c*") == ds.x_star("c")
+    assert ds.x_star("c") == ds.IntervalSpec(16, None, only_high=True)
     assert ds.parse_interval_spec("4-300") == ds.IntervalSpec(4, 300)
     assert str(ds.parse_interval_spec("a-g")) == "a-g" and str(ds.x_star("b")) == "b*"
     assert ds.parse_interval_spec("d").single and not ds.parse_interval_spec("a-g").single
@@ -58,12 +61,12 @@ def test_sync_steps_and_counts_by_hand():
     assert ds.sync_steps(1, 5) == (1, 2, 3, 4, 5)
     assert ds.sync_steps(4, 10) == (4, 8, 10)
     assert ds.sync_steps(5, 10) == (5, 10)
-    # spec Sec. 2.6: 'b' at L = 250 syncs at 4, 8, ..., 248, 250: 63 times
+    # 'b' at L = 250 syncs at 4, 8, ..., 248, 250: 63 times
     s = ds.sync_steps(4, 250)
     assert len(s) == 63 and s[:2] == (4, 8) and s[-2:] == (248, 250)
     assert [ds.num_syncs(i, 250) for i in (1, 4, 16, 32, 64, 128, 256)] == [250, 63, 16, 8, 4, 2, 1]
-    assert ds.num_syncs_reference_code(1, 250) == 249  # the official code's quirk
-    assert ds.num_syncs_reference_code(4, 250) == 63
+    assert oracle.num_syncs_reference_code(1, 250) == 249  # the official code's quirk
+    assert oracle.num_syncs_reference_code(4, 250) == 63
 
 
 def test_chunks_by_hand():
@@ -73,7 +76,7 @@ def test_chunks_by_hand():
 
 
 def test_events_of_non_multiple_intervals():
-    # spec Sec. 6 item 3: union of sync points; I = 3 and 4 with L = 10
+    # union of sync points; I = 3 and 4 with L = 10
     plan = ds.RoundPlan(10, {"h": 3, "l": 4})
     assert [(e.step, e.clients) for e in plan.events] == [
         (3, ("h",)), (4, ("l",)), (6, ("h",)), (8, ("l",)), (9, ("h",)), (10, ("h", "l"))]
@@ -139,17 +142,18 @@ def test_hand_computed_round():
     # step 2: c1 = 2.5, c2 = 2.75, c3 = 12;    U_2 = {1, 2}: avg 2.625
     # step 3: c1 = 3.625, c2 = 3.3125, c3 = 14; U_3 = all: (3.625 + 3.3125 + 2 * 14) / 4 = 8.734375
     step = affine_step({1: (1.0, 1.0), 2: (0.5, 2.0), 3: (0.5, 8.0)})
-    trace = ds.simulate_round({"w": np.zeros(1)}, step, {"high": [1, 2], "low": [3]},
+    trace = oracle.simulate_round({"w": np.zeros(1)}, step, {"high": [1, 2], "low": [3]},
                               {"high": 1, "low": 3}, 3, {1: 1, 2: 1, 3: 2})
     assert [(s, c, as_float(a)) for s, c, a in trace.events] == [
         (1, (1, 2), 1.5), (2, (1, 2), 2.625), (3, (1, 2, 3), 8.734375)]
     assert as_float(trace.global_params) == 8.734375
     # without the high group's syncs (everyone low): c1 = 3, c2 = 3.5, c3 = 14 -> 34.5 / 4
-    fedavg = ds.simulate_round({"w": np.zeros(1)}, step, {"all": [1, 2, 3]}, {"all": 3}, 3, {1: 1, 2: 1, 3: 2})
+    fedavg = oracle.simulate_round({"w": np.zeros(1)}, step, {"all": [1, 2, 3]}, {"all": 3}, 3,
+                                   {1: 1, 2: 1, 3: 2})
     assert as_float(fedavg.global_params) == 8.625
 
 
-# ---------------------------------------------------------------- the six invariants (spec Sec. 3.3)
+# ---------------------------------------------------------------- six invariants of a chunked round
 CLIENTS = list(range(6))
 TARGETS = {m: {"w": np.full(3, float(m)), "b": np.array([m * 0.5 - 1.0])} for m in CLIENTS}
 SIZES = {m: 10 * (m + 1) for m in CLIENTS}
@@ -163,7 +167,7 @@ def test_invariant_1_every_client_does_exactly_l_steps(spec):
         assert sum(c.num_steps for c in chunks) == 50
         assert chunks[0].start == 0 and chunks[-1].end == 50
         assert all(a.end == b.start for a, b in zip(chunks, chunks[1:]))  # contiguous
-    trace = ds.run_plan(W0, sgd_momentum_step(TARGETS), plan, SIZES)
+    trace = oracle.run_plan(W0, sgd_momentum_step(TARGETS), plan, SIZES)
     assert trace.steps_done == {m: 50 for m in CLIENTS}
 
 
@@ -172,7 +176,7 @@ def test_invariant_2_averaged_set_is_exactly_the_syncing_clients(spec):
     L = 50
     parsed = ds.parse_interval_spec(spec)
     plan = ds.assign_intervals(CLIENTS, [0, 2, 5], parsed, L)
-    trace = ds.run_plan(W0, sgd_momentum_step(TARGETS), plan, SIZES)
+    trace = oracle.run_plan(W0, sgd_momentum_step(TARGETS), plan, SIZES)
     expected = {}
     for m in CLIENTS:
         interval = ds.capped(parsed.high if m in (0, 2, 5) else parsed.low, L)
@@ -186,7 +190,7 @@ def test_invariant_2_averaged_set_is_exactly_the_syncing_clients(spec):
 def test_invariant_3_clients_outside_u_e_receive_nothing():
     L = 40
     plan = ds.assign_intervals(CLIENTS, [1, 3], ds.parse_interval_spec("b-d"), L)
-    trace = ds.run_plan(W0, sgd_momentum_step(TARGETS), plan, SIZES)
+    trace = oracle.run_plan(W0, sgd_momentum_step(TARGETS), plan, SIZES)
     for m in CLIENTS:
         syncs = ds.sync_steps(4 if m in (1, 3) else 32, L)
         # a model at the round start, then after each of its own syncs except L
@@ -201,7 +205,7 @@ def test_invariant_4a_all_high_at_interval_1_is_dynamic_sgd():
     # DynamicSGD: every client syncs after every step; chunks must equal the literal loop
     L = 12
     plan = ds.assign_intervals(CLIENTS, CLIENTS, ds.dynamic_sgd(), L)
-    chunked = ds.run_plan(W0, sgd_momentum_step(TARGETS), plan, SIZES).global_params
+    chunked = oracle.run_plan(W0, sgd_momentum_step(TARGETS), plan, SIZES).global_params
     # explicit FedSGD-style loop: average of everyone after every single step
     step = sgd_momentum_step(TARGETS)
     w = W0
@@ -211,13 +215,13 @@ def test_invariant_4a_all_high_at_interval_1_is_dynamic_sgd():
         w = {k: sum(SIZES[m] / total * models[i][k] for i, m in enumerate(CLIENTS)) for k in W0}
     for k in W0:
         np.testing.assert_allclose(chunked[k], w[k], rtol=1e-12, atol=1e-14)
-    assert len(ds.run_plan(W0, sgd_momentum_step(TARGETS), plan, SIZES).events) == L
+    assert len(oracle.run_plan(W0, sgd_momentum_step(TARGETS), plan, SIZES).events) == L
 
 
 def test_invariant_4b_interval_l_is_fedavg_with_equal_steps():
     L = 25
     plan = ds.assign_intervals(CLIENTS, [0], ds.fedavg_equivalent(L), L)
-    trace = ds.run_plan(W0, sgd_momentum_step(TARGETS), plan, SIZES)
+    trace = oracle.run_plan(W0, sgd_momentum_step(TARGETS), plan, SIZES)
     assert [s for s, _, _ in trace.events] == [L]
     step = sgd_momentum_step(TARGETS)
     local = [step(m, W0, 0, L) for m in CLIENTS]
@@ -235,9 +239,11 @@ def test_invariant_5_singleton_high_group_is_local_training():
     # (bit for bit) the round in which m trains alone with everybody else.
     L = 30
     for m in (0, 4):
-        single = ds.simulate_round(W0, sgd_momentum_step(TARGETS), {"high": [m], "low": [x for x in CLIENTS if x != m]},
-                                   {"high": 1, "low": 256}, L, SIZES)
-        alone = ds.simulate_round(W0, sgd_momentum_step(TARGETS), {"low": CLIENTS}, {"low": 256}, L, SIZES)
+        groups = {"high": [m], "low": [x for x in CLIENTS if x != m]}
+        single = oracle.simulate_round(W0, sgd_momentum_step(TARGETS), groups,
+                                       {"high": 1, "low": 256}, L, SIZES)
+        alone = oracle.simulate_round(W0, sgd_momentum_step(TARGETS), {"low": CLIENTS},
+                                      {"low": 256}, L, SIZES)
         for k in W0:
             assert np.array_equal(single.global_params[k], alone.global_params[k])
         # and the singleton's intermediate 'averages' are its own local model
@@ -262,9 +268,9 @@ def test_invariant_6_kappa_hat_dynamic_03_a_g():
     assert round(cost.kappa_hat, 3) == 0.303
     assert cost.bytes_up == cost.bytes_down == 757_000
     spec = ds.parse_interval_spec("a-g")
-    assert ds.expected_kappa_hat(spec, 10, 3, 250) == pytest.approx(0.3028)
-    assert ds.expected_kappa_hat(spec, 10, 3, 250, reference_code=True) == pytest.approx(0.3016)
-    assert round(ds.expected_kappa_hat(spec, 10, 3, 250, reference_code=True), 3) == 0.302
+    assert oracle.expected_kappa_hat(spec, 10, 3, 250) == pytest.approx(0.3028)
+    assert oracle.expected_kappa_hat(spec, 10, 3, 250, reference_code=True) == pytest.approx(0.3016)
+    assert round(oracle.expected_kappa_hat(spec, 10, 3, 250, reference_code=True), 3) == 0.302
 
 
 # ---------------------------------------------------------------- chunks == Algorithm 1
@@ -277,8 +283,9 @@ def test_chunked_round_equals_stepwise_algorithm_1(intervals):
     # Dispatch-at-start / hold-until-end reproduces the literal per-step loop exactly.
     L = 37
     plan = ds.RoundPlan(L, {m: ds.capped(i, L) for m, i in intervals.items()})
-    chunked = ds.run_plan(W0, sgd_momentum_step(TARGETS, seed=3), plan, SIZES).global_params
-    stepwise = ds.simulate_round_stepwise(W0, sgd_momentum_step(TARGETS, seed=3), intervals, L, SIZES)
+    chunked = oracle.run_plan(W0, sgd_momentum_step(TARGETS, seed=3), plan, SIZES).global_params
+    stepwise = oracle.simulate_round_stepwise(W0, sgd_momentum_step(TARGETS, seed=3), intervals, L,
+                                              SIZES)
     for k in W0:
         np.testing.assert_allclose(chunked[k], stepwise[k], rtol=1e-12, atol=1e-14)
 
@@ -297,11 +304,15 @@ def test_kappa_hat_fedavg_and_bytes():
     cost = ds.round_cost(plan, model_bytes=246_824)
     assert cost.kappa_hat == pytest.approx(0.004, abs=1e-15)  # 10 / 2500
     assert cost.syncs == 10 and cost.bytes_up == cost.bytes_down == 2_468_240
-    assert ds.round_cost(ds.assign_intervals(list(range(10)), [], ds.dynamic_sgd(), 250), 1).kappa_hat == 1.0
-    assert ds.expected_kappa_hat(ds.dynamic_sgd(), 10, 10, 250, reference_code=True) == pytest.approx(0.996)
+    assert ds.round_cost(ds.assign_intervals(list(range(10)), [], ds.dynamic_sgd(), 250),
+                         1).kappa_hat == 1.0
+    assert oracle.expected_kappa_hat(ds.dynamic_sgd(), 10, 10, 250,
+                                     reference_code=True) == pytest.approx(0.996)
     # Fashion-MNIST, L = 300: FedAvg 1/300; 'b-g' with 3 high: (3 * 75 + 7 * 2) / 3000
-    assert ds.expected_kappa_hat(ds.fedavg_equivalent(300), 10, 0, 300) == pytest.approx(1 / 300)
-    assert ds.expected_kappa_hat(ds.parse_interval_spec("b-g"), 10, 3, 300) == pytest.approx(239 / 3000)
+    assert oracle.expected_kappa_hat(ds.fedavg_equivalent(300), 10, 0,
+                                     300) == pytest.approx(1 / 300)
+    assert oracle.expected_kappa_hat(ds.parse_interval_spec("b-g"), 10, 3,
+                                     300) == pytest.approx(239 / 3000)
 
 
 # ---------------------------------------------------------------- 'x*' ablation
@@ -309,12 +320,12 @@ def test_x_star_paper_mode_drops_the_low_group():
     L = 20
     plan = ds.assign_intervals(CLIENTS, [1, 4], ds.x_star("b"), L, x_star_mode="paper")
     assert plan.training == (1, 4) and plan.frozen == () and plan.num_active == 6
-    trace = ds.run_plan(W0, sgd_momentum_step(TARGETS), plan, SIZES)
+    trace = oracle.run_plan(W0, sgd_momentum_step(TARGETS), plan, SIZES)
     assert set(trace.steps_done) == {1, 4}
     assert trace.events[-1][1] == (1, 4)
     # cost counts only the high group, over all |M^t| = 6 active: 2 * 5 / (6 * 20)
     assert ds.round_cost(plan, 1).kappa_hat == pytest.approx(10 / 120)
-    assert ds.expected_kappa_hat(ds.x_star("b"), 6, 2, L) == pytest.approx(10 / 120)
+    assert oracle.expected_kappa_hat(ds.x_star("b"), 6, 2, L) == pytest.approx(10 / 120)
 
 
 def test_x_star_code_mode_mixes_in_untrained_start_models():
@@ -322,20 +333,23 @@ def test_x_star_code_mode_mixes_in_untrained_start_models():
     # with their |D_m|. With w0 = 0 the result is (sum_z |D_m|) / (sum_all |D_m|) times the
     # paper-mode result.
     L = 20
-    paper = ds.run_plan(W0, sgd_momentum_step(TARGETS), ds.assign_intervals(CLIENTS, [1, 4], ds.x_star("b"), L), SIZES)
+    paper = oracle.run_plan(W0, sgd_momentum_step(TARGETS),
+                            ds.assign_intervals(CLIENTS, [1, 4], ds.x_star("b"), L), SIZES)
     plan = ds.assign_intervals(CLIENTS, [1, 4], ds.x_star("b"), L, x_star_mode="code")
     assert plan.frozen == (0, 2, 3, 5)
-    code = ds.run_plan(W0, sgd_momentum_step(TARGETS), plan, SIZES)
+    code = oracle.run_plan(W0, sgd_momentum_step(TARGETS), plan, SIZES)
     share = (SIZES[1] + SIZES[4]) / sum(SIZES.values())  # (20 + 50) / 210
     for k in W0:
-        np.testing.assert_allclose(code.global_params[k], share * paper.global_params[k], rtol=1e-12)
+        np.testing.assert_allclose(code.global_params[k], share * paper.global_params[k],
+                                   rtol=1e-12)
     assert set(code.steps_done) == {1, 4}
-    assert ds.round_cost(plan, 1).syncs == ds.round_cost(ds.assign_intervals(CLIENTS, [1, 4], ds.x_star("b"), L), 1).syncs
+    paper_plan = ds.assign_intervals(CLIENTS, [1, 4], ds.x_star("b"), L)
+    assert ds.round_cost(plan, 1).syncs == ds.round_cost(paper_plan, 1).syncs
 
 
 def test_x_star_with_empty_group_keeps_the_model():
     plan = ds.assign_intervals(CLIENTS, [], ds.x_star("a"), 10)
-    trace = ds.run_plan(W0, sgd_momentum_step(TARGETS), plan, SIZES)
+    trace = oracle.run_plan(W0, sgd_momentum_step(TARGETS), plan, SIZES)
     assert trace.events == [] and trace.global_params is W0
 
 
@@ -360,6 +374,6 @@ def test_assign_intervals_checks():
     with pytest.raises(ValueError, match="x_star_mode"):
         ds.assign_intervals([1, 2], [1], ds.x_star("a"), 10, x_star_mode="both")
     with pytest.raises(ValueError, match="more than one group"):
-        ds.plan_from_groups({"high": [1], "low": [1]}, {"high": 1, "low": 2}, 10)
+        oracle.plan_from_groups({"high": [1], "low": [1]}, {"high": 1, "low": 2}, 10)
     with pytest.raises(ValueError, match="no interval"):
-        ds.plan_from_groups({"high": [1]}, {"low": 2}, 10)
+        oracle.plan_from_groups({"high": [1]}, {"low": 2}, 10)

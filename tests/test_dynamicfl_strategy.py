@@ -4,7 +4,7 @@ The fake Grid queues pushed messages and answers a random few per ``pull_message
 call (replies arrive out of order and late, as on a real link). A numpy-only ClientApp
 does momentum SGD on a quadratic with a deterministic per-(seed, round, partition,
 step) noise stream and keeps its momentum in ``Context.state``. The strategy's models
-must equal the pure chunk simulator (:func:`strategies.dynamicfl_schedule.run_plan`)
+must equal the pure chunk simulator (:func:`tests.oracles.dynamicfl.run_plan`)
 run on the same plans.
 """
 
@@ -21,6 +21,7 @@ from flwr.supercore.task_identity import TaskIdentity
 from strategies import contract as C
 from strategies import dynacomm as dc
 from strategies import dynamicfl_schedule as ds
+from tests.oracles import dynamicfl as oracle
 from strategies.dynamicfl import COMM_BUDGET, NUM_STEPS, ROUND_STEPS, START_STEP, DynamicFL
 from tests.inprocess import InProcessGrid
 from tests.messages import numpy_of, record
@@ -28,7 +29,8 @@ from tests.messages import numpy_of, record
 NUM_NODES = 10
 NUM_CLASSES = 4
 RNG = np.random.default_rng(123)
-HIST = [RNG.multinomial(40 + 10 * p, RNG.dirichlet([0.3] * NUM_CLASSES)).tolist() for p in range(NUM_NODES)]
+HIST = [RNG.multinomial(40 + 10 * p,
+                        RNG.dirichlet([0.3] * NUM_CLASSES)).tolist() for p in range(NUM_NODES)]
 SIZES = [sum(h) for h in HIST]
 TARGETS = [np.linspace(-1, 1, 3) * (p - 4.5) for p in range(NUM_NODES)]
 LR, RHO, SEED = 0.05, 0.9, 3
@@ -41,7 +43,8 @@ def _task_identity():
     TaskIdentity.task_id = 1
 
 
-def local_steps(pid: int, w: np.ndarray, v: np.ndarray, server_round: int, start: int, n: int, seed: int):
+def local_steps(pid: int, w: np.ndarray, v: np.ndarray, server_round: int, start: int, n: int,
+                seed: int):
     """Momentum SGD on 0.5 ||w - target_p||^2 + noise from default_rng([seed, round, pid, step])."""
     w, v = w.copy(), v.copy()
     for step in range(start, start + n):
@@ -72,11 +75,14 @@ def make_app(budgets=None, fail_pid=None, label_counts=True) -> ClientApp:
             raise RuntimeError("device lost")
         cfg = msg.content[C.CONFIG]
         w = numpy_of(msg.content[C.ARRAYS])["w"]
-        v = numpy_of(context.state["momentum"])["v"] if "momentum" in context.state else np.zeros_like(w)
-        w, v = local_steps(pid, w, v, int(cfg[C.SERVER_ROUND]), int(cfg[START_STEP]), int(cfg[NUM_STEPS]),
-                           int(cfg[C.SEED]))
+        v = (numpy_of(context.state["momentum"])["v"] if "momentum" in context.state
+             else np.zeros_like(w))
+        w, v = local_steps(pid, w, v, int(cfg[C.SERVER_ROUND]), int(cfg[START_STEP]),
+                           int(cfg[NUM_STEPS]), int(cfg[C.SEED]))
         context.state["momentum"] = record({"v": v})
-        metrics = MetricRecord({C.NUM_EXAMPLES: SIZES[pid], C.TRAIN_LOSS: float(0.5 * np.sum((w - TARGETS[pid]) ** 2))})
+        metrics = MetricRecord({C.NUM_EXAMPLES: SIZES[pid],
+                                C.LOCAL_STEPS_TAKEN: int(cfg[NUM_STEPS]),
+                                C.TRAIN_LOSS: float(0.5 * np.sum((w - TARGETS[pid]) ** 2))})
         return Message(RecordDict({C.ARRAYS: record({"w": w}), C.METRICS: metrics}), reply_to=msg)
 
     return app
@@ -99,7 +105,8 @@ class PushPullGrid(InProcessGrid):
         batch = []
         for msg in messages:
             node = msg.metadata.dst_node_id
-            assert node not in self.in_flight, "a node got a second chunk before replying to the first"
+            assert node not in self.in_flight, \
+                "a node got a second chunk before replying to the first"
             self.in_flight.add(node)
             cfg = msg.content[C.CONFIG]
             batch.append((node, int(cfg[START_STEP]), int(cfg[NUM_STEPS])))
@@ -129,7 +136,7 @@ def reference_run(grid, strategy, w0, num_rounds):
             new_w, momentum[node] = local_steps(pid, params["w"], v, t, start, n, SEED)
             return {"w": new_w}
         weights = {n: SIZES[pid_of(grid, n)] for n in grid.node_ids}
-        w = ds.run_plan(w, step, strategy.plans[t], weights).global_params
+        w = oracle.run_plan(w, step, strategy.plans[t], weights).global_params
     return w["w"]
 
 
@@ -145,7 +152,8 @@ def run(strategy, grid, rounds=2, w0=None):
 @pytest.mark.parametrize("intervals, steps", [("a-g", 12), ("b-c", 20), ("a", 6), ("c-g", 40)])
 def test_strategy_equals_pure_simulator(intervals, steps):
     grid = PushPullGrid(make_app(), per_pull=3)
-    strategy = DynamicFL(intervals=intervals, local_steps=steps, budget_mode="dynamic", beta=0.4,
+    strategy = DynamicFL(query_client_info=True,
+                         intervals=intervals, local_steps=steps, budget_mode="dynamic", beta=0.4,
                          fraction_train=0.5, seed=SEED, poll_interval=0)
     result = run(strategy, grid, rounds=2)
     expected = reference_run(grid, strategy, np.zeros(3), 2)
@@ -166,7 +174,8 @@ def test_strategy_equals_pure_simulator(intervals, steps):
 
 def test_long_chunks_overlap_short_ones_and_diagnostics():
     grid = PushPullGrid(make_app(), per_pull=1)
-    strategy = DynamicFL(intervals="a-g", local_steps=10, budget_mode="dynamic", beta=0.4,
+    strategy = DynamicFL(query_client_info=True,
+                         intervals="a-g", local_steps=10, budget_mode="dynamic", beta=0.4,
                          fraction_train=0.5, seed=SEED, poll_interval=0)
     run(strategy, grid, rounds=1)
     plan = strategy.plans[1]
@@ -187,20 +196,23 @@ def test_long_chunks_overlap_short_ones_and_diagnostics():
 
 def test_dynacomm_group_matches_pure_function():
     grid = PushPullGrid(make_app())
-    strategy = DynamicFL(intervals="a-g", local_steps=5, budget_mode="dynamic", beta=0.6,
+    strategy = DynamicFL(query_client_info=True,
+                         intervals="a-g", local_steps=5, budget_mode="dynamic", beta=0.6,
                          fraction_train=0.5, seed=SEED, poll_interval=0)
     run(strategy, grid, rounds=1)
     plan = strategy.plans[1]
     active = list(plan.training)  # partition order
     q = dc.global_label_distribution(HIST)  # ALL ten clients, not the five active
     expected = dc.dynacomm([HIST[pid_of(grid, n)] for n in active], q, k_max=3, rng=[SEED, 1, 7])
-    assert sorted(m for m, i in plan.intervals.items() if i == 1) == sorted(active[i] for i in expected.members)
+    high = sorted(m for m, i in plan.intervals.items() if i == 1)
+    assert high == sorted(active[i] for i in expected.members)
     assert strategy.diagnostics[1]["dynamicfl-kl"] == pytest.approx(expected.kl)
 
 
 def test_fix_beta_only_rich_clients_in_the_high_group():
     grid = PushPullGrid(make_app())
-    strategy = DynamicFL(intervals="b-g", local_steps=8, budget_mode="fix", beta=0.3,
+    strategy = DynamicFL(query_client_info=True,
+                         intervals="b-g", local_steps=8, budget_mode="fix", beta=0.3,
                          fraction_train=0.6, seed=SEED, poll_interval=0)
     run(strategy, grid, rounds=3)
     assert strategy.rich is not None and len(strategy.rich) == 3
@@ -213,7 +225,8 @@ def test_byte_budgets():
     model_bytes = record({"w": np.zeros(3)}).count_bytes()
     rich = [16 * model_bytes if p % 2 == 0 else 2 * model_bytes for p in range(NUM_NODES)]
     grid = PushPullGrid(make_app(budgets=rich))
-    strategy = DynamicFL(intervals="a-g", local_steps=8, budget_mode="budget", fraction_train=1.0,
+    strategy = DynamicFL(query_client_info=True,
+                         intervals="a-g", local_steps=8, budget_mode="budget", fraction_train=1.0,
                          server_budget=dc.server_budget_for_cap(2, NUM_NODES, 8, 1, model_bytes),
                          seed=SEED, poll_interval=0)
     run(strategy, grid, rounds=1)
@@ -223,7 +236,9 @@ def test_byte_budgets():
 
 def test_failed_client_is_dropped_and_the_round_completes():
     grid = PushPullGrid(make_app(fail_pid=0))
-    strategy = DynamicFL(intervals="a-g", local_steps=6, fraction_train=1.0, seed=SEED, poll_interval=0)
+    strategy = DynamicFL(query_client_info=True,
+                         intervals="a-g", local_steps=6,
+                         fraction_train=1.0, seed=SEED, poll_interval=0)
     result = run(strategy, grid, rounds=1)
     assert strategy.diagnostics[1]["clients-failed"] == 1
     assert np.isfinite(numpy_of(result.arrays)["w"]).all()
@@ -231,7 +246,9 @@ def test_failed_client_is_dropped_and_the_round_completes():
 
 def test_x_star_paper_mode_trains_only_the_high_group():
     grid = PushPullGrid(make_app())
-    strategy = DynamicFL(intervals="a*", local_steps=5, budget_mode="dynamic", beta=0.4, fraction_train=0.5,
+    strategy = DynamicFL(query_client_info=True,
+                         intervals="a*", local_steps=5, budget_mode="dynamic", beta=0.4,
+                         fraction_train=0.5,
                          seed=SEED, poll_interval=0)
     run(strategy, grid, rounds=1)
     plan = strategy.plans[1]
@@ -242,16 +259,21 @@ def test_x_star_paper_mode_trains_only_the_high_group():
 
 def test_missing_label_counts_is_a_clear_error():
     grid = PushPullGrid(make_app(label_counts=False))
-    strategy = DynamicFL(intervals="a-g", local_steps=4, seed=SEED, poll_interval=0)
+    strategy = DynamicFL(query_client_info=True,
+                         intervals="a-g", local_steps=4, seed=SEED,
+                         poll_interval=0)
     with pytest.raises(ValueError, match="label-counts"):
         run(strategy, grid, rounds=1)
     # one group ('a'): no DynaComm, no label counts needed
-    run(DynamicFL(intervals="a", local_steps=4, seed=SEED, poll_interval=0), PushPullGrid(make_app(label_counts=False)), 1)
+    run(DynamicFL(query_client_info=True,
+                         intervals="a", local_steps=4, seed=SEED,
+                  poll_interval=0), PushPullGrid(make_app(label_counts=False)), 1)
 
 
 def test_constructor_validation():
     with pytest.raises(ValueError, match="not known"):
-        DynamicFL(intervals="a-h")
+        DynamicFL(query_client_info=True,
+                         intervals="a-h")
     with pytest.raises(ValueError, match="budget_mode"):
         DynamicFL(budget_mode="greedy")
     with pytest.raises(ValueError, match="x_star_mode"):
@@ -260,10 +282,13 @@ def test_constructor_validation():
 
 def test_l_from_eq4():
     grid = PushPullGrid(make_app())
-    strategy = DynamicFL(intervals="a-g", local_steps=0, fraction_train=0.3, seed=SEED, poll_interval=0)
+    strategy = DynamicFL(query_client_info=True,
+                         intervals="a-g", local_steps=0,
+                         fraction_train=0.3, seed=SEED, poll_interval=0)
     from flwr.app import ConfigRecord
     strategy.start(grid, record({"w": np.zeros(3)}), num_rounds=1,
-                   train_config=ConfigRecord({C.LR: LR, C.SEED: SEED, C.LOCAL_EPOCHS: 1, C.BATCH_SIZE: 10}))
+                   train_config=ConfigRecord({C.LR: LR, C.SEED: SEED, C.LOCAL_EPOCHS: 1,
+                                              C.BATCH_SIZE: 10}))
     assert strategy.local_steps == int(sum(SIZES) / (NUM_NODES * 10))
     assert strategy.diagnostics[1]["local-steps"] == strategy.local_steps
     assert isinstance(strategy.plans[1], ds.RoundPlan)

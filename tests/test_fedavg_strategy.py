@@ -29,7 +29,7 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from strategies import WEIGHTINGS, FedAvg
 from strategies import contract as C
-from strategies.fedavg import ClientInfo
+from strategies.records import ClientInfo
 from tests.inprocess import InProcessGrid
 from tests.messages import instruction, numpy_of, record
 
@@ -61,13 +61,15 @@ def good(node, values, n, **extra) -> Message:
     return reply(node, {"w": np.asarray(values, dtype=np.float64)}, {C.NUM_EXAMPLES: n, **extra})
 
 
-def prepared(weighting: str, global_w, sizes: dict[int, int], draws: dict[int, int], **kwargs) -> FedAvg:
+def prepared(weighting: str, global_w, sizes: dict[int, int], draws: dict[int, int],
+             **kwargs) -> FedAvg:
     """A strategy in the state configure_train leaves behind (global model, nodes, sample)."""
-    strategy = FedAvg(weighting=weighting, **kwargs)
+    strategy = FedAvg(query_client_info=True, weighting=weighting, **kwargs)
     strategy.current_arrays = record({"w": np.asarray(global_w, dtype=np.float64)})
     strategy.all_nodes = sorted(sizes)
     strategy.clients = {
-        node: ClientInfo(partition_id=i, num_examples=n) for i, (node, n) in enumerate(sorted(sizes.items()))
+        node: ClientInfo(partition_id=i, num_examples=n)
+        for i, (node, n) in enumerate(sorted(sizes.items()))
     }
     strategy.draws = dict(draws)
     return strategy
@@ -90,7 +92,8 @@ def fake_query(msg: Message, context: Context) -> Message:
     pid = int(context.node_config["partition-id"])
     sizes = fake_sizes(context)
     n = sizes[pid] if sizes else 10 * (pid + 1)
-    return Message(RecordDict({C.METRICS: MetricRecord({C.PARTITION_ID: pid, C.NUM_EXAMPLES: n})}), reply_to=msg)
+    return Message(RecordDict({C.METRICS: MetricRecord({C.PARTITION_ID: pid, C.NUM_EXAMPLES: n})}),
+                   reply_to=msg)
 
 
 @fake_app.train()
@@ -121,15 +124,17 @@ def partitions_of(grid: InProcessGrid, nodes) -> list[int]:
 # ---------------------------------------------------------------- configure_train
 def test_configure_train_then_aggregate_examples():
     grid = InProcessGrid(fake_app, 2, {"sizes": "10,30"})
-    strategy = FedAvg(fraction_train=1.0, weighting="examples")
-    messages = list(strategy.configure_train(1, record({"w": np.zeros(2)}), ConfigRecord({C.LR: 0.1}), grid))
+    strategy = FedAvg(query_client_info=True, fraction_train=1.0, weighting="examples")
+    messages = list(strategy.configure_train(1, record({"w": np.zeros(2)}),
+                                             ConfigRecord({C.LR: 0.1}), grid))
     assert sorted(m.metadata.dst_node_id for m in messages) == sorted(grid.node_ids)
     for m in messages:
         assert m.metadata.message_type == MessageType.TRAIN
         assert m.content[C.CONFIG][C.SERVER_ROUND] == 1
         assert m.content[C.CONFIG][C.LR] == pytest.approx(0.1)
         np.testing.assert_array_equal(result_w(m.content[C.ARRAYS]), [0.0, 0.0])
-    assert {n: strategy.clients[n].num_examples for n in grid.node_ids} == dict(zip(grid.node_ids, [10, 30]))
+    sizes = {n: strategy.clients[n].num_examples for n in grid.node_ids}
+    assert sizes == dict(zip(grid.node_ids, [10, 30]))
     by_node = {m.metadata.dst_node_id: m for m in messages}
     node0, node1 = grid.node_ids
     replies = [good(by_node[node0], [1.0, 2.0], 10, **{C.TRAIN_LOSS: 1.0}),
@@ -139,7 +144,8 @@ def test_configure_train_then_aggregate_examples():
     assert metrics[C.NUM_EXAMPLES] == pytest.approx(40.0)
     assert metrics[C.TRAIN_LOSS] == pytest.approx(2.5)  # (10*1 + 30*3) / 40
     diag = strategy.diagnostics[1]
-    assert diag["clients-sampled"] == 2 and diag["clients-received"] == 2 and diag["clients-failed"] == 0
+    assert diag["clients-sampled"] == 2 and diag["clients-received"] == 2
+    assert diag["clients-failed"] == 0
     assert diag["train-loss"] == pytest.approx(2.5)
     assert diag["bytes-up"] > 0 and diag["bytes-down"] > 0
 
@@ -208,12 +214,15 @@ def test_server_lr_half():
 
 
 def test_aggregate_preserves_dtypes_and_integer_buffers():
-    s = FedAvg(weighting="examples")
-    s.current_arrays = record({"w": np.zeros(2, dtype=np.float32), "nbt": np.array([100], dtype=np.int64)})
+    s = FedAvg(query_client_info=True, weighting="examples")
+    s.current_arrays = record({"w": np.zeros(2, dtype=np.float32),
+                               "nbt": np.array([100], dtype=np.int64)})
     s.all_nodes, s.draws = [1, 2], {1: 1, 2: 1}
     replies = [
-        reply(1, {"w": np.array([1.0, 2.0], np.float32), "nbt": np.array([110], np.int64)}, {C.NUM_EXAMPLES: 10}),
-        reply(2, {"w": np.array([3.0, 6.0], np.float32), "nbt": np.array([130], np.int64)}, {C.NUM_EXAMPLES: 30}),
+        reply(1, {"w": np.array([1.0, 2.0], np.float32), "nbt": np.array([110], np.int64)},
+              {C.NUM_EXAMPLES: 10}),
+        reply(2, {"w": np.array([3.0, 6.0], np.float32), "nbt": np.array([130], np.int64)},
+              {C.NUM_EXAMPLES: 30}),
     ]
     arrays, _ = s.aggregate_train(1, replies)
     out = numpy_of(arrays)
@@ -223,12 +232,15 @@ def test_aggregate_preserves_dtypes_and_integer_buffers():
 
 
 def test_aggregate_zero_dim_integer_buffer():
-    s = FedAvg(weighting="examples")
-    s.current_arrays = record({"w": np.zeros(2, dtype=np.float32), "nbt": np.array(100, dtype=np.int64)})
+    s = FedAvg(query_client_info=True, weighting="examples")
+    s.current_arrays = record({"w": np.zeros(2, dtype=np.float32),
+                               "nbt": np.array(100, dtype=np.int64)})
     s.all_nodes, s.draws = [1, 2], {1: 1, 2: 1}
     replies = [
-        reply(1, {"w": np.array([1.0, 2.0], np.float32), "nbt": np.array(110, np.int64)}, {C.NUM_EXAMPLES: 10}),
-        reply(2, {"w": np.array([3.0, 6.0], np.float32), "nbt": np.array(130, np.int64)}, {C.NUM_EXAMPLES: 30}),
+        reply(1, {"w": np.array([1.0, 2.0], np.float32), "nbt": np.array(110, np.int64)},
+              {C.NUM_EXAMPLES: 10}),
+        reply(2, {"w": np.array([3.0, 6.0], np.float32), "nbt": np.array(130, np.int64)},
+              {C.NUM_EXAMPLES: 30}),
     ]
     arrays, _ = s.aggregate_train(1, replies)
     out = numpy_of(arrays)
@@ -238,7 +250,8 @@ def test_aggregate_zero_dim_integer_buffer():
 # ---------------------------------------------------------------- bad replies
 BAD_REPLIES = {
     "error": lambda node: Message(Error(code=0, reason="boom"), reply_to=instruction(node)),
-    "missing-num-examples": lambda node: reply(node, {"w": np.array([9.0, 9.0])}, {C.TRAIN_LOSS: 1.0}),
+    "missing-num-examples": lambda node: reply(node, {"w": np.array([9.0, 9.0])},
+                                               {C.TRAIN_LOSS: 1.0}),
     "num-examples-zero": lambda node: good(node, [9.0, 9.0], 0),
     "num-examples-negative": lambda node: good(node, [9.0, 9.0], -5),
     "num-examples-fractional": lambda node: good(node, [9.0, 9.0], 2.5),
@@ -246,9 +259,11 @@ BAD_REPLIES = {
     "nan-array": lambda node: good(node, [float("nan"), 9.0], 20),
     "inf-array": lambda node: good(node, [float("inf"), 9.0], 20),
     "wrong-key": lambda node: reply(node, {"v": np.array([9.0, 9.0])}, {C.NUM_EXAMPLES: 20}),
-    "extra-key": lambda node: reply(node, {"w": np.array([9.0, 9.0]), "v": np.zeros(1)}, {C.NUM_EXAMPLES: 20}),
+    "extra-key": lambda node: reply(node, {"w": np.array([9.0, 9.0]), "v": np.zeros(1)},
+                                    {C.NUM_EXAMPLES: 20}),
     "wrong-shape": lambda node: good(node, [9.0, 9.0, 9.0], 20),
-    "wrong-dtype": lambda node: reply(node, {"w": np.array([9, 9], dtype=np.int64)}, {C.NUM_EXAMPLES: 20}),
+    "wrong-dtype": lambda node: reply(node, {"w": np.array([9, 9], dtype=np.int64)},
+                                      {C.NUM_EXAMPLES: 20}),
     "no-arrays": lambda node: reply(node, None, {C.NUM_EXAMPLES: 20}),
     "no-metrics": lambda node: reply(node, {"w": np.array([9.0, 9.0])}, None),
 }
@@ -282,7 +297,8 @@ def test_non_finite_num_examples_rejected(bad_n):
 def test_failed_client_counts_and_weighting_renormalised_scheme_i():
     # node 3 (drawn once) fails; the remaining draws (2, 1) are renormalised: (3+3+6)/3 = 4
     s = prepared("scheme-i", [0.0], {1: 10, 2: 30, 3: 60}, {1: 2, 2: 1, 3: 1})
-    arrays, _ = s.aggregate_train(2, [good(1, [3.0], 10), good(2, [6.0], 30), BAD_REPLIES["error"](3)])
+    arrays, _ = s.aggregate_train(2,
+                                  [good(1, [3.0], 10), good(2, [6.0], 30), BAD_REPLIES["error"](3)])
     np.testing.assert_allclose(result_w(arrays), [4.0])
     assert s.diagnostics[2]["clients-failed"] == 1
 
@@ -317,8 +333,8 @@ def test_run_keeps_model_when_every_client_fails():
     @failing.query()
     def q(msg, context):
         pid = int(context.node_config["partition-id"])
-        return Message(RecordDict({C.METRICS: MetricRecord({C.PARTITION_ID: pid, C.NUM_EXAMPLES: 5})}),
-                       reply_to=msg)
+        metrics = MetricRecord({C.PARTITION_ID: pid, C.NUM_EXAMPLES: 5})
+        return Message(RecordDict({C.METRICS: metrics}), reply_to=msg)
 
     @failing.train()
     def t(msg, context):
@@ -326,17 +342,19 @@ def test_run_keeps_model_when_every_client_fails():
         raise RuntimeError("out of memory")
 
     grid = InProcessGrid(failing, 3, {})
-    strategy = FedAvg(fraction_train=1.0)
+    strategy = FedAvg(query_client_info=True, fraction_train=1.0)
     strategy.start(grid, record({"w": np.array([1.0, 2.0])}), num_rounds=2)
     # round 2 was sent the unchanged initial model
     assert received == [[1.0, 2.0]] * 6
-    assert strategy.diagnostics[1]["clients-failed"] == 3 and strategy.diagnostics[2]["clients-failed"] == 3
+    assert strategy.diagnostics[1]["clients-failed"] == 3
+    assert strategy.diagnostics[2]["clients-failed"] == 3
 
 
 # ---------------------------------------------------------------- sampling
 def sampled_partitions(node_ids, seed, fraction=0.3, rounds=5, weighting="examples"):
     grid = InProcessGrid(fake_app, len(node_ids), {}, node_ids=node_ids)
-    strategy = FedAvg(fraction_train=fraction, seed=seed, weighting=weighting)
+    strategy = FedAvg(query_client_info=True, fraction_train=fraction, seed=seed,
+                      weighting=weighting)
     arrays = record({"w": np.zeros(2)})
     out = []
     for r in range(1, rounds + 1):
@@ -346,7 +364,8 @@ def sampled_partitions(node_ids, seed, fraction=0.3, rounds=5, weighting="exampl
 
 
 NODES_A = [1000 + 7919 * i for i in range(10)]
-NODES_B = [9_000_000_000 - 104_729 * i for i in range(10)]  # descending: node order != partition order
+# descending: node order != partition order
+NODES_B = [9_000_000_000 - 104_729 * i for i in range(10)]
 NODES_C = [int(x) for x in np.random.default_rng(99).permutation(10**6)[:10] + 1]
 
 
@@ -363,7 +382,8 @@ def test_sampling_varies_across_rounds():
     assert len(set(rounds)) > 1
 
 
-@pytest.mark.parametrize("fraction, expected", [(0.05, 1), (0.1, 1), (0.3, 3), (0.35, 3), (0.5, 5), (1.0, 10)])
+@pytest.mark.parametrize("fraction, expected",
+                         [(0.05, 1), (0.1, 1), (0.3, 3), (0.35, 3), (0.5, 5), (1.0, 10)])
 def test_sample_size(fraction, expected):
     for parts in sampled_partitions(NODES_A, seed=3, fraction=fraction, rounds=3):
         assert len(parts) == expected == max(int(fraction * 10 + 1e-9), 1)
@@ -372,16 +392,17 @@ def test_sample_size(fraction, expected):
 
 def test_scheme_i_draws_sum_to_m():
     grid = InProcessGrid(fake_app, 10, {})
-    strategy = FedAvg(fraction_train=0.5, weighting="scheme-i", seed=1)
+    strategy = FedAvg(query_client_info=True, fraction_train=0.5, weighting="scheme-i", seed=1)
     for r in range(1, 6):
-        messages = list(strategy.configure_train(r, record({"w": np.zeros(1)}), ConfigRecord(), grid))
+        messages = list(strategy.configure_train(r, record({"w": np.zeros(1)}), ConfigRecord(),
+                                                 grid))
         assert sum(strategy.draws.values()) == 5
         assert sorted(m.metadata.dst_node_id for m in messages) == sorted(strategy.draws)
 
 
 def test_query_sent_once_per_node():
     grid = InProcessGrid(fake_app, 4, {})
-    strategy = FedAvg(fraction_train=0.5)
+    strategy = FedAvg(query_client_info=True, fraction_train=0.5)
     for r in range(1, 4):
         list(strategy.configure_train(r, record({"w": np.zeros(1)}), ConfigRecord(), grid))
     queries = [node for node, kind in grid.calls if kind == MessageType.QUERY]
@@ -392,7 +413,7 @@ def test_full_run_with_fake_client_app():
     # 3 nodes, sizes 10, 30, 60, all sampled; client k returns w + (k + 1):
     # one round moves w by (10*1 + 30*2 + 60*3) / 100 = 2.5
     grid = InProcessGrid(fake_app, 3, {"sizes": "10,30,60"})
-    strategy = FedAvg(fraction_train=1.0, weighting="examples")
+    strategy = FedAvg(query_client_info=True, fraction_train=1.0, weighting="examples")
     result = strategy.start(grid, record({"w": np.array([0.0, 1.0])}), num_rounds=2)
     np.testing.assert_allclose(result_w(result.arrays), [5.0, 6.0])
     # train-loss = partition id: (10*0 + 30*1 + 60*2) / 100 = 1.5
@@ -408,7 +429,8 @@ def test_stock_client_app_without_query_trains_and_warns_once(caplog):
     # every round trained 2 nodes, each moving w by +1
     np.testing.assert_allclose(result_w(result.arrays), [3.0, 3.0])
     assert sum(1 for _, kind in grid.calls if kind == MessageType.TRAIN) == 6
-    warnings = [r for r in caplog.records if r.levelno == logging.WARNING and C.QUERY_CLIENT_INFO in r.getMessage()]
+    warnings = [r for r in caplog.records
+                if r.levelno == logging.WARNING and C.QUERY_CLIENT_INFO in r.getMessage()]
     assert len(warnings) == 1
     assert all(info.partition_id is None for info in strategy.clients.values())
     # fallback: node-id order
@@ -441,7 +463,8 @@ def test_invalid_constructor_args(kwargs, name, value):
 
 def test_valid_constructor_args():
     for weighting in WEIGHTINGS:
-        s = FedAvg(weighting=weighting, fraction_train=1.0, fraction_evaluate=0.0, server_lr=2.0)
+        s = FedAvg(query_client_info=True, weighting=weighting, fraction_train=1.0,
+                   fraction_evaluate=0.0, server_lr=2.0)
         assert s.weighting == weighting and s.server_lr == 2.0
     assert FedAvg(fraction_train=0.001).fraction_train == 0.001
 

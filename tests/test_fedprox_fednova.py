@@ -1,7 +1,7 @@
 """Tests for FedNova's math, FedProx / FedNova strategies, stragglers and the registry.
 
 * FedNova normalised averaging (``strategies.aggregate.fednova_*``) against numbers
-  computed by hand and written here (FedVeca spec §1 eq. 5, §3.2; ARCHITECTURE.md's
+  computed by hand and written here (FedVeca eq. 5, FedNova eq. 6; ARCHITECTURE.md's
   norms of a_i), and empirically against torch's SGD (momentum, proximal term);
 * straggler helpers (``choose_stragglers``, ``straggler_steps``, ``steps_for_epochs``);
 * the strategies on real Flower Messages, through the in-process Grid and a numpy-only
@@ -33,6 +33,7 @@ from fedapp.config import ConfigError, RunConfig
 from fedapp.registry import build_strategy
 from strategies import WEIGHTINGS, FedAvg, FedNova, FedProx
 from strategies import aggregate as agg
+from strategies import sampling
 from strategies import contract as C
 from task import train as task_train
 from task.models import ClassifierModule
@@ -61,13 +62,23 @@ def reply(node_or_instr, values, n, **metrics) -> Message:
     return Message(content, reply_to=instr)
 
 
+def fednova(global_arrays, clients, a_norms, weights, momentum_buffer=None, server_momentum=0.0):
+    """One FedNova update over all clients through the run-time path (coefficients_fednova +
+    fednova_update); returns the new model and the momentum buffer."""
+    coefficients = agg.coefficients_fednova(weights, a_norms)
+    new, buffer, used, _ = agg.fednova_update(global_arrays, enumerate(clients), coefficients,
+                                              1.0, momentum_buffer, server_momentum)
+    assert used == list(range(len(clients)))
+    return new, buffer
+
+
 def steps(k: int) -> dict:
     return {C.LOCAL_STEPS_TAKEN: k}
 
 
 def nova(global_w, nodes, sent: dict[int, dict] | None = None, **kwargs) -> FedNova:
     """A FedNova in the state configure_train leaves behind."""
-    s = FedNova(**kwargs)
+    s = FedNova(query_client_info=True, **kwargs)
     s.current_arrays = record({"w": np.asarray(global_w, dtype=np.float64)})
     s.all_nodes = list(nodes)
     s.draws = {n: 1 for n in nodes}
@@ -117,15 +128,18 @@ def make_app(received: list | None = None) -> ClientApp:
         if tau <= 0:
             e, b = int(config.get(C.LOCAL_EPOCHS, 1)), int(config.get(C.BATCH_SIZE, 0))
             tau = e if b <= 0 or b >= n else (e * n) // b
-        arrays = {k: v + DELTA * (pid + 1) * tau for k, v in numpy_of(msg.content[C.ARRAYS]).items()}
-        metrics = MetricRecord({C.NUM_EXAMPLES: n, C.TRAIN_LOSS: float(pid), C.LOCAL_STEPS_TAKEN: tau})
+        arrays = {k: v + DELTA * (pid + 1) * tau for k,
+                  v in numpy_of(msg.content[C.ARRAYS]).items()}
+        metrics = MetricRecord({C.NUM_EXAMPLES: n, C.TRAIN_LOSS: float(pid),
+                                C.LOCAL_STEPS_TAKEN: tau})
         return Message(RecordDict({C.ARRAYS: record(arrays), C.METRICS: metrics}), reply_to=msg)
 
     return app
 
 
 NODES_A = [1000 + 7919 * i for i in range(10)]
-NODES_B = [9_000_000_000 - 104_729 * i for i in range(10)]  # descending: node order != partition order
+# descending: node order != partition order
+NODES_B = [9_000_000_000 - 104_729 * i for i in range(10)]
 NODES_C = [int(x) for x in np.random.default_rng(5).permutation(10**6)[:10] + 1]
 
 
@@ -133,23 +147,25 @@ NODES_C = [int(x) for x in np.random.default_rng(5).permutation(10**6)[:10] + 1]
 def test_fednova_equal_a_is_fedavg_weighted_average():
     rng = np.random.default_rng(0)
     global_arrays = {"a": rng.normal(size=(3, 4)), "b": rng.normal(size=5)}
-    clients = [{k: v + rng.normal(size=v.shape) for k, v in global_arrays.items()} for _ in range(4)]
+    clients = [{k: v + rng.normal(size=v.shape) for k,
+                v in global_arrays.items()} for _ in range(4)]
     n = [10.0, 30.0, 5.0, 55.0]
     for a in (1.0, 3.0, 7.25):
-        new, buffer = agg.fednova_update(global_arrays, clients, [a] * 4, n)
-        expected = agg.apply_update(global_arrays, clients, np.asarray(n) / sum(n))
+        new, buffer = fednova(global_arrays, clients, [a] * 4, n)
+        expected, _, _ = agg.streamed_update(global_arrays, enumerate(clients),
+                                             agg.coefficients_by_examples(n))
         assert buffer is None
         for key in global_arrays:
             np.testing.assert_allclose(new[key], expected[key], rtol=1e-12, atol=1e-12)
             # and literally sum_k p_k w_k
-            np.testing.assert_allclose(new[key], sum(n_k / 100.0 * c[key] for n_k, c in zip(n, clients)),
-                                       rtol=1e-12, atol=1e-12)
+            literal = sum(n_k / 100.0 * c[key] for n_k, c in zip(n, clients))
+            np.testing.assert_allclose(new[key], literal, rtol=1e-12, atol=1e-12)
 
 
 def test_fednova_two_clients_unequal_tau_equal_weights():
     # d1 = (0 - [1, 2]) / 1 = [-1, -2]; d2 = (0 - [3, 6]) / 4 = [-0.75, -1.5]
     # tau_eff = (1 + 4) / 2 = 2.5; w = 0 - 2.5 * ([-1.75, -3.5] / 2) = [2.1875, 4.375]
-    new, _ = agg.fednova_update({"w": np.zeros(2)}, [{"w": np.array([1.0, 2.0])}, {"w": np.array([3.0, 6.0])}],
+    new, _ = fednova({"w": np.zeros(2)}, [{"w": np.array([1.0, 2.0])}, {"w": np.array([3.0, 6.0])}],
                                 [1, 4], [1, 1])
     np.testing.assert_allclose(new["w"], [2.1875, 4.375], rtol=0, atol=1e-14)
 
@@ -158,7 +174,7 @@ def test_fednova_two_clients_unequal_tau_weights_one_to_three():
     # p = (0.25, 0.75); tau_eff = 0.25 * 1 + 0.75 * 4 = 3.25
     # sum p d = 0.25 [-1, -2] + 0.75 [-0.75, -1.5] = [-0.8125, -1.625]
     # w = 3.25 * [0.8125, 1.625] = [2.640625, 5.28125]; FedAvg would give [2.5, 5.0]
-    new, _ = agg.fednova_update({"w": np.zeros(2)}, [{"w": np.array([1.0, 2.0])}, {"w": np.array([3.0, 6.0])}],
+    new, _ = fednova({"w": np.zeros(2)}, [{"w": np.array([1.0, 2.0])}, {"w": np.array([3.0, 6.0])}],
                                 [1, 4], [10, 30])
     np.testing.assert_allclose(new["w"], [2.640625, 5.28125], rtol=0, atol=1e-14)
 
@@ -166,8 +182,8 @@ def test_fednova_two_clients_unequal_tau_weights_one_to_three():
 def test_fednova_nonzero_global_model():
     # w = [1, -1]; clients [2, 1] (a 1), [5, 7] (a 4); deltas [1, 2], [4, 8] -> /a: [1, 2], [1, 2]
     # tau_eff = 2.5, w' = w + 2.5 * [1, 2] = [3.5, 4]
-    new, _ = agg.fednova_update({"w": np.array([1.0, -1.0])},
-                                [{"w": np.array([2.0, 1.0])}, {"w": np.array([5.0, 7.0])}], [1, 4], [2, 2])
+    new, _ = fednova({"w": np.array([1.0, -1.0])},
+                     [{"w": np.array([2.0, 1.0])}, {"w": np.array([5.0, 7.0])}], [1, 4], [2, 2])
     np.testing.assert_allclose(new["w"], [3.5, 4.0], rtol=0, atol=1e-14)
 
 
@@ -216,18 +232,19 @@ def test_fednova_server_momentum_two_rounds_hand_computed():
     # round 1: w = 0, clients [1] (a 1) and [3] (a 4), equal weights: plain FedNova -> 2.1875
     #          v = 0.5 * 0 + (0 - 2.1875) = -2.1875, w1 = 0 - v = 2.1875
     g0 = {"w": np.zeros(1)}
-    w1, v1 = agg.fednova_update(g0, [{"w": np.array([1.0])}, {"w": np.array([3.0])}], [1, 4], [1, 1],
+    w1, v1 = fednova(g0, [{"w": np.array([1.0])}, {"w": np.array([3.0])}], [1, 4], [1, 1],
                                 momentum_buffer=None, server_momentum=0.5)
     np.testing.assert_allclose(w1["w"], [2.1875], atol=1e-14)
     np.testing.assert_allclose(v1["w"], [-2.1875], atol=1e-14)
     # round 2: w1 = 2.1875, clients w1 + 1 (a 1) and w1 + 4 (a 4): d = -1, -1 -> plain step 2.5
     #          v = 0.5 * (-2.1875) - 2.5 = -3.59375, w2 = 2.1875 + 3.59375 = 5.78125
-    w2, v2 = agg.fednova_update(w1, [{"w": np.array([3.1875])}, {"w": np.array([6.1875])}], [1, 4], [1, 1],
+    w2, v2 = fednova(w1, [{"w": np.array([3.1875])}, {"w": np.array([6.1875])}], [1, 4], [1, 1],
                                 momentum_buffer=v1, server_momentum=0.5)
     np.testing.assert_allclose(w2["w"], [5.78125], atol=1e-14)
     np.testing.assert_allclose(v2["w"], [-3.59375], atol=1e-14)
     # without momentum round 2 would give 2.1875 + 2.5
-    plain, none = agg.fednova_update(w1, [{"w": np.array([3.1875])}, {"w": np.array([6.1875])}], [1, 4], [1, 1])
+    plain, none = fednova(w1, [{"w": np.array([3.1875])}, {"w": np.array([6.1875])}], [1, 4],
+                          [1, 1])
     np.testing.assert_allclose(plain["w"], [4.6875], atol=1e-14)
     assert none is None
 
@@ -237,28 +254,28 @@ def test_fednova_integer_arrays_not_normalised_dtype_kept():
     global_arrays = {"w": np.zeros(2, np.float32), "nbt": np.array([100], np.int64)}
     clients = [{"w": np.array([1.0, 2.0], np.float32), "nbt": np.array([110], np.int64)},
                {"w": np.array([3.0, 6.0], np.float32), "nbt": np.array([130], np.int64)}]
-    new, _ = agg.fednova_update(global_arrays, clients, [4, 4], [10, 30])
+    new, _ = fednova(global_arrays, clients, [4, 4], [10, 30])
     assert new["w"].dtype == np.float32 and new["nbt"].dtype == np.int64
     np.testing.assert_allclose(new["w"], [2.5, 5.0])
     assert new["nbt"].tolist() == [125]
     # unequal a: still a rounded mean of the clients' values (not tau_eff-scaled), dtype kept
-    new, buffer = agg.fednova_update(global_arrays, clients, [1, 4], [1, 1], server_momentum=0.5)
+    new, buffer = fednova(global_arrays, clients, [1, 4], [1, 1], server_momentum=0.5)
     assert new["nbt"].dtype == np.int64 and 110 <= int(new["nbt"][0]) <= 130
     assert "nbt" not in buffer  # server momentum only on floating arrays
-    np.testing.assert_allclose(new["w"], [2.1875, 4.375])
+    np.testing.assert_allclose(new["w"], [2.1875, 4.375], rtol=1e-6)  # float32
 
 
 def test_fednova_update_rejects_bad_inputs():
     g, c = {"w": np.zeros(1)}, [{"w": np.ones(1)}]
     for a_norms in ([0.0], [-1.0], [float("nan")], [float("inf")]):
         with pytest.raises(ValueError):
-            agg.fednova_update(g, c, a_norms, [1.0])
+            fednova(g, c, a_norms, [1.0])
     with pytest.raises(ValueError):
-        agg.fednova_update(g, c, [1.0, 2.0], [1.0])
+        fednova(g, c, [1.0, 2.0], [1.0])
     with pytest.raises(ValueError):
-        agg.fednova_update(g, [], [], [])
+        agg.coefficients_fednova([], [])
     with pytest.raises(ValueError):
-        agg.fednova_update(g, c, [1.0], [0.0])
+        fednova(g, c, [1.0], [0.0])
 
 
 # ---------------------------------------------------------------- norms vs torch's SGD
@@ -294,7 +311,8 @@ def test_momentum_norm_matches_torch_sgd_displacement(tau, rho):
     x, y = torch.zeros(4, 1), torch.zeros(4, dtype=torch.int64)
     result = task_train.local_sgd(model, x, y, lr=lr, batch_size=2, steps=tau, momentum=rho)
     assert result.local_steps == tau
-    assert w0 - float(model.w.detach()) == pytest.approx(lr * g * agg.fednova_norm_momentum(tau, rho), rel=1e-12)
+    expected = lr * g * agg.fednova_norm_momentum(tau, rho)
+    assert w0 - float(model.w.detach()) == pytest.approx(expected, rel=1e-12)
 
 
 @pytest.mark.parametrize("tau", [1, 3, 8])
@@ -325,7 +343,7 @@ def test_fednova_with_momentum_norms_recovers_average_gradient():
                              lr=lr, batch_size=4, steps=tau, momentum=rho)
         clients.append({"w": model.w.detach().numpy().copy()})
     a = [agg.fednova_norm_momentum(t, rho) for t in taus]
-    new, _ = agg.fednova_update({"w": np.array([w0])}, clients, a, n)
+    new, _ = fednova({"w": np.array([w0])}, clients, a, n)
     p = np.asarray(n) / sum(n)
     tau_eff = float(np.dot(p, a))
     np.testing.assert_allclose(new["w"], [w0 - lr * tau_eff * float(np.dot(p, gs))], rtol=1e-10)
@@ -336,18 +354,19 @@ def test_fednova_with_momentum_norms_recovers_average_gradient():
 @pytest.mark.parametrize("batch", [0, 1, 3, 10, 32, 100, 1000])
 @pytest.mark.parametrize("epochs", [0, 1, 2, 5])
 def test_steps_for_epochs_twins_agree(n, batch, epochs):
-    assert agg.steps_for_epochs(n, batch, epochs) == task_train.steps_for_epochs(n, batch, epochs)
+    assert sampling.steps_for_epochs(n, batch,
+                                     epochs) == task_train.steps_for_epochs(n, batch, epochs)
 
 
 def test_steps_for_epochs_hand_computed():
-    assert agg.steps_for_epochs(100, 32, 2) == 6  # floor(200 / 32)
-    assert agg.steps_for_epochs(10, 8, 2) == 2
-    assert agg.steps_for_epochs(10, 0, 3) == 3  # full batch: E steps
-    assert agg.steps_for_epochs(10, 10, 3) == 3  # B >= n: E steps
-    assert agg.steps_for_epochs(10, 50, 3) == 3
-    assert agg.steps_for_epochs(0, 8, 3) == 0
-    assert agg.steps_for_epochs(10, 8, 0) == 0
-    assert agg.steps_for_epochs(3, 2, 1) == 1  # floor(1.5)
+    assert sampling.steps_for_epochs(100, 32, 2) == 6  # floor(200 / 32)
+    assert sampling.steps_for_epochs(10, 8, 2) == 2
+    assert sampling.steps_for_epochs(10, 0, 3) == 3  # full batch: E steps
+    assert sampling.steps_for_epochs(10, 10, 3) == 3  # B >= n: E steps
+    assert sampling.steps_for_epochs(10, 50, 3) == 3
+    assert sampling.steps_for_epochs(0, 8, 3) == 0
+    assert sampling.steps_for_epochs(10, 8, 0) == 0
+    assert sampling.steps_for_epochs(3, 2, 1) == 1  # floor(1.5)
 
 
 @pytest.mark.parametrize("m", [10, 7])
@@ -355,14 +374,16 @@ def test_steps_for_epochs_hand_computed():
                                                 (0.9, {10: 9, 7: 6}), (1.0, {10: 10, 7: 7})])
 def test_choose_stragglers_count(m, fraction, expected):
     for seed in range(5):
-        mask = agg.choose_stragglers(np.random.default_rng([seed, 1, 1]), m, fraction)
+        mask = sampling.choose_stragglers(np.random.default_rng([seed, 1, 1]), m, fraction)
         assert mask.dtype == bool and mask.shape == (m,)
         assert int(mask.sum()) == expected[m] == math.floor(fraction * m)
 
 
 def test_choose_stragglers_deterministic_and_varies_with_seed():
-    masks = [agg.choose_stragglers(np.random.default_rng([s, 2, 1]), 10, 0.5).tolist() for s in range(8)]
-    again = [agg.choose_stragglers(np.random.default_rng([s, 2, 1]), 10, 0.5).tolist() for s in range(8)]
+    masks = [sampling.choose_stragglers(np.random.default_rng([s, 2, 1]), 10,
+                                        0.5).tolist() for s in range(8)]
+    again = [sampling.choose_stragglers(np.random.default_rng([s, 2, 1]), 10,
+                                        0.5).tolist() for s in range(8)]
     assert masks == again
     assert len({tuple(m) for m in masks}) > 1
 
@@ -370,7 +391,7 @@ def test_choose_stragglers_deterministic_and_varies_with_seed():
 def test_straggler_steps_range_and_uniformity():
     rng = np.random.default_rng(42)
     full = [1, 5, 10]
-    draws = np.array([agg.straggler_steps(rng, full) for _ in range(6000)])
+    draws = np.array([sampling.straggler_steps(rng, full) for _ in range(6000)])
     assert draws.shape == (6000, 3)
     assert (draws[:, 0] == 1).all()
     for col, f in ((1, 5), (2, 10)):
@@ -378,10 +399,10 @@ def test_straggler_steps_range_and_uniformity():
         freq = np.bincount(draws[:, col], minlength=f + 1)[1:] / len(draws)
         np.testing.assert_allclose(freq, 1.0 / f, atol=0.03)
     # a full count of 0 (no data) still gives one step
-    assert agg.straggler_steps(np.random.default_rng(0), [0]).tolist() == [1]
+    assert sampling.straggler_steps(np.random.default_rng(0), [0]).tolist() == [1]
     # deterministic for the rng seed
-    assert (agg.straggler_steps(np.random.default_rng(7), [9, 9, 9]).tolist()
-            == agg.straggler_steps(np.random.default_rng(7), [9, 9, 9]).tolist())
+    assert (sampling.straggler_steps(np.random.default_rng(7), [9, 9, 9]).tolist()
+            == sampling.straggler_steps(np.random.default_rng(7), [9, 9, 9]).tolist())
 
 
 # ================================================================ stragglers in FedAvg
@@ -390,10 +411,12 @@ def configure(strategy, grid, rnd, config=None):
                                          config if config is not None else ConfigRecord(), grid))
 
 
-@pytest.mark.parametrize("fraction_train, sampled, stragglers", [(1.0, 10, 5), (0.7, 7, 3), (0.3, 3, 1)])
+@pytest.mark.parametrize("fraction_train, sampled, stragglers",
+                         [(1.0, 10, 5), (0.7, 7, 3), (0.3, 3, 1)])
 def test_drop_policy_sends_nothing_to_stragglers(fraction_train, sampled, stragglers):
     grid = InProcessGrid(make_app(), 10, {})
-    s = FedAvg(fraction_train=fraction_train, straggler_fraction=0.5, straggler_policy="drop", seed=3)
+    s = FedAvg(query_client_info=True, fraction_train=fraction_train, straggler_fraction=0.5,
+               straggler_policy="drop", seed=3)
     for rnd in (1, 2, 3):
         messages = configure(s, grid, rnd)
         sent = {m.metadata.dst_node_id for m in messages}
@@ -411,7 +434,7 @@ def test_drop_policy_sends_nothing_to_stragglers(fraction_train, sampled, stragg
 
 def test_drop_policy_failed_count_excludes_dropped():
     grid = InProcessGrid(make_app(), 10, {})
-    s = FedAvg(straggler_fraction=0.5, straggler_policy="drop", seed=3)
+    s = FedAvg(query_client_info=True, straggler_fraction=0.5, straggler_policy="drop", seed=3)
     result = s.start(grid, record({"w": np.zeros(2)}), num_rounds=1)
     assert result.arrays is not None
     assert s.diagnostics[1]["clients-received"] == 5
@@ -420,7 +443,8 @@ def test_drop_policy_failed_count_excludes_dropped():
 
 def straggler_partitions(node_ids, seed, policy="drop", rounds=5, fraction_train=0.6):
     grid = InProcessGrid(make_app(), len(node_ids), {}, node_ids=node_ids)
-    s = FedAvg(fraction_train=fraction_train, straggler_fraction=0.5, straggler_policy=policy, seed=seed)
+    s = FedAvg(query_client_info=True, fraction_train=fraction_train, straggler_fraction=0.5,
+               straggler_policy=policy, seed=seed)
     out = []
     for rnd in range(1, rounds + 1):
         configure(s, grid, rnd, ConfigRecord({C.LOCAL_STEPS: 50}))
@@ -440,7 +464,7 @@ def test_stragglers_independent_of_node_ids(policy):
 
 def test_no_stragglers_by_default():
     grid = InProcessGrid(make_app(), 4, {})
-    s = FedAvg()
+    s = FedAvg(query_client_info=True)
     messages = configure(s, grid, 1, ConfigRecord({C.LOCAL_STEPS: 5}))
     assert len(messages) == 4 and s.straggler_work == {}
     assert s.diagnostics[1]["clients-stragglers"] == 0 and s.diagnostics[1]["clients-dropped"] == 0
@@ -461,7 +485,8 @@ def test_partial_policy_epochs_config(cls):
     for rnd in range(1, 9):
         messages = configure(s, grid, rnd, config)
         assert len(messages) == 10
-        assert s.diagnostics[rnd]["clients-stragglers"] == 5 and s.diagnostics[rnd]["clients-dropped"] == 0
+        assert s.diagnostics[rnd]["clients-stragglers"] == 5
+        assert s.diagnostics[rnd]["clients-dropped"] == 0
         for m in messages:
             node = m.metadata.dst_node_id
             sent = m.content[C.CONFIG]
@@ -482,7 +507,7 @@ def test_partial_policy_epochs_config(cls):
 def test_partial_policy_local_steps_config_and_clients_receive_it():
     received = []
     grid = InProcessGrid(make_app(received), 10, {"sizes": SIZES})
-    s = FedAvg(straggler_fraction=0.9, straggler_policy="partial", seed=2)
+    s = FedAvg(query_client_info=True, straggler_fraction=0.9, straggler_policy="partial", seed=2)
     config = ConfigRecord({C.LOCAL_STEPS: 6, C.LOCAL_EPOCHS: 100, C.BATCH_SIZE: 1})
     result = s.start(grid, record({"w": np.zeros(2)}), num_rounds=3, train_config=config)
     assert result.arrays is not None
@@ -499,12 +524,13 @@ def test_partial_policy_local_steps_config_and_clients_receive_it():
     last = {pid: c[C.LOCAL_STEPS] for pid, c in by_round[-1]}
     for node, work in s.straggler_work.items():
         assert last[node_partition(grid, node)] == work
-    non_stragglers = [pid for pid in last if pid not in {node_partition(grid, n) for n in s.straggler_work}]
+    stragglers = {node_partition(grid, n) for n in s.straggler_work}
+    non_stragglers = [pid for pid in last if pid not in stragglers]
     assert len(non_stragglers) == 1 and last[non_stragglers[0]] == 6
 
 
 def test_full_local_steps_unknown_size_falls_back_to_epochs():
-    s = FedAvg()
+    s = FedAvg(query_client_info=True)
     assert s.full_local_steps(123, ConfigRecord({C.LOCAL_EPOCHS: 3, C.BATCH_SIZE: 8})) == 3
     assert s.full_local_steps(123, ConfigRecord({C.LOCAL_STEPS: 4, C.LOCAL_EPOCHS: 3})) == 4
 
@@ -521,7 +547,8 @@ def test_unknown_straggler_policy_raises(policy):
 def test_fedprox_sends_mu_in_every_train_config():
     received = []
     grid = InProcessGrid(make_app(received), 6, {})
-    s = FedProx(proximal_mu=0.05, fraction_train=0.5, straggler_fraction=0.5, seed=4)
+    s = FedProx(query_client_info=True, proximal_mu=0.05, fraction_train=0.5,
+                straggler_fraction=0.5, seed=4)
     assert s.straggler_policy == "partial"
     s.start(grid, record({"w": np.zeros(2)}), num_rounds=2,
             train_config=ConfigRecord({C.LR: 0.1, C.LOCAL_STEPS: 4}))
@@ -546,6 +573,7 @@ def test_fedprox_mu0_bit_identical_to_fedavg(weighting):
                               train_config=ConfigRecord({C.LOCAL_EPOCHS: 2, C.BATCH_SIZE: 4}))
 
     kwargs = dict(weighting=weighting, fraction_train=0.5, seed=9, straggler_fraction=0.5,
+                  query_client_info=True,
                   straggler_policy="partial")
     avg = run(FedAvg(**kwargs))
     prox = run(FedProx(proximal_mu=0.0, **kwargs))
@@ -558,7 +586,8 @@ def test_fedprox_mu0_bit_identical_to_fedavg(weighting):
 def test_fedprox_runs_with_every_weighting(weighting):
     received = []
     grid = InProcessGrid(make_app(received), 5, {})
-    s = FedProx(proximal_mu=0.1, weighting=weighting, fraction_train=0.6, seed=1, straggler_fraction=0.4)
+    s = FedProx(query_client_info=True, proximal_mu=0.1, weighting=weighting, fraction_train=0.6,
+                seed=1, straggler_fraction=0.4)
     result = s.start(grid, record({"w": np.zeros(2)}), num_rounds=1,
                      train_config=ConfigRecord({C.LOCAL_STEPS: 3}))
     w = result_w(result.arrays)
@@ -613,7 +642,7 @@ def test_fednova_equal_steps_equals_fedavg_strategy():
 
 def test_fednova_momentum_sent_uses_momentum_norm():
     grid = InProcessGrid(make_app(), 2, {})
-    s = FedNova()
+    s = FedNova(query_client_info=True)
     messages = configure(s, grid, 1, ConfigRecord({C.LR: 0.1, C.MOMENTUM: 0.5}))
     assert all(s.sent_configs[m.metadata.dst_node_id][C.MOMENTUM] == 0.5 for m in messages)
     by_pid = {node_partition(grid, m.metadata.dst_node_id): m for m in messages}
@@ -628,7 +657,8 @@ def test_fednova_momentum_sent_uses_momentum_norm():
 
 
 def test_fednova_proximal_sent_uses_proximal_norm():
-    s = nova([0.0], [1, 2], sent={1: {C.LR: 0.1, C.PROXIMAL_MU: 1.0}, 2: {C.LR: 0.1, C.PROXIMAL_MU: 1.0}})
+    s = nova([0.0], [1, 2],
+             sent={1: {C.LR: 0.1, C.PROXIMAL_MU: 1.0}, 2: {C.LR: 0.1, C.PROXIMAL_MU: 1.0}})
     # tau 3, alpha 0.1: a = 2.71; tau 1: a = 1
     s.aggregate_train(1, [reply(1, [2.71], 10, **steps(3)), reply(2, [1.0], 10, **steps(1))])
     assert s.diagnostics[1]["a-norms"] == [2.71, 1.0]
@@ -645,20 +675,54 @@ def test_fednova_reported_a_norm_used_directly():
 
 
 def test_fednova_stock_replies_derive_tau_and_warn_once(caplog):
-    # FedNova(local_epochs=2, batch_size=8): n = 10 -> tau = floor(20 / 8) = 2, n = 30 -> floor(60 / 8) = 7
-    # d1 = -[2, 2] / 2 = [-1, -1]; d2 = -[7, 14] / 7 = [-1, -2]; p = (0.25, 0.75)
-    # tau_eff = 0.25 * 2 + 0.75 * 7 = 5.75; w = 5.75 * [1, 1.75] = [5.75, 10.0625]
+    # FedNova(local_epochs=2, batch_size=8), a stock DataLoader loop (drop_last=False):
+    # n = 10 -> tau = 2 ceil(10 / 8) = 4, n = 30 -> 2 ceil(30 / 8) = 8
+    # d1 = -[4, 4] / 4 = [-1, -1]; d2 = -[8, 16] / 8 = [-1, -2]; p = (0.25, 0.75)
+    # tau_eff = 0.25 * 4 + 0.75 * 8 = 7; w = 7 * [1, 1.75] = [7, 12.25]
     s = nova([0.0, 0.0], [1, 2], local_epochs=2, batch_size=8)
     with caplog.at_level(logging.WARNING, logger="flwr"):
         for rnd in (1, 2, 3):
             s.current_arrays = record({"w": np.zeros(2)})
-            arrays, _ = s.aggregate_train(rnd, [reply(1, [2.0, 2.0], 10), reply(2, [7.0, 14.0], 30)])
-            np.testing.assert_allclose(result_w(arrays), [5.75, 10.0625], atol=1e-14)
-            assert s.diagnostics[rnd]["a-norms"] == [2.0, 7.0]
+            arrays, _ = s.aggregate_train(rnd,
+                                          [reply(1, [4.0, 4.0], 10), reply(2, [8.0, 16.0], 30)])
+            np.testing.assert_allclose(result_w(arrays), [7.0, 12.25], atol=1e-14)
+            assert s.diagnostics[rnd]["a-norms"] == [4.0, 8.0]
             assert "local-steps" not in s.diagnostics[rnd]
-    warnings = [r for r in caplog.records if r.levelno == logging.WARNING and "FedNova" in r.getMessage()]
+    warnings = [r for r in caplog.records
+                if r.levelno == logging.WARNING and "FedNova" in r.getMessage()]
     assert len(warnings) == 1
     assert C.LOCAL_STEPS_TAKEN in warnings[0].getMessage()
+    assert "strategies.client.fednova.report_local_steps" in warnings[0].getMessage()
+
+
+def test_fednova_stock_replies_drop_last_floor():
+    # drop_last=True: n = 10 -> 2 floor(10 / 8) = 2, n = 30 -> 2 floor(30 / 8) = 6
+    # tau_eff = 0.25 * 2 + 0.75 * 6 = 5; w = 5 * [1, 1.75] = [5, 8.75]
+    s = nova([0.0, 0.0], [1, 2], local_epochs=2, batch_size=8, drop_last=True)
+    arrays, _ = s.aggregate_train(1, [reply(1, [2.0, 2.0], 10), reply(2, [6.0, 12.0], 30)])
+    np.testing.assert_allclose(result_w(arrays), [5.0, 8.75], atol=1e-14)
+    assert s.diagnostics[1]["a-norms"] == [2.0, 6.0]
+
+
+@pytest.mark.parametrize("sent, kwargs", [
+    ({C.LOCAL_EPOCHS: 2}, {}),  # no B anywhere
+    ({C.BATCH_SIZE: 8}, {}),  # no E anywhere
+    ({}, {"local_epochs": 1}),
+])
+def test_fednova_stock_reply_without_batch_size_is_an_error_naming_the_fix(sent, kwargs):
+    s = nova([0.0], [1, 2], sent={1: sent, 2: sent}, **kwargs)
+    with pytest.raises(ValueError) as info:
+        s.aggregate_train(1, [reply(1, [1.0], 10), reply(2, [1.0], 10)])
+    message = str(info.value)
+    for part in ("batch_size", "local_epochs", "strategies.client.fednova.report_local_steps",
+                 C.BATCH_SIZE, C.LOCAL_EPOCHS):
+        assert part in message
+
+
+def test_fednova_reported_steps_need_no_batch_size():
+    s = nova([0.0], [1, 2])
+    s.aggregate_train(1, [reply(1, [1.0], 10, **steps(2)), reply(2, [1.0], 10, **steps(3))])
+    assert s.diagnostics[1]["a-norms"] == [2.0, 3.0]
 
 
 def test_fednova_stock_reply_uses_sent_config_when_not_given():
@@ -690,8 +754,8 @@ def test_fednova_a_norms_diagnostic_excludes_rejected_reply():
     assert s.diagnostics[1]["a-norms"] == [1.0, 4.0]  # aligned with 'local-steps' [1, 4]
 
 
-@pytest.mark.parametrize("bad", [{C.LOCAL_STEPS_TAKEN: 0}, {C.LOCAL_STEPS_TAKEN: -2}, {C.A_NORM: 0.0},
-                                 {C.A_NORM: -1.0}, {C.A_NORM: float("nan")}],
+@pytest.mark.parametrize("bad", [{C.LOCAL_STEPS_TAKEN: 0}, {C.LOCAL_STEPS_TAKEN: -2},
+                                 {C.A_NORM: 0.0}, {C.A_NORM: -1.0}, {C.A_NORM: float("nan")}],
                          ids=["steps-0", "steps-neg", "a-norm-0", "a-norm-neg", "a-norm-nan"])
 def test_fednova_bad_tau_or_a_norm_reply_rejected(bad, caplog):
     s = nova([0.0, 0.0], [1, 2, 3])
@@ -722,7 +786,7 @@ def test_fednova_full_run_with_fake_client_app():
     # The fake client moves w by DELTA (pid + 1) tau_i; FedNova divides by tau_i, so a round moves
     # w by tau_eff * DELTA * sum_i p_i (pid_i + 1) whatever the stragglers' tau_i are.
     grid = InProcessGrid(make_app(), 4, {"sizes": "10,20,30,40"})
-    s = FedNova(straggler_fraction=0.5, seed=5)
+    s = FedNova(query_client_info=True, straggler_fraction=0.5, seed=5)
     w = np.array([1.0, -1.0])
     config = ConfigRecord({C.LOCAL_EPOCHS: 2, C.BATCH_SIZE: 4})
     for rnd in (1, 2):
@@ -764,7 +828,8 @@ def test_registry_fedprox():
 
 
 def test_registry_fednova():
-    s, config = build(**{"strategy": "fednova", "server-momentum": 0.4, "local-epochs": 3, "batch-size": 16})
+    s, config = build(**{"strategy": "fednova", "server-momentum": 0.4, "local-epochs": 3,
+                         "batch-size": 16})
     assert type(s) is FedNova
     assert s.server_momentum == pytest.approx(0.4)
     assert s.local_epochs == 3 and s.batch_size == 16
@@ -799,4 +864,5 @@ def test_fednova_server_lr_applied_or_rejected():
         return
     arrays, _ = s.aggregate_train(1, [reply(1, [1.0, 2.0], 10, **steps(1)),
                                       reply(2, [3.0, 6.0], 10, **steps(4))])
-    np.testing.assert_allclose(result_w(arrays), [1.09375, 2.1875], atol=1e-14)  # half of [2.1875, 4.375]
+    np.testing.assert_allclose(result_w(arrays), [1.09375, 2.1875],
+                               atol=1e-14)  # half of [2.1875, 4.375]

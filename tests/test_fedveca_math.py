@@ -1,7 +1,7 @@
 """Tests for strategies.fedveca_math (pure numpy, no Flower types).
 
-Hand-computed numbers from the FedVeca spec (shared/spec/fedveca.md §4.4 table, §4.10
-guards) and the paper's eqs. (8), (13), (15) and Alg. 1.
+Hand-computed numbers for FedVeca's eqs. (8), (13), (15), Alg. 1 and the guards of the
+tau rule.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import pytest
 from strategies import fedveca_math as vm
 
 # ---------------------------------------------------------------- eq. (15) table
-TABLE_095 = [(1.00, 20), (1.01, 16), (1.02, 14), (1.05, 10), (1.10, 7), (1.20, 4), (1.30, 3), (1.50, 2),
-             (1.90, 2), (1.95, 2), (2.5, 2), (1e6, 2)]
+TABLE_095 = [(1.00, 20), (1.01, 16), (1.02, 14), (1.05, 10), (1.10, 7), (1.20, 4), (1.30, 3),
+             (1.50, 2), (1.90, 2), (1.95, 2), (2.5, 2), (1e6, 2)]
 
 
 @pytest.mark.parametrize("r,tau", TABLE_095)
@@ -32,7 +32,8 @@ def test_smallest_a_gets_20_not_19():
     assert decision.taus[0] == 20 and decision.ratios[0] == 1.0
 
 
-@pytest.mark.parametrize("alpha,expected", [(0.5, 2), (0.9, 10), (0.95, 20), (0.98, 50), (0.99, 50), (0.995, 50)])
+@pytest.mark.parametrize("alpha,expected",
+                         [(0.5, 2), (0.9, 10), (0.95, 20), (0.98, 50), (0.99, 50), (0.995, 50)])
 def test_smallest_a_gets_floor_one_over_one_minus_alpha_capped(alpha, expected):
     assert vm.tau_from_ratio(1.0, alpha, tau_max=50) == expected
 
@@ -69,7 +70,8 @@ def test_only_ratios_of_a_matter():
 
 def test_eta_cancels_through_a():
     betas, deltas = [0.2, 0.25, 0.21], [3.0, 2.0, 2.9]
-    taus = {eta: vm.next_taus([vm.non_iid_effect(eta, b, d) for b, d in zip(betas, deltas)], 0.95).taus
+    taus = {eta: vm.next_taus([vm.non_iid_effect(eta, b, d) for b, d in zip(betas, deltas)],
+                              0.95).taus
             for eta in (1e-4, 0.01, 0.5)}
     assert len({tuple(t) for t in taus.values()}) == 1
 
@@ -81,7 +83,7 @@ def test_non_iid_effect():
     assert vm.non_iid_effect(0.01, 1e200, 1e200) == math.inf  # overflow -> guarded in next_taus
 
 
-# ---------------------------------------------------------------- guards (spec §4.10)
+# ---------------------------------------------------------------- guards
 def test_guards_missing_nan_inf_keep_previous():
     d = vm.next_taus([1.0, None, float("nan"), math.inf, 1.05], 0.95)
     assert d.taus == [20, None, None, None, 10]
@@ -157,8 +159,8 @@ def test_smoothness_estimates():
 
 def test_running_max_ignores_missing_and_non_finite():
     L = None
-    for estimate, expected in ((None, None), (2.0, 2.0), (float("nan"), 2.0), (1.0, 2.0), (math.inf, 2.0),
-                               (5.0, 5.0)):
+    for estimate, expected in ((None, None), (2.0, 2.0), (float("nan"), 2.0), (1.0, 2.0),
+                               (math.inf, 2.0), (5.0, 5.0)):
         L = vm.running_max(L, estimate)
         assert L == expected
 

@@ -1,6 +1,6 @@
 """Tests for strategies.FedVeca on real Flower Messages (no torch, no Ray).
 
-* the round timeline of the FedVeca spec §4.9 through the in-process Grid and a
+* the round timeline of FedVeca's Alg. 1 through the in-process Grid and a
   numpy-only ClientApp whose beta / delta are set per partition;
 * eq. (5) aggregation (FedNova's rule) and eq. (8) global gradient, hand-computed;
 * rejection of malformed replies, one log line per reply, naming the node;
@@ -24,7 +24,7 @@ from fedapp.config import ConfigError, RunConfig
 from fedapp.registry import build_strategy
 from strategies import FedNova, FedVeca
 from strategies import contract as C
-from strategies.fedavg import ClientInfo
+from strategies.records import ClientContractError, ClientInfo
 from tests.inprocess import InProcessGrid
 from tests.messages import instruction, numpy_of, record
 
@@ -38,14 +38,15 @@ def _task_identity():
 
 STEP = 0.01  # the fake client moves every weight by STEP * (pid + 1) per local step
 SIZES = [10, 20, 30, 40]
-# A_i = eta beta_i^2 delta_i; with delta = 1 the ratios r_i = beta_i^2 / beta_0^2 are 1, 1.05, 1.2, 2.0
+# A_i = eta beta_i^2 delta_i; with delta = 1 the ratios r_i = beta_i^2 / beta_0^2 are
+# 1, 1.05, 1.2, 2.0
 BETA2 = [1.0, 1.05, 1.2, 2.0]
 ADAPTIVE = [20, 10, 4, 2]  # eq. (15) at alpha = 0.95 for those ratios
 
 
 def fake_app(received: list | None = None, beta2=BETA2) -> ClientApp:
-    """Query: partition-id, num-examples. Train: w + STEP (pid + 1) tau, grad = (pid + 1) everywhere,
-    beta = sqrt(beta2[pid]), delta = 1 / gnorm2-prev (only the ratios of A matter)."""
+    """Query: partition-id, num-examples. Train: w + STEP (pid + 1) tau, grad = (pid + 1)
+    everywhere, beta = sqrt(beta2[pid]), delta = 1 / gnorm2-prev (only the ratios of A matter)."""
     app = ClientApp()
 
     @app.query()
@@ -68,7 +69,8 @@ def fake_app(received: list | None = None, beta2=BETA2) -> ClientApp:
         if config[C.FEDVECA_ESTIMATE]:
             metrics[C.BETA] = math.sqrt(beta2[pid])
             metrics[C.DELTA] = 1.0 / float(config[C.GNORM2_PREV])
-        content = RecordDict({C.ARRAYS: record(arrays), C.GRAD: record(grad), C.METRICS: MetricRecord(metrics)})
+        content = RecordDict({C.ARRAYS: record(arrays), C.GRAD: record(grad),
+                              C.METRICS: MetricRecord(metrics)})
         return Message(content, reply_to=msg)
 
     return app
@@ -78,7 +80,8 @@ def run_rounds(strategy: FedVeca, grid: InProcessGrid, rounds: int, w=None, lr: 
     w = np.array([1.0, -1.0]) if w is None else w
     for rnd in range(1, rounds + 1):
         config = ConfigRecord({C.LR: lr, C.BATCH_SIZE: 8, C.LOCAL_STEPS: 0})
-        replies = grid.send_and_receive(strategy.configure_train(rnd, record({"w": w}), config, grid))
+        messages = strategy.configure_train(rnd, record({"w": w}), config, grid)
+        replies = grid.send_and_receive(messages)
         arrays, _ = strategy.aggregate_train(rnd, replies)
         if arrays is not None:
             w = numpy_of(arrays)["w"]
@@ -93,18 +96,19 @@ def by_round(received: list, num_nodes: int) -> list[dict[int, dict]]:
     return rounds
 
 
-# ================================================================ timeline (spec §4.9)
+# ================================================================ timeline (Alg. 1)
 def test_round_timeline_tau_init_twice_then_adaptive():
     received = []
     grid = InProcessGrid(fake_app(received), 4, {})
-    s = FedVeca(tau_init=20, alpha=0.95, seed=1)
+    s = FedVeca(query_client_info=True, tau_init=20, alpha=0.95, seed=1)
     run_rounds(s, grid, 4)
     rounds = by_round(received, 4)
     p = np.array(SIZES) / sum(SIZES)
     gnorm2 = 2 * float(np.dot(p, [1, 2, 3, 4])) ** 2  # ||sum_i p_i (pid + 1) 1||^2, 2 coordinates
     # k = 0 (server round 1): tau_init, nothing to normalise delta by, no estimates
     assert {pid: c[C.LOCAL_STEPS] for pid, c in rounds[0].items()} == {0: 20, 1: 20, 2: 20, 3: 20}
-    assert all(c[C.FEDVECA_ESTIMATE] is False and c[C.GNORM2_PREV] == 0.0 for c in rounds[0].values())
+    assert all(c[C.FEDVECA_ESTIMATE] is False and c[C.GNORM2_PREV] == 0.0
+               for c in rounds[0].values())
     # k = 1: still tau_init; estimates asked for, delta normalised by ||grad F(w_0)||^2
     assert {pid: c[C.LOCAL_STEPS] for pid, c in rounds[1].items()} == {0: 20, 1: 20, 2: 20, 3: 20}
     assert all(c[C.FEDVECA_ESTIMATE] is True for c in rounds[1].values())
@@ -112,7 +116,8 @@ def test_round_timeline_tau_init_twice_then_adaptive():
     # k = 2: the first adaptive tau, from round 1's beta and delta
     assert [rounds[2][pid][C.LOCAL_STEPS] for pid in range(4)] == ADAPTIVE
     assert [rounds[3][pid][C.LOCAL_STEPS] for pid in range(4)] == ADAPTIVE
-    assert all(c[C.BETA_MODE] == "same-batch" and c[C.GRAD_SUBSAMPLE] == 0 for r in rounds for c in r.values())
+    assert all(c[C.BETA_MODE] == "same-batch" and c[C.GRAD_SUBSAMPLE] == 0
+               for r in rounds for c in r.values())
     assert s.taus == {"0": 20, "1": 10, "2": 4, "3": 2}
     # diagnostics: the table and tau_k for the next round after k = 1
     d = s.diagnostics[2]
@@ -126,15 +131,17 @@ def test_round_timeline_tau_init_twice_then_adaptive():
 
 def test_aggregation_is_eq5_and_global_gradient_eq8():
     grid = InProcessGrid(fake_app(), 4, {})
-    s = FedVeca(seed=1)
+    s = FedVeca(query_client_info=True, seed=1)
     w0 = np.array([1.0, -1.0])
     p = np.array(SIZES) / sum(SIZES)
     # round 1: all tau = 20; eq. (5): w + tau_k * sum_i p_i STEP (pid + 1)
     w1 = run_rounds(s, grid, 1, w=w0)
     np.testing.assert_allclose(w1, w0 + 20 * STEP * float(np.dot(p, [1, 2, 3, 4])), rtol=1e-12)
-    np.testing.assert_allclose(s.prev_grad["w"], np.full(2, float(np.dot(p, [1, 2, 3, 4]))), rtol=1e-12)
+    np.testing.assert_allclose(s.prev_grad["w"], np.full(2, float(np.dot(p, [1, 2, 3, 4]))),
+                               rtol=1e-12)
     assert s.diagnostics[1]["fedveca-tau-k"] == pytest.approx(20.0)
-    # with unequal taus eq. (5) normalises: w2 - w1 = tau_k * STEP * sum_i p_i (pid + 1), tau_k = sum p_i tau_i
+    # with unequal taus eq. (5) normalises: w2 - w1 = tau_k * STEP * sum_i p_i (pid + 1),
+    # tau_k = sum p_i tau_i
     s.taus = {"0": 20, "1": 10, "2": 4, "3": 2}
     s.gnorm2_prev = None  # no estimates this round: taus stay
     w2 = run_rounds_from(s, grid, 2, w1)
@@ -153,16 +160,17 @@ def run_rounds_from(strategy, grid, rnd, w):
 
 def test_alpha_changes_the_table():
     grid = InProcessGrid(fake_app(), 4, {})
-    s = FedVeca(alpha=0.5, tau_init=5, seed=1)
+    s = FedVeca(query_client_info=True, alpha=0.5, tau_init=5, seed=1)
     run_rounds(s, grid, 2)
     assert s.taus == {"0": 2, "1": 2, "2": 2, "3": 2}  # 1 / (1 - 0.5) = 2 for everyone
 
 
 def test_smoothness_running_max_one_round_delay():
     grid = InProcessGrid(fake_app(), 4, {})
-    s = FedVeca(seed=1)
+    s = FedVeca(query_client_info=True, seed=1)
     run_rounds(s, grid, 3)
-    # the fake clients' gradient does not depend on w: grad F(w_k) is constant, so L_0 = ||g|| / ||w_0||
+    # the fake clients' gradient does not depend on w: grad F(w_k) is constant, so
+    # L_0 = ||g|| / ||w_0||
     # and L_k = 0 for k >= 1; L_0 enters the running max in round k = 1 (one-round delay)
     assert s.diagnostics[1]["fedveca-L"] is None and s.diagnostics[1]["fedveca-eta-tau-k-L"] is None
     g = float(np.dot(np.array(SIZES) / 100, [1, 2, 3, 4]))
@@ -176,20 +184,21 @@ def test_smoothness_running_max_one_round_delay():
 
 def test_initial_model_zero_skips_l0():
     grid = InProcessGrid(fake_app(), 4, {})
-    s = FedVeca(seed=1)
+    s = FedVeca(query_client_info=True, seed=1)
     run_rounds(s, grid, 2, w=np.zeros(2))
-    assert s.diagnostics[2]["fedveca-L"] is None  # ||w_0|| = 0: L_0 skipped (spec §4.10)
+    assert s.diagnostics[2]["fedveca-L"] is None  # ||w_0|| = 0: L_0 skipped
 
 
 def test_diagnostics_are_json():
     grid = InProcessGrid(fake_app(), 4, {})
-    s = FedVeca(seed=1)
+    s = FedVeca(query_client_info=True, seed=1)
     run_rounds(s, grid, 3)
     for rnd in (1, 2, 3):
         json.dumps(s.diagnostics[rnd], allow_nan=False)
     d = s.diagnostics[2]
-    for key in ("fedveca-tau", "fedveca-tau-k", "fedveca-L", "fedveca-eta-tau-k-L", "fedveca-beta", "fedveca-delta",
-                "fedveca-A", "fedveca-r", "fedveca-sign", "fedveca-alpha-bound", "fedveca-tau-sent"):
+    for key in (C.LOG_FEDVECA_TAU, C.LOG_FEDVECA_TAU_K, C.LOG_FEDVECA_L, C.LOG_FEDVECA_ETA_TAU_K_L,
+                C.LOG_FEDVECA_BETA, C.LOG_FEDVECA_DELTA, C.LOG_FEDVECA_A, C.LOG_FEDVECA_R,
+                C.LOG_FEDVECA_SIGN, C.LOG_FEDVECA_ALPHA_BOUND, C.LOG_FEDVECA_TAU_SENT):
         assert key in d, key
     assert d["fedveca-A"]["3"] == pytest.approx(0.01 * 2.0 * d["fedveca-delta"]["3"])
 
@@ -198,7 +207,7 @@ def test_diagnostics_are_json():
 def test_partial_participation_renormalises_and_keeps_taus():
     received = []
     grid = InProcessGrid(fake_app(received), 4, {})
-    s = FedVeca(fraction_train=0.5, seed=3)
+    s = FedVeca(query_client_info=True, fraction_train=0.5, seed=3)
     w = np.array([1.0, -1.0])
     history = []
     for rnd in range(1, 7):
@@ -217,7 +226,8 @@ def test_partial_participation_renormalises_and_keeps_taus():
         taus = [before.get(str(i), 20) for i in participants]
         assert s.diagnostics[rnd]["fedveca-tau-k"] == pytest.approx(float(np.dot(p, taus)))
         history.append(participants)
-        if s.diagnostics[rnd].get("fedveca-r"):  # ratios over the participants only: the minimum has r = 1
+        # ratios over the participants only: the minimum has r = 1
+        if s.diagnostics[rnd].get("fedveca-r"):
             assert min(s.diagnostics[rnd]["fedveca-r"].values()) == pytest.approx(1.0)
             assert set(s.diagnostics[rnd]["fedveca-r"]) == {str(i) for i in participants}
     assert len({tuple(h) for h in history}) > 1  # different clients were sampled
@@ -225,7 +235,7 @@ def test_partial_participation_renormalises_and_keeps_taus():
 
 # ================================================================ malformed replies
 def prepared(nodes=(1, 2, 3), estimate=True) -> FedVeca:
-    s = FedVeca()
+    s = FedVeca(query_client_info=True)
     s.current_arrays = record({"w": np.zeros(2)})
     s.all_nodes = list(nodes)
     s.draws = {n: 1 for n in nodes}
@@ -236,7 +246,8 @@ def prepared(nodes=(1, 2, 3), estimate=True) -> FedVeca:
     return s
 
 
-def veca_reply(node, values, tau=2, grad=(1.0, 1.0), beta=1.0, delta=1.0, n=10, drop=(), grad_keys=("w",)):
+def veca_reply(node, values, tau=2, grad=(1.0, 1.0), beta=1.0, delta=1.0, n=10, drop=(),
+               grad_keys=("w",)):
     content = RecordDict({C.ARRAYS: record({"w": np.asarray(values, dtype=np.float64)})})
     if grad is not None:
         content[C.GRAD] = record({k: np.asarray(grad, dtype=np.float64) for k in grad_keys})
@@ -289,8 +300,27 @@ def test_beta_delta_not_required_before_estimation(caplog):
 def test_all_replies_bad_keeps_state():
     s = prepared()
     s.taus = {"0": 7}
-    arrays, _ = s.aggregate_train(1, [veca_reply(1, [1.0, 1.0], grad=None)])
+    arrays, _ = s.aggregate_train(1, [veca_reply(1, [1.0, 1.0], grad=(math.nan, 1.0))])
     assert arrays is None and s.taus == {"0": 7} and s.gnorm2_prev == 1.0
+
+
+@pytest.mark.parametrize("missing", ["grad", "local-steps"])
+def test_every_reply_without_the_contract_stops_the_run_naming_the_helper(missing):
+    s = prepared()
+    kwargs = {"grad": None} if missing == "grad" else {"drop": (C.LOCAL_STEPS_TAKEN,)}
+    replies = [veca_reply(n, [1.0, 1.0], **kwargs) for n in (1, 2)]
+    with pytest.raises(ClientContractError) as info:
+        s.aggregate_train(1, replies)
+    assert isinstance(info.value, RuntimeError)
+    assert "strategies.client.fedveca.fedveca_train" in str(info.value)
+    assert missing in str(info.value)
+
+
+def test_one_reply_without_the_contract_is_rejected_the_others_aggregated():
+    s = prepared()
+    arrays, _ = s.aggregate_train(1, [veca_reply(1, [1.0, 1.0], grad=None),
+                                      veca_reply(2, [3.0, 3.0])])
+    assert arrays is not None and s.diagnostics[1]["clients-received"] == 1
 
 
 # ================================================================ guards through the strategy
@@ -306,7 +336,8 @@ def test_zero_beta_gets_tau_max_and_min_over_positive():
 def test_overflowing_a_keeps_previous_tau():
     s = prepared()
     s.taus = {"0": 9}
-    replies = [veca_reply(1, [0.0, 0.0], beta=1e200, delta=1e200), veca_reply(2, [0.0, 0.0], beta=1.0)]
+    replies = [veca_reply(1, [0.0, 0.0], beta=1e200, delta=1e200),
+               veca_reply(2, [0.0, 0.0], beta=1.0)]
     s.aggregate_train(2, replies)
     assert s.taus == {"0": 9, "1": 20}
     assert s.diagnostics[2]["fedveca-A"]["0"] is None
@@ -315,13 +346,14 @@ def test_overflowing_a_keeps_previous_tau():
 # ================================================================ state
 def test_state_dict_round_trip_continues_identically():
     grid_a = InProcessGrid(fake_app(), 4, {})
-    a = FedVeca(seed=2)
+    a = FedVeca(query_client_info=True, seed=2)
     w = run_rounds(a, grid_a, 2)
     state = a.state_dict()
     json.dumps({k: v for k, v in state.items() if k not in ("prev-model", "prev-grad")})
-    b = FedVeca(seed=2)
+    b = FedVeca(query_client_info=True, seed=2)
     b.load_state_dict(state)
-    assert b.taus == a.taus and b.gnorm2_prev == a.gnorm2_prev and b.smoothness_max == a.smoothness_max
+    assert b.taus == a.taus and b.gnorm2_prev == a.gnorm2_prev
+    assert b.smoothness_max == a.smoothness_max
     received_a, received_b = [], []
     wa = run_rounds_from(a, InProcessGrid(fake_app(received_a), 4, {}), 3, w)
     wb = run_rounds_from(b, InProcessGrid(fake_app(received_b), 4, {}), 3, w)
@@ -337,7 +369,7 @@ def test_state_dict_round_trip_continues_identically():
 
 
 def test_load_state_dict_checks():
-    s = FedVeca(tau_max=30)
+    s = FedVeca(query_client_info=True, tau_max=30)
     state = s.state_dict()
     with pytest.raises(ValueError, match="outside"):
         s.load_state_dict({**state, "taus": {"0": 40}})
@@ -348,10 +380,13 @@ def test_load_state_dict_checks():
 # ================================================================ constructor / registry
 def test_is_a_fednova_and_constructor_checks():
     assert isinstance(FedVeca(), FedNova)
-    for kwargs, match in (({"tau_init": 1}, "tau_init"), ({"tau_init": 60}, "tau_init"), ({"tau_max": 1}, "tau_max"),
+    for kwargs, match in (({"tau_init": 1}, "tau_init"), ({"tau_init": 60}, "tau_init"),
+                          ({"tau_max": 1}, "tau_max"),
                           ({"alpha": 0.0}, "alpha"), ({"alpha": float("nan")}, "alpha"),
-                          ({"beta_mode": "full"}, "beta mode"), ({"grad_subsample": -1}, "grad_subsample"),
-                          ({"straggler_fraction": 0.5}, "straggler_fraction"), ({"server_lr": 0.5}, "server_lr"),
+                          ({"beta_mode": "full"}, "beta mode"),
+                          ({"grad_subsample": -1}, "grad_subsample"),
+                          ({"straggler_fraction": 0.5}, "straggler_fraction"),
+                          ({"server_lr": 0.5}, "server_lr"),
                           ({"server_momentum": 0.9}, "server_momentum")):
         with pytest.raises(ValueError, match=match):
             FedVeca(**kwargs)
@@ -359,12 +394,14 @@ def test_is_a_fednova_and_constructor_checks():
 
 
 def test_registry_builds_fedveca():
-    cfg = RunConfig.from_user_config({"strategy": "fedveca", "fedveca-tau-init": 10, "fedveca-tau-max": 30,
-                                      "fedveca-alpha": 0.9, "fedveca-beta-mode": "literal",
-                                      "fedveca-grad-subsample": 500, "lr": 0.05, "fraction-train": 0.5})
+    cfg = RunConfig.from_user_config({"strategy": "fedveca", "fedveca-tau-init": 10,
+                                      "fedveca-tau-max": 30, "fedveca-alpha": 0.9,
+                                      "fedveca-beta-mode": "literal", "fedveca-grad-subsample": 500,
+                                      "lr": 0.05, "fraction-train": 0.5})
     s, config = build_strategy(cfg)
     assert isinstance(s, FedVeca)
-    assert (s.tau_init, s.tau_max, s.alpha, s.beta_mode, s.grad_subsample, s.lr) == (10, 30, 0.9, "literal", 500, 0.05)
+    assert (s.tau_init, s.tau_max, s.alpha, s.beta_mode, s.grad_subsample,
+            s.lr) == (10, 30, 0.9, "literal", 500, 0.05)
     assert s.fraction_train == 0.5 and config[C.LR] == 0.05
 
 
@@ -377,10 +414,13 @@ def test_registry_rejects_what_eq5_has_not(key, value):
     assert key in str(info.value) and repr(value) in str(info.value)
 
 
-@pytest.mark.parametrize("key,value", [("fedveca-tau-init", 1), ("fedveca-tau-init", 60), ("fedveca-tau-max", 1),
-                                       ("fedveca-alpha", 0.0), ("fedveca-alpha", -1.0), ("fedveca-beta-mode", "full"),
+@pytest.mark.parametrize("key,value", [("fedveca-tau-init", 1), ("fedveca-tau-init", 60),
+                                       ("fedveca-tau-max", 1),
+                                       ("fedveca-alpha", 0.0), ("fedveca-alpha", -1.0),
+                                       ("fedveca-beta-mode", "full"),
                                        ("fedveca-grad-subsample", -5)])
 def test_config_validation_names_key_and_value(key, value):
     with pytest.raises(ConfigError) as info:
-        RunConfig.from_user_config({key: value})
-    assert key in str(info.value) and repr(value) in str(info.value) and "--run-config" in str(info.value)
+        build_strategy(RunConfig.from_user_config({"strategy": "fedveca", key: value}))
+    message = str(info.value)
+    assert key in message and repr(value) in message and "--run-config" in message

@@ -1,0 +1,226 @@
+"""Flower <-> numpy glue of the strategies (the role of Flower's ``strategy_utils``).
+
+* ``ArrayRecord`` <-> ``dict[str, np.ndarray]``;
+* the client table: what the optional client-info query tells about each node;
+* reply checks shared by every strategy, and the error a strategy raises when the
+  clients do not implement its contract.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from logging import INFO, WARNING
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+
+from . import contract as C
+
+NDArrays = dict[str, np.ndarray]
+
+QUERY_HELPER = "strategies.client.info.client_info_reply"
+"""The client helper that answers the client-info query (registered in ``@app.query()``)."""
+
+
+class ClientContractError(RuntimeError):
+    """The clients do not implement what the strategy needs from their replies."""
+
+
+# ------------------------------------------------------------------ arrays
+def to_numpy(record: ArrayRecord) -> NDArrays:
+    """ArrayRecord -> {key: numpy array} (one deserialisation per array)."""
+    return {key: array.numpy() for key, array in record.items()}
+
+
+def to_record(arrays: Mapping[str, np.ndarray]) -> ArrayRecord:
+    """{key: numpy array} -> ArrayRecord."""
+    return ArrayRecord({key: Array(np.asarray(value, order="C")) for key, value in arrays.items()})
+
+
+# ------------------------------------------------------------------ client table
+@dataclass
+class ClientInfo:
+    """What the server knows of one node (from the client-info query)."""
+
+    partition_id: int | None = None
+    num_examples: int | None = None
+    label_counts: list[int] | None = None
+    comm_budget: float | None = None
+
+
+def wait_for_nodes(grid: Grid, min_nodes: int) -> list[int]:
+    """Connected node ids, sorted, once at least ``min_nodes`` are connected."""
+    last_log = 0.0
+    while len(nodes := sorted(grid.get_node_ids())) < min_nodes:
+        if time.monotonic() - last_log > 10:
+            log(INFO, "Waiting for nodes: %d connected, need %d", len(nodes), min_nodes)
+            last_log = time.monotonic()
+        time.sleep(1)
+    return nodes
+
+
+def query_client_info(grid: Grid, node_ids: list[int], timeout: float) -> dict[int, ClientInfo]:
+    """Ask each node for its ``partition-id``, ``num-examples``, ``label-counts`` and
+    ``comm-budget`` (a ``query`` message; see :data:`QUERY_HELPER`). A node that does
+    not answer gets an empty :class:`ClientInfo`."""
+    content = RecordDict({C.CONFIG: ConfigRecord({C.QUERY: C.QUERY_CLIENT_INFO})})
+    messages = [Message(content=content, message_type=MessageType.QUERY, dst_node_id=n)
+                for n in node_ids]
+    table = {n: ClientInfo() for n in node_ids}
+    for reply in grid.send_and_receive(messages, timeout=timeout):
+        if reply.has_error() or C.METRICS not in reply.content:
+            continue
+        metrics = reply.content[C.METRICS]
+        info = table.setdefault(reply.metadata.src_node_id, ClientInfo())
+        if C.PARTITION_ID in metrics:
+            info.partition_id = int(metrics[C.PARTITION_ID])
+        if C.NUM_EXAMPLES in metrics:
+            info.num_examples = int(metrics[C.NUM_EXAMPLES])
+        if C.LABEL_COUNTS in metrics:
+            info.label_counts = [int(c) for c in metrics[C.LABEL_COUNTS]]
+        if C.COMM_BUDGET in metrics:
+            info.comm_budget = float(metrics[C.COMM_BUDGET])
+    return table
+
+
+def update_clients(grid: Grid, clients: dict[int, ClientInfo], *, min_nodes: int, query: bool,
+                   timeout: float, owner: str, warned: bool) -> tuple[list[int], bool]:
+    """Wait for ``min_nodes`` connected nodes and enter new ones in ``clients`` (in place):
+    with ``query``, what :func:`query_client_info` returns, else empty facts.
+
+    Logs one WARNING per run (``warned`` says whether it was logged before) when facts are
+    missing. Returns the connected node ids, sorted, and the new ``warned``.
+    """
+    nodes = wait_for_nodes(grid, min_nodes)
+    unknown = [n for n in nodes if n not in clients]
+    if not unknown:
+        return nodes, warned
+    if not query:
+        clients.update({n: ClientInfo() for n in unknown})
+        if not warned:
+            warn_no_query(owner)
+        return nodes, True
+    clients.update(query_client_info(grid, unknown, timeout))
+    silent = [n for n in unknown if clients[n].partition_id is None]
+    if silent and not warned:
+        log(WARNING, "%s: %d node(s) did not answer the '%s' query with '%s': they are sampled "
+            "in node-id order, which is not reproducible across runs (register %s in their "
+            "@app.query())", owner, len(silent), C.QUERY_CLIENT_INFO, C.PARTITION_ID,
+            QUERY_HELPER)
+        return nodes, True
+    return nodes, warned
+
+
+def partition_order(nodes: Iterable[int], clients: Mapping[int, ClientInfo]) -> list[int]:
+    """Nodes sorted by reported partition id; nodes without one after, by node id."""
+    def key(node: int) -> tuple[int, int]:
+        info = clients.get(node)
+        pid = info.partition_id if info is not None else None
+        return (0, pid) if pid is not None else (1, node)
+    return sorted(nodes, key=key)
+
+
+def replies_in_order(replies: Iterable[Message], clients: Mapping[int, ClientInfo]
+                     ) -> list[Message]:
+    """Replies in :func:`partition_order` of their senders, not in arrival order.
+
+    The floating-point sums of an aggregation depend on the order, so a fixed order is
+    what makes two runs with the same seed, and a resumed run, bit-identical.
+    """
+    by_node: dict[int, list[Message]] = {}
+    for reply in replies:
+        by_node.setdefault(reply.metadata.src_node_id, []).append(reply)
+    return [r for node in partition_order(by_node, clients) for r in by_node[node]]
+
+
+def warn_no_query(strategy: str) -> None:
+    """The one WARNING of a strategy that does not query its clients."""
+    log(WARNING, "%s: client-info query off (query_client_info=False): clients are sampled in "
+        "node-id order, which is not reproducible across runs, and the sizes n_k of clients "
+        "not sampled are unknown. For partition-keyed sampling register %s in the "
+        "ClientApp's @app.query() and pass query_client_info=True", strategy, QUERY_HELPER)
+
+
+def query_required(strategy: str, what: str, alternative: str) -> ValueError:
+    """The error of a configuration that needs the client-info query while it is off."""
+    return ValueError(f"{strategy}: {what} needs the client-info query: register {QUERY_HELPER} "
+                      f"in the ClientApp's @app.query() and pass query_client_info=True"
+                      f"{', or ' + alternative if alternative else ''}")
+
+
+# ------------------------------------------------------------------ replies
+def number_problem(name: str, value: object, *, integer: bool = False, low: float = 0.0,
+                   strict: bool = True) -> str | None:
+    """None if ``value`` is a finite real (an integer if asked) > ``low`` (>= if not
+    ``strict``), else what is wrong with it."""
+    ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
+          and math.isfinite(value) and (value > low if strict else value >= low)
+          and (not integer or value == int(value)))
+    if ok:
+        return None
+    kind = "an integer" if integer else "a finite number"
+    return f"'{name}' must be {kind} {'>' if strict else '>='} {low:g}, got {value!r}"
+
+
+def reply_problem(reply: Message, expected: ArrayRecord) -> str | None:
+    """What makes a train reply unusable, or None: a client error, missing records,
+    ``num-examples`` not a positive integer, a non-finite metric, or arrays whose keys,
+    shapes or dtypes differ from the global model's. (NaN / Inf inside the arrays are
+    found while aggregating, without a second deserialisation.)"""
+    if reply.has_error():
+        return f"client error: {reply.error.reason}"
+    content = reply.content
+    if C.ARRAYS not in content or C.METRICS not in content:
+        return f"needs an ArrayRecord '{C.ARRAYS}' and a MetricRecord '{C.METRICS}'"
+    metrics = content[C.METRICS]
+    n = metrics.get(C.NUM_EXAMPLES)
+    if n == 0 and not isinstance(n, bool):
+        return f"'{C.NUM_EXAMPLES}' is 0 (an empty partition?): nothing to aggregate, skipped"
+    if number_problem(C.NUM_EXAMPLES, n, integer=True):
+        return f"'{C.NUM_EXAMPLES}' must be a positive integer, got {n!r}"
+    for key, value in metrics.items():
+        values = value if isinstance(value, list) else [value]
+        if any(isinstance(v, float) and not math.isfinite(v) for v in values):
+            return f"metric '{key}' is NaN or Inf ({value!r})"
+    arrays = content[C.ARRAYS]
+    if set(arrays.keys()) != set(expected.keys()):
+        missing = sorted(set(expected.keys()) - set(arrays.keys()))
+        extra = sorted(set(arrays.keys()) - set(expected.keys()))
+        return (f"array keys differ from the global model's (missing {missing}, "
+                f"unexpected {extra})")
+    for key, array in arrays.items():
+        ref = expected[key]
+        if tuple(array.shape) != tuple(ref.shape) or array.dtype != ref.dtype:
+            return (f"array '{key}' is {array.dtype}{tuple(array.shape)}, "
+                    f"expected {ref.dtype}{tuple(ref.shape)}")
+    return None
+
+
+def contract_error(strategy: str, server_round: int, num_replies: int, missing: str,
+                   helper: str) -> ClientContractError:
+    """The error of a round in which every reply lacks what the strategy's contract needs."""
+    return ClientContractError(
+        f"{strategy}: all {num_replies} train replies of round {server_round} lack {missing}, so "
+        f"the ClientApp does not implement {strategy}'s contract. Call {helper} in the "
+        f"ClientApp's @app.train() (or use a strategy that a stock ClientApp serves: "
+        f"FedAvg, FedProx, FedNova)")
+
+
+def mean_metrics(replies: list[Message]) -> dict[str, float]:
+    """num-examples-weighted mean of every scalar metric that all replies share."""
+    records = [r.content[C.METRICS] for r in replies]
+    weights = [float(m[C.NUM_EXAMPLES]) for m in records]
+    w = np.asarray(weights, dtype=np.float64)
+    shared = set(records[0].keys()).intersection(*[set(m.keys()) for m in records[1:]])
+    out: dict[str, float] = {}
+    for key in sorted(shared - {C.NUM_EXAMPLES, C.PARTITION_ID}):
+        values = [m[key] for m in records]
+        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            out[key] = float(np.dot(w, np.asarray(values, dtype=np.float64)) / w.sum())
+    out[C.NUM_EXAMPLES] = float(sum(weights))
+    return out

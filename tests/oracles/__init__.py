@@ -1,0 +1,1 @@
+"""Test oracles: reference simulators and brute-force solvers the product is checked against."""
