@@ -25,7 +25,7 @@ install: $(STAMP)
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet -e ".[dev]" 2>&1 | $(PIP_QUIET)
+	$(PY) -m pip install --quiet -e ".[app,dev]" 2>&1 | $(PIP_QUIET)
 	@touch $(STAMP)
 
 data: install  ## make sure Fashion-MNIST is present (apt package, else torchvision download)

@@ -1,5 +1,9 @@
 """ClientApp: @train / @evaluate / @query on top of task's local solver.
 
+The strategy-specific client work goes through the same ``strategies.client`` helpers
+any user's ClientApp calls: ``client_info_reply`` (the query), ``report_local_steps``
+(FedNova's tau_i), ``fedveca_train`` (FedVeca) and ``train_chunk`` (DynamicFL).
+
 Each node finds its data by ``partition-id`` / ``num-partitions`` in its node config
 (simulation sets both; a deployed SuperNode names them, and optionally ``data-dir``,
 in ``--node-config``). Data is decoded and partitioned once per process.
@@ -14,12 +18,20 @@ from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from strategies import contract as C
-from task.chunked import dynamicfl_train, is_dynamicfl_chunk
+from strategies.client import (
+    client_info_reply,
+    client_seed,
+    fedveca_train,
+    is_dynamicfl_chunk,
+    is_fedveca_round,
+    label_counts,
+    report_local_steps,
+    train_chunk,
+)
 from task.data import PartitionSpec, client_data, load_dataset
 from task.evaluate import evaluate
-from task.fedveca import fedveca_reply, is_fedveca_round
 from task.models import build_model
-from task.train import client_seed, local_sgd, resolve_device
+from task.train import local_sgd, resolve_device
 
 from .config import ConfigError, RunConfig
 from .faults import apply_fault
@@ -54,19 +66,27 @@ def local_data(context: Context) -> tuple[torch.Tensor, torch.Tensor, object, Ru
     cfg = run_config(context)
     partition_id, num_partitions = partition_of(context)
     data_dir = str(context.node_config.get("data-dir", cfg.data_dir))
-    dataset = load_dataset(cfg.dataset, data_dir, cfg.allow_download, cfg.synthetic_alpha, cfg.synthetic_beta)
+    dataset = load_dataset(cfg.dataset, data_dir, cfg.allow_download, cfg.synthetic_alpha,
+                           cfg.synthetic_beta)
     spec = PartitionSpec(
-        scheme=cfg.partition, seed=cfg.seed, alpha=cfg.dirichlet_alpha, min_size=cfg.min_partition_size,
-        classes_per_partition=cfg.classes_per_partition, shards_per_partition=cfg.shards_per_partition,
-        sigma=cfg.quantity_sigma,
+        scheme=cfg.partition, seed=cfg.seed, alpha=cfg.dirichlet_alpha,
+        min_size=cfg.min_partition_size, classes_per_partition=cfg.classes_per_partition,
+        shards_per_partition=cfg.shards_per_partition, sigma=cfg.quantity_sigma,
     )
-    x, y = _on_device(client_data(dataset, spec, partition_id, num_partitions), str(resolve_device(cfg.device)))
+    xy = client_data(dataset, spec, partition_id, num_partitions)
+    x, y = _on_device(xy, str(resolve_device(cfg.device)))
     return x, y, dataset, cfg
 
 
 @functools.lru_cache(maxsize=256)
-def _on_device(xy: tuple[torch.Tensor, torch.Tensor], device: str) -> tuple[torch.Tensor, torch.Tensor]:
+def _on_device(xy: tuple[torch.Tensor, torch.Tensor],
+               device: str) -> tuple[torch.Tensor, torch.Tensor]:
     return xy[0].to(device), xy[1].to(device)
+
+
+def clear_caches() -> None:
+    """Forget this process's on-device copies of the partitions (after the data changed)."""
+    _on_device.cache_clear()
 
 
 @functools.lru_cache(maxsize=4)
@@ -76,7 +96,8 @@ def _model(name: str, input_shape: tuple, num_classes: int, device: str) -> torc
 
 
 def received_model(msg: Message, cfg: RunConfig, dataset) -> torch.nn.Module:
-    model = _model(cfg.model, dataset.input_shape, dataset.num_classes, str(resolve_device(cfg.device)))
+    device = str(resolve_device(cfg.device))
+    model = _model(cfg.model, dataset.input_shape, dataset.num_classes, device)
     model.load_state_dict(msg.content[C.ARRAYS].to_torch_state_dict())
     return model
 
@@ -95,13 +116,15 @@ def train(msg: Message, context: Context) -> Message:
     config = msg.content[C.CONFIG]
     partition_id, _ = partition_of(context)
     server_round = int(config.get(C.SERVER_ROUND, 0))
-    apply_fault(int(config.get(C.SEED, cfg.seed)), server_round, partition_id,  # fault-*-prob (docs/reliability.md)
-                cfg.fault_crash_prob, cfg.fault_late_prob, cfg.round_timeout)
-    if len(y) == 0:  # an empty partition: report 0 examples; the server skips the reply with one log line
+    seed = client_seed(int(config.get(C.SEED, cfg.seed)), server_round, partition_id)
+    apply_fault(int(config.get(C.SEED, cfg.seed)), server_round, partition_id,
+                cfg.fault_crash_prob, cfg.fault_late_prob,  # fault-*-prob (docs/reliability.md)
+                cfg.round_timeout)
+    if len(y) == 0:  # an empty partition: 0 examples; the server skips the reply (one log line)
         empty = MetricRecord({C.NUM_EXAMPLES: 0, C.PARTITION_ID: partition_id})
-        return Message(RecordDict({C.ARRAYS: msg.content[C.ARRAYS], C.METRICS: empty}), reply_to=msg)
+        content = RecordDict({C.ARRAYS: msg.content[C.ARRAYS], C.METRICS: empty})
+        return Message(content, reply_to=msg)
     if is_fedveca_round(config):  # a FedVeca server
-        seed = client_seed(int(config.get(C.SEED, cfg.seed)), server_round, partition_id)
         return train_fedveca(msg, model, x, y, cfg, seed, partition_id)
     if is_dynamicfl_chunk(config):  # a DynamicFL chunk [start-step, start-step + num-steps)
         return train_dynamicfl_chunk(msg, context, model, x, y, cfg, partition_id)
@@ -114,42 +137,37 @@ def train(msg: Message, context: Context) -> Message:
         momentum=float(config.get(C.MOMENTUM, cfg.momentum)),
         weight_decay=float(config.get(C.WEIGHT_DECAY, cfg.weight_decay)),
         proximal_mu=float(config.get(C.PROXIMAL_MU, 0.0)),
-        seed=client_seed(int(config.get(C.SEED, cfg.seed)), server_round, partition_id),
+        seed=seed,
     )
-    metrics = MetricRecord({
-        C.NUM_EXAMPLES: result.num_examples,
-        C.TRAIN_LOSS: result.train_loss,
-        C.LOCAL_STEPS_TAKEN: result.local_steps,
-        C.PARTITION_ID: partition_id,
-    })
+    metrics = {C.NUM_EXAMPLES: result.num_examples, C.TRAIN_LOSS: result.train_loss}
+    metrics = report_local_steps(metrics, result.local_steps)  # FedNova's tau_i
+    metrics[C.PARTITION_ID] = partition_id
     arrays = ArrayRecord({k: v.detach().cpu() for k, v in model.state_dict().items()})
-    return Message(RecordDict({C.ARRAYS: arrays, C.METRICS: metrics}), reply_to=msg)
-
-
-def train_fedveca(msg: Message, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: RunConfig,
-                  seed: int, partition_id: int) -> Message:
-    """FedVeca's client (Alg. 2): tau plain SGD steps, grad F_i(w_k), beta and delta."""
-    content = fedveca_reply(model, x, y, msg.content[C.CONFIG], seed=seed, lr=cfg.lr, batch_size=cfg.batch_size,
-                            beta_mode=cfg.fedveca_beta_mode, grad_subsample=cfg.fedveca_grad_subsample,
-                            partition_id=partition_id)
+    content = RecordDict({C.ARRAYS: arrays, C.METRICS: MetricRecord(metrics)})
     return Message(content, reply_to=msg)
 
 
-def train_dynamicfl_chunk(msg: Message, context: Context, model: torch.nn.Module, x: torch.Tensor,
-                          y: torch.Tensor, cfg: RunConfig, partition_id: int) -> Message:
-    """DynamicFL (Le et al., Alg. 1): one chunk of the round's batch stream; momentum in context.state."""
-    result = dynamicfl_train(
-        model, x, y, msg.content[C.CONFIG], context.state, partition_id=partition_id,
-        lr=cfg.lr, batch_size=cfg.batch_size, momentum=cfg.momentum, weight_decay=cfg.weight_decay, seed=cfg.seed,
+def train_fedveca(msg: Message, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
+                  cfg: RunConfig, seed: int, partition_id: int) -> Message:
+    """FedVeca's client (Alg. 2): tau plain SGD steps, grad F_i(w_k), beta and delta."""
+    content = fedveca_train(model, (x, y), msg.content[C.CONFIG], partition_id=partition_id,
+                            seed=seed, lr=cfg.lr, batch_size=cfg.batch_size,
+                            beta_mode=cfg.fedveca_beta_mode,
+                            grad_subsample=cfg.fedveca_grad_subsample)
+    return Message(content, reply_to=msg)
+
+
+def train_dynamicfl_chunk(msg: Message, context: Context, model: torch.nn.Module,
+                          x: torch.Tensor, y: torch.Tensor, cfg: RunConfig,
+                          partition_id: int) -> Message:
+    """DynamicFL (Le et al., Alg. 1): one chunk of the round's batch stream; the run config
+    gives the optimiser settings the chunk's config lacks; momentum in context.state."""
+    content = train_chunk(
+        model, (x, y), msg.content[C.CONFIG], context.state, partition_id=partition_id,
+        lr=cfg.lr, batch_size=cfg.batch_size, momentum=cfg.momentum,
+        weight_decay=cfg.weight_decay, seed=cfg.seed,
     )
-    metrics = MetricRecord({
-        C.NUM_EXAMPLES: result.num_examples,  # |D_m|, the aggregation weight
-        C.TRAIN_LOSS: result.train_loss,
-        C.LOCAL_STEPS_TAKEN: result.local_steps,
-        C.PARTITION_ID: partition_id,
-    })
-    arrays = ArrayRecord({k: v.detach().cpu() for k, v in model.state_dict().items()})
-    return Message(RecordDict({C.ARRAYS: arrays, C.METRICS: metrics}), reply_to=msg)
+    return Message(content, reply_to=msg)
 
 
 @app.evaluate()
@@ -169,14 +187,9 @@ def evaluate_local(msg: Message, context: Context) -> Message:
 @app.query()
 def query(msg: Message, context: Context) -> Message:
     """Client facts the server samples and weights by: partition id, size, label counts."""
-    x, y, dataset, _ = local_data(context)
+    _, y, dataset, _ = local_data(context)
     partition_id, _ = partition_of(context)
-    counts = torch.bincount(y.cpu(), minlength=dataset.num_classes).tolist()
-    metrics = MetricRecord({
-        C.PARTITION_ID: partition_id,
-        C.NUM_EXAMPLES: len(y),
-        C.LABEL_COUNTS: [int(c) for c in counts],
-    })
-    if C.COMM_BUDGET in context.node_config:  # DynamicFL: bytes per round this node can move
-        metrics[C.COMM_BUDGET] = float(context.node_config[C.COMM_BUDGET])
-    return Message(RecordDict({C.METRICS: metrics}), reply_to=msg)
+    budget = context.node_config.get(C.COMM_BUDGET)  # DynamicFL: bytes per round this node can move
+    return client_info_reply(msg, partition_id=partition_id, num_examples=len(y),
+                             label_counts=label_counts(y, dataset.num_classes),
+                             comm_budget=None if budget is None else float(budget))

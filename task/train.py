@@ -5,6 +5,10 @@ Alg. 1), FedSGD (E = 1, B = full), momentum / weight decay, and FedProx's proxim
 term (Li et al. MLSys'20): the gradient gets mu * (w - w_global), i.e. the local
 objective is F_k(w) + (mu/2) * ||w - w_global||^2. With mu = 0 no proximal code
 runs at all, so FedProx(mu=0) is bit-identical to FedAvg for the same seed.
+
+The minibatch order (:func:`strategies.client.batches.batch_indices`, seeded by
+:func:`strategies.client.batches.client_seed`) is the one FedVeca's client helper uses,
+so a FedVeca round and a local_sgd run with the same seed see the same batches.
 """
 
 from __future__ import annotations
@@ -13,10 +17,14 @@ import math
 from dataclasses import dataclass
 from fractions import Fraction
 
-import numpy as np
 import torch
 
+from strategies.client.batches import batch_indices, client_seed
+
 from .models import ClassifierModule
+
+__all__ = ["LocalResult", "batch_indices", "client_seed", "local_sgd", "resolve_device",
+           "steps_for_epochs"]
 
 
 @dataclass(frozen=True)
@@ -33,30 +41,6 @@ def resolve_device(device: str = "auto") -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(device)
-
-
-def client_seed(seed: int, server_round: int, partition_id: int) -> int:
-    """A 63-bit seed for the (run seed, round, partition) batch stream."""
-    return int(np.random.SeedSequence([seed, server_round, partition_id]).generate_state(1, np.uint64)[0] >> 1)
-
-
-def batch_indices(num_examples: int, batch_size: int, generator: torch.Generator):
-    """Endless stream of minibatches of exactly B indices.
-
-    The minibatches are cut from a concatenation of fresh random permutations (one per
-    epoch), so E epochs are floor(E n / B) steps of B examples each and every example
-    is used E times up to the last partial batch. batch_size 0 (or >= n) yields the
-    full local batch (a fresh permutation of all n) every time.
-    """
-    if batch_size <= 0 or batch_size >= num_examples:
-        while True:
-            yield torch.randperm(num_examples, generator=generator)
-    buffer = torch.empty(0, dtype=torch.int64)
-    while True:
-        while len(buffer) < batch_size:
-            buffer = torch.cat([buffer, torch.randperm(num_examples, generator=generator)])
-        yield buffer[:batch_size]
-        buffer = buffer[batch_size:]
 
 
 def steps_for_epochs(num_examples: int, batch_size: int, epochs: float) -> int:
@@ -104,9 +88,11 @@ def local_sgd(
         return LocalResult(num_examples=0, local_steps=0, train_loss=float("nan"))
     total_steps = steps if steps > 0 else steps_for_epochs(n, batch_size, epochs)
     if total_steps < 1:
-        raise ValueError(f"local work must be at least one step, got epochs={epochs}, steps={steps}")
+        raise ValueError(f"local work must be at least one step, "
+                         f"got epochs={epochs}, steps={steps}")
     generator = torch.Generator().manual_seed(seed)
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum,
+                                weight_decay=weight_decay)
     anchor = [p.detach().clone() for p in model.parameters()] if proximal_mu > 0 else None
     model.train()
     loss_sum = torch.zeros((), dtype=torch.float64, device=x.device)
@@ -123,4 +109,5 @@ def local_sgd(
                         p.grad.add_(p - p0, alpha=proximal_mu)
         optimizer.step()
         loss_sum += loss.detach()
-    return LocalResult(num_examples=n, local_steps=total_steps, train_loss=float(loss_sum) / total_steps)
+    return LocalResult(num_examples=n, local_steps=total_steps,
+                       train_loss=float(loss_sum) / total_steps)

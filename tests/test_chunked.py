@@ -1,4 +1,5 @@
-"""DynamicFL's chunked local solver (task/chunked.py): chunks equal one uninterrupted run."""
+"""DynamicFL's chunked local solver (strategies/client/dynamicfl.py): chunks equal one
+uninterrupted run; the message-level helper ``train_chunk`` and its optimiser defaults."""
 
 from __future__ import annotations
 
@@ -8,17 +9,16 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from strategies import contract as C
-from task.chunked import (
+from strategies.client import as_tensors, batch_stream, client_seed, label_counts, train_chunk
+from strategies.client.dynamicfl import (
     MOMENTUM_META,
     MOMENTUM_STATE,
-    batch_stream,
-    dynamicfl_train,
-    label_counts,
+    PAPER_DEFAULTS,
+    chunk_steps,
+    is_dynamicfl_chunk,
     load_momentum,
-    train_chunk,
 )
 from task.models import build_model
-from task.train import client_seed
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -59,7 +59,7 @@ def test_chunks_equal_one_uninterrupted_run_bit_for_bit(chunks, rho, wd, name):
     x, y = _data()
     L = sum(chunks)
     whole = _model(name)
-    ref = train_chunk(whole, x, y, lr=0.05, batch_size=8, start_step=0, num_steps=L, round_steps=L, seed=11,
+    ref = chunk_steps(whole, x, y, lr=0.05, batch_size=8, start_step=0, num_steps=L, round_steps=L, seed=11,
                       momentum=rho, weight_decay=wd)
     model = _model(name)
     state, start, losses = RecordDict(), 0, []
@@ -68,7 +68,7 @@ def test_chunks_equal_one_uninterrupted_run_bit_for_bit(chunks, rho, wd, name):
         model = _model(name)
         model.load_state_dict(weights.to_torch_state_dict())
         buffers = load_momentum(state, 1, start)
-        r = train_chunk(model, x, y, lr=0.05, batch_size=8, start_step=start, num_steps=k, round_steps=L,
+        r = chunk_steps(model, x, y, lr=0.05, batch_size=8, start_step=start, num_steps=k, round_steps=L,
                         seed=11, momentum=rho, weight_decay=wd, momentum_state=buffers)
         if r.momentum:
             state[MOMENTUM_STATE] = ArrayRecord(r.momentum)
@@ -80,6 +80,11 @@ def test_chunks_equal_one_uninterrupted_run_bit_for_bit(chunks, rho, wd, name):
     assert sum(l * k for l, k in losses) / L == pytest.approx(ref.train_loss, rel=1e-12)
 
 
+def _same(a, b):
+    """Bit-identical weights."""
+    return all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+
+
 def _cfg(server_round, start, steps, L, **extra):
     return ConfigRecord({C.SERVER_ROUND: server_round, C.START_STEP: start, C.NUM_STEPS: steps,
                          C.ROUND_STEPS: L, C.LR: 0.05, C.BATCH_SIZE: 8, C.MOMENTUM: 0.9, C.SEED: 3, **extra})
@@ -88,13 +93,18 @@ def _cfg(server_round, start, steps, L, **extra):
 def test_helper_keeps_momentum_in_context_state_and_resets_each_round():
     x, y = _data()
     model, state = _model(), RecordDict()
-    dynamicfl_train(model, x, y, _cfg(1, 0, 2, 5), state, partition_id=4)
+    reply = train_chunk(model, (x, y), _cfg(1, 0, 2, 5), state, partition_id=4)
     assert state[MOMENTUM_META]["next-step"] == 2 and state[MOMENTUM_META]["round"] == 1
-    dynamicfl_train(model, x, y, _cfg(1, 2, 3, 5), state, partition_id=4)
+    metrics = reply[C.METRICS]
+    assert metrics[C.NUM_EXAMPLES] == len(y) and metrics[C.LOCAL_STEPS_TAKEN] == 2
+    assert metrics[C.PARTITION_ID] == 4 and set(reply[C.ARRAYS]) == set(model.state_dict())
+    train_chunk(model, (x, y), _cfg(1, 2, 3, 5), state, partition_id=4)
     # equals 5 steps at once with the same (seed, round, partition) stream
     ref = _model()
-    train_chunk(ref, x, y, lr=0.05, batch_size=8, start_step=0, num_steps=5, seed=client_seed(3, 1, 4), momentum=0.9)
-    assert all(torch.equal(a, b) for a, b in zip(ref.state_dict().values(), model.state_dict().values()))
+    chunk_steps(ref, x, y, lr=0.05, batch_size=8, start_step=0, num_steps=5,
+                seed=client_seed(3, 1, 4), momentum=0.9,
+                weight_decay=PAPER_DEFAULTS[C.WEIGHT_DECAY])  # not in the config: the paper's
+    assert _same(ref, model)
     # new round, step 0: momentum is reset (None), unless kept across rounds
     assert load_momentum(state, 2, 0) is None
     kept = load_momentum(state, 2, 0, keep_across_rounds=True)
@@ -103,5 +113,63 @@ def test_helper_keeps_momentum_in_context_state_and_resets_each_round():
     assert load_momentum(state, 1, 3) is None
 
 
+class _Pairs(torch.utils.data.Dataset):
+    """A template-style dataset: dict batches {"img", "label"}."""
+
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+    def __len__(self):
+        return len(self.y)
+
+    def __getitem__(self, i):
+        return {"img": self.x[i], "label": self.y[i]}
+
+
+def test_optimiser_follows_the_config_then_the_loader_then_the_paper(caplog):
+    """lr / momentum / weight decay / B: the config, then keywords, the loader's B, the paper's."""
+    x, y = _data()
+    loader = torch.utils.data.DataLoader(_Pairs(x, y), batch_size=6, shuffle=True)
+    cfg = ConfigRecord({C.SERVER_ROUND: 1, C.START_STEP: 0, C.NUM_STEPS: 3, C.ROUND_STEPS: 3,
+                        C.LR: 0.05})
+    model = _model()
+    with caplog.at_level("INFO", logger="strategies.client.dynamicfl"):
+        train_chunk(model, loader, cfg, RecordDict(), partition_id=2)
+    ref = _model()  # B = the loader's 6; momentum 0.9 and weight decay 5e-4 (the paper's); seed 0
+    chunk_steps(ref, x, y, lr=0.05, batch_size=6, start_step=0, num_steps=3,
+                seed=client_seed(0, 1, 2), momentum=PAPER_DEFAULTS[C.MOMENTUM],
+                weight_decay=PAPER_DEFAULTS[C.WEIGHT_DECAY])
+    assert _same(ref, model)
+    # what the config says wins over the keyword arguments
+    cfg2 = ConfigRecord({**cfg, C.BATCH_SIZE: 4, C.MOMENTUM: 0.0, C.WEIGHT_DECAY: 0.0, C.SEED: 9})
+    model = _model()
+    train_chunk(model, loader, cfg2, RecordDict(), partition_id=2, batch_size=7, momentum=0.5,
+                seed=1)
+    ref = _model()
+    chunk_steps(ref, x, y, lr=0.05, batch_size=4, start_step=0, num_steps=3,
+                seed=client_seed(9, 1, 2))
+    assert _same(ref, model)
+
+
+def test_a_dataloader_is_read_in_dataset_order():
+    x, y = _data()
+    loader = torch.utils.data.DataLoader(_Pairs(x, y), batch_size=5, shuffle=True)
+    x2, y2 = as_tensors(loader)
+    assert torch.equal(x2, x) and torch.equal(y2, y)
+    tensors = torch.utils.data.TensorDataset(x, y)
+    x3, y3 = as_tensors(torch.utils.data.DataLoader(tensors, batch_size=4, shuffle=True))
+    assert torch.equal(x3, x) and torch.equal(y3, y)
+
+
+def test_not_a_chunk_is_a_clear_error():
+    x, y = _data()
+    assert not is_dynamicfl_chunk(ConfigRecord({C.LR: 0.1}))
+    with pytest.raises(ValueError, match="start-step"):
+        train_chunk(_model(), (x, y), ConfigRecord({C.LR: 0.1}), RecordDict(), partition_id=0)
+
+
 def test_label_counts():
     assert label_counts(torch.tensor([0, 2, 2, 1]), 4) == [1, 1, 2, 0]
+    assert label_counts([0, 0, 3], 4) == [2, 0, 0, 1]
+    with pytest.raises(ValueError):
+        label_counts([0, 5], 4)

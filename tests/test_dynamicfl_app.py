@@ -3,7 +3,7 @@
 The Grid queues pushed messages and runs a random few of the asked-for ones per
 ``pull_messages`` call, so chunk replies arrive late and out of order as on a real link.
 The ServerApp's final model must equal the pure chunk simulator
-(:func:`strategies.dynamicfl_schedule.run_plan`) driving task.chunked.train_chunk on the
+(:func:`tests.oracles.dynamicfl.run_plan`) driving strategies.client.dynamicfl.chunk_steps on the
 strategy's own plans, with momentum carried per client within a round and reset between
 rounds: that checks the chunk keys, the batch stream, the momentum in Context.state and the
 |D_m| weights through the whole app. Also: config and registry errors.
@@ -21,16 +21,17 @@ from flwr.app import Context, RecordDict
 import fedapp.server_app as server_module
 from fedapp.client_app import app as client_app
 from fedapp.config import ConfigError, RunConfig
-from fedapp.registry import build_strategy
+from fedapp.registry import build_strategy, check_run_config
 from fedapp.run_log import read_rounds
 from strategies import DynamicFL
 from strategies import contract as C
-from strategies import dynamicfl_schedule as ds
-from task.chunked import MOMENTUM_STATE, train_chunk
+from strategies.client.dynamicfl import MOMENTUM_STATE
+from strategies.client.dynamicfl import chunk_steps as train_chunk
 from task.data import PartitionSpec, client_data, load_dataset
 from task.models import build_model
 from task.train import client_seed
 from tests.inprocess import InProcessGrid
+from tests.oracles import dynamicfl as oracle
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -39,7 +40,8 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 class PushPullAppGrid(InProcessGrid):
     """pull_messages runs at most ``per_pull`` of the queued messages asked for, shuffled."""
 
-    def __init__(self, app, num_nodes: int, run_config: dict, per_pull: int = 2, seed: int = 0) -> None:
+    def __init__(self, app, num_nodes: int, run_config: dict, per_pull: int = 2,
+                 seed: int = 0) -> None:
         super().__init__(app, num_nodes, run_config)
         self.per_pull = per_pull
         self.shuffle = random.Random(seed)
@@ -60,13 +62,14 @@ def run_server(run_config: dict, num_nodes: int, monkeypatch) -> tuple[PushPullA
 
     monkeypatch.setattr(server_module, "build_strategy", capture)
     grid = PushPullAppGrid(client_app, num_nodes, run_config, per_pull=2)
-    context = Context(run_id=7, node_id=0, node_config={}, state=RecordDict(), run_config=dict(run_config))
+    context = Context(run_id=7, node_id=0, node_config={}, state=RecordDict(),
+                      run_config=dict(run_config))
     server_module.app(grid, context)
     return grid, built["strategy"]
 
 
 def reference_model(rc: dict, grid: PushPullAppGrid, strategy: DynamicFL) -> dict[str, np.ndarray]:
-    """The pure chunk simulator with task.chunked.train_chunk on each client's partition."""
+    """The pure chunk simulator with strategies.client.dynamicfl.chunk_steps on each client's partition."""
     cfg = RunConfig.from_user_config(rc)
     dataset = load_dataset(cfg.dataset)
     spec = PartitionSpec(scheme=cfg.partition, seed=cfg.seed, alpha=cfg.dirichlet_alpha,
@@ -83,42 +86,46 @@ def reference_model(rc: dict, grid: PushPullAppGrid, strategy: DynamicFL) -> dic
         def step(node, weights, start, n, t=t):
             model.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in weights.items()})
             x, y = data[node]
-            r = train_chunk(model, x, y, lr=cfg.lr, batch_size=cfg.batch_size, start_step=start, num_steps=n,
-                            round_steps=L, seed=client_seed(cfg.seed, t, pid[node]), momentum=cfg.momentum,
+            r = train_chunk(model, x, y, lr=cfg.lr, batch_size=cfg.batch_size, start_step=start,
+                            num_steps=n, round_steps=L, seed=client_seed(cfg.seed, t, pid[node]),
+                            momentum=cfg.momentum,
                             momentum_state=momentum.get(node))
             momentum[node] = r.momentum
             return {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
 
         weights = {node: len(data[node][1]) for node in pid}
-        params = ds.run_plan(params, step, strategy.plans[t], weights).global_params
+        params = oracle.run_plan(params, step, strategy.plans[t], weights).global_params
     return params
 
 
 def test_two_rounds_end_to_end_equal_the_chunk_simulator(tmp_path, monkeypatch):
-    rc = {"strategy": "dynamicfl", "num-server-rounds": 2, "dynamicfl-local-steps": 6, "dynamicfl-intervals": "a-c",
-          "dynamicfl-beta": 0.5, "fraction-train": 1.0, "partition": "dirichlet", "dirichlet-alpha": 0.3,
-          "model": "cnn-small", "batch-size": 16, "lr": 0.05, "momentum": 0.9, "min-available-nodes": 4,
-          "drift-diagnostics": True, "output-dir": str(tmp_path)}
+    rc = {"strategy": "dynamicfl", "num-server-rounds": 2, "dynamicfl-local-steps": 6,
+          "dynamicfl-intervals": "a-c", "dynamicfl-beta": 0.5, "fraction-train": 1.0,
+          "partition": "dirichlet", "dirichlet-alpha": 0.3, "model": "cnn-small", "batch-size": 16,
+          "lr": 0.05, "momentum": 0.9, "min-available-nodes": 4, "drift-diagnostics": True,
+          "output-dir": str(tmp_path)}
     grid, strategy = run_server(rc, 4, monkeypatch)
     run_dir = next(tmp_path.iterdir())
     rounds = read_rounds(run_dir)
-    assert [r["round"] for r in rounds] == [0, 1, 2]
+    assert [r[C.LOG_ROUND] for r in rounds] == [0, 1, 2]
     model_bytes = sum(v.nbytes for v in reference_model(rc, grid, strategy).values())
     for r in rounds[1:]:
-        plan = strategy.plans[r["round"]]
+        plan = strategy.plans[r[C.LOG_ROUND]]
         z = [m for m, i in plan.intervals.items() if i == 1]
-        assert r["dynamicfl-group-size"] == len(z) <= 2  # k_max = floor(0.5 * 4)
-        assert r["local-steps"] == 6 and r["clients-sampled"] == 4 and r["clients-failed"] == 0
+        assert r[C.LOG_DYNAMICFL_GROUP_SIZE] == len(z) <= 2  # k_max = floor(0.5 * 4)
+        assert r[C.LOG_LOCAL_STEPS] == 6 and r[C.LOG_CLIENTS_SAMPLED] == 4
+        assert r[C.LOG_CLIENTS_FAILED] == 0
         syncs = 6 * len(z) + 1 * (4 - len(z))  # 'c' = 16 is capped at L = 6: one sync
-        assert r["syncs"] == syncs and r["kappa-hat"] == pytest.approx(syncs / 24)
-        assert r["bytes-up"] == r["bytes-down"] and r["bytes-up"] >= syncs * model_bytes
-        assert r["sync-events"] == (6 if z else 1) and r["seconds-per-event"] > 0
-        assert r["dynamicfl-kl"] is None or r["dynamicfl-kl"] >= 0
-        assert 0 <= r["accuracy"] <= 1 and r["train-loss"] > 0
+        assert r[C.LOG_SYNCS] == syncs and r[C.LOG_KAPPA_HAT] == pytest.approx(syncs / 24)
+        assert r[C.LOG_BYTES_UP] == r[C.LOG_BYTES_DOWN] and r[C.LOG_BYTES_UP] >= syncs * model_bytes
+        assert r[C.LOG_SYNC_EVENTS] == (6 if z else 1) and r[C.LOG_SECONDS_PER_EVENT] > 0
+        assert r[C.LOG_DYNAMICFL_KL] is None or r[C.LOG_DYNAMICFL_KL] >= 0
+        assert 0 <= r[C.LOG_ACCURACY] <= 1 and r[C.LOG_TRAIN_LOSS] > 0
         # client drift of the 4 round updates W_m^L - W_g^{t-1}, per layer (every strategy logs it)
-        assert set(r["drift-cosine"]) == {"features.0.0", "features.1.0", "classifier.1", "classifier.3",
-                                          "classifier.5"}
-        assert all(-1 <= c <= 1 for c in r["drift-cosine"].values()) and r["update-norm-mean"] > 0
+        assert set(r[C.LOG_DRIFT_COSINE]) == {"features.0.0", "features.1.0", "classifier.1",
+                                              "classifier.3", "classifier.5"}
+        assert all(-1 <= c <= 1 for c in r[C.LOG_DRIFT_COSINE].values())
+        assert r[C.LOG_UPDATE_NORM_MEAN] > 0
     # every node trained L steps a round in chunks; momentum sits in its Context.state
     trains = [node for node, kind in grid.calls if kind == "train"]
     assert len(trains) == sum(len(c) for p in strategy.plans.values() for c in p.chunks.values())
@@ -133,23 +140,26 @@ def test_two_rounds_end_to_end_equal_the_chunk_simulator(tmp_path, monkeypatch):
 
 
 def test_dynamicsgd_preset_and_comm_budget_from_node_config(tmp_path, monkeypatch):
-    rc = {"strategy": "dynamicsgd", "num-server-rounds": 1, "dynamicfl-local-steps": 3, "fraction-train": 0.5,
-          "partition": "iid", "model": "cnn-small", "batch-size": 8, "min-available-nodes": 4,
+    rc = {"strategy": "dynamicsgd", "num-server-rounds": 1, "dynamicfl-local-steps": 3,
+          "fraction-train": 0.5, "partition": "iid", "model": "cnn-small", "batch-size": 8,
+          "min-available-nodes": 4,
           "output-dir": str(tmp_path)}
     original = PushPullAppGrid.__init__
 
     def with_budgets(self, *args, **kwargs):
         original(self, *args, **kwargs)
         for i, ctx in enumerate(self.contexts.values()):
-            ctx.node_config["comm-budget"] = 1e6 * (i + 1)
+            ctx.node_config[C.COMM_BUDGET] = 1e6 * (i + 1)
 
     monkeypatch.setattr(PushPullAppGrid, "__init__", with_budgets)
     grid, strategy = run_server(rc, 4, monkeypatch)
     record = read_rounds(next(tmp_path.iterdir()))[1]
-    assert record["kappa-hat"] == 1.0 and record["sync-events"] == 3 and record["clients-sampled"] == 2
+    assert record[C.LOG_KAPPA_HAT] == 1.0 and record[C.LOG_SYNC_EVENTS] == 3
+    assert record[C.LOG_CLIENTS_SAMPLED] == 2
     assert sorted(strategy.budgets.values()) == [1e6, 2e6, 3e6, 4e6]
     state = strategy.state_dict()
-    assert state["budgets"] == {"0": 1e6, "1": 2e6, "2": 3e6, "3": 4e6} and state["local-steps"] == 3
+    assert state["budgets"] == {"0": 1e6, "1": 2e6, "2": 3e6, "3": 4e6}
+    assert state["local-steps"] == 3
     fresh, _ = build_strategy(RunConfig.from_user_config(rc))
     fresh.load_state_dict(state)
     assert fresh.local_steps == 3
@@ -168,13 +178,14 @@ def test_registry_rejects_what_dynamicfl_does_not_do(key, value, fix):
 
 
 @pytest.mark.parametrize("key,value", [
-    ("dynamicfl-intervals", "g-a"), ("dynamicfl-intervals", "a-h"), ("dynamicfl-budget-mode", "greedy"),
+    ("dynamicfl-intervals", "g-a"), ("dynamicfl-intervals", "a-h"),
+    ("dynamicfl-budget-mode", "greedy"),
     ("dynamicfl-beta", 1.5), ("dynamicfl-local-steps", -1), ("dynamicfl-n-ens", 0),
     ("dynamicfl-x-star-mode", "both"), ("dynamicfl-server-budget", -1.0),
 ])
 def test_bad_dynamicfl_config_names_key_and_value(key, value):
     with pytest.raises(ConfigError) as info:
-        RunConfig.from_user_config({"strategy": "dynamicfl", key: value})
+        check_run_config({"strategy": "dynamicfl", key: value})
     assert f"{key}={value!r}" in str(info.value) and "--run-config" in str(info.value)
 
 

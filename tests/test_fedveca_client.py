@@ -1,4 +1,4 @@
-"""Tests for task.fedveca (FedVeca's client, Alg. 2) and the FedVeca ClientApp end to end.
+"""strategies.client.fedveca (FedVeca's client, Alg. 2) and the FedVeca ClientApp end to end.
 
 * a quadratic F_i(w) = c/2 mean_j ||w - x_j||^2, where h_i, beta, delta and the local
   model after tau full-batch steps are known in closed form;
@@ -22,7 +22,7 @@ from torch import nn
 from fedapp.client_app import app as client_app
 from fedapp.run_log import read_rounds
 from fedapp.server_app import app as server_app
-from task.fedveca import fedveca_train, local_gradient, subsample_seed
+from strategies.client.fedveca import fedveca_steps, fedveca_train, local_gradient, subsample_seed
 from task.models import ClassifierModule, LinearSVM, cnn_fedveca
 from task.train import batch_indices, local_sgd
 from tests.inprocess import InProcessGrid
@@ -55,7 +55,7 @@ def test_quadratic_full_batch_closed_form(mode):
     model, x, y, w0 = quadratic_case()
     c, lr, tau, g2 = 2.0, 0.05, 7, 0.37
     xbar = x.mean(dim=0).numpy()
-    result = fedveca_train(model, x, y, tau=tau, lr=lr, batch_size=0, beta_mode=mode, gnorm2_prev=g2)
+    result = fedveca_steps(model, x, y, tau=tau, lr=lr, batch_size=0, beta_mode=mode, gnorm2_prev=g2)
     e0 = w0 - xbar
     q = 1 - lr * c
     # h_i = grad F_i(w_k) = c (w_k - xbar); F_i(w_k) = c/2 mean ||w_k - x_j||^2
@@ -74,10 +74,10 @@ def test_quadratic_full_batch_closed_form(mode):
 
 def test_quadratic_minibatch_same_batch_beta_is_the_curvature():
     model, x, y, _ = quadratic_case(n=100)
-    result = fedveca_train(model, x, y, tau=10, lr=0.05, batch_size=7, beta_mode="same-batch", gnorm2_prev=1.0)
+    result = fedveca_steps(model, x, y, tau=10, lr=0.05, batch_size=7, beta_mode="same-batch", gnorm2_prev=1.0)
     assert result.beta == pytest.approx(2.0, rel=1e-10)  # the Hessian is c I whatever the batch
     model, x, y, _ = quadratic_case(n=100)
-    literal = fedveca_train(model, x, y, tau=10, lr=0.05, batch_size=7, beta_mode="literal", gnorm2_prev=1.0)
+    literal = fedveca_steps(model, x, y, tau=10, lr=0.05, batch_size=7, beta_mode="literal", gnorm2_prev=1.0)
     assert literal.beta > 2.0  # minibatch noise enters the literal estimator (spec §4.6)
 
 
@@ -85,29 +85,29 @@ def test_delta_scales_inversely_with_gnorm2_prev():
     out = []
     for g2 in (0.5, 2.0):
         model, x, y, _ = quadratic_case()
-        out.append(fedveca_train(model, x, y, tau=5, lr=0.05, batch_size=8, gnorm2_prev=g2, seed=3))
+        out.append(fedveca_steps(model, x, y, tau=5, lr=0.05, batch_size=8, gnorm2_prev=g2, seed=3))
     assert out[0].delta == pytest.approx(4 * out[1].delta, rel=1e-12)
     assert out[0].beta == pytest.approx(out[1].beta, rel=1e-12)
 
 
 def test_no_estimate_without_gnorm2_or_with_one_step():
     model, x, y, _ = quadratic_case()
-    r = fedveca_train(model, x, y, tau=5, lr=0.05, batch_size=8, gnorm2_prev=0.0)
+    r = fedveca_steps(model, x, y, tau=5, lr=0.05, batch_size=8, gnorm2_prev=0.0)
     assert r.beta is None and r.delta is None and r.grad
     model, x, y, _ = quadratic_case()
-    r = fedveca_train(model, x, y, tau=1, lr=0.05, batch_size=8, gnorm2_prev=1.0)
+    r = fedveca_steps(model, x, y, tau=1, lr=0.05, batch_size=8, gnorm2_prev=1.0)
     assert r.beta is None and r.delta is None
     model, x, y, _ = quadratic_case()
-    r = fedveca_train(model, x, y, tau=5, lr=0.05, batch_size=8, gnorm2_prev=1.0, estimate=False)
+    r = fedveca_steps(model, x, y, tau=5, lr=0.05, batch_size=8, gnorm2_prev=1.0, estimate=False)
     assert r.beta is None
 
 
 def test_bad_arguments():
     model, x, y, _ = quadratic_case()
     with pytest.raises(ValueError, match="beta_mode"):
-        fedveca_train(model, x, y, tau=2, lr=0.1, batch_size=4, beta_mode="exact")
+        fedveca_steps(model, x, y, tau=2, lr=0.1, batch_size=4, beta_mode="exact")
     with pytest.raises(ValueError, match="tau"):
-        fedveca_train(model, x, y, tau=0, lr=0.1, batch_size=4)
+        fedveca_steps(model, x, y, tau=0, lr=0.1, batch_size=4)
 
 
 # ---------------------------------------------------------------- brute-force reference
@@ -167,7 +167,7 @@ def test_online_estimates_equal_trajectory_reference(mode, which):
     tau, lr, bs, g2, seed = 6, 0.05, 8, 0.7, 11
     beta, delta, w_tau, h = reference(model_fn, x, y, tau, lr, bs, mode, g2, seed)
     model = model_fn()
-    result = fedveca_train(model, x, y, tau=tau, lr=lr, batch_size=bs, beta_mode=mode, gnorm2_prev=g2, seed=seed,
+    result = fedveca_steps(model, x, y, tau=tau, lr=lr, batch_size=bs, beta_mode=mode, gnorm2_prev=g2, seed=seed,
                            chunk_size=10)
     assert result.beta == pytest.approx(beta, rel=1e-8)
     assert result.delta == pytest.approx(delta, rel=1e-8)
@@ -183,7 +183,7 @@ def test_steps_equal_local_sgd():
     state = cnn_fedveca((1, 8, 8), 10).state_dict()
     a, b = cnn_fedveca((1, 8, 8), 10), cnn_fedveca((1, 8, 8), 10)
     a.load_state_dict(state), b.load_state_dict(state)
-    r = fedveca_train(a, x, y, tau=5, lr=0.1, batch_size=16, seed=4, gnorm2_prev=1.0)
+    r = fedveca_steps(a, x, y, tau=5, lr=0.1, batch_size=16, seed=4, gnorm2_prev=1.0)
     base = local_sgd(b, x, y, lr=0.1, batch_size=16, steps=5, seed=4)
     for k, v in b.state_dict().items():
         torch.testing.assert_close(r.arrays[k], v, rtol=1e-5, atol=1e-6)
@@ -203,7 +203,7 @@ def test_grad_keys_floating_state_only_and_zero_for_buffers():
     torch.manual_seed(0)
     model = WithNorm()
     x, y = torch.randn(20, 4), torch.randint(0, 3, (20,))
-    r = fedveca_train(model, x, y, tau=3, lr=0.1, batch_size=5, gnorm2_prev=1.0)
+    r = fedveca_steps(model, x, y, tau=3, lr=0.1, batch_size=5, gnorm2_prev=1.0)
     floating = {k for k, v in model.state_dict().items() if torch.is_floating_point(v)}
     assert set(r.grad) == floating and "bn.num_batches_tracked" not in r.grad
     assert torch.count_nonzero(r.grad["bn.running_mean"]) == 0
@@ -212,11 +212,11 @@ def test_grad_keys_floating_state_only_and_zero_for_buffers():
 
 def test_grad_subsample():
     model, x, y, w0 = quadratic_case(n=100)
-    r = fedveca_train(model, x, y, tau=2, lr=0.05, batch_size=8, grad_subsample=30, seed=5)
+    r = fedveca_steps(model, x, y, tau=2, lr=0.05, batch_size=8, grad_subsample=30, seed=5)
     pick = torch.randperm(100, generator=torch.Generator().manual_seed(subsample_seed(5)))[:30]
     np.testing.assert_allclose(r.grad["w"].numpy(), 2.0 * (w0 - x[pick].mean(0).numpy()), rtol=1e-12)
     model2, *_ = quadratic_case(n=100)
-    full = fedveca_train(model2, x, y, tau=2, lr=0.05, batch_size=8, grad_subsample=100, seed=5)
+    full = fedveca_steps(model2, x, y, tau=2, lr=0.05, batch_size=8, grad_subsample=100, seed=5)
     np.testing.assert_allclose(full.grad["w"].numpy(), 2.0 * (w0 - x.mean(0).numpy()), rtol=1e-12)
 
 
@@ -265,14 +265,49 @@ def test_fedveca_end_to_end_in_process(tmp_path):
     assert kinds.count("train") == 20
 
 
-# ---------------------------------------------------------------- a template-style ClientApp (docs/fedveca.md diff)
+# ---------------------------------------------------------------- the message-level helper
+def test_fedveca_train_reply_equals_fedveca_steps_and_reads_a_dataloader():
+    """fedveca_train(model, loader, config) = fedveca_steps on the loader's tensors, in the
+    dataset's order, with the config's tau / lr / B and the default seed."""
+    from flwr.app import ConfigRecord
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from strategies import contract as C
+    from strategies.client import client_seed
+
+    torch.manual_seed(0)
+    x, y = torch.randn(30, 5), torch.randint(0, 3, (30,))
+    make = lambda: nn.Sequential(nn.Linear(5, 3))  # noqa: E731
+    torch.manual_seed(1)
+    a = make()
+    torch.manual_seed(1)
+    b = make()
+    config = ConfigRecord({C.LOCAL_STEPS: 4, C.LR: 0.1, C.BATCH_SIZE: 7, C.GNORM2_PREV: 2.0,
+                           C.FEDVECA_ESTIMATE: True, C.SERVER_ROUND: 3, C.SEED: 5})
+    loader = DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True)
+    reply = fedveca_train(a, loader, config, partition_id=2)
+    ref = fedveca_steps(b, x, y, tau=4, lr=0.1, batch_size=7, gnorm2_prev=2.0, estimate=True,
+                        seed=client_seed(5, 3, 2))
+    metrics = reply[C.METRICS]
+    assert metrics[C.BETA] == ref.beta and metrics[C.DELTA] == ref.delta
+    assert metrics[C.LOCAL_STEPS_TAKEN] == 4 and metrics[C.NUM_EXAMPLES] == 30
+    assert metrics[C.PARTITION_ID] == 2
+    for key, value in reply[C.ARRAYS].to_torch_state_dict().items():
+        assert torch.equal(value, ref.arrays[key])
+    for key, value in reply[C.GRAD].to_torch_state_dict().items():
+        assert torch.equal(value, ref.grad[key])
+    with pytest.raises(ValueError, match="local-steps"):
+        fedveca_train(a, (x, y), ConfigRecord({C.LR: 0.1}))
+
+
+# ---------------------------------------------------------------- a template-style ClientApp
 def template_app():
-    """Flower's PyTorch template ClientApp with the FedVeca diff of docs/fedveca.md applied (no query handler)."""
+    """Flower's PyTorch template ClientApp with FedVeca's branch (no query handler)."""
     from flwr.app import ArrayRecord, Message, MetricRecord
     from flwr.clientapp import ClientApp
     from torch.utils.data import DataLoader, Dataset
 
-    from strategies import contract as C
+    from strategies.client import is_fedveca_round
 
     class Net(nn.Module):  # no .loss: cross-entropy is the default
         def __init__(self):
@@ -301,24 +336,18 @@ def template_app():
         model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
         partition_id = context.node_config["partition-id"]
         trainloader = DataLoader(Part(partition_id), batch_size=8, shuffle=True)
-        cfg = msg.content["config"]
-        x = torch.cat([b["img"] for b in trainloader])
-        y = torch.cat([b["label"] for b in trainloader])
-        r = fedveca_train(model, x, y, tau=cfg[C.LOCAL_STEPS], lr=cfg[C.LR],
-                          batch_size=trainloader.batch_size, beta_mode=cfg[C.BETA_MODE],
-                          gnorm2_prev=cfg[C.GNORM2_PREV], estimate=cfg[C.FEDVECA_ESTIMATE],
-                          grad_subsample=cfg[C.GRAD_SUBSAMPLE], seed=1000 * cfg["server-round"] + partition_id)
-        metrics = {"train_loss": r.train_loss, C.NUM_EXAMPLES: r.num_examples, C.LOCAL_STEPS_TAKEN: r.local_steps}
-        if r.beta is not None:
-            metrics.update({C.BETA: r.beta, C.DELTA: r.delta})
-        content = RecordDict({"arrays": ArrayRecord(r.arrays), C.GRAD: ArrayRecord(r.grad),
-                              "metrics": MetricRecord(metrics)})
-        return Message(content=content, reply_to=msg)
+        config = msg.content["config"]
+        if is_fedveca_round(config):
+            return Message(fedveca_train(model, trainloader, config, partition_id=partition_id),
+                           reply_to=msg)
+        metrics = MetricRecord({"num-examples": 40})
+        return Message(RecordDict({"arrays": ArrayRecord(model.state_dict()), "metrics": metrics}),
+                       reply_to=msg)
 
     return app, Net
 
 
-def test_template_client_app_with_the_documented_diff():
+def test_template_client_app_with_the_helper():
     from flwr.app import ArrayRecord, ConfigRecord
 
     from strategies import FedVeca

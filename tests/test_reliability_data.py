@@ -12,7 +12,7 @@ import torch
 
 import fedapp.client_app
 import task.data
-from simulation.inprocess import run_inprocess
+from simulation.reliability import run_inprocess
 from task.data import IDX_FILES, load_dataset, read_idx
 from tests.reliability_common import config, run, warnings_of
 
@@ -41,7 +41,9 @@ def test_truncated_idx_names_the_file_and_the_fix(tmp_path):
 def test_corrupt_gzip_names_the_file_and_the_fix(tmp_path):
     path = tmp_path / "train-labels-idx1-ubyte.gz"
     path.write_bytes(gzip.compress(b"\x00\x00\x08\x01" + b"\x00" * 50)[:-12])
-    with pytest.raises(ValueError, match=f"{path} cannot be read, it is corrupt or truncated.*re-download"):
+    with pytest.raises(
+        ValueError, match=f"{path} cannot be read, it is corrupt or truncated.*re-download"
+    ):
         read_idx(path)
 
 
@@ -58,8 +60,13 @@ def test_truncated_dataset_stops_the_run_before_training_with_one_clear_error(tm
     labels.write_bytes(labels.read_bytes()[:-3])
     task.data.load_dataset.cache_clear()
     try:
-        rc = {"num-server-rounds": 1, "dataset": "fashion-mnist", "data-dir": str(folder), "allow-download": False,
-              "output-dir": str(tmp_path / "out")}
+        rc = {
+            "num-server-rounds": 1,
+            "dataset": "fashion-mnist",
+            "data-dir": str(folder),
+            "allow-download": False,
+            "output-dir": str(tmp_path / "out"),
+        }
         with pytest.raises(RuntimeError, match=f"{labels} is truncated or corrupt"):
             run_inprocess(rc, 2)
     finally:
@@ -76,11 +83,11 @@ def test_empty_partition_reports_zero_and_is_skipped(strategy, tmp_path, monkeyp
         return (x[:0], y[:0]) if partition_id == 1 else (x, y)
 
     monkeypatch.setattr(fedapp.client_app, "client_data", with_empty_partition)
-    fedapp.client_app._on_device.cache_clear()
+    fedapp.client_app.clear_caches()
     try:
         grid, _, rounds, final = run(strategy, tmp_path, 3, **{"num-server-rounds": 2})
     finally:
-        fedapp.client_app._on_device.cache_clear()
+        fedapp.client_app.clear_caches()
     assert all(r["clients-failed"] == 1 and r["model-kept"] is False for r in rounds[1:])
     node = next(n for n, c in grid.contexts.items() if c.node_config["partition-id"] == 1)
     skipped = [m for m in warnings_of(caplog) if f"{node}" in m and "empty partition" in m]
@@ -92,7 +99,9 @@ def test_empty_partition_reports_zero_and_is_skipped(strategy, tmp_path, monkeyp
 def test_partition_smaller_than_the_batch_trains_on_its_full_batch(strategy, tmp_path):
     data = load_dataset("synthetic")
     assert len(data.y_train) // 3 < 100000
-    _, _, rounds, _ = run(strategy, tmp_path, 3, **{"num-server-rounds": 1, "batch-size": 100000, "local-steps": 2})
+    _, _, rounds, _ = run(
+        strategy, tmp_path, 3, **{"num-server-rounds": 1, "batch-size": 100000, "local-steps": 2}
+    )
     assert rounds[1]["clients-failed"] == 0 and rounds[1]["model-kept"] is False
     assert rounds[1]["loss"] < rounds[0]["loss"]
     assert config(strategy, tmp_path)["batch-size"] == 10  # the base config is untouched

@@ -1,4 +1,9 @@
-"""fedhetero's strategies with an unchanged stock Flower ClientApp (examples/stock-pytorch)."""
+"""fedhetero's strategies with an unchanged stock Flower ClientApp (examples/stock-pytorch).
+
+The stock client (no query handler) runs FedAvg ('examples', 'uniform'), FedProx and FedNova;
+``client_app_plus`` (the template plus ``strategies.client`` helpers and a query handler)
+runs FedVeca, DynamicFL and the weightings that need every client's n_k.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +14,7 @@ import sys
 import pytest
 from flwr.app import Context, RecordDict
 
-from simulation.launcher import PROJECT_ROOT, local_superlink_pids, run_app
+from simulation.runtime import PROJECT_ROOT, local_superlink_pids, run_app
 from tests.inprocess import InProcessGrid
 
 EXAMPLE = PROJECT_ROOT / "examples" / "stock-pytorch"
@@ -19,47 +24,63 @@ from stockapp.client_app import app as stock_client  # noqa: E402
 from stockapp.client_app_plus import app as plus_client  # noqa: E402
 from stockapp.server_app import app as stock_server  # noqa: E402
 
-RUN_CONFIG = {"num-server-rounds": 2, "strategy": "fedavg", "weighting": "examples", "fraction-train": 1.0,
+RUN_CONFIG = {"num-server-rounds": 2, "strategy": "fedavg", "weighting": "examples",
+              "fraction-train": 1.0,
               "local-epochs": 1, "learning-rate": 0.05, "batch-size": 64, "max-examples": 600,
-              "local-steps": 4, "dynamicfl-intervals": "b-c", "data-dir": "/usr/share/datasets/fashion-mnist"}
+              "local-steps": 4, "dynamicfl-intervals": "b-c", "query-client-info": False,
+              "data-dir": "/usr/share/datasets/fashion-mnist"}
 
 
-def run_stock(strategy: str, weighting: str = "examples", client=stock_client) -> InProcessGrid:
-    rc = {**RUN_CONFIG, "strategy": strategy, "weighting": weighting}
+def run_stock(strategy: str, weighting: str = "examples", client=stock_client,
+              query: bool = False) -> InProcessGrid:
+    rc = {**RUN_CONFIG, "strategy": strategy, "weighting": weighting, "query-client-info": query}
     grid = InProcessGrid(client, 3, rc)
-    stock_server(grid, Context(run_id=3, node_id=0, node_config={}, state=RecordDict(), run_config=rc))
+    stock_server(grid, Context(run_id=3, node_id=0, node_config={}, state=RecordDict(),
+                               run_config=rc))
     return grid
 
 
 @pytest.mark.parametrize("strategy,weighting", [
-    ("fedavg", "examples"), ("fedavg", "uniform"), ("fedavg", "pre-erratum"), ("fedavg", "scheme-i"),
-    ("fedavg", "scheme-ii"), ("fedprox", "examples"), ("fednova", "examples"),
+    ("fedavg", "examples"), ("fedavg", "uniform"), ("fedprox", "examples"), ("fednova", "examples"),
 ])
 def test_stock_client_works_unchanged(strategy, weighting, caplog):
     caplog.set_level(logging.WARNING)
     grid = run_stock(strategy, weighting)
     kinds = [kind for _, kind in grid.calls]
-    if weighting == "scheme-i":  # 3 draws with replacement per round: a node drawn twice trains once
+    assert kinds.count("train") == 6 and kinds.count("evaluate") == 6
+    assert "query" not in kinds  # the query is opt-in: no Flower error for a stock client
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert sum("query" in w and "node-id order" in w for w in warnings) == 1
+    assert sum("tau_i is taken as" in w for w in warnings) == (1 if strategy == "fednova" else 0)
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+@pytest.mark.parametrize("weighting", ["pre-erratum", "scheme-i", "scheme-ii"])
+def test_weightings_that_need_every_n_k_with_the_query_handler(weighting, caplog):
+    caplog.set_level(logging.WARNING)
+    grid = run_stock("fedavg", weighting, client=plus_client, query=True)
+    kinds = [kind for _, kind in grid.calls]
+    assert kinds.count("query") == 3
+    if weighting == "scheme-i":  # 3 draws with replacement a round: one drawn twice trains once
         assert 2 <= kinds.count("train") <= 6
     else:
         assert kinds.count("train") == 6
-    assert kinds.count("evaluate") == 6
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert sum("query" in w and "node-id order" in w for w in warnings) == 1
-    assert sum("tau_i is derived" in w for w in warnings) == (1 if strategy == "fednova" else 0)
+    assert not any("node-id order" in w for w in warnings)
 
 
 @pytest.mark.parametrize("strategy", ["fedveca", "dynamicfl"])
 def test_template_client_plus_the_task_helpers(strategy):
-    grid = run_stock(strategy, client=plus_client)
+    grid = run_stock(strategy, client=plus_client, query=True)
     kinds = [kind for _, kind in grid.calls]
     assert kinds.count("query") == 3
-    assert kinds.count("evaluate") == (6 if strategy == "fedveca" else 0)  # DynamicFL: server-side only
+    assert kinds.count("evaluate") == 6
     assert kinds.count("train") >= 6  # DynamicFL: one message per chunk
 
 
 def example_app(tmp_path, strategy: str):
-    """The example as is, or (FedVeca, DynamicFL) with pyproject's clientapp pointed at client_app_plus."""
+    """The example as is, or (FedVeca, DynamicFL) with pyproject's clientapp pointed at
+    client_app_plus."""
     if strategy not in ("fedveca", "dynamicfl"):
         return EXAMPLE
     app = tmp_path / "stock-pytorch"
@@ -79,7 +100,7 @@ def test_example_under_flwr_run(tmp_path, strategy):
                      flwr_home=home, timeout=420, isolate_ports=True, capture=True,
                      app_dir=example_app(tmp_path, strategy))
     assert result.status == "finished:completed", result.output[-4000:]
-    assert "[ROUND 2/2]" in result.output or "Round 2" in result.output or "round 2" in result.output.lower()
+    assert "[ROUND 2/2]" in result.output or "round 2" in result.output.lower()
     if strategy == "fednova":
-        assert "tau_i is derived as floor(E n_i / B)" in result.output
+        assert "tau_i is taken as the E ceil(n_i / B)" in result.output
     assert local_superlink_pids(home) == []

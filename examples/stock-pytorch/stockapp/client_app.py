@@ -1,4 +1,4 @@
-"""ClientApp exactly in the style of Flower's PyTorch template: arrays + num-examples + train_loss."""
+"""ClientApp exactly in the style of Flower's PyTorch template: arrays, num-examples, train_loss."""
 
 import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict

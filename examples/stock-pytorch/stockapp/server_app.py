@@ -12,16 +12,21 @@ app = ServerApp()
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     cfg = context.run_config
-    common = {"fraction_train": cfg["fraction-train"], "fraction_evaluate": 1.0}
+    # FedVeca, DynamicFL and the weightings that need every n_k ask the client-info query:
+    # they need stockapp.client_app_plus, whose query handler answers it (README)
+    query = cfg["query-client-info"] or cfg["strategy"] in ("fedveca", "dynamicfl")
+    common = {"fraction_train": cfg["fraction-train"], "fraction_evaluate": 1.0,
+              "query_client_info": query}
     strategy = {
         "fedavg": lambda: FedAvg(weighting=cfg["weighting"], **common),
         "fedprox": lambda: FedProx(proximal_mu=0.01, weighting=cfg["weighting"], **common),
-        # a stock client reports no local steps: FedNova derives tau_i = floor(E n_i / B)
-        "fednova": lambda: FedNova(local_epochs=cfg["local-epochs"], batch_size=cfg["batch-size"], **common),
-        # FedVeca and DynamicFL need stockapp.client_app_plus (README: the client contract)
-        "fedveca": lambda: FedVeca(lr=cfg["learning-rate"], tau_init=cfg["local-steps"], **common),
-        "dynamicfl": lambda: DynamicFL(intervals=cfg["dynamicfl-intervals"], local_steps=cfg["local-steps"],
-                                       beta=0.5, fraction_train=cfg["fraction-train"]),
+        # a stock client reports no local steps: FedNova derives tau_i from E and B
+        "fednova": lambda: FedNova(local_epochs=cfg["local-epochs"], batch_size=cfg["batch-size"],
+                                   **common),
+        "fedveca": lambda: FedVeca(lr=cfg["learning-rate"], tau_init=cfg["local-steps"],
+                                   **common),
+        "dynamicfl": lambda: DynamicFL(intervals=cfg["dynamicfl-intervals"],
+                                       local_steps=cfg["local-steps"], beta=0.5, **common),
     }[cfg["strategy"]]()
     strategy.start(
         grid=grid,

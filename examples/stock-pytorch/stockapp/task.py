@@ -42,8 +42,10 @@ def _find(folder: Path, stem: str) -> Path:
 def load_data(partition_id: int, num_partitions: int, data_dir: str, max_examples: int):
     """This client's IID slice of the first ``max_examples`` training images, and its test slice."""
     folder = Path(data_dir)
-    x = torch.tensor(_idx(_find(folder, "train-images-idx3-ubyte"))[:max_examples], dtype=torch.float32) / 255.0
-    y = torch.tensor(_idx(_find(folder, "train-labels-idx1-ubyte"))[:max_examples], dtype=torch.int64)
+    images = _idx(_find(folder, "train-images-idx3-ubyte"))[:max_examples]
+    x = torch.tensor(images, dtype=torch.float32) / 255.0
+    y = torch.tensor(_idx(_find(folder, "train-labels-idx1-ubyte"))[:max_examples],
+                     dtype=torch.int64)
     idx = np.array_split(np.arange(len(y)), num_partitions)[partition_id]
     return x[idx].unsqueeze(1), y[idx]
 

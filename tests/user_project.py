@@ -1,0 +1,402 @@
+"""A user's Flower project with a FLAT layout, built in a folder, and ways to run it.
+
+Like Flower's quickstart-pytorch template: a top-level ``task.py`` (a small torch model
+and in-file data behind DataLoaders of ``{"img", "label"}`` batches), ``client_app.py``,
+``server_app.py`` and ``pyproject.toml``. Its ``import task`` must find ITS task.py while
+fedhetero's client helpers come from ``strategies.client``.
+
+The ClientApp is assembled from sections (``CLIENT_SECTIONS``: header, train, evaluate,
+query) so that a test can swap one section for a documentation snippet
+(tests/test_doc_snippets.py). :func:`run_inprocess` runs the project in a fresh
+interpreter (so ``task`` is not fedhetero's package already imported by pytest) on a
+minimal in-process Grid (``RUNNER``) and returns the summary the ServerApp writes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+NUM_CLASSES = 3
+
+PYPROJECT = '''\
+[build-system]
+requires = ["hatchling"]
+build-backend = "hatchling.build"
+
+[project]
+name = "userproj"
+version = "1.0.0"
+description = "A user's flat Flower project that swaps in fedhetero's strategies"
+dependencies = ["flwr[simulation]>=1.41,<1.43", "torch", "fedhetero"]
+
+[tool.hatch.build.targets.wheel]
+packages = ["."]
+
+[tool.flwr.app]
+publisher = "userproj"
+
+[tool.flwr.app.components]
+serverapp = "server_app:app"
+clientapp = "client_app:app"
+
+[tool.flwr.app.config]
+num-server-rounds = 2
+strategy = "fedavg"
+local-epochs = 1
+lr = 0.1
+batch-size = 8
+query-client-info = true
+summary-file = ""
+'''
+
+TASK = '''\
+"""userproj: model, data and training in the style of Flower's quickstart-pytorch."""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+NUM_CLASSES = 3
+CENTERS = torch.tensor([[2.0, 0, 0, 0, 1, 0, 0, 0], [0, 2.0, 0, 0, 0, 1, 0, 0],
+                        [0, 0, 2.0, 0, 0, 0, 1, 0]])
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(8, 16)
+        self.fc2 = nn.Linear(16, NUM_CLASSES)
+
+    def forward(self, x):
+        return self.fc2(F.relu(self.fc1(x)))
+
+
+class Blobs(Dataset):
+    """Three Gaussian blobs; each partition draws its own, label-skewed sample."""
+
+    def __init__(self, partition_id, num_partitions, n=48, train=True):
+        seed = 1000 * partition_id + num_partitions + (0 if train else 7)
+        g = torch.Generator().manual_seed(seed)
+        skew = torch.ones(NUM_CLASSES)
+        skew[partition_id % NUM_CLASSES] = 3.0
+        self.y = torch.multinomial(skew / skew.sum(), n, replacement=True, generator=g)
+        self.x = CENTERS[self.y] + 0.7 * torch.randn(n, 8, generator=g)
+
+    def __len__(self):
+        return len(self.y)
+
+    def __getitem__(self, i):
+        return {"img": self.x[i], "label": self.y[i]}
+
+
+def load_data(partition_id, num_partitions, batch_size=8):
+    trainloader = DataLoader(Blobs(partition_id, num_partitions), batch_size=batch_size,
+                             shuffle=True)
+    testloader = DataLoader(Blobs(partition_id, num_partitions, train=False),
+                            batch_size=batch_size)
+    return trainloader, testloader
+
+
+def central_testloader():
+    return DataLoader(Blobs(99, 1, n=300, train=False), batch_size=100)
+
+
+def train(net, trainloader, epochs, lr, device):
+    net.to(device)
+    optimizer = torch.optim.SGD(net.parameters(), lr=lr)
+    net.train()
+    running_loss = 0.0
+    for _ in range(epochs):
+        for batch in trainloader:
+            optimizer.zero_grad()
+            loss = F.cross_entropy(net(batch["img"].to(device)), batch["label"].to(device))
+            loss.backward()
+            optimizer.step()
+            running_loss += loss.item()
+    return running_loss / (epochs * len(trainloader))
+
+
+def test(net, testloader, device):
+    net.to(device)
+    net.eval()
+    loss, correct, n = 0.0, 0, 0
+    with torch.no_grad():
+        for batch in testloader:
+            out = net(batch["img"].to(device))
+            labels = batch["label"].to(device)
+            loss += F.cross_entropy(out, labels, reduction="sum").item()
+            correct += (out.argmax(1) == labels).sum().item()
+            n += len(labels)
+    return loss / n, correct / n
+'''
+
+CLIENT_SECTIONS = {
+    "header": '''\
+"""userproj: ClientApp in the style of Flower's quickstart-pytorch."""
+
+import torch
+from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from task import Net, load_data
+from task import test as test_fn
+from task import train as train_fn
+
+app = ClientApp()
+device = torch.device("cpu")
+''',
+    # the template's train handler, unchanged (FedAvg and FedProx need nothing more)
+    "train": '''
+@app.train()
+def train(msg: Message, context: Context):
+    model = Net()
+    model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+    model.to(device)
+    partition_id = context.node_config["partition-id"]
+    num_partitions = context.node_config["num-partitions"]
+    trainloader, _ = load_data(partition_id, num_partitions)
+    train_loss = train_fn(model, trainloader, context.run_config["local-epochs"],
+                          msg.content["config"]["lr"], device)
+    metrics = {"train_loss": train_loss, "num-examples": len(trainloader.dataset)}
+    content = RecordDict({"arrays": ArrayRecord(model.state_dict()),
+                          "metrics": MetricRecord(metrics)})
+    return Message(content=content, reply_to=msg)
+''',
+    "evaluate": '''
+@app.evaluate()
+def evaluate(msg: Message, context: Context):
+    model = Net()
+    model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+    partition_id = context.node_config["partition-id"]
+    num_partitions = context.node_config["num-partitions"]
+    _, valloader = load_data(partition_id, num_partitions)
+    eval_loss, eval_acc = test_fn(model, valloader, device)
+    metrics = {"eval_loss": eval_loss, "eval_acc": eval_acc, "num-examples": len(valloader.dataset)}
+    return Message(content=RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)
+''',
+    "query": "",
+}
+
+# The user's ClientApp with every strategy's helper: the template's train handler plus
+# three branches, and a query handler.
+HELPER_TRAIN = '''
+from strategies.client import (as_tensors, client_info_reply, fedveca_train, is_dynamicfl_chunk,
+                               is_fedveca_round, label_counts, loader_steps, report_local_steps,
+                               train_chunk)
+
+
+@app.train()
+def train(msg: Message, context: Context):
+    model = Net()
+    model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+    model.to(device)
+    partition_id = context.node_config["partition-id"]
+    num_partitions = context.node_config["num-partitions"]
+    trainloader, _ = load_data(partition_id, num_partitions)
+    config = msg.content["config"]
+    if is_fedveca_round(config):  # FedVeca: tau plain-SGD steps, grad, beta, delta
+        content = fedveca_train(model, trainloader, config, partition_id=partition_id)
+        return Message(content=content, reply_to=msg)
+    if is_dynamicfl_chunk(config):  # DynamicFL: one chunk of the round's batch stream
+        content = train_chunk(model, trainloader, config, context.state,
+                              partition_id=partition_id)
+        return Message(content=content, reply_to=msg)
+    epochs = context.run_config["local-epochs"]
+    train_loss = train_fn(model, trainloader, epochs, config["lr"], device)
+    metrics = {"train_loss": train_loss, "num-examples": len(trainloader.dataset)}
+    metrics = report_local_steps(metrics, loader_steps(trainloader, epochs))  # FedNova's tau_i
+    content = RecordDict({"arrays": ArrayRecord(model.state_dict()),
+                          "metrics": MetricRecord(metrics)})
+    return Message(content=content, reply_to=msg)
+'''
+
+HELPER_QUERY = '''
+@app.query()
+def query(msg: Message, context: Context):
+    partition_id = context.node_config["partition-id"]
+    trainloader, _ = load_data(partition_id, context.node_config["num-partitions"])
+    _, y = as_tensors(trainloader)
+    return client_info_reply(msg, partition_id=partition_id, num_examples=len(y),
+                             label_counts=label_counts(y, num_classes=3))
+'''
+
+SERVER_HEADER = '''\
+"""userproj: ServerApp in the style of Flower's quickstart-pytorch; fedhetero's strategy."""
+
+import json
+
+from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
+from flwr.serverapp import Grid, ServerApp
+
+from strategies import DynamicFL, FedAvg, FedNova, FedProx, FedVeca
+from task import Net, central_testloader, test
+
+app = ServerApp()
+HISTORY = []
+
+
+def central_evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
+    model = Net()
+    model.load_state_dict(arrays.to_torch_state_dict())
+    loss, accuracy = test(model, central_testloader(), "cpu")
+    HISTORY.append({"round": server_round, "loss": loss, "accuracy": accuracy})
+    return MetricRecord({"loss": loss, "accuracy": accuracy})
+
+
+def make_strategy(name: str, lr: float, query: bool):
+    common = {"query_client_info": query}  # True: the ClientApp answers with client_info_reply
+    return {
+        "fedavg": lambda: FedAvg(fraction_evaluate=0.0, **common),
+        "fedprox": lambda: FedProx(proximal_mu=0.01, fraction_evaluate=0.0, **common),
+        "fednova": lambda: FedNova(fraction_evaluate=0.0, **common),
+        "fedveca": lambda: FedVeca(lr=lr, tau_init=3, tau_max=6, fraction_evaluate=0.0, **common),
+        "dynamicfl": lambda: DynamicFL(intervals="1-4", local_steps=4, beta=0.5, **common),
+    }[name]()
+
+
+def write_summary(context: Context) -> None:
+    path = context.run_config.get("summary-file", "")
+    if path:
+        with open(path, "w") as f:
+            json.dump({"history": HISTORY}, f)
+'''
+
+SERVER_MAIN = '''
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    cfg = context.run_config
+    strategy = make_strategy(cfg["strategy"], cfg["lr"], cfg["query-client-info"])
+    strategy.start(
+        grid=grid,
+        initial_arrays=ArrayRecord(Net().state_dict()),
+        train_config=ConfigRecord({"lr": cfg["lr"], "batch-size": cfg["batch-size"],
+                                   "local-epochs": cfg["local-epochs"]}),
+        num_rounds=cfg["num-server-rounds"],
+        evaluate_fn=central_evaluate,
+    )
+    write_summary(context)
+'''
+
+RUNNER = '''\
+"""Run a Flower project's ServerApp against its ClientApp in this process (no Ray)."""
+
+import json
+import sys
+
+project, run_config, num_nodes = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
+sys.path.insert(0, project)  # as Flower does for an app directory
+
+from flwr.app import Context, Error, Message, RecordDict  # noqa: E402
+from flwr.serverapp import Grid  # noqa: E402
+from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
+
+import client_app  # noqa: E402
+import server_app  # noqa: E402
+import task  # noqa: E402
+
+
+class LocalGrid(Grid):
+    """Each message is one ClientApp call; one Context (and state) per node."""
+
+    def __init__(self, app, n, rc):
+        self.app, self.pending, self.calls = app, {}, []
+        self.nodes = [101 + 17 * i for i in range(n)]
+        self.contexts = {node: Context(run_id=1, node_id=node, state=RecordDict(), run_config=rc,
+                                       node_config={"partition-id": i, "num-partitions": n})
+                         for i, node in enumerate(self.nodes)}
+
+    def set_run(self, run_id):
+        pass
+
+    @property
+    def run(self):
+        return None
+
+    def create_message(self, content, message_type, dst_node_id, group_id, ttl=None):
+        return Message(content=content, message_type=message_type, dst_node_id=dst_node_id,
+                       group_id=group_id)
+
+    def get_node_ids(self):
+        return list(self.nodes)
+
+    def call(self, msg):
+        self.calls.append(msg.metadata.message_type)
+        try:
+            return self.app(msg, self.contexts[msg.metadata.dst_node_id])
+        except Exception as exc:  # a failing ClientApp becomes an error reply
+            print(f"ClientApp error: {type(exc).__name__}: {exc}", file=sys.stderr)
+            return Message(Error(code=0, reason=f"{type(exc).__name__}: {exc}"), reply_to=msg)
+
+    def send_and_receive(self, messages, *, timeout=None):
+        return [self.call(m) for m in messages]
+
+    def push_messages(self, messages):
+        ids = []
+        for msg in messages:
+            msg.metadata.__dict__["_message_id"] = f"m{len(self.calls) + len(self.pending):08d}"
+            self.pending[msg.metadata.message_id] = msg
+            ids.append(msg.metadata.message_id)
+        return ids
+
+    def pull_messages(self, message_ids):
+        wanted = sorted(i for i in message_ids if i in self.pending)
+        return [self.call(self.pending.pop(i)) for i in wanted]
+
+
+TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1  # as a SuperLink sets
+grid = LocalGrid(client_app.app, num_nodes, run_config)
+context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config)
+server_app.app(grid, context)
+print("SUMMARY " + json.dumps({"task_file": task.__file__, "calls": grid.calls,
+                               "history": server_app.HISTORY}))
+'''
+
+RUN_CONFIG = {"num-server-rounds": 2, "strategy": "fedavg", "local-epochs": 1, "lr": 0.1,
+              "batch-size": 8, "query-client-info": True, "summary-file": ""}
+
+
+def build(folder: Path, *, train: str | None = None, query: str | None = None,
+          server_main: str | None = None) -> Path:
+    """Write the project into ``folder``; the helper ClientApp unless sections are given.
+
+    ``train`` / ``query``: ClientApp sections (None: the version with fedhetero's helpers;
+    ``CLIENT_SECTIONS[...]`` for the stock template's). ``server_main``: the ServerApp's
+    ``@app.main()`` section (None: the strategy named by the run config).
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "pyproject.toml").write_text(PYPROJECT)
+    (folder / "task.py").write_text(TASK)
+    client = [CLIENT_SECTIONS["header"], HELPER_TRAIN if train is None else train,
+              CLIENT_SECTIONS["evaluate"], HELPER_QUERY if query is None else query]
+    (folder / "client_app.py").write_text("\n".join(client))
+    (folder / "server_app.py").write_text(SERVER_HEADER + (server_main or SERVER_MAIN))
+    return folder
+
+
+def run_inprocess(project: Path, run_config: dict, num_nodes: int = 3,
+                  timeout: float = 300) -> dict:
+    """Run the project in a fresh interpreter on the in-process Grid; the runner's summary.
+
+    Raises AssertionError with the output when the run fails.
+    """
+    runner = project.parent / f"{project.name}-runner.py"
+    runner.write_text(RUNNER)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO)  # fedhetero, as an installed package would be: after the app
+    proc = subprocess.run([sys.executable, str(runner), str(project),
+                           json.dumps({**RUN_CONFIG, **run_config}), str(num_nodes)],
+                          cwd=project, env=env, capture_output=True, text=True, timeout=timeout,
+                          check=False)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-6000:]
+    line = next((x for x in proc.stdout.splitlines() if x.startswith("SUMMARY ")), None)
+    assert line is not None, output[-6000:]
+    summary = json.loads(line[len("SUMMARY "):])
+    summary["output"] = output
+    return summary
