@@ -1,60 +1,36 @@
-"""``python -m deploy run``: SuperLink + N SuperNodes on this machine, one ``flwr run``, stop all.
+"""``python -m deploy COMMAND``: Flower's deployment runtime for this app on this machine.
 
-Examples::
-
-    python -m deploy run --num-supernodes 2 -c num-server-rounds=2
-    python -m deploy run --num-supernodes 3 --tls --auth -c strategy=fednova -c num-server-rounds=5
-
-Certificates, keys, logs and the FLWR_HOMEs live in ``--workdir`` (default
-``.flwr/deploy/``, git-ignored); the run log goes to the run-config ``output-dir`` as in
-simulation. Exits non-zero unless the run ends ``finished:completed``.
+Commands: ``run`` (SuperLink + N SuperNodes, one ``flwr run``, stop all). See
+deploy/README.md for several machines.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-from simulation.launcher import parse_overrides
+from . import run as run_command
 
-from .cluster import DeploySpec, LocalDeployment
-from .layout import DEFAULT_WORKDIR, Layout
-from .runner import run_on_connection
+COMMANDS = {"run": (run_command, "start SuperLink + SuperNodes, flwr run, stop everything")}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The CLI parser: one sub-parser per command, built by its module."""
+    parser = argparse.ArgumentParser(prog="python -m deploy", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (tool, summary) in COMMANDS.items():
+        tool_parser = sub.add_parser(name, help=summary, description=tool.__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+        tool.add_arguments(tool_parser)
+        tool_parser.set_defaults(tool=tool)
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m deploy")
-    sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="start SuperLink + SuperNodes, flwr run, stop everything")
-    run.add_argument("--num-supernodes", type=int, default=2)
-    run.add_argument("--tls", action="store_true", help="TLS (makes a CA + server cert in WORKDIR/certificates)")
-    run.add_argument("--auth", action="store_true",
-                     help="SuperNode authentication (needs --tls; keys in WORKDIR/keys, registered with flwr)")
-    run.add_argument("--host", default="127.0.0.1", help="SuperLink bind address (0.0.0.0 for remote nodes)")
-    run.add_argument("--port", type=int, default=0, help="SuperLink port (default: a free one)")
-    run.add_argument("--data-dir", default="", help="absolute data folder put into every node config")
-    run.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR)
-    run.add_argument("--timeout", type=float, default=1800, help="seconds before flwr run is stopped")
-    run.add_argument("-c", "--run-config", action="append", default=[], metavar="KEY=VALUE",
-                     help="run-config override, repeatable (e.g. -c strategy=fednova -c lr=0.05)")
-    args = parser.parse_args(argv)
-    try:
-        overrides = parse_overrides(args.run_config)
-        spec = DeploySpec(num_supernodes=args.num_supernodes, tls=args.tls, auth=args.auth, host=args.host,
-                          port=args.port, data_dir=args.data_dir)
-    except ValueError as err:
-        parser.error(str(err))
-    overrides.setdefault("min-available-nodes", spec.num_supernodes)  # every node joins before round 1
-    layout = Layout(args.workdir.resolve())
-    with LocalDeployment(spec, layout) as deployment:
-        deployment.start()
-        print(f"[deploy] SuperLink {deployment.address} ({'TLS' if spec.tls else 'insecure'}"
-              f"{' + SuperNode auth' if spec.auth else ''}), {spec.num_supernodes} SuperNodes, "
-              f"logs in {layout.logs}", flush=True)
-        result = run_on_connection(spec.connection, deployment.cli_env, overrides, timeout=args.timeout)
-    print(f"[deploy] run {result.run_id}: {result.status}", flush=True)
-    return result.returncode
+    """Parse ``argv`` and run the command; its exit code."""
+    args = build_parser().parse_args(argv)
+    return args.tool.run(args)
 
 
 if __name__ == "__main__":

@@ -14,9 +14,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from simulation.launcher import flwr_env, free_port
+from simulation.runtime import (Started, flwr_env, free_port, start_process, stop_processes,
+                                wait_for_port)
 
-from . import processes
 from .connection import write_connection
 from .layout import Layout, ensure_certs, ensure_keys
 
@@ -38,13 +38,21 @@ class DeploySpec:
 
     def __post_init__(self) -> None:
         if self.num_supernodes < 1:
-            raise ValueError(f"num_supernodes={self.num_supernodes} (--num-supernodes): start at least 1 SuperNode")
+            raise ValueError(
+                f"num_supernodes={self.num_supernodes} (--num-supernodes): start at least 1 "
+                "SuperNode"
+            )
         if self.auth and not self.tls:
-            raise ValueError("auth (--auth) needs tls (--tls): Flower's SuperNode authentication requires TLS; "
-                             "add --tls")
+            raise ValueError(
+                "auth (--auth) needs tls (--tls): Flower's SuperNode authentication requires TLS; "
+                "add --tls"
+            )
         if self.data_dir and not Path(self.data_dir).is_absolute():
-            raise ValueError(f"data_dir={self.data_dir!r} (--data-dir) must be an absolute path, e.g. "
-                             "/usr/share/datasets/fashion-mnist (SuperNodes run in their own working directories)")
+            raise ValueError(
+                f"data_dir={self.data_dir!r} (--data-dir) must be an absolute path, e.g. "
+                "/usr/share/datasets/fashion-mnist (SuperNodes run in their own working "
+                "directories)"
+            )
 
 
 class LocalDeployment:
@@ -55,7 +63,7 @@ class LocalDeployment:
         self.layout = layout
         self.start_timeout = start_timeout
         self.port = spec.port or free_port()
-        self.started: list[processes.Started] = []
+        self.started: list[Started] = []
         self.cli_env = flwr_env(layout.cli_home)
 
     @property
@@ -71,9 +79,11 @@ class LocalDeployment:
         self.stop()
 
     def start(self, supernodes: Iterable[int] | None = None) -> "LocalDeployment":
-        """Credentials, SuperLink, CLI connection; then register and start these SuperNodes (default: all)."""
+        """Credentials, SuperLink, CLI connection; then register and start these SuperNodes
+        (default: all)."""
         if self.spec.tls:
-            extra = () if self.spec.host in ("0.0.0.0", "", "127.0.0.1", "localhost") else (self.spec.host,)
+            local = self.spec.host in ("0.0.0.0", "", "127.0.0.1", "localhost")
+            extra = () if local else (self.spec.host,)
             ensure_certs(self.layout, extra)
         if self.spec.auth:
             ensure_keys(self.layout, self.spec.num_supernodes)
@@ -88,34 +98,38 @@ class LocalDeployment:
         self.wait_for_supernodes(len(chosen))
         return self
 
-    def start_superlink(self) -> processes.Started:
+    def start_superlink(self) -> Started:
         argv = [str(BIN / "flower-superlink"), "--host", self.spec.host, "--port", str(self.port),
                 "--disable-runtime-dependency-installation", *self._server_tls_args()]
         if self.spec.auth:
             argv.append("--enable-supernode-auth")
         home = self.layout.superlink_home
-        link = processes.start("SuperLink", argv, flwr_env(home), home, self.layout.logs / "superlink.log")
+        link = start_process(
+            "SuperLink", argv, flwr_env(home), home, self.layout.logs / "superlink.log"
+        )
         self.started.append(link)
         host, port = self.address.rsplit(":", 1)
-        processes.wait_for_port(host, int(port), self.start_timeout, watch=link)
+        wait_for_port(host, int(port), self.start_timeout, watch=link)
         return link
 
-    def start_supernode(self, partition_id: int, private_key: Path | None = None,
-                        max_retries: int | None = None) -> processes.Started:
+    def start_supernode(
+        self, partition_id: int, private_key: Path | None = None, max_retries: int | None = None
+    ) -> Started:
         """SuperNode ``partition_id`` with its node config; its own key when auth is on."""
         node_config = f"partition-id={partition_id} num-partitions={self.spec.num_supernodes}"
         if self.spec.data_dir:
             node_config += f' data-dir="{self.spec.data_dir}"'
         argv = [str(BIN / "flower-supernode"), "--superlink", self.address, "--host", "127.0.0.1",
-                "--port", str(free_port()), "--node-config", node_config, *self._client_tls_args()]
+                "--port", str(free_port()), "--node-config", node_config,
+                *self._client_tls_args()]
         key = private_key or (self.layout.private_key(partition_id) if self.spec.auth else None)
         if key is not None:
             argv += ["--auth-supernode-private-key", str(key)]
         if max_retries is not None:
             argv += ["--max-retries", str(max_retries)]
         home = self.layout.supernode_home(partition_id)
-        node = processes.start(f"SuperNode {partition_id}", argv, flwr_env(home), home,
-                               self.layout.logs / f"supernode-{partition_id}.log")
+        log = self.layout.logs / f"supernode-{partition_id}.log"
+        node = start_process(f"SuperNode {partition_id}", argv, flwr_env(home), home, log)
         self.started.append(node)
         return node
 
@@ -124,18 +138,29 @@ class LocalDeployment:
         return self.flwr("supernode", "register", str(public_key), self.spec.connection)
 
     def flwr(self, *args: str, timeout: float = 180.0) -> str:
-        """Run one ``flwr`` CLI command with this deployment's FLWR_HOME; error names the command."""
+        """One ``flwr`` CLI command with this deployment's FLWR_HOME; errors name the command."""
         cmd = [str(BIN / "flwr"), *args]
-        proc = subprocess.run(cmd, env=self.cli_env, cwd=self.layout.root, text=True, capture_output=True,
-                              timeout=timeout, check=False)
+        proc = subprocess.run(
+            cmd,
+            env=self.cli_env,
+            cwd=self.layout.root,
+            text=True,
+            capture_output=True,
+            timeout=timeout,
+            check=False,
+        )
         if proc.returncode != 0:
-            raise RuntimeError(f"`flwr {' '.join(args)}` failed (exit {proc.returncode}):\n"
-                               f"{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+            raise RuntimeError(
+                f"`flwr {' '.join(args)}` failed (exit {proc.returncode}):\n"
+                f"{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
+            )
         return proc.stdout
 
     def node_statuses(self) -> list[str]:
         """Status of every SuperNode the SuperLink knows ('online', 'registered', ...)."""
-        listed = json.loads(self.flwr("supernode", "list", self.spec.connection, "--format", "json"))
+        listed = json.loads(
+            self.flwr("supernode", "list", self.spec.connection, "--format", "json")
+        )
         return [node["status"] for node in listed["nodes"]]
 
     def wait_for_supernodes(self, count: int) -> None:
@@ -149,26 +174,38 @@ class LocalDeployment:
         while True:
             for node in nodes:
                 if node.proc.poll() is not None:
-                    raise RuntimeError(f"{node.name} exited with code {node.proc.returncode}; its log "
-                                       f"({node.log_path}) ends with:\n{node.log_tail()}")
+                    raise RuntimeError(
+                        f"{node.name} exited with code {node.proc.returncode}; its log "
+                        f"({node.log_path}) ends with:\n{node.log_tail()}"
+                    )
             joined = sum(JOINED in node.log_tail(100_000) for node in nodes)
             if joined >= count:
                 return
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{joined} of {count} SuperNodes joined after {self.start_timeout} s; "
-                                   f"see their logs in {self.layout.logs}")
+                raise TimeoutError(
+                    f"{joined} of {count} SuperNodes joined after {self.start_timeout} s; "
+                    f"see their logs in {self.layout.logs}"
+                )
             time.sleep(0.5)
 
     def stop(self) -> None:
         """SuperNodes first, then the SuperLink, each with its children, by PID."""
-        processes.stop(list(reversed(self.started)))
+        stop_processes(list(reversed(self.started)))
 
     def _server_tls_args(self) -> list[str]:
         if not self.spec.tls:
             return ["--insecure"]
         lay = self.layout
-        return ["--ssl-ca-certfile", str(lay.ca_cert), "--ssl-certfile", str(lay.server_cert),
-                "--ssl-keyfile", str(lay.server_key)]
+        return [
+            "--ssl-ca-certfile",
+            str(lay.ca_cert),
+            "--ssl-certfile",
+            str(lay.server_cert),
+            "--ssl-keyfile",
+            str(lay.server_key),
+        ]
 
     def _client_tls_args(self) -> list[str]:
-        return ["--root-certificates", str(self.layout.ca_cert)] if self.spec.tls else ["--insecure"]
+        return (
+            ["--root-certificates", str(self.layout.ca_cert)] if self.spec.tls else ["--insecure"]
+        )

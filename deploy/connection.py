@@ -11,8 +11,13 @@ import tomli_w
 _NAME = re.compile(r"^[A-Za-z0-9_-]+$")
 
 
-def write_connection(flwr_home: Path, name: str, address: str, root_certificates: Path | None = None,
-                     make_default: bool = True) -> Path:
+def write_connection(
+    flwr_home: Path,
+    name: str,
+    address: str,
+    root_certificates: Path | None = None,
+    make_default: bool = True,
+) -> Path:
     """Add or replace ``[superlink.<name>]`` (insecure, or TLS with ``root-certificates``).
 
     Only the given FLWR_HOME's config.toml is touched (never ``~/.flwr`` unless you pass
@@ -20,8 +25,10 @@ def write_connection(flwr_home: Path, name: str, address: str, root_certificates
     ``flwr ls`` / ``flwr log`` without a connection argument use it.
     """
     if not _NAME.match(name):
-        raise ValueError(f"connection name {name!r} is not allowed: use letters, digits, '-' and '_' "
-                         "(no dots), e.g. 'fedhetero-deploy'")
+        raise ValueError(
+            f"connection name {name!r} is not allowed: use letters, digits, '-' and '_' "
+            "(no dots), e.g. 'fedhetero-deploy'"
+        )
     path = Path(flwr_home) / "config.toml"
     config = tomllib.loads(path.read_text()) if path.is_file() else {}
     links = config.setdefault("superlink", {})

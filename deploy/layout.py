@@ -6,7 +6,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from simulation.launcher import PROJECT_ROOT
+from simulation.runtime import PROJECT_ROOT
 
 DEPLOY_DIR = Path(__file__).resolve().parent
 DEFAULT_WORKDIR = PROJECT_ROOT / ".flwr" / "deploy"  # git-ignored, never ~/.flwr
@@ -62,7 +62,7 @@ class Layout:
 
 
 def ensure_certs(layout: Layout, hosts: tuple[str, ...] = ()) -> None:
-    """CA + server certificate (SANs 127.0.0.1, localhost, ``hosts``) unless all three files exist."""
+    """CA + server certificate (SANs 127.0.0.1, localhost, ``hosts``) unless all three exist."""
     if all(p.is_file() for p in (layout.ca_cert, layout.server_cert, layout.server_key)):
         return
     _script("make_certs.sh", str(layout.certs), *hosts)
@@ -74,6 +74,10 @@ def ensure_keys(layout: Layout, num_supernodes: int) -> None:
 
 
 def _script(name: str, *args: str) -> None:
-    proc = subprocess.run(["bash", str(DEPLOY_DIR / name), *args], text=True, capture_output=True, check=False)
+    proc = subprocess.run(
+        ["bash", str(DEPLOY_DIR / name), *args], text=True, capture_output=True, check=False
+    )
     if proc.returncode != 0:
-        raise RuntimeError(f"deploy/{name} {' '.join(args)} failed (exit {proc.returncode}):\n{proc.stderr}")
+        raise RuntimeError(
+            f"deploy/{name} {' '.join(args)} failed (exit {proc.returncode}):\n{proc.stderr}"
+        )

@@ -6,6 +6,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from strategies import contract as C
+
 
 def best_so_far(values: Sequence[float]) -> np.ndarray:
     """Running maximum: the monotone curve McMahan et al. read rounds-to-target from."""
@@ -30,15 +32,18 @@ def crossing(xs: Sequence[float], accuracy: Sequence[float], target: float) -> f
 
 def rounds_to_target(records: list[dict], target: float) -> float | None:
     """Rounds until the best-so-far test accuracy reaches ``target`` (interpolated)."""
-    return crossing([r["round"] for r in records], [r["accuracy"] for r in records], target)
+    return crossing([r[C.LOG_ROUND] for r in records], [r[C.LOG_ACCURACY] for r in records], target)
 
 
 def cumulative_bytes(records: list[dict]) -> np.ndarray:
     """Bytes up + down communicated up to and including each round (round 0 = 0)."""
-    per_round = [float(r.get("bytes-up", 0) or 0) + float(r.get("bytes-down", 0) or 0) for r in records]
+    per_round = [
+        float(r.get(C.LOG_BYTES_UP, 0) or 0) + float(r.get(C.LOG_BYTES_DOWN, 0) or 0)
+        for r in records
+    ]
     return np.cumsum(per_round)
 
 
 def bytes_to_target(records: list[dict], target: float) -> float | None:
     """Bytes communicated until the best-so-far accuracy reaches ``target`` (interpolated)."""
-    return crossing(cumulative_bytes(records), [r["accuracy"] for r in records], target)
+    return crossing(cumulative_bytes(records), [r[C.LOG_ACCURACY] for r in records], target)

@@ -17,9 +17,8 @@ Reads every ``<FOLDER>/<variant>/seed<k>/<run>/rounds.jsonl`` and writes into FO
 * where the run logs carry client-drift diagnostics, the per-layer mean pairwise cosine
   similarity of client updates averaged over rounds and seeds (IID->non-IID study, Fig. 13).
 
-``python -m simulation results`` rebuilds every ``docs/results/<experiment>/`` from
-``runs/<experiment>/`` with the targets, baselines, title and claim of
-``simulation/experiments/<experiment>.toml``.
+``python -m simulation results`` (:mod:`simulation.results`) runs this for every
+experiment with runs.
 """
 
 from __future__ import annotations
@@ -28,12 +27,12 @@ import argparse
 import csv
 import shutil
 import statistics
-import tomllib
 from pathlib import Path
 
 import numpy as np
 
 from fedapp.run_log import read_rounds
+from strategies import contract as C
 
 from .metrics import bytes_to_target, cumulative_bytes, rounds_to_target
 
@@ -56,14 +55,16 @@ def table_rows(runs: dict[str, list[tuple[Path, list[dict]]]], targets: list[flo
     rows = []
     for variant, items in runs.items():
         records = [r for _, r in items]
-        final_m, final_s = _mean_std([r[-1]["accuracy"] for r in records])
-        best_m, best_s = _mean_std([max(x["accuracy"] for x in r) for r in records])
+        final_m, final_s = _mean_std([r[-1][C.LOG_ACCURACY] for r in records])
+        best_m, best_s = _mean_std([max(x[C.LOG_ACCURACY] for x in r) for r in records])
         row = {"variant": variant, "seeds": len(records), "rounds": len(records[0]) - 1,
                "final-mean": final_m, "final-std": final_s, "best-mean": best_m, "best-std": best_s}
         for target in targets:
             reached = [rounds_to_target(r, target) for r in records]
             got = [x for x in reached if x is not None]
-            megabytes = [b / 1e6 for b in (bytes_to_target(r, target) for r in records) if b is not None]
+            megabytes = [
+                b / 1e6 for b in (bytes_to_target(r, target) for r in records) if b is not None
+            ]
             row[f"rounds-to-{target:g}"] = statistics.mean(got) if got else None
             row[f"MB-to-{target:g}"] = statistics.mean(megabytes) if megabytes else None
             row[f"reached-{target:g}"] = f"{len(got)}/{len(records)}"
@@ -79,11 +80,22 @@ def markdown(rows: list[dict], targets: list[float]) -> str:
         rule += "---|---|"
     lines = [head, rule]
     for row in rows:
-        line = (f"| {row['variant']} | {row['seeds']} | {100 * row['final-mean']:.2f} ± {100 * row['final-std']:.2f} "
-                f"| {100 * row['best-mean']:.2f} ± {100 * row['best-std']:.2f} |")
+        line = (
+            f"| {row['variant']} | {row['seeds']} | {100 * row['final-mean']:.2f} ± "
+            f"{100 * row['final-std']:.2f} "
+            f"| {100 * row['best-mean']:.2f} ± {100 * row['best-std']:.2f} |"
+        )
         for target in targets:
-            rounds, mb, reached = row[f"rounds-to-{target:g}"], row[f"MB-to-{target:g}"], row[f"reached-{target:g}"]
-            line += (f" {rounds:.1f} ({reached}) | {mb:.1f} |" if rounds is not None else f" not reached ({reached}) | - |")
+            rounds, mb, reached = (
+                row[f"rounds-to-{target:g}"],
+                row[f"MB-to-{target:g}"],
+                row[f"reached-{target:g}"],
+            )
+            line += (
+                f" {rounds:.1f} ({reached}) | {mb:.1f} |"
+                if rounds is not None
+                else f" not reached ({reached}) | - |"
+            )
         lines.append(line)
     return "\n".join(lines)
 
@@ -125,7 +137,7 @@ def drift_markdown(runs: dict[str, list[tuple[Path, list[dict]]]]) -> str:
         values: dict[str, list[float]] = {}
         for _, records in items:
             for record in records:
-                for layer, cosine in (record.get("drift-cosine") or {}).items():
+                for layer, cosine in (record.get(C.LOG_DRIFT_COSINE) or {}).items():
                     values.setdefault(layer, []).append(cosine)
                     if layer not in layers:
                         layers.append(layer)
@@ -133,21 +145,33 @@ def drift_markdown(runs: dict[str, list[tuple[Path, list[dict]]]]) -> str:
             table[variant] = {layer: statistics.mean(v) for layer, v in values.items()}
     if not table:
         return ""
-    lines = ["| variant |" + "".join(f" {layer} |" for layer in layers), "|---|" + "---|" * len(layers)]
+    lines = [
+        "| variant |" + "".join(f" {layer} |" for layer in layers),
+        "|---|" + "---|" * len(layers),
+    ]
     for variant, means in table.items():
-        lines.append(f"| {variant} |" + "".join(
-            f" {means[layer]:.3f} |" if layer in means else " - |" for layer in layers))
+        lines.append(
+            f"| {variant} |"
+            + "".join(f" {means[layer]:.3f} |" if layer in means else " - |" for layer in layers)
+        )
     return "\n".join(lines)
 
 
 def communication_markdown(runs: dict[str, list[tuple[Path, list[dict]]]]) -> str:
     """Per variant: MB up + down over the whole run, and DynamicFL's per-round kappa-hat,
     sync events and |z| (means over rounds and seeds; "-" where a run does not log them)."""
-    keys = {"kappa-hat": "mean kappa-hat", "sync-events": "sync events / round",
-            "dynamicfl-group-size": "mean high-group size |z|"}
-    logged = [k for k in keys if any(k in x for items in runs.values() for _, r in items for x in r)]
-    lines = ["| variant | MB up + down per run |" + "".join(f" {keys[k]} |" for k in logged),
-             "|---|---|" + "---|" * len(logged)]
+    keys = {
+        C.LOG_KAPPA_HAT: "mean kappa-hat",
+        C.LOG_SYNC_EVENTS: "sync events / round",
+        C.LOG_DYNAMICFL_GROUP_SIZE: "mean high-group size |z|",
+    }
+    logged = [
+        k for k in keys if any(k in x for items in runs.values() for _, r in items for x in r)
+    ]
+    lines = [
+        "| variant | MB up + down per run |" + "".join(f" {keys[k]} |" for k in logged),
+        "|---|---|" + "---|" * len(logged),
+    ]
     for variant, items in runs.items():
         total = statistics.mean(cumulative_bytes(r)[-1] for _, r in items) / 1e6
         cells = []
@@ -168,8 +192,12 @@ def panels_of(variants: list[str], baselines: dict[str, str]) -> dict[str, list[
     return groups
 
 
-def plot_curves(runs: dict[str, list[tuple[Path, list[dict]]]], path: Path, by_bytes: bool,
-                baselines: dict[str, str] | None = None) -> None:
+def plot_curves(
+    runs: dict[str, list[tuple[Path, list[dict]]]],
+    path: Path,
+    by_bytes: bool,
+    baselines: dict[str, str] | None = None,
+) -> None:
     """Mean accuracy over seeds with a min-max band, per variant; one panel per setting."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415
     from matplotlib.figure import Figure  # noqa: PLC0415
@@ -182,11 +210,11 @@ def plot_curves(runs: dict[str, list[tuple[Path, list[dict]]]], path: Path, by_b
         for number, variant in enumerate(variants):
             items = runs[variant]
             length = min(len(r) for _, r in items)
-            acc = np.array([[x["accuracy"] for x in r[:length]] for _, r in items])
+            acc = np.array([[x[C.LOG_ACCURACY] for x in r[:length]] for _, r in items])
             if by_bytes:
                 xs = np.mean([cumulative_bytes(r[:length]) for _, r in items], axis=0) / 1e6
             else:
-                xs = np.array([x["round"] for x in items[0][1][:length]])
+                xs = np.array([x[C.LOG_ROUND] for x in items[0][1][:length]])
             style = {"color": f"C{number % 10}", "linestyle": "-" if number < 10 else "--"}
             ax.plot(xs, acc.mean(axis=0), label=f"{variant} ({len(items)} seeds)", **style)
             ax.fill_between(xs, acc.min(axis=0), acc.max(axis=0), alpha=0.15, color=style["color"])
@@ -202,8 +230,14 @@ def plot_curves(runs: dict[str, list[tuple[Path, list[dict]]]], path: Path, by_b
     fig.savefig(path, dpi=100)
 
 
-def build_report(folder: Path, out: Path, targets: list[float], baselines: dict[str, str] | None = None,
-                 header: str = "", order: list[str] | None = None) -> str:
+def build_report(
+    folder: Path,
+    out: Path,
+    targets: list[float],
+    baselines: dict[str, str] | None = None,
+    header: str = "",
+    order: list[str] | None = None,
+) -> str:
     """Write report.csv, report.md and plots for the sweep in ``folder``; returns the tables.
 
     Variants appear in ``order`` (e.g. the sweep file's), then any others by name."""
@@ -211,7 +245,9 @@ def build_report(folder: Path, out: Path, targets: list[float], baselines: dict[
     rank = {name: i for i, name in enumerate(order or [])}
     runs = dict(sorted(runs.items(), key=lambda item: (rank.get(item[0], len(rank)), item[0])))
     if not runs:
-        raise SystemExit(f"no finished runs under {folder} (expected <variant>/seed<k>/<run>/rounds.jsonl)")
+        raise SystemExit(
+            f"no finished runs under {folder} (expected <variant>/seed<k>/<run>/rounds.jsonl)"
+        )
     out.mkdir(parents=True, exist_ok=True)
     rows = table_rows(runs, targets)
     with (out / "report.csv").open("w", newline="") as handle:
@@ -225,8 +261,10 @@ def build_report(folder: Path, out: Path, targets: list[float], baselines: dict[
     table += "\n\nCommunication (means over seeds):\n\n" + communication_markdown(runs)
     drift = drift_markdown(runs)
     if drift:
-        table += ("\n\nClient drift: mean pairwise cosine similarity of the client updates per layer, "
-                  "averaged over rounds and seeds:\n\n" + drift)
+        table += (
+            "\n\nClient drift: mean pairwise cosine similarity of the client updates per layer, "
+            "averaged over rounds and seeds:\n\n" + drift
+        )
     (out / "report.md").write_text(header + table + "\n")
     plot_curves(runs, out / "accuracy_vs_round.png", by_bytes=False, baselines=baselines)
     plot_curves(runs, out / "accuracy_vs_bytes.png", by_bytes=True, baselines=baselines)
@@ -238,50 +276,23 @@ def build_report(folder: Path, out: Path, targets: list[float], baselines: dict[
     return table
 
 
-def experiment_header(spec: dict) -> str:
-    runtime = f"\n\nRuntime: {spec['runtime']}." if spec.get("runtime") else ""
-    return f"# {spec.get('title', 'sweep')}\n\n{spec.get('claim', '').strip()}{runtime}\n\n"
-
-
-def rebuild_results(experiments: Path, runs: Path, out: Path, names: list[str]) -> list[str]:
-    """Rebuild ``out/<name>/`` from ``runs/<name>/`` for every experiment file that has runs."""
-    built = []
-    for path in sorted(experiments.glob("*.toml")):
-        if (names and path.stem not in names) or not (runs / path.stem).is_dir():
-            continue
-        spec = tomllib.loads(path.read_text())
-        build_report(runs / path.stem, out / path.stem, list(spec.get("targets", [0.6, 0.7])),
-                     spec.get("baselines"), experiment_header(spec), order=list(spec.get("variants", {})))
-        built.append(path.stem)
-    return built
-
-
-def results_main(argv: list[str] | None = None) -> int:
-    """``python -m simulation results``: rebuild docs/results/* from runs/*."""
-    parser = argparse.ArgumentParser(prog="python -m simulation results", description=rebuild_results.__doc__)
-    parser.add_argument("names", nargs="*", help="experiment names (file stems); default: all with runs")
-    parser.add_argument("--experiments", type=Path, default=Path(__file__).parent / "experiments")
-    parser.add_argument("--runs", type=Path, default=Path("runs"))
-    parser.add_argument("--out", type=Path, default=Path("docs/results"))
-    args = parser.parse_args(argv)
-    built = rebuild_results(args.experiments, args.runs.resolve(), args.out.resolve(), args.names)
-    if not built:
-        print(f"no experiment under {args.experiments} has runs in {args.runs}; run "
-              "python -m simulation sweep simulation/experiments/<name>.toml first")
-        return 1
-    for name in built:
-        print(f"{args.out / name / 'report.md'}")
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m simulation report", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The report options."""
     parser.add_argument("folder", type=Path, help="a sweep's results folder")
-    parser.add_argument("--out", type=Path, default=None, help="where to write (default: the folder)")
-    parser.add_argument("--target", type=float, action="append", default=None,
-                        help="target accuracy in [0, 1], repeatable (default 0.6 and 0.7)")
-    args = parser.parse_args(argv)
+    parser.add_argument(
+        "--out", type=Path, default=None, help="where to write (default: the folder)"
+    )
+    parser.add_argument(
+        "--target",
+        type=float,
+        action="append",
+        default=None,
+        help="target accuracy in [0, 1], repeatable (default 0.6 and 0.7)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Write the report and print its tables."""
     targets = args.target or [0.6, 0.7]
     table = build_report(args.folder.resolve(), (args.out or args.folder).resolve(), targets)
     print(table)

@@ -2,7 +2,7 @@
 
 A sweep file names a shared run config (``[base]``), named variants that override it
 (``[variants.<name>]``), the seeds and the federation size. Every run goes through the
-same ServerApp/ClientApp on Flower's simulation engine (``simulation.launcher``). Each
+same ServerApp/ClientApp on Flower's simulation engine (``simulation.runtime``). Each
 run writes to ``<out>/<variant>/seed<k>/``; finished runs (a complete ``rounds.jsonl``
 and ``final_model.pt``) are skipped, so an interrupted sweep resumes. At the end,
 ``summary.md`` and ``summary.csv`` hold final and best accuracy (mean ± std over seeds).
@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fedapp.run_log import read_rounds
+from strategies import contract as C
 
-from .launcher import run_app
+from .runtime import run_app
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,8 @@ class RoundProgress:
         match = ROUND_ROW.search(line)
         if not match:
             return
-        text = f"{self.label}: round {match.group(1)}/{self.rounds}, accuracy {float(match.group(2)):.4f}"
+        accuracy = float(match.group(2))
+        text = f"{self.label}: round {match.group(1)}/{self.rounds}, accuracy {accuracy:.4f}"
         print(("\r" + text) if self.tty else text, end="" if self.tty else "\n", flush=True)
 
 
@@ -91,12 +93,15 @@ def finished_run_dir(run: SweepRun) -> Path | None:
     return None
 
 
-def execute(spec: dict, out: Path, ray_address: str | None = None,
-            seeds: list[int] | None = None) -> list[tuple[SweepRun, Path]]:
+def execute(
+    spec: dict, out: Path, ray_address: str | None = None, seeds: list[int] | None = None
+) -> list[tuple[SweepRun, Path]]:
     """Run what is not finished yet; return (run, run directory) for all finished runs."""
     runs = plan(spec, out, seeds)
-    federation = {"num-supernodes": spec.get("num-supernodes", 10),
-                  "client-resources-num-cpus": spec.get("cpus-per-client", 1)}
+    federation = {
+        "num-supernodes": spec.get("num-supernodes", 10),
+        "client-resources-num-cpus": spec.get("cpus-per-client", 1),
+    }
     done = []
     for index, run in enumerate(runs, 1):
         label = f"[{index}/{len(runs)}] {run.variant} seed {run.seed}"
@@ -104,17 +109,29 @@ def execute(spec: dict, out: Path, ray_address: str | None = None,
         if existing is None:
             start = time.monotonic()
             print(f"{label}: running ...", flush=True)
-            result = run_app(run.run_config, federation, flwr_home=out / ".flwr", capture=True, isolate_ports=True,
-                             timeout=spec.get("timeout-seconds", 3600),
-                             on_line=RoundProgress(label, int(run.run_config.get("num-server-rounds", 10))),
-                             ray_address=ray_address)
+            result = run_app(
+                run.run_config,
+                federation,
+                flwr_home=out / ".flwr",
+                capture=True,
+                isolate_ports=True,
+                timeout=spec.get("timeout-seconds", 3600),
+                on_line=RoundProgress(label, int(run.run_config.get("num-server-rounds", 10))),
+                ray_address=ray_address,
+            )
             existing = finished_run_dir(run)
             if result.returncode != 0 or existing is None:
-                print(f"{label}: FAILED ({result.status}); last output:\n{result.output[-2000:]}", flush=True)
+                print(
+                    f"{label}: FAILED ({result.status}); last output:\n{result.output[-2000:]}",
+                    flush=True,
+                )
                 continue
             records = read_rounds(existing)
-            print(f"{label}: done in {time.monotonic() - start:.0f} s, final accuracy "
-                  f"{records[-1]['accuracy']:.4f}", flush=True)
+            print(
+                f"{label}: done in {time.monotonic() - start:.0f} s, final accuracy "
+                f"{records[-1]['accuracy']:.4f}",
+                flush=True,
+            )
         else:
             print(f"{label}: already done ({existing})", flush=True)
         done.append((run, existing))
@@ -128,13 +145,18 @@ def summarize(done: list[tuple[SweepRun, Path]]) -> list[dict]:
         by_variant.setdefault(run.variant, []).append(read_rounds(directory))
     rows = []
     for variant, runs in by_variant.items():
-        finals = [records[-1]["accuracy"] for records in runs]
-        bests = [max(r["accuracy"] for r in records) for records in runs]
-        rows.append({
-            "variant": variant, "seeds": len(runs),
-            "final-mean": statistics.mean(finals), "final-std": _std(finals),
-            "best-mean": statistics.mean(bests), "best-std": _std(bests),
-        })
+        finals = [records[-1][C.LOG_ACCURACY] for records in runs]
+        bests = [max(r[C.LOG_ACCURACY] for r in records) for records in runs]
+        rows.append(
+            {
+                "variant": variant,
+                "seeds": len(runs),
+                "final-mean": statistics.mean(finals),
+                "final-std": _std(finals),
+                "best-mean": statistics.mean(bests),
+                "best-std": _std(bests),
+            }
+        )
     return rows
 
 
@@ -150,26 +172,46 @@ def write_summary(rows: list[dict], out: Path, spec: dict) -> str:
         writer.writerows(rows)
     lines = ["| variant | seeds | final accuracy | best accuracy |", "|---|---|---|---|"]
     for row in rows:
-        lines.append(f"| {row['variant']} | {row['seeds']} | {100 * row['final-mean']:.2f} ± "
-                     f"{100 * row['final-std']:.2f} | {100 * row['best-mean']:.2f} ± {100 * row['best-std']:.2f} |")
+        lines.append(
+            f"| {row['variant']} | {row['seeds']} | {100 * row['final-mean']:.2f} ± "
+            f"{100 * row['final-std']:.2f} | {100 * row['best-mean']:.2f} ± "
+            f"{100 * row['best-std']:.2f} |"
+        )
     table = "\n".join(lines)
     header = f"# {spec.get('title', 'sweep')}\n\n{spec.get('claim', '')}\n\n"
     (out / "summary.md").write_text(header + table + "\n")
     return table
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m simulation sweep", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("file", type=Path, help="sweep file (TOML), e.g. simulation/experiments/fedprox_stragglers.toml")
-    parser.add_argument("--out", type=Path, default=None, help="results folder (default: runs/<file stem>)")
-    parser.add_argument("--ray-address", default=None, metavar="HOST:PORT",
-                        help="run the ClientApps on this Ray cluster (its head's GCS address) instead of "
-                             "a private Ray on this machine; README: 'Running on a Ray cluster'")
-    parser.add_argument("--seeds", type=int, nargs="+", default=None,
-                        help="run only these of the file's seeds (e.g. --seeds 0 for one seed of every variant "
-                             "first; a later run without --seeds adds the rest)")
-    args = parser.parse_args(argv)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The sweep options."""
+    parser.add_argument(
+        "file",
+        type=Path,
+        help="sweep file (TOML), e.g. simulation/experiments/fedprox_stragglers.toml",
+    )
+    parser.add_argument(
+        "--out", type=Path, default=None, help="results folder (default: runs/<file stem>)"
+    )
+    parser.add_argument(
+        "--ray-address",
+        default=None,
+        metavar="HOST:PORT",
+        help="run the ClientApps on this Ray cluster (its head's GCS address) instead of "
+        "a private Ray on this machine; README: 'Running on a Ray cluster'",
+    )
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        default=None,
+        help="run only these of the file's seeds (e.g. --seeds 0 for one seed of every variant "
+        "first; a later run without --seeds adds the rest)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the sweep, write its summary; 0 if every run finished."""
     spec = load_sweep(args.file)
     out = (args.out or Path("runs") / args.file.stem).resolve()
     out.mkdir(parents=True, exist_ok=True)

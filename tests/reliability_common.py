@@ -1,5 +1,5 @@
 """Shared setup of the tests/test_reliability_*.py files: a tiny, fast run config for
-every registered strategy, in-process runs on simulation.inprocess.FaultGrid."""
+every registered strategy, in-process runs on simulation.reliability.FaultGrid."""
 
 from __future__ import annotations
 
@@ -9,14 +9,23 @@ import torch
 
 from fedapp.registry import STRATEGIES
 from fedapp.run_log import TIMING_KEYS, read_rounds
-from simulation.inprocess import run_inprocess
+from simulation.reliability import run_inprocess
 
 ALL_STRATEGIES = sorted(STRATEGIES)
 
 BASE = {
-    "dataset": "synthetic", "model": "mlp-2nn", "partition": "iid", "local-steps": 3, "batch-size": 10,
-    "lr": 0.05, "eval-batch-size": 2000, "fedveca-tau-init": 2, "fedveca-tau-max": 4,
-    "dynamicfl-local-steps": 4, "dynamicfl-intervals": "1-4", "round-timeout": 0.3,
+    "dataset": "synthetic",
+    "model": "mlp-2nn",
+    "partition": "iid",
+    "local-steps": 3,
+    "batch-size": 10,
+    "lr": 0.05,
+    "eval-batch-size": 2000,
+    "fedveca-tau-init": 2,
+    "fedveca-tau-max": 4,
+    "dynamicfl-local-steps": 4,
+    "dynamicfl-intervals": "1-4",
+    "round-timeout": 0.3,
     "drift-diagnostics": False,
 }
 
@@ -28,7 +37,9 @@ def config(strategy: str, out, **overrides) -> dict:
 
 def run(strategy: str, out, num_nodes: int = 3, grid_kwargs: dict | None = None, **overrides):
     """(grid, run_dir, rounds, final state_dict) of one in-process run."""
-    grid, run_dir = run_inprocess(config(strategy, out, **overrides), num_nodes, **(grid_kwargs or {}))
+    grid, run_dir = run_inprocess(
+        config(strategy, out, **overrides), num_nodes, **(grid_kwargs or {})
+    )
     return grid, run_dir, read_rounds(run_dir), torch.load(run_dir / "final_model.pt")
 
 

@@ -15,7 +15,7 @@ from deploy.cluster import DeploySpec, LocalDeployment
 from deploy.layout import Layout
 from deploy.runner import run_on_connection
 from fedapp.run_log import read_rounds
-from simulation.launcher import descendants, is_alive
+from simulation.runtime import descendants, is_alive
 
 FASHION_MNIST = "/usr/share/datasets/fashion-mnist"  # the nodes name it in their node config
 TINY_RUN = {"num-server-rounds": 2, "local-steps": 5, "partition": "iid", "model": "cnn-small",
@@ -28,7 +28,9 @@ def deployments():
     made: list[LocalDeployment] = []
 
     def make(tmp_path, **spec) -> LocalDeployment:
-        deployment = LocalDeployment(DeploySpec(**spec), Layout(tmp_path / "deploy"), start_timeout=120)
+        deployment = LocalDeployment(
+            DeploySpec(**spec), Layout(tmp_path / "deploy"), start_timeout=120
+        )
         made.append(deployment)
         return deployment
 
@@ -41,11 +43,18 @@ def deployments():
 
 
 def run_tiny(deployment: LocalDeployment, out, **overrides):
-    result = run_on_connection(deployment.spec.connection, deployment.cli_env,
-                               {**TINY_RUN, "output-dir": str(out), **overrides}, timeout=420, capture=True)
+    result = run_on_connection(
+        deployment.spec.connection,
+        deployment.cli_env,
+        {**TINY_RUN, "output-dir": str(out), **overrides},
+        timeout=420,
+        capture=True,
+    )
     assert result.status == "finished:completed", result.output[-4000:]
     listed = json.loads(deployment.flwr("ls", deployment.spec.connection, "--format", "json"))
-    assert [r["status"] for r in listed["runs"] if int(r["run-id"]) == result.run_id] == ["finished:completed"]
+    assert [r["status"] for r in listed["runs"] if int(r["run-id"]) == result.run_id] == [
+        "finished:completed"
+    ]
     return result
 
 
@@ -53,7 +62,7 @@ def run_tiny(deployment: LocalDeployment, out, **overrides):
 def test_insecure_two_supernodes_two_rounds_change_the_model(tmp_path, deployments):
     deployment = deployments(tmp_path, num_supernodes=2, data_dir=FASHION_MNIST).start()
     run_tiny(deployment, tmp_path / "runs")
-    run_dir, = (tmp_path / "runs").iterdir()
+    (run_dir,) = (tmp_path / "runs").iterdir()
     rounds = read_rounds(run_dir)
     assert [r["round"] for r in rounds] == [0, 1, 2]
     assert all(r["clients-received"] == 2 and r["clients-failed"] == 0 for r in rounds[1:])
@@ -66,7 +75,11 @@ def test_insecure_two_supernodes_two_rounds_change_the_model(tmp_path, deploymen
 def test_tls_and_supernode_auth_run_completes(tmp_path, deployments):
     deployment = deployments(tmp_path, num_supernodes=2, tls=True, auth=True).start()
     # the synthetic data set keeps each ClientApp process (one per message) short
-    run_tiny(deployment, tmp_path / "runs", **{"num-server-rounds": 1, "dataset": "synthetic", "model": "mlp-2nn"})
+    run_tiny(
+        deployment,
+        tmp_path / "runs",
+        **{"num-server-rounds": 1, "dataset": "synthetic", "model": "mlp-2nn"},
+    )
     assert "https://" in (deployment.layout.logs / "superlink.log").read_text()
     assert deployment.node_statuses() == ["online", "online"]
 

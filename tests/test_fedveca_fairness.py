@@ -1,6 +1,5 @@
-"""FedVeca's fairness protocol (simulation.fedveca_fairness), the centralized-SGD baseline
-(simulation.centralized), fractional local epochs, and the Fig. 3 tables (simulation.fedveca_plots),
-against hand-computed numbers."""
+"""FedVeca's fairness protocol, the centralized-SGD baseline, fractional local epochs and
+the Fig. 3 tables (simulation.experiments.fedveca), against hand-computed numbers."""
 
 from __future__ import annotations
 
@@ -12,11 +11,11 @@ import torch
 
 from fedapp.config import ConfigError, RunConfig
 from fedapp.registry import build_strategy, train_config
-from simulation.centralized import centralized_sgd, even_checkpoints
-from simulation.fedveca_fairness import (baseline_taus, budget, checkpoints, e_avg, first_reach,
-                                         partition_sizes, steps_per_round)
-from simulation.fedveca_plots import build, first_reach_rows
-from strategies import aggregate as agg
+from simulation.experiments.fedveca.centralized import centralized_sgd, even_checkpoints
+from simulation.experiments.fedveca.fairness import (baseline_taus, budget, checkpoints, e_avg,
+                                                     first_reach, partition_sizes, steps_per_round)
+from simulation.experiments.fedveca.plots import build, first_reach_rows
+from strategies import sampling
 from strategies import contract as C
 from task import train as task_train
 from task.models import LinearSVM
@@ -28,9 +27,24 @@ def fedveca_records():
     """Round 0 (initial model, no taus) and three rounds of FedVeca with taus by partition id."""
     return [
         {"round": 0, "accuracy": 0.0, "loss": 0.5},
-        {"round": 1, "accuracy": 0.8, "loss": 0.2, "fedveca-tau": {"0": 20, "1": 20, "2": 20, "3": 20, "4": 20}},
-        {"round": 2, "accuracy": 0.9, "loss": 0.15, "fedveca-tau": {"0": 20, "1": 20, "2": 20, "3": 20, "4": 20}},
-        {"round": 3, "accuracy": 0.92, "loss": 0.1, "fedveca-tau": {"0": 2, "1": 3, "2": 2, "3": 14, "4": 7}},
+        {
+            "round": 1,
+            "accuracy": 0.8,
+            "loss": 0.2,
+            "fedveca-tau": {"0": 20, "1": 20, "2": 20, "3": 20, "4": 20},
+        },
+        {
+            "round": 2,
+            "accuracy": 0.9,
+            "loss": 0.15,
+            "fedveca-tau": {"0": 20, "1": 20, "2": 20, "3": 20, "4": 20},
+        },
+        {
+            "round": 3,
+            "accuracy": 0.92,
+            "loss": 0.1,
+            "fedveca-tau": {"0": 2, "1": 3, "2": 2, "3": 14, "4": 7},
+        },
     ]
 
 
@@ -51,7 +65,9 @@ def test_budget_against_hand_computed_numbers():
     assert plan.baseline_taus == [12, 12, 12, 15, 22]
     assert plan.baseline_steps_per_round == 73  # <= 228 / 3 = 76 (the floors)
     info = plan.to_json()
-    assert info["total-examples"] == 60000 and info["fedveca-steps-per-round-mean"] == pytest.approx(76.0)
+    assert info["total-examples"] == 60000 and info[
+        "fedveca-steps-per-round-mean"
+    ] == pytest.approx(76.0)
     json.dumps(info)
 
 
@@ -84,26 +100,40 @@ def test_partition_sizes_from_label_counts(tmp_path):
 
 
 # ----------------------------------------------------------------- fractional local epochs
-@pytest.mark.parametrize("n, b, e, expected", [
-    (12000, 100, 0.25, 30), (10000, 100, 0.12666666666666668, 12), (18000, 100, 0.12666666666666668, 22),
-    (100, 1, 0.57, 57),  # a naive float floor gives 56 (0.57 * 100 = 56.99999999999999)
-    (100, 1, 0.29, 29),  # naive: 28
-    (10, 3, 0.5, 1), (10, 3, 0.01, 1), (10, 0, 0.5, 1), (10, 20, 2.5, 2), (10, 3, 2.0, 6),
-    (0, 3, 0.5, 0), (10, 3, 0.0, 0),
-])
+@pytest.mark.parametrize(
+    "n, b, e, expected",
+    [
+        (12000, 100, 0.25, 30),
+        (10000, 100, 0.12666666666666668, 12),
+        (18000, 100, 0.12666666666666668, 22),
+        (100, 1, 0.57, 57),  # a naive float floor gives 56 (0.57 * 100 = 56.99999999999999)
+        (100, 1, 0.29, 29),  # naive: 28
+        (10, 3, 0.5, 1),
+        (10, 3, 0.01, 1),
+        (10, 0, 0.5, 1),
+        (10, 20, 2.5, 2),
+        (10, 3, 2.0, 6),
+        (0, 3, 0.5, 0),
+        (10, 3, 0.0, 0),
+    ],
+)
 def test_fractional_epochs(n, b, e, expected):
     assert task_train.steps_for_epochs(n, b, e) == expected
-    assert agg.steps_for_epochs(n, b, e) == expected
+    assert sampling.steps_for_epochs(n, b, e) == expected
 
 
 def test_local_sgd_runs_a_fraction_of_an_epoch():
     x, y = torch.rand(50, 1, 2, 2), torch.randint(0, 2, (50,))
-    result = task_train.local_sgd(LinearSVM((1, 2, 2)), x, y, lr=0.01, batch_size=10, epochs=0.45, seed=0)
+    result = task_train.local_sgd(
+        LinearSVM((1, 2, 2)), x, y, lr=0.01, batch_size=10, epochs=0.45, seed=0
+    )
     assert result.local_steps == 2  # floor(0.45 * 50 / 10) = floor(2.25)
 
 
 def test_config_accepts_fractional_local_epochs():
-    cfg = RunConfig.from_user_config({"strategy": "fednova", "local-epochs": 0.12666666666666668, "batch-size": 100})
+    cfg = RunConfig.from_user_config(
+        {"strategy": "fednova", "local-epochs": 0.12666666666666668, "batch-size": 100}
+    )
     strategy, config = build_strategy(cfg)
     assert config[C.LOCAL_EPOCHS] == 0.12666666666666668
     assert strategy.local_epochs == 0.12666666666666668
@@ -117,7 +147,7 @@ def test_config_accepts_fractional_local_epochs():
 def test_fedavg_full_local_steps_with_a_fraction():
     from flwr.app import ConfigRecord  # noqa: PLC0415
 
-    from strategies.fedavg import ClientInfo  # noqa: PLC0415
+    from strategies.records import ClientInfo  # noqa: PLC0415
 
     strategy, _ = build_strategy(RunConfig.from_user_config({"strategy": "fedavg"}))
     strategy.clients[7] = ClientInfo(num_examples=18000)
@@ -133,18 +163,38 @@ def test_centralized_sgd_takes_exactly_the_budgeted_steps():
     sizes: list[int] = []
     model.register_forward_hook(lambda module, inputs, output: sizes.append(len(inputs[0])))
     seen = []
-    steps = centralized_sgd(model, x, y, [3, 5, 5, 9], lr=0.1, batch_size=8, seed=1,
-                            on_checkpoint=lambda k, s, loss: seen.append((k, s, math.isnan(loss))))
+    steps = centralized_sgd(
+        model,
+        x,
+        y,
+        [3, 5, 5, 9],
+        lr=0.1,
+        batch_size=8,
+        seed=1,
+        on_checkpoint=lambda k, s, loss: seen.append((k, s, math.isnan(loss))),
+    )
     assert steps == 9
     assert sizes == [8] * 9  # B examples per step
-    assert seen == [(1, 3, False), (2, 5, False), (3, 5, True), (4, 9, False)]  # no steps in round 3
+    assert seen == [
+        (1, 3, False),
+        (2, 5, False),
+        (3, 5, True),
+        (4, 9, False),
+    ]  # no steps in round 3
     assert model.weight.abs().sum() > 0
 
 
 def test_centralized_sgd_rejects_decreasing_checkpoints():
     with pytest.raises(ValueError):
-        centralized_sgd(LinearSVM((1, 2, 2)), torch.rand(4, 1, 2, 2), torch.zeros(4, dtype=torch.long),
-                        [5, 3], lr=0.1, batch_size=2, seed=0)
+        centralized_sgd(
+            LinearSVM((1, 2, 2)),
+            torch.rand(4, 1, 2, 2),
+            torch.zeros(4, dtype=torch.long),
+            [5, 3],
+            lr=0.1,
+            batch_size=2,
+            seed=0,
+        )
 
 
 def test_centralized_sgd_is_deterministic_per_seed():
@@ -159,9 +209,13 @@ def test_centralized_sgd_is_deterministic_per_seed():
 
 # ----------------------------------------------------------------- first reach and the tables
 def test_first_reach_round():
-    records = [{"round": 0, "accuracy": 0.95, "loss": 0.01}, {"round": 1, "accuracy": 0.5, "loss": 0.4},
-               {"round": 2, "accuracy": 0.8, "loss": 0.2}, {"round": 3, "accuracy": 0.7, "loss": 0.3},
-               {"round": 4, "accuracy": 0.9, "loss": 0.1}]
+    records = [
+        {"round": 0, "accuracy": 0.95, "loss": 0.01},
+        {"round": 1, "accuracy": 0.5, "loss": 0.4},
+        {"round": 2, "accuracy": 0.8, "loss": 0.2},
+        {"round": 3, "accuracy": 0.7, "loss": 0.3},
+        {"round": 4, "accuracy": 0.9, "loss": 0.1},
+    ]
     assert first_reach(records, 0.8) == 2  # reached exactly
     assert first_reach(records, 0.85) == 4  # not the best-so-far curve: round 4 itself
     assert first_reach(records, 0.95) is None  # round 0 does not count
@@ -173,20 +227,37 @@ def test_first_reach_round():
 def _fake_run(folder, variant, seed, accuracies, extra=None):
     run = folder / variant / f"seed{seed}" / "20260101-000000-x-run1"
     run.mkdir(parents=True)
-    rows = [{"round": r, "accuracy": a, "loss": 1 - a, **((extra or {}) if r else {})} for r, a in enumerate(accuracies)]
+    rows = [
+        {"round": r, "accuracy": a, "loss": 1 - a, **((extra or {}) if r else {})}
+        for r, a in enumerate(accuracies)
+    ]
     (run / "rounds.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     (run / "final_model.pt").write_bytes(b"")
 
 
 def test_tables_and_figures_on_fake_runs(tmp_path):
-    tau = {"fedveca-tau": {"0": 20, "1": 3}, "fedveca-tau-k": 11.5, "fedveca-A": {"0": 1e-3, "1": 2e-3}}
+    tau = {
+        "fedveca-tau": {"0": 20, "1": 3},
+        "fedveca-tau-k": 11.5,
+        "fedveca-A": {"0": 1e-3, "1": 2e-3},
+    }
     for seed, shift in ((0, 0.0), (1, 0.01)):
         _fake_run(tmp_path, "fedveca", seed, [0.0, 0.7 + shift, 0.9, 0.91], tau)
         _fake_run(tmp_path, "fedavg", seed, [0.0, 0.5, 0.85 + shift, 0.9 + shift])
         _fake_run(tmp_path, "centralized", seed, [0.0, 0.8, 0.85, 0.9])
-    (tmp_path / "fairness_seed0.json").write_text(json.dumps(
-        {"seed": 0, "rounds": 3, "tau_all": 69, "sizes": [10, 20], "e_avg": 0.5, "baseline_taus": [1, 2],
-         "baseline-steps-per-round": 3}))
+    (tmp_path / "fairness_seed0.json").write_text(
+        json.dumps(
+            {
+                "seed": 0,
+                "rounds": 3,
+                "tau_all": 69,
+                "sizes": [10, 20],
+                "e_avg": 0.5,
+                "baseline_taus": [1, 2],
+                "baseline-steps-per-round": 3,
+            }
+        )
+    )
     text = build(tmp_path, tmp_path / "out")
     rows = {(r["variant"], r["seed"]): r for r in first_reach_rows(_seeds(tmp_path))}
     assert rows[("fedveca", "seed0")]["first-round-accuracy"] == 2  # 0.9 >= 0.9
@@ -194,8 +265,10 @@ def test_tables_and_figures_on_fake_runs(tmp_path):
     assert rows[("fedavg", "seed1")]["first-round-accuracy"] == 3  # 0.91 >= 0.9
     assert rows[("centralized", "seed0")]["first-round-accuracy"] == 3
     assert rows[("fedveca", "seed0")]["first-round-loss"] == 2  # 0.1 <= 0.1
-    loose = {(r["variant"], r["seed"]): r for r in first_reach_rows(_seeds(tmp_path), acc_tolerance=0.1,
-                                                                      loss_tolerance=1.0)}
+    loose = {
+        (r["variant"], r["seed"]): r
+        for r in first_reach_rows(_seeds(tmp_path), acc_tolerance=0.1, loss_tolerance=1.0)
+    }
     assert loose[("fedavg", "seed0")]["target-accuracy"] == pytest.approx(0.8)
     assert loose[("fedavg", "seed0")]["first-round-accuracy"] == 2  # 0.85 >= 0.8
     assert loose[("fedavg", "seed0")]["target-loss"] == pytest.approx(0.2)  # 0.1 x 2
@@ -203,12 +276,36 @@ def test_tables_and_figures_on_fake_runs(tmp_path):
     assert "The same with a tolerance" in text
     assert "| FedVeca | 2 | 2 | 2.0 (2/2) |" in text
     assert "| FedAvg | 3 | 3 | 3.0 (2/2) |" in text
-    for name in ("fig3_loss_accuracy.png", "fig6_tau.png", "first_reach.md", "first_reach.csv", "final.md",
-                 "fairness.md", "tables.md"):
+    for name in (
+        "fig3_loss_accuracy.png",
+        "fig6_tau.png",
+        "first_reach.md",
+        "first_reach.csv",
+        "final.md",
+        "fairness.md",
+        "tables.md",
+    ):
         assert (tmp_path / "out" / name).is_file(), name
 
 
 def _seeds(folder):
-    from simulation.fedveca_plots import by_seed  # noqa: PLC0415
+    from simulation.experiments.fedveca.plots import by_seed  # noqa: PLC0415
     from simulation.report import collect  # noqa: PLC0415
+
     return by_seed(collect(folder))
+
+
+def test_results_rebuilds_the_fig3_panels(tmp_path, capsys):
+    from simulation.__main__ import main  # noqa: PLC0415
+
+    runs = tmp_path / "runs" / "fedveca_fig3_svm"
+    for variant in ("fedveca", "centralized"):
+        extra = {"fedveca-tau": {"0": 2, "1": 3}, "fedveca-A": {"0": 1e-3, "1": 2e-3}}
+        _fake_run(runs, variant, 0, [0.0, 0.8, 0.9], extra)
+    out = tmp_path / "docs"
+    argv = ["results", "fedveca_fig3", "--runs", str(tmp_path / "runs"), "--out", str(out)]
+    assert main(argv) == 0
+    assert (out / "fedveca_fig3" / "svm" / "tables.md").is_file()
+    assert (out / "fedveca_fig3" / "svm" / "fig3_loss_accuracy.png").is_file()
+    assert not (out / "fedveca_fig3" / "cnn").exists()  # no runs, nothing built
+    assert "fedveca_fig3/svm/tables.md" in capsys.readouterr().out

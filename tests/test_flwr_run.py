@@ -1,13 +1,13 @@
 """One real ``flwr run . --stream`` on Flower's simulation engine (Ray), tiny config.
 
 Isolated FLWR_HOME and ports, offline flags; the managed local SuperLink it starts is
-stopped by PID afterwards (simulation.launcher.stop_local_superlink).
+stopped by PID afterwards (simulation.runtime.stop_local_superlink).
 """
 
 from __future__ import annotations
 
 from fedapp.run_log import read_rounds
-from simulation.launcher import local_superlink_pids, run_app
+from simulation.runtime import local_superlink_pids, run_app
 
 
 def test_flwr_run_two_supernodes_two_rounds(tmp_path):

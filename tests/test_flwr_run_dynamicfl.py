@@ -3,25 +3,40 @@
 Checks what the in-process tests cannot: Grid.push_messages / pull_messages of the
 simulation engine's InMemoryGrid, and Context.state (the momentum) persisting per node
 across chunk messages in the Ray actors. Isolated FLWR_HOME and ports; the managed local
-SuperLink is stopped by PID afterwards (simulation.launcher).
+SuperLink is stopped by PID afterwards (simulation.runtime).
 """
 
 from __future__ import annotations
 
 from fedapp.run_log import read_rounds
-from simulation.launcher import local_superlink_pids, run_app
+from simulation.runtime import local_superlink_pids, run_app
 
 
 def test_flwr_run_dynamicfl_four_supernodes_one_round(tmp_path):
     out = tmp_path / "runs"
     home = tmp_path / "flwr-home"
     result = run_app(
-        {"num-server-rounds": 1, "strategy": "dynamicfl", "dynamicfl-intervals": "b-c", "dynamicfl-local-steps": 8,
-         "dynamicfl-beta": 0.5, "fraction-train": 1.0, "min-available-nodes": 4, "partition": "dirichlet",
-         "dirichlet-alpha": 0.3, "model": "cnn-small", "batch-size": 16, "momentum": 0.9,
-         "drift-diagnostics": False, "output-dir": str(out)},
+        {
+            "num-server-rounds": 1,
+            "strategy": "dynamicfl",
+            "dynamicfl-intervals": "b-c",
+            "dynamicfl-local-steps": 8,
+            "dynamicfl-beta": 0.5,
+            "fraction-train": 1.0,
+            "min-available-nodes": 4,
+            "partition": "dirichlet",
+            "dirichlet-alpha": 0.3,
+            "model": "cnn-small",
+            "batch-size": 16,
+            "momentum": 0.9,
+            "drift-diagnostics": False,
+            "output-dir": str(out),
+        },
         {"num-supernodes": 4, "client-resources-num-cpus": 1},
-        flwr_home=home, timeout=480, isolate_ports=True, capture=True,
+        flwr_home=home,
+        timeout=480,
+        isolate_ports=True,
+        capture=True,
     )
     assert result.status == "finished:completed", result.output[-4000:]
     assert result.returncode == 0

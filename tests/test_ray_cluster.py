@@ -14,8 +14,13 @@ import tempfile
 from pathlib import Path
 
 from fedapp.run_log import read_rounds
-from simulation.launcher import free_port, local_superlink_pids, run_app
-from simulation.ray_cluster import active_nodes_and_cpus, start_head, start_worker, wait_for_nodes
+from simulation.runtime import free_port, local_superlink_pids, run_app
+from simulation.runtime.ray_cluster import (
+    active_nodes_and_cpus,
+    start_head,
+    start_worker,
+    wait_for_nodes,
+)
 
 STATUS = """======== Autoscaler status ========
 Node status
@@ -39,9 +44,13 @@ def test_ray_status_parsing():
 
 
 def test_flwr_run_on_a_head_and_a_worker_node(tmp_path):
-    temp_dir = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))  # short: Ray socket paths <= 107 chars
+    temp_dir = Path(
+        tempfile.mkdtemp(prefix="rt", dir="/tmp")
+    )  # short: Ray socket paths <= 107 chars
     address = f"127.0.0.1:{free_port()}"
-    head = start_head(int(address.split(":")[1]), num_cpus=0, temp_dir=temp_dir, log=tmp_path / "head.log")
+    head = start_head(
+        int(address.split(":")[1]), num_cpus=0, temp_dir=temp_dir, log=tmp_path / "head.log"
+    )
     worker = None
     home = tmp_path / "flwr-home"
     try:
@@ -50,10 +59,19 @@ def test_flwr_run_on_a_head_and_a_worker_node(tmp_path):
         assert wait_for_nodes(address, 2, timeout=120) == (2, 2.0)
         out = tmp_path / "runs"
         result = run_app(
-            {"num-server-rounds": 1, "local-steps": 3, "partition": "iid", "model": "cnn-small",
-             "output-dir": str(out)},
+            {
+                "num-server-rounds": 1,
+                "local-steps": 3,
+                "partition": "iid",
+                "model": "cnn-small",
+                "output-dir": str(out),
+            },
             {"num-supernodes": 2, "client-resources-num-cpus": 1},
-            flwr_home=home, timeout=420, isolate_ports=True, capture=True, ray_address=address,
+            flwr_home=home,
+            timeout=420,
+            isolate_ports=True,
+            capture=True,
+            ray_address=address,
         )
         assert result.status == "finished:completed", result.output[-4000:]
         rounds = read_rounds(next(out.iterdir()))

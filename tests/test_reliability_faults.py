@@ -34,8 +34,16 @@ def test_this_seed_has_a_round_where_every_client_fails():
     assert {"crash", "late"} <= set(expected_faults(2).values()) | set(expected_faults(3).values())
 
 
-@pytest.mark.parametrize("key,value", [("fault-crash-prob", 1.5), ("fault-late-prob", -0.1), ("round-timeout", 0.0),
-                                       ("checkpoint-every", -1), ("resume-from", "relative/dir")])
+@pytest.mark.parametrize(
+    "key,value",
+    [
+        ("fault-crash-prob", 1.5),
+        ("fault-late-prob", -0.1),
+        ("round-timeout", 0.0),
+        ("checkpoint-every", -1),
+        ("resume-from", "relative/dir"),
+    ],
+)
 def test_fault_and_checkpoint_keys_validated(key, value):
     with pytest.raises(ConfigError, match=key):
         RunConfig.from_user_config({key: value})
@@ -48,32 +56,53 @@ def test_crash_plus_late_at_most_one():
 
 @pytest.mark.parametrize("strategy", ALL_STRATEGIES)
 def test_strategies_keep_going_count_failures_and_keep_the_model(strategy, tmp_path, caplog):
-    grid, _, rounds, final = run(strategy, tmp_path, NODES, **{"num-server-rounds": ROUNDS, "fault-crash-prob": CRASH,
-                                                               "fault-late-prob": LATE})
+    grid, _, rounds, final = run(
+        strategy,
+        tmp_path,
+        NODES,
+        **{"num-server-rounds": ROUNDS, "fault-crash-prob": CRASH, "fault-late-prob": LATE},
+    )
     assert [r["round"] for r in rounds] == list(range(ROUNDS + 1))
     for r in rounds[1:]:
         faults = expected_faults(r["round"])
         assert r["clients-failed"] == len(faults), (r["round"], faults)
         assert r["model-kept"] is (len(faults) == NODES)
     kept = rounds[2]
-    assert kept["model-kept"] and kept["accuracy"] == rounds[1]["accuracy"] and kept["loss"] == rounds[1]["loss"]
+    assert (
+        kept["model-kept"]
+        and kept["accuracy"] == rounds[1]["accuracy"]
+        and kept["loss"] == rounds[1]["loss"]
+    )
     assert any("Round 2: no usable reply" in m for m in warnings_of(caplog))
     assert rounds[3]["accuracy"] != rounds[2]["accuracy"]  # training resumes with the survivors
     assert all(torch.isfinite(v).all() for v in final.values() if v.is_floating_point())
     late = {(grid.contexts[n].node_config["partition-id"], r) for n, r in grid.late}
-    assert late == {(p, r) for r in range(1, ROUNDS + 1) for p, f in expected_faults(r).items() if f == "late"}
+    assert late == {
+        (p, r) for r in range(1, ROUNDS + 1) for p, f in expected_faults(r).items() if f == "late"
+    }
 
 
 def test_fedveca_tau_table_only_moves_for_clients_that_replied(tmp_path):
-    _, _, rounds, _ = run("fedveca", tmp_path, NODES, **{"num-server-rounds": 5, "fault-crash-prob": CRASH,
-                                                          "fault-late-prob": LATE, "local-steps": 0})
+    _, _, rounds, _ = run(
+        "fedveca",
+        tmp_path,
+        NODES,
+        **{
+            "num-server-rounds": 5,
+            "fault-crash-prob": CRASH,
+            "fault-late-prob": LATE,
+            "local-steps": 0,
+        },
+    )
     table = {}
     for r in rounds[1:]:
         failed = set(map(str, expected_faults(r["round"])))
         new = r.get("fedveca-tau-table", table)  # absent when nobody replied
         for key in failed:
             assert new.get(key) == table.get(key), (r["round"], key)
-        sent = r["fedveca-tau-sent"]  # every sampled client was sent its current table entry (or tau_init)
+        sent = r[
+            "fedveca-tau-sent"
+        ]  # every sampled client was sent its current table entry (or tau_init)
         assert all(sent[k] == table.get(k, 2) for k in sent)
         table = dict(new)
     assert table, "no adaptive tau was ever computed"
@@ -93,8 +122,13 @@ def test_dynamicfl_client_lost_mid_round_schedule_continues(tmp_path, caplog):
                 return Message(Error(code=0, reason="device lost mid-round"), reply_to=msg)
         return reply
 
-    grid, _, rounds, final = run("dynamicfl", tmp_path, NODES, grid_kwargs={"reply_hook": second_chunk_fails},
-                                 **{"num-server-rounds": 2, "dynamicfl-beta": 1.0})
+    grid, _, rounds, final = run(
+        "dynamicfl",
+        tmp_path,
+        NODES,
+        grid_kwargs={"reply_hook": second_chunk_fails},
+        **{"num-server-rounds": 2, "dynamicfl-beta": 1.0},
+    )
     assert rounds[1]["clients-failed"] == 1 and rounds[1]["model-kept"] is False
     assert rounds[2]["clients-failed"] == 0
     assert any("device lost mid-round" in m for m in warnings_of(caplog))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from fedapp.faults import fault_of
 from fedapp.run_log import read_rounds
-from simulation.launcher import local_superlink_pids, run_app
+from simulation.runtime import local_superlink_pids, run_app
 
 
 def test_flwr_run_with_a_crash_and_a_late_client(tmp_path):
@@ -20,16 +20,31 @@ def test_flwr_run_with_a_crash_and_a_late_client(tmp_path):
     out = tmp_path / "runs"
     home = tmp_path / "flwr-home"
     result = run_app(
-        {"num-server-rounds": 2, "local-steps": 3, "partition": "iid",  # Fashion-MNIST, as test_flwr_run.py
-         "seed": 6, "fault-crash-prob": 0.3, "fault-late-prob": 0.3, "round-timeout": 15.0,
-         "output-dir": str(out)},
+        {
+            "num-server-rounds": 2,
+            "local-steps": 3,
+            "partition": "iid",  # Fashion-MNIST, as test_flwr_run.py
+            "seed": 6,
+            "fault-crash-prob": 0.3,
+            "fault-late-prob": 0.3,
+            "round-timeout": 15.0,
+            "output-dir": str(out),
+        },
         {"num-supernodes": 2, "client-resources-num-cpus": 1},
-        flwr_home=home, timeout=480, isolate_ports=True, capture=True,
+        flwr_home=home,
+        timeout=480,
+        isolate_ports=True,
+        capture=True,
     )
     assert result.status == "finished:completed", result.output[-4000:]
     rounds = read_rounds(next(out.iterdir()))
     assert [r["round"] for r in rounds] == [0, 1, 2]
-    assert all(r["clients-sampled"] == 2 and r["clients-failed"] == 1 and r["clients-received"] == 1
-               and r["model-kept"] is False for r in rounds[1:])
+    assert all(
+        r["clients-sampled"] == 2
+        and r["clients-failed"] == 1
+        and r["clients-received"] == 1
+        and r["model-kept"] is False
+        for r in rounds[1:]
+    )
     assert "injected crash" in result.output
     assert local_superlink_pids(home) == []

@@ -11,25 +11,38 @@ import pytest
 import torch
 from flwr.app import Error, Message
 
-from simulation.inprocess import CORRUPTIONS
+from simulation.reliability import CORRUPTIONS
 from tests.reliability_common import ALL_STRATEGIES, run
 
 GENERIC = [k for k in sorted(CORRUPTIONS) if k != "strategy-metrics-missing"]
 PROBLEM_WORDS = {  # what the one log line must say
-    "num-examples-missing": "num-examples", "num-examples-zero": "num-examples", "num-examples-negative": "num-examples",
-    "num-examples-fraction": "num-examples", "nan-array": "NaN or Inf", "inf-array": "NaN or Inf",
-    "nan-metric": "NaN or Inf", "inf-metric": "NaN or Inf", "wrong-key": "keys differ", "extra-key": "keys differ",
-    "wrong-shape": "expected", "wrong-dtype": "expected", "no-arrays": "arrays",
+    "num-examples-missing": "num-examples",
+    "num-examples-zero": "num-examples",
+    "num-examples-negative": "num-examples",
+    "num-examples-fraction": "num-examples",
+    "nan-array": "NaN or Inf",
+    "inf-array": "NaN or Inf",
+    "nan-metric": "NaN or Inf",
+    "inf-metric": "NaN or Inf",
+    "wrong-key": "keys differ",
+    "extra-key": "keys differ",
+    "wrong-shape": "expected",
+    "wrong-dtype": "expected",
+    "no-arrays": "arrays",
     "strategy-metrics-missing": "FedVeca needs",
 }
 
 
 def per_round_hook(kinds: list[str], partition_id: int = 1):
-    """Round i (1-based) corrupts partition 1's first train reply with kinds[i-1]; 'error' = a failure."""
+    """Round i (1-based) corrupts partition 1's first train reply with kinds[i-1];
+    'error' = a failure."""
     seen = set()
 
     def hook(msg, reply, context):
-        if msg.metadata.message_type != "train" or context.node_config["partition-id"] != partition_id:
+        if (
+            msg.metadata.message_type != "train"
+            or context.node_config["partition-id"] != partition_id
+        ):
             return reply
         server_round = int(msg.content["config"]["server-round"])
         if server_round in seen or reply.has_error():
@@ -48,24 +61,40 @@ def test_each_malformed_reply_rejected_with_one_line_model_untouched(strategy, t
     kinds = GENERIC + (["strategy-metrics-missing"] if strategy == "fedveca" else [])
     rounds_cfg = {"num-server-rounds": len(kinds)}
     with caplog.at_level(logging.WARNING, logger="flwr"):
-        grid, _, bad_rounds, bad_model = run(strategy, tmp_path / "bad", 3, grid_kwargs={"reply_hook": per_round_hook(kinds)},
-                                             **rounds_cfg)
+        grid, _, bad_rounds, bad_model = run(
+            strategy,
+            tmp_path / "bad",
+            3,
+            grid_kwargs={"reply_hook": per_round_hook(kinds)},
+            **rounds_cfg,
+        )
     node = next(n for n, c in grid.contexts.items() if c.node_config["partition-id"] == 1)
-    lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING
-             and f"node {node}" in r.getMessage().lower()]
+    lines = [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno >= logging.WARNING and f"node {node}" in r.getMessage().lower()
+    ]
     assert len(lines) == len(kinds), lines
     for kind, line in zip(kinds, lines):
         assert PROBLEM_WORDS[kind] in line, (kind, line)
-    _, _, failed_rounds, failed_model = run(strategy, tmp_path / "failed", 3,
-                                            grid_kwargs={"reply_hook": per_round_hook(["error"] * len(kinds))},
-                                            **rounds_cfg)
+    _, _, failed_rounds, failed_model = run(
+        strategy,
+        tmp_path / "failed",
+        3,
+        grid_kwargs={"reply_hook": per_round_hook(["error"] * len(kinds))},
+        **rounds_cfg,
+    )
     # FedAvg-family strategies find NaN / Inf in arrays while streaming (no second deserialisation),
     # after the weights were normalised over all checked replies; the renormalisation over the
     # accepted ones is exact in math but not in float32, so the models agree to rounding error only.
     assert list(bad_model) == list(failed_model)
-    assert all(torch.allclose(bad_model[k], failed_model[k], rtol=1e-5, atol=1e-6) for k in bad_model)
+    assert all(
+        torch.allclose(bad_model[k], failed_model[k], rtol=1e-5, atol=1e-6) for k in bad_model
+    )
     counts = ("round", "clients-sampled", "clients-received", "clients-failed", "model-kept")
-    assert [{k: r.get(k) for k in counts} for r in bad_rounds] == [{k: r.get(k) for k in counts} for r in failed_rounds]
+    assert [{k: r.get(k) for k in counts} for r in bad_rounds] == [
+        {k: r.get(k) for k in counts} for r in failed_rounds
+    ]
     assert all(abs(a["loss"] - b["loss"]) < 1e-4 for a, b in zip(bad_rounds, failed_rounds))
     assert all(r["clients-failed"] == 1 for r in bad_rounds[1:])
 
@@ -74,5 +103,7 @@ def test_each_malformed_reply_rejected_with_one_line_model_untouched(strategy, t
 def test_missing_optional_metrics_are_not_an_error(strategy, tmp_path):
     """local-steps is optional outside FedVeca (FedNova derives tau_i with one warning)."""
     hook = per_round_hook(["strategy-metrics-missing"])
-    _, _, rounds, _ = run(strategy, tmp_path, 3, grid_kwargs={"reply_hook": hook}, **{"num-server-rounds": 1})
+    _, _, rounds, _ = run(
+        strategy, tmp_path, 3, grid_kwargs={"reply_hook": hook}, **{"num-server-rounds": 1}
+    )
     assert rounds[1]["clients-failed"] == 0

@@ -16,7 +16,7 @@ import pytest
 from fedapp.checkpoint import CHECKPOINT_NAME, load_checkpoint
 from fedapp.config import ConfigError
 from fedapp.run_log import read_rounds
-from simulation.inprocess import SimulatedKill, run_inprocess
+from simulation.reliability import SimulatedKill, run_inprocess
 from tests.reliability_common import ALL_STRATEGIES, config, run, same_model, without_timings
 
 FAULTY = {"num-server-rounds": 4, "fault-crash-prob": 0.2, "fault-late-prob": 0.1, "seed": 1}
@@ -24,16 +24,28 @@ FAULTY = {"num-server-rounds": 4, "fault-crash-prob": 0.2, "fault-late-prob": 0.
 
 @pytest.mark.parametrize("strategy", ALL_STRATEGIES)
 def test_killed_and_resumed_run_equals_uninterrupted_run(strategy, tmp_path):
-    _, full_dir, full_rounds, full_model = run(strategy, tmp_path / "full", 3, **FAULTY, **{"checkpoint-every": 2})
+    _, full_dir, full_rounds, full_model = run(
+        strategy, tmp_path / "full", 3, **FAULTY, **{"checkpoint-every": 2}
+    )
     killed_cfg = config(strategy, tmp_path / "killed", **FAULTY, **{"checkpoint-every": 2})
     with pytest.raises(SimulatedKill):
         run_inprocess(killed_cfg, 3, kill_after_round=3)
     killed_dir = next((tmp_path / "killed").iterdir())
-    assert [r["round"] for r in read_rounds(killed_dir)] == [0, 1, 2, 3]  # round 3 logged, not checkpointed
+    assert [r["round"] for r in read_rounds(killed_dir)] == [
+        0,
+        1,
+        2,
+        3,
+    ]  # round 3 logged, not checkpointed
     assert load_checkpoint(killed_dir)["round"] == 2
     assert not (killed_dir / "final_model.pt").exists()
     _, resumed_dir, resumed_rounds, resumed_model = run(
-        strategy, tmp_path / "resumed", 3, **FAULTY, **{"checkpoint-every": 2, "resume-from": str(killed_dir)})
+        strategy,
+        tmp_path / "resumed",
+        3,
+        **FAULTY,
+        **{"checkpoint-every": 2, "resume-from": str(killed_dir)},
+    )
     assert without_timings(resumed_rounds) == without_timings(full_rounds)
     assert same_model(resumed_model, full_model)
     assert load_checkpoint(resumed_dir)["round"] == 4 and load_checkpoint(full_dir)["round"] == 4
@@ -45,20 +57,25 @@ def test_killed_and_resumed_run_equals_uninterrupted_run(strategy, tmp_path):
 def test_two_runs_with_the_same_seed_are_identical(strategy, tmp_path):
     _, _, first, first_model = run(strategy, tmp_path / "a", 3, **FAULTY)
     # other node ids (as in a new simulation), same partitions: nothing may depend on them
-    _, _, second, second_model = run(strategy, tmp_path / "b", 3, grid_kwargs={"node_ids": [5, 77, 31]}, **FAULTY)
+    _, _, second, second_model = run(
+        strategy, tmp_path / "b", 3, grid_kwargs={"node_ids": [5, 77, 31]}, **FAULTY
+    )
     assert without_timings(first) == without_timings(second)
     assert same_model(first_model, second_model)
-    assert (tmp_path / "a").iterdir() and json.dumps(without_timings(first), sort_keys=True) == \
-        json.dumps(without_timings(second), sort_keys=True)
+    assert (tmp_path / "a").iterdir() and json.dumps(
+        without_timings(first), sort_keys=True
+    ) == json.dumps(without_timings(second), sort_keys=True)
 
 
 def test_checkpoint_write_is_atomic_and_keeps_the_last_good_one(tmp_path, monkeypatch):
     from fedapp import checkpoint  # noqa: PLC0415
 
     checkpoint.save_checkpoint(tmp_path, {"format": 1, "round": 2})
+
     def exploding_dump(payload, handle, protocol):
         handle.write(b"partial")
         raise OSError("disk full")
+
     monkeypatch.setattr(checkpoint.pickle, "dump", exploding_dump)
     with pytest.raises(OSError):
         checkpoint.save_checkpoint(tmp_path, {"format": 1, "round": 4})
@@ -74,9 +91,17 @@ def test_resume_errors_are_clear(tmp_path):
 
 
 def test_resume_refuses_another_experiment(tmp_path):
-    _, run_dir, _, _ = run("fedavg", tmp_path / "a", 2, **{"num-server-rounds": 2, "checkpoint-every": 1})
-    for changed, pattern in (({"lr": 0.5}, "lr: checkpoint 0.05 vs now 0.5"),
-                             ({"num-server-rounds": 2}, "already at round 2")):
-        rc = config("fedavg", tmp_path / "b", **{"num-server-rounds": 3, "resume-from": str(run_dir), **changed})
+    _, run_dir, _, _ = run(
+        "fedavg", tmp_path / "a", 2, **{"num-server-rounds": 2, "checkpoint-every": 1}
+    )
+    for changed, pattern in (
+        ({"lr": 0.5}, "lr: checkpoint 0.05 vs now 0.5"),
+        ({"num-server-rounds": 2}, "already at round 2"),
+    ):
+        rc = config(
+            "fedavg",
+            tmp_path / "b",
+            **{"num-server-rounds": 3, "resume-from": str(run_dir), **changed},
+        )
         with pytest.raises(RuntimeError, match=pattern):
             run_inprocess(rc, 2)

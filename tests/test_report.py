@@ -58,27 +58,41 @@ def test_report_tables_and_plots(tmp_path):
     assert lines[3].startswith("| b | 1 | 60.00 ± 0.00 | 80.00 ± 0.00 | 0.7 (1/1) |")
     for name in ("report.md", "report.csv", "accuracy_vs_round.png", "accuracy_vs_bytes.png"):
         assert (tmp_path / "out" / name).stat().st_size > 0
-    assert np.isclose(float((tmp_path / "out" / "report.csv").read_text().splitlines()[1].split(",")[3]), 0.6)
+    assert np.isclose(
+        float((tmp_path / "out" / "report.csv").read_text().splitlines()[1].split(",")[3]), 0.6
+    )
 
 
 def test_speedup_against_the_baseline_named_by_prefix(tmp_path):
-    fake_run(tmp_path, "iid-sgd", 0, [0.1, 0.2, 0.3, 0.4, 0.6])   # 0.6 at round 4
-    fake_run(tmp_path, "iid-avg", 0, [0.1, 0.7])                  # 0.6 at 0.1 + 0.5/0.6 -> 0.8333
-    fake_run(tmp_path, "niid-sgd", 0, [0.1, 0.2])                 # never: 1 round budget
-    fake_run(tmp_path, "niid-avg", 0, [0.1, 0.2, 0.6])            # 0.6 at round 2
-    table = build_report(tmp_path, tmp_path / "out", [0.6], {"iid-": "iid-sgd", "niid-": "niid-sgd"})
-    speedups = table.split("Speedup in rounds to target against the baseline:")[1].split("Communication")[0]
-    assert "| iid-avg | iid-sgd | 4.8× |" in speedups       # 4 / 0.8333
-    assert "| niid-avg | niid-sgd | ≥ 0.5× |" in speedups     # baseline's 1 round / 2
-    assert not [line for line in speedups.splitlines() if line.startswith("| iid-sgd |")]  # no row for itself
+    fake_run(tmp_path, "iid-sgd", 0, [0.1, 0.2, 0.3, 0.4, 0.6])  # 0.6 at round 4
+    fake_run(tmp_path, "iid-avg", 0, [0.1, 0.7])  # 0.6 at 0.1 + 0.5/0.6 -> 0.8333
+    fake_run(tmp_path, "niid-sgd", 0, [0.1, 0.2])  # never: 1 round budget
+    fake_run(tmp_path, "niid-avg", 0, [0.1, 0.2, 0.6])  # 0.6 at round 2
+    table = build_report(
+        tmp_path, tmp_path / "out", [0.6], {"iid-": "iid-sgd", "niid-": "niid-sgd"}
+    )
+    speedups = table.split("Speedup in rounds to target against the baseline:")[1].split(
+        "Communication"
+    )[0]
+    assert "| iid-avg | iid-sgd | 4.8× |" in speedups  # 4 / 0.8333
+    assert "| niid-avg | niid-sgd | ≥ 0.5× |" in speedups  # baseline's 1 round / 2
+    assert not [
+        line for line in speedups.splitlines() if line.startswith("| iid-sgd |")
+    ]  # no row for itself
 
 
 def test_plot_panels_follow_the_baseline_prefixes():
     variants = ["c2-fedavg", "c2-ag", "dir0.1-fedavg", "dir0.1-ag", "central"]
-    panels = panels_of(variants, {"c2-": "c2-fedavg", "dir0.1-": "dir0.1-fedavg", "dir0.1-a": "dir0.1-fedavg"})
+    panels = panels_of(
+        variants, {"c2-": "c2-fedavg", "dir0.1-": "dir0.1-fedavg", "dir0.1-a": "dir0.1-fedavg"}
+    )
     # longest matching prefix wins; an unmatched variant gets the shared "" panel
-    assert panels == {"c2-": ["c2-fedavg", "c2-ag"], "dir0.1-": ["dir0.1-fedavg"],
-                      "dir0.1-a": ["dir0.1-ag"], "": ["central"]}
+    assert panels == {
+        "c2-": ["c2-fedavg", "c2-ag"],
+        "dir0.1-": ["dir0.1-fedavg"],
+        "dir0.1-a": ["dir0.1-ag"],
+        "": ["central"],
+    }
     assert panels_of(variants, {}) == {"": variants}
 
 
@@ -92,7 +106,9 @@ def test_communication_table_totals_bytes_and_averages_dynamicfl_costs(tmp_path)
         (run / "rounds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
         (run / "final_model.pt").write_bytes(b"x")
     fake_run(tmp_path, "fedavg", 0, [0.1, 0.2, 0.3])  # logs no kappa-hat: "-"
-    table = build_report(tmp_path, tmp_path / "out", [0.6]).split("Communication (means over seeds):")[1]
+    table = build_report(tmp_path, tmp_path / "out", [0.6]).split(
+        "Communication (means over seeds):"
+    )[1]
     assert "| dyn | 6.0 | 0.4 | 4 | 1.5 |" in table
     assert "| fedavg | 0.0 | - | - | - |" in table
 
@@ -114,11 +130,13 @@ def test_drift_table_averages_the_layer_cosines_over_rounds_and_seeds(tmp_path):
 def test_results_rebuilds_each_experiment_with_its_own_targets(tmp_path):
     experiments, runs, out = tmp_path / "experiments", tmp_path / "runs", tmp_path / "docs"
     experiments.mkdir()
-    (experiments / "alpha.toml").write_text('title = "Alpha"\nclaim = "It falls."\ntargets = [0.5]\n'
-                                            'seeds = [0]\n[variants.a]\n')
-    (experiments / "no_runs_yet.toml").write_text('seeds = [0]\n[variants.a]\n')
+    (experiments / "alpha.toml").write_text(
+        'title = "Alpha"\nclaim = "It falls."\ntargets = [0.5]\nseeds = [0]\n[variants.a]\n'
+    )
+    (experiments / "no_runs_yet.toml").write_text("seeds = [0]\n[variants.a]\n")
     fake_run(runs / "alpha", "a", 0, [0.1, 0.7])
-    from simulation.report import rebuild_results  # noqa: PLC0415
+    from simulation.results import rebuild_results  # noqa: PLC0415
+
     assert rebuild_results(experiments, runs, out, []) == ["alpha"]
     text = (out / "alpha" / "report.md").read_text()
     assert text.startswith("# Alpha\n\nIt falls.")

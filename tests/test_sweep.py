@@ -16,8 +16,9 @@ import pytest
 
 from fedapp.config import RunConfig
 from simulation import sweep
+from simulation.experiments import EXPERIMENTS_DIR, sweep_files
 
-SHIPPED = Path(__file__).resolve().parent.parent / "simulation" / "experiments" / "fedprox_stragglers.toml"
+SHIPPED = EXPERIMENTS_DIR / "fedprox_stragglers.toml"
 
 SWEEP_TOML = """
 title = "tiny sweep"
@@ -48,10 +49,17 @@ def write(tmp_path: Path, text: str, name: str = "s.toml") -> Path:
     return path
 
 
-def fake_run_dir(directory: Path, accuracies: list[float], model: bool = True, name: str = "20250101-000000-x-run1") -> Path:
+def fake_run_dir(
+    directory: Path,
+    accuracies: list[float],
+    model: bool = True,
+    name: str = "20250101-000000-x-run1",
+) -> Path:
     run = directory / name
     run.mkdir(parents=True, exist_ok=True)
-    lines = [json.dumps({"round": i, "accuracy": a, "loss": 1.0 - a}) for i, a in enumerate(accuracies)]
+    lines = [
+        json.dumps({"round": i, "accuracy": a, "loss": 1.0 - a}) for i, a in enumerate(accuracies)
+    ]
     (run / "rounds.jsonl").write_text("\n".join(lines) + "\n")
     if model:
         (run / "final_model.pt").write_bytes(b"")
@@ -68,7 +76,9 @@ def test_plan_variants_times_seeds_merge_order(tmp_path):
         assert run.directory == out / run.variant / f"seed{run.seed}"
         # seed and output-dir are set last: they win over base and variant
         assert run.run_config["seed"] == run.seed
-        assert run.run_config["output-dir"] == str((out / run.variant / f"seed{run.seed}").resolve())
+        assert run.run_config["output-dir"] == str(
+            (out / run.variant / f"seed{run.seed}").resolve()
+        )
         assert Path(run.run_config["output-dir"]).is_absolute()
         assert run.run_config["num-server-rounds"] == 3 and run.run_config["local-epochs"] == 2
     a1, _, b1, _ = runs
@@ -103,15 +113,27 @@ def test_quoted_dotted_variant_name_loads(tmp_path):
 
 
 def test_plan_restricted_to_some_seeds_keeps_file_order(tmp_path):
-    text = 'seeds = [0, 1]\n[variants.a]\nlr = 0.1\n[variants.b]\nseeds = [1, 2]\n'
+    text = "seeds = [0, 1]\n[variants.a]\nlr = 0.1\n[variants.b]\nseeds = [1, 2]\n"
     spec = sweep.load_sweep(write(tmp_path, text))
-    assert [(r.variant, r.seed) for r in sweep.plan(spec, tmp_path / "out")] == [("a", 0), ("a", 1), ("b", 1), ("b", 2)]
-    assert [(r.variant, r.seed) for r in sweep.plan(spec, tmp_path / "out", seeds=[1])] == [("a", 1), ("b", 1)]
+    assert [(r.variant, r.seed) for r in sweep.plan(spec, tmp_path / "out")] == [
+        ("a", 0),
+        ("a", 1),
+        ("b", 1),
+        ("b", 2),
+    ]
+    assert [(r.variant, r.seed) for r in sweep.plan(spec, tmp_path / "out", seeds=[1])] == [
+        ("a", 1),
+        ("b", 1),
+    ]
 
 
 @pytest.mark.parametrize("missing", ["variants", "seeds"])
 def test_missing_section_raises(tmp_path, missing):
-    text = SWEEP_TOML.replace("seeds = [1, 2]", "") if missing == "seeds" else 'seeds = [0]\n[base]\nlr = 0.1\n'
+    text = (
+        SWEEP_TOML.replace("seeds = [1, 2]", "")
+        if missing == "seeds"
+        else "seeds = [0]\n[base]\nlr = 0.1\n"
+    )
     with pytest.raises(ValueError, match=missing):
         sweep.load_sweep(write(tmp_path, text))
 
@@ -121,8 +143,12 @@ def test_shipped_fedprox_stragglers_sweep_plans_12_valid_runs(tmp_path):
     runs = sweep.plan(spec, tmp_path / "out")
     assert len(runs) == 12
     assert len({r.directory for r in runs}) == 12
-    expected = {"fedavg-drop": ("fedavg", "drop"), "fedprox-mu0.01": ("fedprox", "partial"),
-                "fedprox-mu0.1": ("fedprox", "partial"), "fednova": ("fednova", "partial")}
+    expected = {
+        "fedavg-drop": ("fedavg", "drop"),
+        "fedprox-mu0.01": ("fedprox", "partial"),
+        "fedprox-mu0.1": ("fedprox", "partial"),
+        "fednova": ("fednova", "partial"),
+    }
     assert {r.variant for r in runs} == set(expected)
     for run in runs:
         cfg = RunConfig.from_user_config(run.run_config)
@@ -145,9 +171,14 @@ def test_finished_run_dir_complete(tmp_path):
     assert sweep.finished_run_dir(run) == complete
 
 
-@pytest.mark.parametrize("accuracies, model", [([0.1, 0.2, 0.3], True),  # one round short
-                                               ([0.1, 0.2, 0.3, 0.4], False),  # no final model
-                                               ([0.1], True)])
+@pytest.mark.parametrize(
+    "accuracies, model",
+    [
+        ([0.1, 0.2, 0.3], True),  # one round short
+        ([0.1, 0.2, 0.3, 0.4], False),  # no final model
+        ([0.1], True),
+    ],
+)
 def test_finished_run_dir_ignores_incomplete(tmp_path, accuracies, model):
     run = plan_tiny(tmp_path)[0]
     fake_run_dir(run.directory, accuracies, model=model)
@@ -163,7 +194,7 @@ def test_finished_run_dir_missing_and_mixed(tmp_path):
 
 
 def test_finished_run_dir_default_rounds_is_10(tmp_path):
-    spec = sweep.load_sweep(write(tmp_path, 'seeds = [0]\n[variants.v]\nlr = 0.1\n'))
+    spec = sweep.load_sweep(write(tmp_path, "seeds = [0]\n[variants.v]\nlr = 0.1\n"))
     run = sweep.plan(spec, tmp_path / "out")[0]
     fake_run_dir(run.directory, [0.5] * 10)
     assert sweep.finished_run_dir(run) is None
@@ -178,15 +209,21 @@ def test_summarize_and_write_summary_hand_computed(tmp_path):
     # a: finals 0.4, 0.7 -> mean 0.55, std sqrt((0.15^2 + 0.15^2) / 1) = 0.212132
     #    bests  0.5, 0.7 -> mean 0.6,  std sqrt((0.1^2 + 0.1^2) / 1)   = 0.141421
     # b: one seed, final 0.3, best 0.35 -> std 0
-    done = [(a1, fake_run_dir(a1.directory, [0.1, 0.5, 0.45, 0.4])),
-            (a2, fake_run_dir(a2.directory, [0.1, 0.6, 0.65, 0.7])),
-            (b1, fake_run_dir(b1.directory, [0.1, 0.35, 0.2, 0.3]))]
+    done = [
+        (a1, fake_run_dir(a1.directory, [0.1, 0.5, 0.45, 0.4])),
+        (a2, fake_run_dir(a2.directory, [0.1, 0.6, 0.65, 0.7])),
+        (b1, fake_run_dir(b1.directory, [0.1, 0.35, 0.2, 0.3])),
+    ]
     rows = sweep.summarize(done)
     assert [r["variant"] for r in rows] == ["a", "b.x"]
     a, b = rows
     assert a["seeds"] == 2 and b["seeds"] == 1
-    assert a["final-mean"] == pytest.approx(0.55) and a["final-std"] == pytest.approx(0.15 * math.sqrt(2))
-    assert a["best-mean"] == pytest.approx(0.6) and a["best-std"] == pytest.approx(0.1 * math.sqrt(2))
+    assert a["final-mean"] == pytest.approx(0.55) and a["final-std"] == pytest.approx(
+        0.15 * math.sqrt(2)
+    )
+    assert a["best-mean"] == pytest.approx(0.6) and a["best-std"] == pytest.approx(
+        0.1 * math.sqrt(2)
+    )
     assert b["final-mean"] == pytest.approx(0.3) and b["final-std"] == 0.0
     assert b["best-mean"] == pytest.approx(0.35) and b["best-std"] == 0.0
 
@@ -232,7 +269,10 @@ def test_execute_skips_finished_and_runs_the_rest(tmp_path, monkeypatch, capsys)
     done = sweep.execute(spec, out)
     assert [(r.variant, r.seed) for r, _ in done] == [("a", 1), ("a", 2), ("b.x", 1)]
     assert [(seed, Path(d).parts[-2:]) for seed, d, _ in calls] == [
-        (2, ("a", "seed2")), (1, ("b.x", "seed1")), (2, ("b.x", "seed2"))]
+        (2, ("a", "seed2")),
+        (1, ("b.x", "seed1")),
+        (2, ("b.x", "seed2")),
+    ]
     assert calls[0][2]["num-supernodes"] == 4
     printed = capsys.readouterr().out
     assert "already done" in printed and "FAILED" in printed
@@ -246,7 +286,10 @@ def test_round_progress_reads_the_serverapp_table_rows(capsys):
     from simulation.sweep import RoundProgress
 
     progress = RoundProgress("[1/2] fedavg seed 0", 20)
-    progress("\x1b[92mINFO \x1b[0m:          6 |  0.8334 |  0.4461 |  0.2369 |   10 |    0 |     1.79 |     1.79 |   10.1\n")
+    progress(
+        "\x1b[92mINFO \x1b[0m:          6 |  0.8334 |  0.4461 |  0.2369 |   10 |    0 |     1.79 "
+        "|     1.79 |   10.1\n"
+    )
     progress("\x1b[92mINFO \x1b[0m:      round |     acc |    loss |\n")
     progress("configure_train: sampled 10 of 10 nodes\n")
     assert capsys.readouterr().out.strip() == "[1/2] fedavg seed 0: round 6/20, accuracy 0.8334"
@@ -261,7 +304,7 @@ def test_a_variant_may_name_its_own_seeds(tmp_path):
     assert "seeds" not in runs[-1].run_config
 
 
-@pytest.mark.parametrize("path", sorted(SHIPPED.parent.glob("*.toml")), ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", sweep_files(), ids=lambda p: p.stem)
 def test_every_shipped_experiment_is_a_valid_sweep(path, tmp_path):
     spec = sweep.load_sweep(path)
     for key in ("title", "claim", "runtime", "targets"):
@@ -271,4 +314,12 @@ def test_every_shipped_experiment_is_a_valid_sweep(path, tmp_path):
     for run in runs:
         RunConfig.from_user_config(run.run_config)  # raises ConfigError naming the bad key
     for prefix, baseline in spec.get("baselines", {}).items():
-        assert baseline.startswith(prefix) and baseline in spec["variants"], (path.name, prefix, baseline)
+        assert baseline.startswith(prefix) and baseline in spec["variants"], (
+            path.name,
+            prefix,
+            baseline,
+        )
+
+
+def test_the_shipped_sweep_files_are_found():
+    assert len(sweep_files()) >= 9 and SHIPPED in sweep_files()

@@ -1,6 +1,6 @@
 """``python -m simulation fedveca-fig3``: FedVeca's Fig. 3 with the paper's fairness protocol.
 
-Per seed, in this order (spec §5 "Baselines and fairness protocol"):
+Per seed, in this order (Luo et al., Sec. IV-A):
 
 1. FedVeca (``strategy='fedveca'``) through the real ``flwr run`` on the simulation
    engine, N SuperNodes, full participation;
@@ -8,12 +8,12 @@ Per seed, in this order (spec §5 "Baselines and fairness protocol"):
 3. FedAvg and FedNova with ``local-epochs=E_avg`` (tau_i = max(1, floor(E_avg D_i / B)),
    fixed over rounds), also through ``flwr run``;
 4. centralized SGD on the union of the clients' data with tau_all steps of batch B,
-   evaluated after each round's share of FedVeca's steps (``simulation.centralized``).
+   evaluated after each round's share of FedVeca's steps (:mod:`.centralized`).
 
 Outputs ``<out>/<variant>/seed<k>/<run>/rounds.jsonl`` (variants ``fedveca``, ``fedavg``,
 ``fednova``, ``centralized``) and ``<out>/fairness_seed<k>.json``; finished runs are
 skipped, so an interrupted driver resumes. At the end the tables and plots of
-``simulation.fedveca_plots`` are written into ``<out>`` (and ``python -m simulation
+:mod:`.plots` are written into ``<out>`` (and ``python -m simulation
 report <out>`` works too).
 """
 
@@ -21,16 +21,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
 from fedapp.run_log import read_rounds
 
+from simulation.runtime import parse_overrides, run_app
+from simulation.sweep import RoundProgress, SweepRun, finished_run_dir
+
 from .centralized import run_centralized
-from .fedveca_fairness import budget, checkpoints, partition_sizes
-from .launcher import parse_overrides, run_app
-from .sweep import RoundProgress, SweepRun, finished_run_dir
+from .fairness import budget, checkpoints, partition_sizes
 
 VARIANTS = ("fedveca", "fedavg", "fednova", "centralized")
 
@@ -60,7 +60,12 @@ def fedveca_config(args: argparse.Namespace) -> dict:
 def federated(args, out: Path, variant: str, seed: int, overrides: dict, label: str) -> Path | None:
     """Run (or find) one federated run; its run directory, or None if it failed."""
     directory = out / variant / f"seed{seed}"
-    config = {**base_config(args), **overrides, "seed": seed, "output-dir": str(directory.resolve())}
+    config = {
+        **base_config(args),
+        **overrides,
+        "seed": seed,
+        "output-dir": str(directory.resolve()),
+    }
     run = SweepRun(variant, seed, config, directory)
     existing = finished_run_dir(run)
     if existing is not None:
@@ -68,23 +73,40 @@ def federated(args, out: Path, variant: str, seed: int, overrides: dict, label: 
         return existing
     start = time.monotonic()
     print(f"{label}: running ...", flush=True)
-    federation = {"num-supernodes": args.num_clients, "client-resources-num-cpus": args.cpus_per_client}
-    # isolate_ports: a SuperLink of another FLWR_HOME on the default ports would otherwise take the run
-    result = run_app(config, federation, flwr_home=out / ".flwr", capture=True, timeout=args.timeout,
-                     isolate_ports=True, on_line=RoundProgress(label, args.rounds))
+    federation = {
+        "num-supernodes": args.num_clients,
+        "client-resources-num-cpus": args.cpus_per_client,
+    }
+    # isolate_ports: a SuperLink of another FLWR_HOME on the default ports would take the run
+    result = run_app(
+        config,
+        federation,
+        flwr_home=out / ".flwr",
+        capture=True,
+        timeout=args.timeout,
+        isolate_ports=True,
+        on_line=RoundProgress(label, args.rounds),
+    )
     existing = finished_run_dir(run)
     if result.returncode != 0 or existing is None:
-        print(f"{label}: FAILED ({result.status}); last output:\n{result.output[-3000:]}", flush=True)
+        print(
+            f"{label}: FAILED ({result.status}); last output:\n{result.output[-3000:]}", flush=True
+        )
         return None
     records = read_rounds(existing)
-    print(f"{label}: done in {time.monotonic() - start:.0f} s, final accuracy {records[-1]['accuracy']:.4f}, "
-          f"loss {records[-1]['loss']:.4f}", flush=True)
+    print(
+        f"{label}: done in {time.monotonic() - start:.0f} s, final accuracy "
+        f"{records[-1]['accuracy']:.4f}, "
+        f"loss {records[-1]['loss']:.4f}",
+        flush=True,
+    )
     return existing
 
 
 def dataset_sizes(args) -> list[int]:
     """D_i of the partitions, from the data (when the FedVeca run has no partitions.json)."""
     from task.data import PartitionSpec, load_dataset, partition_for  # noqa: PLC0415
+
     dataset = load_dataset(args.dataset, args.data_dir, False)
     parts = partition_for(dataset, PartitionSpec(scheme=args.partition, seed=0), args.num_clients)
     return [len(p) for p in parts]
@@ -102,13 +124,26 @@ def centralized(args, out: Path, seed: int, points: list[int], label: str) -> Pa
         print(f"{label}: {existing} has other checkpoints; running again", flush=True)
     start = time.monotonic()
     print(f"{label}: running {points[-1]} steps ...", flush=True)
-    run_dir = run_centralized(model_name=args.model, checkpoints=points, lr=args.lr, batch_size=args.batch_size,
-                              seed=seed, output_dir=directory.resolve(), dataset_name=args.dataset,
-                              data_dir=args.data_dir, partition=args.partition, num_partitions=args.num_clients,
-                              verbose=False)
+    run_dir = run_centralized(
+        model_name=args.model,
+        checkpoints=points,
+        lr=args.lr,
+        batch_size=args.batch_size,
+        seed=seed,
+        output_dir=directory.resolve(),
+        dataset_name=args.dataset,
+        data_dir=args.data_dir,
+        partition=args.partition,
+        num_partitions=args.num_clients,
+        verbose=False,
+    )
     records = read_rounds(run_dir)
-    print(f"{label}: done in {time.monotonic() - start:.0f} s, final accuracy {records[-1]['accuracy']:.4f}, "
-          f"loss {records[-1]['loss']:.4f}", flush=True)
+    print(
+        f"{label}: done in {time.monotonic() - start:.0f} s, final accuracy "
+        f"{records[-1]['accuracy']:.4f}, "
+        f"loss {records[-1]['loss']:.4f}",
+        flush=True,
+    )
     return run_dir
 
 
@@ -122,20 +157,25 @@ def run_seed(args, out: Path, seed: int, index: int, total: int) -> bool:
     plan = budget(records, sizes, args.batch_size)
     info = {"seed": seed, "fedveca-run": str(veca), **plan.to_json()}
     (out / f"fairness_seed{seed}.json").write_text(json.dumps(info, indent=1) + "\n")
-    print(f"{tag} fairness: tau_all = {plan.tau_all} over K = {plan.rounds} rounds "
-          f"({plan.tau_all / plan.rounds:.2f} steps/round), D = {sum(sizes)}, E_avg = {plan.e_avg!r}, "
-          f"baseline tau_i = {plan.baseline_taus} (sum {plan.baseline_steps_per_round}/round)", flush=True)
+    print(
+        f"{tag} fairness: tau_all = {plan.tau_all} over K = {plan.rounds} rounds "
+        f"({plan.tau_all / plan.rounds:.2f} steps/round), D = {sum(sizes)}, E_avg = "
+        f"{plan.e_avg!r}, "
+        f"baseline tau_i = {plan.baseline_taus} (sum {plan.baseline_steps_per_round}/round)",
+        flush=True,
+    )
     ok = True
     for variant in ("fedavg", "fednova"):
         overrides = {"strategy": variant, "local-epochs": plan.e_avg, "local-steps": 0}
         ok &= federated(args, out, variant, seed, overrides, f"{tag} {variant}") is not None
-    ok &= centralized(args, out, seed, checkpoints(plan.per_round), f"{tag} centralized") is not None
+    ok &= (
+        centralized(args, out, seed, checkpoints(plan.per_round), f"{tag} centralized") is not None
+    )
     return ok
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m simulation fedveca-fig3", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The fedveca-fig3 options."""
     parser.add_argument("--model", default="svm", help="svm (squared-SVM, even/odd) or cnn-fedveca")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--rounds", type=int, default=50, help="K (the paper: 100)")
@@ -145,29 +185,47 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dataset", default="fashion-mnist")
     parser.add_argument("--data-dir", default="")
     parser.add_argument("--lr", type=float, default=0.01, help="eta (paper: 0.01)")
-    parser.add_argument("--batch-size", type=int, default=100, help="B (not in the paper; ref. code: 100)")
+    parser.add_argument(
+        "--batch-size", type=int, default=100, help="B (not in the paper; ref. code: 100)"
+    )
     parser.add_argument("--alpha", type=float, default=0.95)
     parser.add_argument("--tau-init", type=int, default=20)
     parser.add_argument("--tau-max", type=int, default=50)
     parser.add_argument("--beta-mode", default="same-batch")
-    parser.add_argument("--grad-subsample", type=int, default=0, help="0: full local gradient (paper)")
+    parser.add_argument(
+        "--grad-subsample", type=int, default=0, help="0: full local gradient (paper)"
+    )
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--cpus-per-client", type=float, default=1)
     parser.add_argument("--timeout", type=float, default=3 * 3600, help="seconds per flwr run")
-    parser.add_argument("-c", "--extra", action="append", default=[], metavar="KEY=VALUE",
-                        help="more run-config overrides for every federated run")
-    parser.add_argument("--no-report", action="store_true", help="skip the tables and plots at the end")
-    args = parser.parse_args(argv)
+    parser.add_argument(
+        "-c",
+        "--extra",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="more run-config overrides for every federated run",
+    )
+    parser.add_argument(
+        "--no-report", action="store_true", help="skip the tables and plots at the end"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Every seed's runs, then the tables and plots; 0 if every run finished."""
     out = (args.out or Path("runs") / f"fedveca_fig3_{args.model}").resolve()
     out.mkdir(parents=True, exist_ok=True)
-    (out / "driver_args.json").write_text(json.dumps({k: (str(v) if isinstance(v, Path) else v)
-                                                      for k, v in vars(args).items()}, indent=1) + "\n")
-    ok = all([run_seed(args, out, seed, i, len(args.seeds)) for i, seed in enumerate(args.seeds, 1)])
+    (out / "driver_args.json").write_text(
+        json.dumps(
+            {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}, indent=1
+        )
+        + "\n"
+    )
+    ok = all(
+        [run_seed(args, out, seed, i, len(args.seeds)) for i, seed in enumerate(args.seeds, 1)]
+    )
     if not args.no_report:
-        from .fedveca_plots import build  # noqa: PLC0415
+        from .plots import build  # noqa: PLC0415
+
         print(build(out, out), flush=True)
     return 0 if ok else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

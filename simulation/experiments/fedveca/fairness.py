@@ -1,4 +1,4 @@
-"""FedVeca's fairness protocol (Luo et al., Sec. IV-A; spec §5 "Baselines and fairness protocol").
+"""FedVeca's fairness protocol (Luo et al., Sec. IV-A).
 
 1. FedVeca runs first. tau_all = sum_k sum_i tau_(k,i) is the total number of local SGD
    steps over all clients and all K rounds (read from its ``rounds.jsonl``: the
@@ -6,9 +6,9 @@
 2. FedAvg and FedNova get E_avg = (tau_all / K) * B / D local epochs, i.e. the fixed
    tau_i = floor(E_avg * D_i / B) every round (``local-epochs`` may be a fraction).
 3. Centralized SGD takes tau_all minibatch steps of size B on the union of the clients'
-   data (``simulation.centralized``).
+   data (``simulation.experiments.fedveca.centralized``).
 
-Pure functions, no Flower: the driver is ``simulation.fedveca_fig3``.
+Pure functions, no Flower: the driver is ``simulation.experiments.fedveca.fig3``.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from strategies import contract as C
 from task.train import steps_for_epochs
 
 
@@ -45,12 +46,12 @@ class FedVecaBudget:
 
 def steps_per_round(records: Sequence[dict]) -> list[int]:
     """sum_i tau_(k,i) of every FedVeca round that logged ``fedveca-tau``, in round order."""
-    rows = sorted((r for r in records if r.get("fedveca-tau")), key=lambda r: r["round"])
-    return [sum(int(v) for v in r["fedveca-tau"].values()) for r in rows]
+    rows = sorted((r for r in records if r.get(C.LOG_FEDVECA_TAU)), key=lambda r: r[C.LOG_ROUND])
+    return [sum(int(v) for v in r[C.LOG_FEDVECA_TAU].values()) for r in rows]
 
 
 def e_avg(tau_all: int, rounds: int, batch_size: int, total_examples: int) -> float:
-    """E_avg = (tau_all / K) * B / D (spec §5, A21)."""
+    """E_avg = (tau_all / K) * B / D (Luo et al., Sec. IV-A)."""
     if rounds < 1 or batch_size < 1 or total_examples < 1:
         raise ValueError(f"need K, B, D >= 1; got K={rounds}, B={batch_size}, D={total_examples}")
     return tau_all * batch_size / (rounds * total_examples)
@@ -65,11 +66,18 @@ def budget(records: Sequence[dict], sizes: Sequence[int], batch_size: int) -> Fe
     """The fairness protocol's numbers from a FedVeca run's round records."""
     per_round = steps_per_round(records)
     if not per_round:
-        raise ValueError("no round carries 'fedveca-tau'; is this a FedVeca run log?")
+        raise ValueError(f"no round carries '{C.LOG_FEDVECA_TAU}'; is this a FedVeca run log?")
     tau_all = sum(per_round)
     e = e_avg(tau_all, len(per_round), batch_size, sum(sizes))
-    return FedVecaBudget(rounds=len(per_round), tau_all=tau_all, per_round=per_round, batch_size=batch_size,
-                         sizes=[int(n) for n in sizes], e_avg=e, baseline_taus=baseline_taus(sizes, batch_size, e))
+    return FedVecaBudget(
+        rounds=len(per_round),
+        tau_all=tau_all,
+        per_round=per_round,
+        batch_size=batch_size,
+        sizes=[int(n) for n in sizes],
+        e_avg=e,
+        baseline_taus=baseline_taus(sizes, batch_size, e),
+    )
 
 
 def partition_sizes(run_dir: Path) -> list[int] | None:
@@ -91,14 +99,19 @@ def checkpoints(per_round: Sequence[int]) -> list[int]:
     return out
 
 
-def first_reach(records: Sequence[dict], target: float, key: str = "accuracy", lower_is_better: bool = False,
-                start_round: int = 1) -> int | None:
+def first_reach(
+    records: Sequence[dict],
+    target: float,
+    key: str = C.LOG_ACCURACY,
+    lower_is_better: bool = False,
+    start_round: int = 1,
+) -> int | None:
     """The first round r >= start_round whose ``key`` reaches ``target`` (>=, or <= for a
     loss); None when it never does. No interpolation: a round is reached or not."""
-    for record in sorted(records, key=lambda r: r["round"]):
+    for record in sorted(records, key=lambda r: r[C.LOG_ROUND]):
         value = record.get(key)
-        if record["round"] < start_round or value is None:
+        if record[C.LOG_ROUND] < start_round or value is None:
             continue
         if (value <= target) if lower_is_better else (value >= target):
-            return int(record["round"])
+            return int(record[C.LOG_ROUND])
     return None

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .launcher import descendants, stop_pids
+from .processes import process_tree, stop_pids
 
 RAY = str(Path(sys.executable).parent / "ray")
 
@@ -30,22 +30,28 @@ class RayNode:
     pids: list[int] = field(default_factory=list)
 
     def stop(self, timeout: float = 20.0) -> None:
-        """Stop this node's whole process tree (collected first: Ray's agents outlive the raylet)."""
-        self.pids = [self.process.pid, *descendants(self.process.pid), *self.pids]
+        """Stop this node's process tree (collected first: Ray's agents outlive the raylet)."""
+        self.pids = [*process_tree([self.process.pid]), *self.pids]
         stop_pids(list(dict.fromkeys(self.pids)), timeout)
         self.process.wait(timeout=timeout)
 
 
-def _start(args: list[str], log: Path) -> RayNode:
+def start_node(args: list[str], log: Path) -> RayNode:
+    """``ray start --block ARGS`` as our child, logging to ``log``."""
     log.parent.mkdir(parents=True, exist_ok=True)
     handle = log.open("w")
-    process = subprocess.Popen([RAY, "start", "--block", "--disable-usage-stats", *args],
-                               stdout=handle, stderr=subprocess.STDOUT, env=_ray_env())
+    process = subprocess.Popen(
+        [RAY, "start", "--block", "--disable-usage-stats", *args],
+        stdout=handle,
+        stderr=subprocess.STDOUT,
+        env=ray_env(),
+    )
     handle.close()
     return RayNode(process, log)
 
 
-def _ray_env() -> dict[str, str]:
+def ray_env() -> dict[str, str]:
+    """This process's environment without RAY_ADDRESS."""
     env = dict(os.environ)
     env.pop("RAY_ADDRESS", None)  # `ray start` must not read a caller's address
     return env
@@ -57,19 +63,33 @@ def start_head(port: int, num_cpus: int, temp_dir: Path, log: Path) -> RayNode:
     ``temp_dir`` keeps Ray's session files (and its ``ray_current_cluster`` pointer)
     out of /tmp/ray; keep it short: Ray's socket paths must fit in 107 characters.
     """
-    return _start(["--head", f"--port={port}", f"--num-cpus={num_cpus}", f"--temp-dir={temp_dir}",
-                   "--include-dashboard=false"], log)
+    return start_node(
+        [
+            "--head",
+            f"--port={port}",
+            f"--num-cpus={num_cpus}",
+            f"--temp-dir={temp_dir}",
+            "--include-dashboard=false",
+        ],
+        log,
+    )
 
 
 def start_worker(address: str, num_cpus: int, log: Path) -> RayNode:
     """A worker node joining the cluster whose head listens at ``address`` (host:port)."""
-    return _start([f"--address={address}", f"--num-cpus={num_cpus}"], log)
+    return start_node([f"--address={address}", f"--num-cpus={num_cpus}"], log)
 
 
 def cluster_status(address: str) -> str:
     """``ray status`` of the cluster at ``address`` ('' while it does not answer)."""
-    proc = subprocess.run([RAY, "status", f"--address={address}"], capture_output=True, text=True,
-                          timeout=60, check=False, env=_ray_env())
+    proc = subprocess.run(
+        [RAY, "status", f"--address={address}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=ray_env(),
+    )
     return proc.stdout if proc.returncode == 0 else ""
 
 
@@ -90,4 +110,6 @@ def wait_for_nodes(address: str, count: int, timeout: float = 120.0) -> tuple[in
         if seen[0] >= count:
             return seen
         time.sleep(2)
-    raise TimeoutError(f"Ray cluster at {address}: {seen[0]} of {count} nodes active after {timeout:.0f} s")
+    raise TimeoutError(
+        f"Ray cluster at {address}: {seen[0]} of {count} nodes active after {timeout:.0f} s"
+    )

@@ -1,0 +1,42 @@
+"""``python -m simulation run``: the app with the real ``flwr run . --stream`` on the
+simulation engine (project-local FLWR_HOME, offline), then stop the managed local
+SuperLink it started. Exits non-zero unless the run ends ``finished:completed``."""
+
+from __future__ import annotations
+
+import argparse
+
+from .runtime import parse_overrides, run_app
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The run options."""
+    parser.add_argument("--num-supernodes", type=int, default=10)
+    parser.add_argument("--cpus-per-client", type=float, default=1)
+    parser.add_argument("--gpus-per-client", type=float, default=0)
+    parser.add_argument("-c", "--run-config", action="append", default=[], metavar="KEY=VALUE",
+                        type=override,
+                        help="run-config override, repeatable (e.g. -c strategy=fedavg -c lr=0.05)")
+    parser.add_argument("--flwr-home", default=None, help="FLWR_HOME (default: <project>/.flwr)")
+    parser.add_argument("--ray-address", default=None, metavar="HOST:PORT",
+                        help="run the ClientApps on this Ray cluster instead of a private Ray")
+
+
+def override(text: str) -> str:
+    """A ``KEY=VALUE`` argument, checked (a bad one is a usage error)."""
+    try:
+        parse_overrides([text])
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def run(args: argparse.Namespace) -> int:
+    """``flwr run`` with these overrides and federation; its exit code."""
+    federation = {"num-supernodes": args.num_supernodes,
+                  "client-resources-num-cpus": args.cpus_per_client}
+    if args.gpus_per_client:
+        federation["client-resources-num-gpus"] = args.gpus_per_client
+    overrides = parse_overrides(args.run_config)
+    return run_app(overrides or None, federation, flwr_home=args.flwr_home,
+                   ray_address=args.ray_address).returncode

@@ -1,0 +1,30 @@
+"""The runtime: drive ``flwr run`` (start, stream, status), stop process trees by PID,
+bring up a Ray cluster. The only part of :mod:`simulation` that ``deploy`` imports.
+
+Public API (everything else is internal to this package):
+
+* overrides: :func:`parse_value`, :func:`parse_overrides`, :func:`to_flwr_config`;
+* processes: :func:`free_port`, :func:`descendants`, :func:`process_tree`,
+  :func:`is_alive`, :func:`send_signal`, :func:`stop_pids`, :class:`Started`,
+  :func:`start_process`, :func:`stop_processes`, :func:`wait_for_port`;
+* the ``flwr`` CLI: :data:`PROJECT_ROOT`, :func:`flwr_env`, :func:`flwr_run_command`,
+  :func:`stream_command`, :func:`run_status`, :func:`submit_run`, :class:`AppRun`;
+* the managed local SuperLink: :func:`run_app`, :func:`local_superlink_pids`,
+  :func:`stop_local_superlink`;
+* Ray: :mod:`simulation.runtime.ray_cluster` (``start_head``, ``start_worker``, ...).
+"""
+
+from .flwr_cli import (PROJECT_ROOT, AppRun, flwr_env, flwr_run_command, run_id_of, run_status,
+                       stream_command, submit_run)
+from .local_superlink import local_superlink_pids, run_app, stop_local_superlink
+from .overrides import parse_overrides, parse_value, to_flwr_config
+from .processes import (Started, descendants, free_port, is_alive, process_tree, send_signal,
+                        start_process, stop_pids, stop_processes, wait_for_port)
+
+__all__ = [
+    "PROJECT_ROOT", "AppRun", "Started", "descendants", "flwr_env", "flwr_run_command",
+    "free_port", "is_alive", "local_superlink_pids", "parse_overrides", "parse_value",
+    "process_tree", "run_app", "run_id_of", "run_status", "send_signal", "start_process",
+    "stop_local_superlink", "stop_pids", "stop_processes", "stream_command", "submit_run",
+    "to_flwr_config", "wait_for_port",
+]

@@ -1,0 +1,163 @@
+"""Drive the ``flwr`` CLI: an offline environment, the ``flwr run`` argv, streaming its
+output, and the run's final status (``flwr ls``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from .overrides import to_flwr_config
+from .processes import free_port
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+
+def flwr_env(flwr_home: Path, base: Mapping[str, str] | None = None, isolate_ports: bool = False,
+             ray_address: str | None = None) -> dict[str, str]:
+    """Environment for an offline ``flwr`` CLI with its own FLWR_HOME.
+
+    ``ray_address`` (``host:port`` of a running Ray cluster's head) makes the simulation
+    engine run its ClientApp actors on that cluster instead of starting a private Ray.
+    """
+    env = dict(os.environ if base is None else base)
+    env["FLWR_HOME"] = str(flwr_home)
+    env["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] = "1"
+    env["FLWR_DISABLE_UPDATE_CHECK"] = "1"
+    env["PATH"] = str(BIN) + os.pathsep + env.get("PATH", "")
+    # Without an explicit RAY_ADDRESS, ray.init() attaches to any Ray cluster that
+    # `ray start` left running on this machine; a simulation should start its own
+    # unless the user points it at a cluster (README: "Ray cluster").
+    if ray_address:
+        env["RAY_ADDRESS"] = ray_address
+    env.setdefault("RAY_ADDRESS", "local")
+    if isolate_ports:
+        env["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"] = str(free_port())
+        env["FLWR_LOCAL_CONTROL_API_PORT"] = str(free_port())
+    return env
+
+
+def flwr_run_command(run_config: Mapping[str, object] | None = None,
+                     federation_config: Mapping[str, object] | None = None,
+                     app_dir: Path = PROJECT_ROOT, stream: bool = True,
+                     connection: str | None = None) -> list[str]:
+    """The ``flwr run APP [CONNECTION]`` argv for these overrides."""
+    cmd = [str(BIN / "flwr"), "run", str(app_dir)]
+    if connection:
+        cmd.append(connection)
+    if run_config:
+        cmd += ["--run-config", to_flwr_config(run_config)]
+    if federation_config:
+        cmd += ["--federation-config",
+                " ".join(f"{k}={v}" for k, v in federation_config.items())]
+    if stream:
+        cmd.append("--stream")
+    return cmd
+
+
+@dataclass
+class AppRun:
+    """Outcome of one ``flwr run``: exit code (non-zero unless finished:completed)."""
+
+    returncode: int
+    run_id: int | None
+    status: str
+    output: str
+
+
+def stream_command(cmd: Sequence[str], env: Mapping[str, str], cwd: Path,
+                   timeout: float | None = None, capture: bool = False,
+                   on_line: Callable[[str], None] | None = None,
+                   timeout_note: str = "") -> str:
+    """Run ``cmd``, echo (unless ``capture``) and keep its output line by line; kill it
+    after ``timeout`` s (and on Ctrl-C). Returns the whole output."""
+    if not capture:
+        print("$ " + shlex.join(cmd), flush=True)
+    lines: list[str] = []
+    proc = subprocess.Popen(list(cmd), env=dict(env), cwd=cwd, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, bufsize=1)
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if not capture:
+                sys.stdout.write(line)
+                sys.stdout.flush()
+            if on_line is not None:
+                on_line(line)
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        what = " ".join([Path(cmd[0]).name, *cmd[1:2]])
+        note = f"[runtime] {what} exceeded {timeout} s and was stopped"
+        lines.append(f"{note}{'; ' + timeout_note if timeout_note else ''}\n")
+        if not capture:
+            print(lines[-1], end="", flush=True)
+    finally:  # never leave the command behind or block on its pipe
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        reader.join(timeout=10)
+    return "".join(lines)
+
+
+def run_id_of(output: str) -> int | None:
+    """The run id ``flwr run`` printed ('Successfully started run N'), if any."""
+    match = re.search(r"Successfully started run (\d+)", output)
+    return int(match.group(1)) if match else None
+
+
+def run_status(env: Mapping[str, str], run_id: int, wait: float = 30.0) -> str:
+    """'finished:completed', 'finished:failed', ... of a run on the env's default
+    connection (polls ``flwr ls --run-id ID --format json`` until finished)."""
+    deadline = time.monotonic() + wait
+    status = "unknown"
+    while time.monotonic() < deadline:
+        proc = subprocess.run(
+            [str(BIN / "flwr"), "ls", "--run-id", str(run_id), "--format", "json"],
+            env=dict(env),
+            cwd=PROJECT_ROOT,
+            text=True,
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
+        try:
+            runs = json.loads(proc.stdout).get("runs", [])
+            status = runs[0]["status"] if runs else "unknown"
+        except (json.JSONDecodeError, KeyError, IndexError):
+            status = "unknown"
+        if status.startswith("finished"):
+            return status
+        time.sleep(1)
+    return status
+
+
+def submit_run(
+    cmd: Sequence[str],
+    env: Mapping[str, str],
+    cwd: Path = PROJECT_ROOT,
+    timeout: float | None = None,
+    capture: bool = False,
+    on_line: Callable[[str], None] | None = None,
+    timeout_note: str = "",
+) -> AppRun:
+    """``flwr run ... --stream``, then its final status: ``flwr run`` exits 0 even when the
+    ServerApp fails, so the outcome is read with ``flwr ls``."""
+    output = stream_command(cmd, env, cwd, timeout, capture, on_line, timeout_note)
+    run_id = run_id_of(output)
+    status = run_status(env, run_id) if run_id is not None else "not-started"
+    return AppRun(0 if status == "finished:completed" else 1, run_id, status, output)
