@@ -49,8 +49,8 @@ from .config import ConfigError
 CHECKPOINT_NAME = "checkpoint.pkl"
 FORMAT_VERSION = 1
 # Keys a resumed run may change; every other run-config value must equal the checkpoint's.
-MAY_DIFFER = ("num-server-rounds", "checkpoint-every", "resume-from", "output-dir", "data-dir", "allow-download",
-              "device", "round-timeout")
+MAY_DIFFER = ("num-server-rounds", "checkpoint-every", "resume-from", "output-dir", "data-dir",
+              "allow-download", "device", "round-timeout")
 
 
 # ----------------------------------------------------------------- files
@@ -73,14 +73,16 @@ def load_checkpoint(run_dir: str | Path) -> dict:
     """
     path = Path(run_dir) / CHECKPOINT_NAME
     if not path.is_file():
-        raise ConfigError(f"run config: resume-from={str(run_dir)!r} has no {CHECKPOINT_NAME}; point it at a run "
-                          f"directory written with checkpoint-every >= 1 (its rounds.jsonl shows how far it got)")
+        raise ConfigError(f"run config: resume-from={str(run_dir)!r} has no {CHECKPOINT_NAME}; "
+                          "point it at a run directory written with checkpoint-every >= 1 (its "
+                          "rounds.jsonl shows how far it got), or start fresh with "
+                          "--run-config \"resume-from=''\"")
     try:
         with path.open("rb") as handle:
             payload = pickle.load(handle)
     except Exception as exc:  # noqa: BLE001 - any unpickling failure means the same thing
-        raise ConfigError(f"{path} cannot be read ({type(exc).__name__}: {exc}); it is corrupt or truncated. "
-                          "Resume from an earlier copy or start the run again") from None
+        raise ConfigError(f"{path} cannot be read ({type(exc).__name__}: {exc}); it is corrupt or "
+                          "truncated. Resume from an earlier copy or start the run again") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT_VERSION:
         raise ConfigError(f"{path} is not a fedhetero checkpoint of format {FORMAT_VERSION}")
     return payload
@@ -93,16 +95,20 @@ def check_compatible(payload: dict, run_config: dict) -> None:
             if k not in MAY_DIFFER and saved.get(k) != run_config.get(k)}
     if diff:
         shown = ", ".join(f"{k}: checkpoint {a!r} vs now {b!r}" for k, (a, b) in diff.items())
-        raise ConfigError(f"run config: resume-from checkpoint was written with other settings ({shown}); "
-                          "resume with the same run config (only " + ", ".join(MAY_DIFFER) + " may change)")
-    if run_config["num-server-rounds"] <= payload["round"]:
-        raise ConfigError(f"run config: num-server-rounds={run_config['num-server-rounds']} but the checkpoint "
-                          f"is already at round {payload['round']}; ask for more rounds to resume")
+        raise ConfigError(f"run config: resume-from checkpoint was written with other settings "
+                          f"({shown}); resume with the same run config (only "
+                          f"{', '.join(MAY_DIFFER)} may change)")
+    rounds = run_config["num-server-rounds"]
+    if rounds <= payload["round"]:
+        raise ConfigError(f"run config: num-server-rounds={rounds} but the checkpoint is "
+                          f"already at round {payload['round']}; ask for more rounds to resume, "
+                          f"e.g. --run-config \"num-server-rounds={payload['round'] + 1}\"")
 
 
 # ----------------------------------------------------------------- payload
 def rng_state() -> dict:
-    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
+            "python": random.getstate()}
 
 
 def restore_rng(state: dict) -> None:
@@ -128,13 +134,14 @@ def make_payload(server_round: int, arrays: ArrayRecord, strategy: Strategy, rec
 
 
 def arrays_of(payload: dict) -> ArrayRecord:
-    return ArrayRecord({key: Array(np.ascontiguousarray(value)) for key, value in payload["arrays"].items()})
+    return ArrayRecord({key: Array(np.ascontiguousarray(value))
+                        for key, value in payload["arrays"].items()})
 
 
 def restore_strategy(strategy: Strategy, payload: dict) -> None:
     if payload["strategy-class"] != type(strategy).__name__:
-        raise ConfigError(f"checkpoint is of strategy {payload['strategy-class']}, the run config builds "
-                          f"{type(strategy).__name__}")
+        raise ConfigError(f"checkpoint is of strategy {payload['strategy-class']}, the run config "
+                          f"builds {type(strategy).__name__}")
     if payload["strategy"] is not None:
         strategy.load_state_dict(payload["strategy"])
 
@@ -143,13 +150,16 @@ class Checkpointer:
     """Called by the server evaluator after each round's evaluation."""
 
     def __init__(self, directory: Path, every: int, strategy: Strategy, run_config: dict) -> None:
-        self.directory, self.every, self.strategy, self.run_config = Path(directory), int(every), strategy, run_config
+        self.directory, self.every = Path(directory), int(every)
+        self.strategy, self.run_config = strategy, run_config
 
-    def after_round(self, server_round: int, arrays: ArrayRecord, records: list[dict], elapsed: float) -> None:
+    def after_round(self, server_round: int, arrays: ArrayRecord, records: list[dict],
+                    elapsed: float) -> None:
         if self.every <= 0 or server_round <= 0 or server_round % self.every:
             return
-        path = save_checkpoint(self.directory, make_payload(server_round, arrays, self.strategy, records, elapsed,
-                                                            self.run_config))
+        payload = make_payload(server_round, arrays, self.strategy, records, elapsed,
+                               self.run_config)
+        path = save_checkpoint(self.directory, payload)
         log(INFO, "Checkpoint of round %d: %s", server_round, path)
 
 
@@ -161,47 +171,54 @@ class RoundOffset(Strategy):
         self.inner = strategy
         self.offset = int(offset)
 
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid):
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid):
         return self.inner.configure_train(server_round + self.offset, arrays, config, grid)
 
     def aggregate_train(self, server_round: int, replies):
         return self.inner.aggregate_train(server_round + self.offset, replies)
 
-    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid):
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                           grid: Grid):
         return self.inner.configure_evaluate(server_round + self.offset, arrays, config, grid)
 
     def aggregate_evaluate(self, server_round: int, replies) -> MetricRecord | None:
         return self.inner.aggregate_evaluate(server_round + self.offset, replies)
 
     def summary(self) -> None:
-        log(INFO, "\t├──> Resumed after round %d: Flower's round k below is round k + %d", self.offset, self.offset)
+        log(INFO, "\t├──> Resumed after round %d: Flower's round k below is round k + %d",
+            self.offset, self.offset)
         self.inner.summary()
 
 
-def run_rounds(strategy: Strategy, *, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int, first_round: int,
-               timeout: float, train_config: ConfigRecord, evaluate_config: ConfigRecord,
+def run_rounds(strategy: Strategy, *, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int,
+               first_round: int, timeout: float, train_config: ConfigRecord,
+               evaluate_config: ConfigRecord,
                evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None]) -> Result:
-    """Rounds ``first_round``..``num_rounds`` of ``strategy`` (Flower's loop; see the module docstring).
+    """Rounds ``first_round``..``num_rounds`` of ``strategy`` (Flower's loop; module docstring).
 
     With ``first_round`` > 1 the initial model is not evaluated again (round r's record
     is already in the run log).
     """
-    kwargs = dict(grid=grid, initial_arrays=initial_arrays, timeout=timeout, train_config=train_config,
-                  evaluate_config=evaluate_config)
+    kwargs = dict(grid=grid, initial_arrays=initial_arrays, timeout=timeout,
+                  train_config=train_config, evaluate_config=evaluate_config)
     if first_round <= 1:
         return strategy.start(num_rounds=num_rounds, evaluate_fn=evaluate_fn, **kwargs)
     if type(strategy).start is not Strategy.start:
         if "first_round" not in inspect.signature(strategy.start).parameters:
-            raise ConfigError(f"{type(strategy).__name__} replaces Strategy.start without a 'first_round' "
-                              "parameter, so it cannot be resumed")
-        return strategy.start(num_rounds=num_rounds, evaluate_fn=evaluate_fn, first_round=first_round, **kwargs)
+            raise ConfigError(f"{type(strategy).__name__} replaces Strategy.start without a "
+                              "'first_round' parameter, so it cannot be resumed; start fresh "
+                              "with --run-config \"resume-from=''\"")
+        return strategy.start(num_rounds=num_rounds, evaluate_fn=evaluate_fn,
+                              first_round=first_round, **kwargs)
     offset = first_round - 1
 
     def shifted(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
         return None if server_round == 0 else evaluate_fn(server_round + offset, arrays)
 
-    return RoundOffset(strategy, offset).start(num_rounds=num_rounds - offset, evaluate_fn=shifted, **kwargs)
+    return RoundOffset(strategy, offset).start(num_rounds=num_rounds - offset,
+                                               evaluate_fn=shifted, **kwargs)
 
 
-__all__ = ["CHECKPOINT_NAME", "Checkpointer", "RoundOffset", "arrays_of", "check_compatible", "load_checkpoint",
-           "restore_rng", "restore_strategy", "run_rounds", "save_checkpoint"]
+__all__ = ["CHECKPOINT_NAME", "Checkpointer", "RoundOffset", "arrays_of", "check_compatible",
+           "load_checkpoint", "restore_rng", "restore_strategy", "run_rounds", "save_checkpoint"]

@@ -3,7 +3,16 @@
 Every key of pyproject.toml's ``[tool.flwr.app.config]`` is a field here (kebab-case
 key = snake_case field) with the same default; ``tests/test_config.py`` keeps the
 two in step. Bad values raise :class:`ConfigError`, whose message names the key,
-the value, what is allowed and how to set it.
+the value, what is allowed and the ``--run-config`` that fixes it.
+
+Who checks what (each rule once):
+
+* here: types (a run-config int fits 64 bits, a float is finite) and the keys the
+  app itself reads (data, partition, model, local training, faults, run directory);
+* the strategy constructors: their own parameters (``fraction-train``, ``server-lr``,
+  ``fedveca-*``, ``dynamicfl-*``, ...); :func:`fedapp.registry.build_strategy` turns
+  their ``ValueError`` into a :class:`ConfigError` naming the run-config key;
+* :mod:`fedapp.registry`: strategy names and which keys a strategy cannot honour.
 """
 
 from __future__ import annotations
@@ -16,14 +25,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from strategies.fedavg import STRAGGLER_POLICIES, STRAGGLER_UNITS, WEIGHTINGS
-from strategies.dynacomm import BUDGET_MODES as DYNAMICFL_BUDGET_MODES
-from strategies.dynamicfl_schedule import X_STAR_MODES as DYNAMICFL_X_STAR_MODES
-from strategies.dynamicfl_schedule import parse_interval_spec
-from strategies.fedveca_math import BETA_MODES as FEDVECA_BETA_MODES
 from task.data import DATASET_NAMES, check_dataset_name
 from task.models import MODEL_NAMES
 from task.partition import PARTITION_NAMES
+
+INT64 = (-(2**63), 2**63 - 1)  # Flower's records and TOML hold 64-bit integers
 
 
 class ConfigError(ValueError):
@@ -32,13 +38,18 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class RunConfig:
-    """The run config, typed. See README "Run-config keys" for each key's meaning."""
+    """The run config, typed. See README "Run-config keys" for each key's meaning.
+
+    Defaults equal the strategy constructors' (Flower's where Flower has the parameter:
+    ``min-available-nodes`` 2, ``fraction-train`` 1.0) except where commented;
+    ``tests/test_config.py`` checks both.
+    """
 
     num_server_rounds: int = 10
     strategy: str = "fedavg"
     weighting: str = "examples"
     fraction_train: float = 1.0
-    fraction_evaluate: float = 0.0
+    fraction_evaluate: float = 0.0  # Flower's is 1.0; fedhetero evaluates on the server
     min_available_nodes: int = 2
     server_lr: float = 1.0
     proximal_mu: float = 0.01
@@ -95,104 +106,83 @@ class RunConfig:
         unknown = sorted(set(user_config) - set(fields))
         if unknown:
             raise ConfigError(
-                f"run config: unknown key(s) {', '.join(unknown)}; known keys: {', '.join(fields)}"
+                f"run config: unknown key(s) {', '.join(unknown)}; known keys: "
+                f"{', '.join(fields)}"
             )
         values = {}
         for key, field in fields.items():
             if key in user_config:
-                values[field.name] = _typed(key, user_config[key], type(field.default))
+                values[field.name] = _typed(key, user_config[key], field.default)
         config = cls(**values)
         config.validate()
         return config
 
     def to_dict(self) -> dict[str, object]:
         """Kebab-case keys, as in pyproject.toml."""
-        return {f.name.replace("_", "-"): getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {f.name.replace("_", "-"): getattr(self, f.name)
+                for f in dataclasses.fields(self)}
 
     def validate(self) -> None:
-        """Raise ConfigError on the first bad value."""
-        _check("num-server-rounds", self.num_server_rounds, self.num_server_rounds >= 1, "an integer >= 1")
-        _check("weighting", self.weighting, self.weighting in WEIGHTINGS, f"one of {', '.join(WEIGHTINGS)}")
-        _check("fraction-train", self.fraction_train, 0 < self.fraction_train <= 1, "a number in (0, 1]")
-        _check("fraction-evaluate", self.fraction_evaluate, 0 <= self.fraction_evaluate <= 1, "a number in [0, 1]")
-        _check("min-available-nodes", self.min_available_nodes, self.min_available_nodes >= 1, "an integer >= 1")
-        _check("server-lr", self.server_lr, self.server_lr > 0, "a number > 0")
-        _check("proximal-mu", self.proximal_mu, self.proximal_mu >= 0, "a number >= 0")
-        _check("server-momentum", self.server_momentum, 0 <= self.server_momentum < 1, "a number in [0, 1)")
-        _check("straggler-fraction", self.straggler_fraction, 0 <= self.straggler_fraction <= 1,
-               "a number in [0, 1]")
-        _check("straggler-unit", self.straggler_unit, self.straggler_unit in STRAGGLER_UNITS,
-               "steps (1..tau_i local steps) or epochs (1..E epochs, the FedProx paper)")
-        _check("straggler-policy", self.straggler_policy, self.straggler_policy in ("auto",) + STRAGGLER_POLICIES,
-               "auto (drop for fedavg/fedsgd, partial for fedprox/fednova), drop or partial")
-        _check("fedveca-tau-max", self.fedveca_tau_max, self.fedveca_tau_max >= 2, "an integer >= 2 (paper: 50)")
-        _check("fedveca-tau-init", self.fedveca_tau_init, 2 <= self.fedveca_tau_init <= self.fedveca_tau_max,
-               f"an integer in [2, fedveca-tau-max={self.fedveca_tau_max}] (delta needs two local steps)")
-        _check("fedveca-alpha", self.fedveca_alpha, math.isfinite(self.fedveca_alpha) and self.fedveca_alpha > 0,
-               "a number > 0 (paper: 0.95; Theorem 2 needs < 1)")
-        _check("fedveca-beta-mode", self.fedveca_beta_mode,
-               self.fedveca_beta_mode.replace("_", "-") in FEDVECA_BETA_MODES, "same-batch or literal")
-        _check("fedveca-grad-subsample", self.fedveca_grad_subsample, self.fedveca_grad_subsample >= 0,
-               "an integer >= 0 (0 = the whole local set)")
-        try:
-            parse_interval_spec(self.dynamicfl_intervals)
-            intervals_ok = True
-        except ValueError:
-            intervals_ok = False
-        _check("dynamicfl-intervals", self.dynamicfl_intervals, intervals_ok,
-               "'<high>-<low>' with levels a-g (= 1, 4, 16, 32, 64, 128, 256 steps) or step counts, high <= low "
-               "(e.g. 'a-g', 'b-g', '4-300'), one level for everyone ('a' = DynamicSGD), or '<level>*' "
-               "(only the high group trains)")
-        _check("dynamicfl-local-steps", self.dynamicfl_local_steps, self.dynamicfl_local_steps >= 0,
-               "an integer >= 0: L, local steps per round (0 = Eq. 4: sum |D_m| E / (M B))")
-        _check("dynamicfl-budget-mode", self.dynamicfl_budget_mode,
-               self.dynamicfl_budget_mode in DYNAMICFL_BUDGET_MODES, f"one of {', '.join(DYNAMICFL_BUDGET_MODES)}")
-        _check("dynamicfl-beta", self.dynamicfl_beta, 0 <= self.dynamicfl_beta <= 1,
-               "a number in [0, 1] (the paper's Dynamic-0.3 / Fix-0.3 use 0.3)")
-        _check("dynamicfl-server-budget", self.dynamicfl_server_budget,
-               math.isfinite(self.dynamicfl_server_budget) and self.dynamicfl_server_budget >= 0,
-               "a number of bytes per round >= 0 (0 = no server budget; used by dynamicfl-budget-mode='budget')")
-        _check("dynamicfl-n-ens", self.dynamicfl_n_ens, self.dynamicfl_n_ens >= 1,
-               "an integer >= 1 (DynaComm's random orderings; the paper uses 10)")
-        _check("dynamicfl-x-star-mode", self.dynamicfl_x_star_mode,
-               self.dynamicfl_x_star_mode in DYNAMICFL_X_STAR_MODES, f"one of {', '.join(DYNAMICFL_X_STAR_MODES)}")
+        """Raise ConfigError on the first bad value of a key the app itself reads.
+
+        The strategies' own keys are checked by their constructors
+        (:func:`fedapp.registry.build_strategy`).
+        """
+        self._check("num-server-rounds", self.num_server_rounds >= 1, "an integer >= 1")
+        # The strategies do not check min_available_nodes (yet): a rule the app keeps.
+        self._check("min-available-nodes", self.min_available_nodes >= 1, "an integer >= 1")
+        # DynamicFL takes server_budget=None for "no budget" and does not check it (yet).
+        self._check("dynamicfl-server-budget", self.dynamicfl_server_budget >= 0,
+               "a number of bytes per round >= 0 (0 = no server budget; used by "
+               "dynamicfl-budget-mode='budget')")
         try:
             check_dataset_name(self.dataset)
+            dataset_ok = True
         except ValueError:
-            _check("dataset", self.dataset, False, f"one of {', '.join(DATASET_NAMES)}")
-        _check("synthetic-alpha", self.synthetic_alpha, self.synthetic_alpha >= 0, "a number >= 0")
-        _check("synthetic-beta", self.synthetic_beta, self.synthetic_beta >= 0, "a number >= 0")
-        _check("partition", self.partition, self.partition in PARTITION_NAMES, f"one of {', '.join(PARTITION_NAMES)}")
-        _check("dirichlet-alpha", self.dirichlet_alpha, self.dirichlet_alpha > 0, "a number > 0 (smaller = more label skew)")
-        _check("min-partition-size", self.min_partition_size, self.min_partition_size >= 0, "an integer >= 0")
-        _check("classes-per-partition", self.classes_per_partition, self.classes_per_partition >= 1, "an integer >= 1")
-        _check("shards-per-partition", self.shards_per_partition, self.shards_per_partition >= 1, "an integer >= 1")
-        _check("quantity-sigma", self.quantity_sigma, self.quantity_sigma >= 0, "a number >= 0 (0 = balanced)")
-        _check("model", self.model, self.model in MODEL_NAMES, f"one of {', '.join(MODEL_NAMES)}")
-        _check("local-epochs", self.local_epochs, math.isfinite(self.local_epochs) and self.local_epochs > 0,
-               "a number > 0: an integer >= 1 for whole epochs, or a fraction (tau_i = max(1, floor(E n_i / B)))")
-        _check("local-steps", self.local_steps, self.local_steps >= 0, "an integer >= 0 (0 = use local-epochs)")
-        _check("batch-size", self.batch_size, self.batch_size >= 1, "an integer >= 1 (for B = full local data set full-batch=true)")
-        _check("lr", self.lr, self.lr > 0, "a number > 0")
-        _check("momentum", self.momentum, 0 <= self.momentum < 1, "a number in [0, 1)")
-        _check("weight-decay", self.weight_decay, self.weight_decay >= 0, "a number >= 0")
-        device_ok = self.device in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d+", self.device) is not None
-        _check("device", self.device, device_ok, "auto, cpu, cuda or cuda:N")
-        _check("data-dir", self.data_dir, self.data_dir == "" or Path(self.data_dir).is_absolute(),
-               "an absolute path, or '' for the default lookup (app processes do not run in your cwd)")
-        _check("eval-batch-size", self.eval_batch_size, self.eval_batch_size >= 1, "an integer >= 1")
-        _check("fault-crash-prob", self.fault_crash_prob, 0 <= self.fault_crash_prob <= 1, "a number in [0, 1]")
-        _check("fault-late-prob", self.fault_late_prob,
-               0 <= self.fault_late_prob <= 1 - self.fault_crash_prob,
+            dataset_ok = False
+        self._check("dataset", dataset_ok, f"one of {', '.join(DATASET_NAMES)}")
+        self._check("synthetic-alpha", self.synthetic_alpha >= 0, "a number >= 0")
+        self._check("synthetic-beta", self.synthetic_beta >= 0, "a number >= 0")
+        self._check("partition", self.partition in PARTITION_NAMES,
+               f"one of {', '.join(PARTITION_NAMES)}")
+        self._check("dirichlet-alpha", self.dirichlet_alpha > 0,
+               "a number > 0 (smaller = more label skew)")
+        self._check("min-partition-size", self.min_partition_size >= 0, "an integer >= 0")
+        self._check("classes-per-partition", self.classes_per_partition >= 1, "an integer >= 1")
+        self._check("shards-per-partition", self.shards_per_partition >= 1, "an integer >= 1")
+        self._check("quantity-sigma", self.quantity_sigma >= 0, "a number >= 0 (0 = balanced)")
+        self._check("model", self.model in MODEL_NAMES, f"one of {', '.join(MODEL_NAMES)}")
+        self._check("local-epochs", self.local_epochs > 0,
+               "a number > 0: an integer >= 1 for whole epochs, or a fraction "
+               "(tau_i = max(1, floor(E n_i / B)))")
+        self._check("local-steps", self.local_steps >= 0, "an integer >= 0 (0 = use local-epochs)")
+        self._check("batch-size", self.batch_size >= 1,
+               "an integer >= 1 (for B = full local data set full-batch=true)")
+        self._check("lr", self.lr > 0, "a number > 0")
+        self._check("momentum", 0 <= self.momentum < 1, "a number in [0, 1)")
+        self._check("weight-decay", self.weight_decay >= 0, "a number >= 0")
+        self._check("seed", self.seed >= 0,
+               f"an integer in [0, {INT64[1]}] (numpy's seeding takes no negative seed)")
+        device_ok = (self.device in ("auto", "cpu", "cuda")
+                     or re.fullmatch(r"cuda:\d+", self.device) is not None)
+        self._check("device", device_ok, "auto, cpu, cuda or cuda:N")
+        self._check("data-dir", _abs_or_empty(self.data_dir),
+               "an absolute path, or '' for the default lookup (app processes do not run "
+               "in your cwd)")
+        self._check("eval-batch-size", self.eval_batch_size >= 1, "an integer >= 1")
+        self._check("fault-crash-prob", 0 <= self.fault_crash_prob <= 1, "a number in [0, 1]")
+        self._check("fault-late-prob", 0 <= self.fault_late_prob <= 1 - self.fault_crash_prob,
                f"a number in [0, 1 - fault-crash-prob = {1 - self.fault_crash_prob}]")
-        _check("round-timeout", self.round_timeout, math.isfinite(self.round_timeout) and self.round_timeout > 0,
+        self._check("round-timeout", self.round_timeout > 0,
                "a number of seconds > 0 (how long the server waits for a round's replies)")
-        _check("checkpoint-every", self.checkpoint_every, self.checkpoint_every >= 0,
+        self._check("checkpoint-every", self.checkpoint_every >= 0,
                "an integer >= 0 (save a checkpoint every k rounds; 0 = never)")
-        _check("resume-from", self.resume_from, self.resume_from == "" or Path(self.resume_from).is_absolute(),
-               "the absolute path of a run directory holding checkpoint.pkl, or '' to start fresh")
-        _check("output-dir", self.output_dir, self.output_dir == "" or Path(self.output_dir).is_absolute(),
-               "an absolute path, or '' for the per-user default (app processes do not run in your cwd)")
+        self._check("resume-from", _abs_or_empty(self.resume_from),
+               "the absolute path of a run directory holding checkpoint.pkl, or '' to start "
+               "fresh")
+        self._check("output-dir", _abs_or_empty(self.output_dir),
+               "an absolute path, or '' for the per-user default (app processes do not run "
+               "in your cwd)")
 
     def resolved_output_dir(self) -> Path:
         """output-dir, or $XDG_DATA_HOME/fedhetero/runs (default ~/.local/share/fedhetero/runs)."""
@@ -201,26 +191,55 @@ class RunConfig:
         base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
         return Path(base) / "fedhetero" / "runs"
 
-
-def _check(key: str, value: object, ok: bool, allowed: str) -> None:
-    if not ok:
-        example = f"{key}='...'" if isinstance(value, str) else f"{key}=..."
-        raise ConfigError(
-            f"run config: {key}={value!r} is not allowed; it must be {allowed}. "
-            f"Set it with: flwr run . --run-config \"{example}\""
-        )
+    def _check(self, key: str, ok: bool, allowed: str) -> None:
+        if not ok:
+            raise ConfigError(
+                f"run config: {key}={self.to_dict()[key]!r} is not allowed; it must be "
+                f"{allowed}. Set it with: {flwr_run_fix({key: default(key)})}"
+            )
 
 
-def _typed(key: str, value: object, wanted: type) -> object:
-    """Coerce TOML values to the field's type (int for float is fine, nothing else)."""
+def default(key: str) -> object:
+    """The default of run-config ``key`` (pyproject.toml's value)."""
+    return getattr(RunConfig(), key.replace("-", "_"))
+
+
+def toml_value(value: object) -> str:
+    """``value`` as ``flwr run --run-config`` reads it (TOML: true, 'text', 0.5)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return "'" + value.replace("'", "") + "'"
+    return repr(value)
+
+
+def flwr_run_fix(values: Mapping[str, object]) -> str:
+    """The ``flwr run`` command line that sets ``values``."""
+    pairs = " ".join(f"{key}={toml_value(value)}" for key, value in values.items())
+    return f'flwr run . --run-config "{pairs}"'
+
+
+def _abs_or_empty(path: str) -> bool:
+    return path == "" or Path(path).is_absolute()
+
+
+def _typed(key: str, value: object, default_value: object) -> object:
+    """Coerce a TOML value to the field's type (int for float is fine, nothing else)."""
+    wanted = type(default_value)
     if wanted is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
+        value = float(value)
     if wanted is int and isinstance(value, float) and value.is_integer():
-        return int(value)
-    if not isinstance(value, wanted) or (wanted is int and isinstance(value, bool)):
+        value = int(value)
+    if not isinstance(value, wanted) or (wanted is not bool and isinstance(value, bool)):
+        hint = " Strings need quotes inside the --run-config string." if wanted is str else ""
         raise ConfigError(
             f"run config: {key}={value!r} has type {type(value).__name__}, expected "
-            f"{wanted.__name__}. Strings need quotes inside the --run-config string, e.g. "
-            f"--run-config \"{key}='value'\""
+            f"{wanted.__name__}.{hint} Set it with: {flwr_run_fix({key: default_value})}"
         )
+    if wanted is float and not math.isfinite(value):
+        raise ConfigError(f"run config: {key}={value!r} is not allowed; it must be a finite "
+                          f"number. Set it with: {flwr_run_fix({key: default_value})}")
+    if wanted is int and not INT64[0] <= value <= INT64[1]:
+        raise ConfigError(f"run config: {key}={value!r} is not allowed; it must fit in 64 "
+                          f"bits. Set it with: {flwr_run_fix({key: default_value})}")
     return value

@@ -16,23 +16,25 @@ from pathlib import Path
 
 import torch
 
-TABLE_COLUMNS = (
-    ("round", "round", "{:>5}"),
-    ("accuracy", "acc", "{:>7.4f}"),
-    ("loss", "loss", "{:>7.4f}"),
-    ("train-loss", "train", "{:>7.4f}"),
-    ("clients-sampled", "smp", "{:>4}"),
-    ("clients-failed", "fail", "{:>4}"),
-    ("bytes-up", "MB up", "{:>8.2f}"),
-    ("bytes-down", "MB dn", "{:>8.2f}"),
-    ("wall-seconds", "sec", "{:>6.1f}"),
-)
+from strategies import contract as C
 
+# (run-log key, column title, format) of the per-round table
+TABLE_COLUMNS = (
+    (C.LOG_ROUND, "round", "{:>5}"),
+    (C.LOG_ACCURACY, "acc", "{:>7.4f}"),
+    (C.LOG_LOSS, "loss", "{:>7.4f}"),
+    (C.LOG_TRAIN_LOSS, "train", "{:>7.4f}"),
+    (C.LOG_CLIENTS_SAMPLED, "smp", "{:>4}"),
+    (C.LOG_CLIENTS_FAILED, "fail", "{:>4}"),
+    (C.LOG_BYTES_UP, "MB up", "{:>8.2f}"),
+    (C.LOG_BYTES_DOWN, "MB dn", "{:>8.2f}"),
+    (C.LOG_WALL_SECONDS, "sec", "{:>6.1f}"),
+)
+MEGABYTE_KEYS = frozenset({C.LOG_BYTES_UP, C.LOG_BYTES_DOWN})  # shown in MB
 
 # Fields of a round record that measure time or memory: they differ between two runs
 # with the same seed (everything else must not; tests/test_reliability_resume.py).
-TIMING_KEYS = frozenset({"wall-seconds", "elapsed-seconds", "eval-seconds", "server-max-rss-mb",
-                         "seconds-per-event"})
+TIMING_KEYS = C.LOG_TIMING_KEYS
 
 
 class RunLog:
@@ -84,7 +86,7 @@ def table_row(record: dict) -> str:
     cells = []
     for key, _, fmt in TABLE_COLUMNS:
         value = record.get(key)
-        if key.startswith("bytes") and value is not None:
+        if key in MEGABYTE_KEYS and value is not None:
             value = value / 1e6
         width = len(fmt.format(0.0 if "f" in fmt else 0))
         cells.append(" " * (width - 1) + "-" if value is None else fmt.format(value))

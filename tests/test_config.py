@@ -1,9 +1,13 @@
 """Tests for fedapp.config (RunConfig vs. pyproject.toml, validation messages) and
-the train config that fedapp.registry derives from it."""
+the train config that fedapp.registry derives from it.
+
+Bad values go through ``check_run_config`` (RunConfig plus the strategy constructor's
+own checks); tests/test_config_boundaries.py walks every key."""
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 import tomllib
 from pathlib import Path
@@ -11,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from fedapp.config import ConfigError, RunConfig
-from fedapp.registry import STRATEGIES, build_strategy, train_config
-from strategies import WEIGHTINGS, FedAvg
+from fedapp.registry import STRATEGIES, build_strategy, check_run_config, train_config
+from strategies import WEIGHTINGS, DynamicFL, FedAvg, FedNova, FedProx, FedVeca
 from strategies import contract as C
 from task.data import DATASET_NAMES
 from task.models import MODEL_NAMES
@@ -34,8 +38,8 @@ def field_defaults() -> dict[str, object]:
 # ----------------------------------------------------------------- pyproject <-> RunConfig
 def test_pyproject_keys_are_exactly_runconfig_fields(toml_config):
     fields = field_defaults()
-    assert sorted(set(toml_config) - set(fields)) == [], "keys in pyproject.toml but not in RunConfig"
-    assert sorted(set(fields) - set(toml_config)) == [], "RunConfig fields missing from pyproject.toml"
+    assert sorted(set(toml_config) - set(fields)) == [], "in pyproject.toml but not in RunConfig"
+    assert sorted(set(fields) - set(toml_config)) == [], "RunConfig fields not in pyproject.toml"
     assert list(toml_config) == list(fields)  # same order, for readers of both
 
 
@@ -68,7 +72,8 @@ def test_to_dict_round_trips(toml_config):
     assert cfg.to_dict() == dict(toml_config)
     assert RunConfig.from_user_config(cfg.to_dict()) == cfg
     custom = RunConfig.from_user_config({
-        "strategy": "fedsgd", "lr": 0.2, "batch-size": 10, "full-batch": True, "dataset": "synthetic",
+        "strategy": "fedsgd", "lr": 0.2, "batch-size": 10, "full-batch": True,
+        "dataset": "synthetic",
         "partition": "natural", "model": "mlp-2nn", "momentum": 0.9, "output-dir": "/tmp/runs",
         "device": "cuda:1", "allow-download": False, "fraction-evaluate": 0.5,
     })
@@ -84,7 +89,7 @@ def test_config_is_frozen():
 # ----------------------------------------------------------------- bad values
 def assert_config_error(user_config: dict, *needles: str) -> str:
     with pytest.raises(ConfigError) as err:
-        RunConfig.from_user_config(user_config)
+        check_run_config(user_config)
     assert isinstance(err.value, ValueError)
     msg = str(err.value)
     for needle in needles:
@@ -94,7 +99,7 @@ def assert_config_error(user_config: dict, *needles: str) -> str:
 
 BAD_VALUES = [
     # key, bad value, what the message must name as allowed
-    ("weighting", "median", list(WEIGHTINGS)),
+    ("weighting", "median", list(WEIGHTINGS)),  # FedAvg's constructor lists them
     ("dataset", "foo", list(DATASET_NAMES)),
     ("dataset", "hf:", list(DATASET_NAMES)),
     ("partition", "pathological", list(PARTITION_NAMES)),
@@ -111,7 +116,8 @@ BAD_VALUES = [
     ("local-steps", -1, [">= 0"]),
     ("lr", 0.0, ["> 0"]),
     ("lr", -0.1, ["> 0"]),
-    ("lr", math.nan, ["> 0"]),
+    ("lr", math.nan, ["finite"]),
+    ("lr", math.inf, ["finite"]),
     ("momentum", 1.0, ["[0, 1)"]),
     ("momentum", -0.5, ["[0, 1)"]),
     ("weight-decay", -1e-4, [">= 0"]),
@@ -129,6 +135,7 @@ BAD_VALUES = [
     ("output-dir", "~/runs", ["absolute path"]),
     ("device", "tpu", ["auto", "cpu", "cuda", "cuda:N"]),
     ("device", "", ["auto", "cpu", "cuda", "cuda:N"]),
+    ("seed", -1, ["[0, ", "negative"]),
 ]
 
 
@@ -150,7 +157,7 @@ def test_other_keys_are_fine_when_one_is_bad():
 
 
 def test_unknown_strategy_via_registry():
-    cfg = RunConfig.from_user_config({"strategy": "fedfoo"})  # RunConfig leaves strategies to the registry
+    cfg = RunConfig.from_user_config({"strategy": "fedfoo"})  # names are the registry's
     with pytest.raises(ConfigError) as err:
         build_strategy(cfg)
     msg = str(err.value)
@@ -213,19 +220,56 @@ def test_malformed_cuda_device_rejected(device):
 
 
 def test_good_boundary_values():
-    cfg = RunConfig.from_user_config({
+    cfg = check_run_config({
         "fraction-train": 1.0, "fraction-evaluate": 0.0, "momentum": 0.0, "local-steps": 0,
-        "min-partition-size": 0, "quantity-sigma": 0.0, "weight-decay": 0.0, "output-dir": "/abs/runs",
+        "min-partition-size": 0, "quantity-sigma": 0.0, "weight-decay": 0.0,
+        "output-dir": "/abs/runs",
         "dataset": "hf:flwrlabs/femnist", "synthetic-alpha": 0.0,
     })
     assert cfg.output_dir == "/abs/runs"
     assert cfg.resolved_output_dir() == Path("/abs/runs")
-    RunConfig.from_user_config({"fraction-evaluate": 1.0, "momentum": 0.99, "fraction-train": 1e-3})
+    check_run_config({"fraction-evaluate": 1.0, "momentum": 0.99, "fraction-train": 1e-3})
 
 
 def test_resolved_output_dir_default(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
     assert RunConfig().resolved_output_dir() == tmp_path / "fedhetero" / "runs"
+
+
+# ----------------------------------------------------------------- defaults agree
+# constructor parameter -> the run-config key the registry passes to it unchanged
+SAME_DEFAULT = {
+    FedAvg: {"fraction_train": "fraction-train", "weighting": "weighting", "server_lr": "server-lr",
+             "seed": "seed", "min_available_nodes": "min-available-nodes",
+             "straggler_fraction": "straggler-fraction", "straggler_unit": "straggler-unit"},
+    FedProx: {"proximal_mu": "proximal-mu"},
+    FedNova: {"server_momentum": "server-momentum"},
+    FedVeca: {"tau_init": "fedveca-tau-init", "tau_max": "fedveca-tau-max",
+              "alpha": "fedveca-alpha", "beta_mode": "fedveca-beta-mode",
+              "grad_subsample": "fedveca-grad-subsample"},
+    DynamicFL: {"intervals": "dynamicfl-intervals", "local_steps": "dynamicfl-local-steps",
+                "budget_mode": "dynamicfl-budget-mode", "beta": "dynamicfl-beta",
+                "n_ens": "dynamicfl-n-ens", "x_star_mode": "dynamicfl-x-star-mode",
+                "fraction_train": "fraction-train", "seed": "seed",
+                "min_available_nodes": "min-available-nodes"},
+}
+# Deliberately different in the app (RunConfig = pyproject.toml), always passed explicitly:
+# fraction-evaluate 0.0 (the app evaluates on the server; Flower's and the classes' 1.0),
+# drift-diagnostics true (the run log's drift columns), lr 0.1 (FedVeca's own lr is 0.01).
+APP_DIFFERS = {"fraction-evaluate": 0.0, "drift-diagnostics": True, "lr": 0.1}
+
+
+@pytest.mark.parametrize("cls", list(SAME_DEFAULT), ids=lambda c: c.__name__)
+def test_runconfig_defaults_equal_the_constructor_defaults(cls):
+    params = inspect.signature(cls.__init__).parameters
+    for param, key in SAME_DEFAULT[cls].items():
+        assert params[param].default == RunConfig().to_dict()[key], (cls.__name__, param, key)
+
+
+def test_flower_defaults_min_available_nodes_and_fraction_train():
+    defaults = RunConfig().to_dict()
+    assert defaults["min-available-nodes"] == 2 and defaults["fraction-train"] == 1.0
+    assert {k: defaults[k] for k in APP_DIFFERS} == APP_DIFFERS
 
 
 # ----------------------------------------------------------------- registry train config
@@ -250,7 +294,8 @@ def test_fedsgd_forces_one_full_batch_epoch():
 @pytest.mark.parametrize("full_batch, batch_size, expected", [(False, 32, 32), (False, 7, 7),
                                                               (True, 32, 0), (True, 7, 0)])
 def test_fedavg_batch_size(full_batch, batch_size, expected):
-    cfg = RunConfig.from_user_config({"strategy": "fedavg", "full-batch": full_batch, "batch-size": batch_size,
+    cfg = RunConfig.from_user_config({"strategy": "fedavg", "full-batch": full_batch,
+                                      "batch-size": batch_size,
                                       "local-epochs": 3, "local-steps": 4})
     strategy, config = build_strategy(cfg)
     assert isinstance(strategy, FedAvg)
@@ -261,7 +306,8 @@ def test_fedavg_batch_size(full_batch, batch_size, expected):
 
 def test_train_config_keys_and_types():
     config = train_config(RunConfig())
-    assert set(config) == {C.LR, C.LOCAL_EPOCHS, C.LOCAL_STEPS, C.BATCH_SIZE, C.MOMENTUM, C.WEIGHT_DECAY, C.SEED}
+    assert set(config) == {C.LR, C.LOCAL_EPOCHS, C.LOCAL_STEPS, C.BATCH_SIZE, C.MOMENTUM,
+                           C.WEIGHT_DECAY, C.SEED}
     assert config == {C.LR: 0.1, C.LOCAL_EPOCHS: 2, C.LOCAL_STEPS: 0, C.BATCH_SIZE: 32,
                       C.MOMENTUM: 0.0, C.WEIGHT_DECAY: 0.0, C.SEED: 0}
     for key in (C.LOCAL_EPOCHS, C.LOCAL_STEPS, C.BATCH_SIZE, C.SEED):
