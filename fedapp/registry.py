@@ -173,22 +173,24 @@ def build_strategy(cfg: RunConfig) -> tuple[Strategy, dict]:
 def _check_other_families(cfg: RunConfig) -> None:
     """A key only another strategy reads (``fedveca-*`` with FedAvg) is not used, but a
     bad value is still an error: it is checked by building the strategy that reads it
-    from the defaults plus that one key, so the error names it."""
+    from the defaults plus that family's keys (all of them: some rules span two keys)."""
     values = cfg.to_dict()
     for prefix, (readers, checker) in FAMILY_KEYS.items():
-        if cfg.strategy in readers:
+        family = {k: v for k, v in values.items() if k.startswith(prefix)}
+        changed = {k: v for k, v in family.items() if v != default(k)}
+        if cfg.strategy in readers or not changed:
             continue
-        for key in (k for k in values if k.startswith(prefix) and values[k] != default(k)):
-            probe = dataclasses.replace(RunConfig(), strategy=checker,
-                                        **{key.replace("-", "_"): values[key]})
-            try:
-                with _quiet():
-                    STRATEGIES[checker](probe)
-            except ValueError as exc:
-                raise ConfigError(
-                    f"run config: {key}={values[key]!r} is not a valid value ({exc}); "
-                    f"strategy={cfg.strategy!r} does not read it, but a bad value is still "
-                    f"an error. Set it with: {flwr_run_fix({key: default(key)})}") from exc
+        probe = dataclasses.replace(RunConfig(), strategy=checker,
+                                    **{k.replace("-", "_"): v for k, v in family.items()})
+        try:
+            with _quiet():
+                STRATEGIES[checker](probe)
+        except ValueError as exc:
+            shown = ", ".join(f"{k}={v!r}" for k, v in changed.items())
+            raise ConfigError(
+                f"run config: {shown}: not a valid value ({exc}); strategy={cfg.strategy!r} "
+                f"does not read it, but a bad value is still an error. Set it with: "
+                f"{flwr_run_fix({k: default(k) for k in changed})}") from exc
 
 
 def check_run_config(user_config: Mapping[str, object]) -> RunConfig:

@@ -98,8 +98,8 @@ def round_stragglers(
 def steps_for_epochs(num_examples: int, batch_size: int, epochs: float) -> int:
     """tau_i = floor(E n_i / B) local steps, at least 1; B = 0 or B >= n_i gives floor(E).
 
-    What fedhetero's own client runs for ``local-epochs`` E (``task.train.steps_for_epochs``,
-    kept equal by a test): a stream of minibatches, not whole passes. E may be any number
+    What fedhetero's own client runs for ``local-epochs`` E (``task.train`` uses this
+    function): a stream of minibatches, not whole passes. E may be any number
     > 0; a fraction of an epoch is taken as the decimal it prints as, so no float rounding
     moves the floor (0.57 * 100 gives 57, not 56).
     """

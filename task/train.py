@@ -13,13 +13,12 @@ so a FedVeca round and a local_sgd run with the same seed see the same batches.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from fractions import Fraction
 
 import torch
 
 from strategies.client.batches import batch_indices, client_seed
+from strategies.sampling import steps_for_epochs  # u_k = floor(E n_k / B): one definition
 
 from .models import ClassifierModule
 
@@ -41,24 +40,6 @@ def resolve_device(device: str = "auto") -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(device)
-
-
-def steps_for_epochs(num_examples: int, batch_size: int, epochs: float) -> int:
-    """u_k = floor(E n_k / B) local steps (McMahan et al.; FedNova's tau_i), at least 1.
-
-    B = 0 or B >= n (full batch) gives E steps (floor(E) for a fractional E).
-    E may be a fraction (> 0), e.g. FedVeca's fairness protocol's E_avg; at least one
-    step is taken whenever n > 0 and E > 0.
-    """
-    if num_examples <= 0 or epochs <= 0:
-        return 0
-    if batch_size <= 0 or batch_size >= num_examples:
-        return max(1, math.floor(epochs))
-    if isinstance(epochs, int):
-        return max(1, (epochs * num_examples) // batch_size)
-    # A fraction of an epoch (FedVeca's fairness protocol, E_avg < 1): floor(E n / B)
-    # with E taken as the decimal it prints as, so no float rounding moves the floor.
-    return max(1, math.floor(Fraction(repr(float(epochs))) * num_examples / batch_size))
 
 
 def local_sgd(

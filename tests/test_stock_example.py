@@ -101,6 +101,7 @@ def test_example_under_flwr_run(tmp_path, strategy):
                      app_dir=example_app(tmp_path, strategy))
     assert result.status == "finished:completed", result.output[-4000:]
     assert "[ROUND 2/2]" in result.output or "round 2" in result.output.lower()
+    assert "ERROR" not in result.output and "Traceback" not in result.output, result.output[-4000:]
     if strategy == "fednova":
         assert "tau_i is taken as the E ceil(n_i / B)" in result.output
     assert local_superlink_pids(home) == []
