@@ -6,8 +6,9 @@ pure function of the arguments (``seed`` included); schemes without randomness
 (``fedveca-case1/2/3`` and ``natural`` with one group per partition) ignore
 ``seed``.
 
-Schemes (see /work/shared/spec/fedavg-family.md §1.5, §3.2, §5.1 and
-/work/shared/spec/fedveca.md §5 "Partition cases", §7 A20):
+Schemes (McMahan et al. 2017, Sec. 3: IID and pathological shards; "Understanding
+Federated Learning from IID to Non-IID dataset", Sec. 4.2.2 and 4.3.1: quantity skew and
+Dirichlet label skew; Li et al. 2022, NIID-Bench: "#C=k"; Luo et al., FedVeca, Sec. IV-A3):
 
 * ``iid``            random permutation split into nearly equal parts (numpy).
 * ``dirichlet``      "hetero-dir" label skew (Yurochkin et al. / NIID-Bench),

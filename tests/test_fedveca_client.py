@@ -78,7 +78,7 @@ def test_quadratic_minibatch_same_batch_beta_is_the_curvature():
     assert result.beta == pytest.approx(2.0, rel=1e-10)  # the Hessian is c I whatever the batch
     model, x, y, _ = quadratic_case(n=100)
     literal = fedveca_steps(model, x, y, tau=10, lr=0.05, batch_size=7, beta_mode="literal", gnorm2_prev=1.0)
-    assert literal.beta > 2.0  # minibatch noise enters the literal estimator (spec §4.6)
+    assert literal.beta > 2.0  # minibatch noise enters the literal estimator (FedVeca Alg. 2 line 15)
 
 
 def test_delta_scales_inversely_with_gnorm2_prev():
