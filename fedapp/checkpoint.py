@@ -44,6 +44,8 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
+from strategies import contract as C
+
 from .config import ConfigError
 
 CHECKPOINT_NAME = "checkpoint.pkl"
@@ -128,7 +130,7 @@ def make_payload(server_round: int, arrays: ArrayRecord, strategy: Strategy, rec
         "strategy": state,
         "rng": rng_state(),
         "records": [dict(r) for r in records],
-        "elapsed-seconds": float(elapsed),
+        C.LOG_ELAPSED_SECONDS: float(elapsed),
         "run-config": dict(run_config),
     }
 

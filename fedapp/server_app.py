@@ -86,7 +86,7 @@ class ServerEvaluator:
         self.records = [dict(r) for r in payload["records"]]
         for record in self.records:
             self.run_log.append_round(record)
-        self.started = time.perf_counter() - payload["elapsed-seconds"]
+        self.started = time.perf_counter() - payload[C.LOG_ELAPSED_SECONDS]
         for name in ("partitions.json", "label_distribution.png"):
             if (Path(source) / name).is_file():
                 shutil.copyfile(Path(source) / name, self.run_log.directory / name)

@@ -268,7 +268,8 @@ def efficiency(args) -> None:
             "aggregation)"
         )
     print(
-        f"\n(c) ServerApp peak memory (max RSS): {max(r['server-max-rss-mb'] for r in sim):.0f} MB"
+        "\n(c) ServerApp peak memory (max RSS): "
+        f"{max(r[C.LOG_SERVER_MAX_RSS_MB] for r in sim):.0f} MB"
     )
 
 

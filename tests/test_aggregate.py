@@ -12,6 +12,7 @@ import pytest
 
 from strategies import aggregate as agg
 from strategies import sampling
+from strategies import contract as C
 
 
 def fixed(c) -> agg.Coefficients:
@@ -365,11 +366,11 @@ def test_update_drift_cosines_and_norm_spread_by_hand():
     drift.add({"fc.weight": np.array([1, 1], np.float32), "fc.bias": np.array([0], np.float32),
                "out.weight": np.array([-1, -1], np.float32)})
     out = drift.summary()
-    assert out["drift-cosine"]["fc"] == pytest.approx(np.sqrt(2) / 3, abs=1e-6)
-    assert out["drift-cosine"]["out"] == pytest.approx(-1 / 3, abs=1e-6)
+    assert out[C.LOG_DRIFT_COSINE]["fc"] == pytest.approx(np.sqrt(2) / 3, abs=1e-6)
+    assert out[C.LOG_DRIFT_COSINE]["out"] == pytest.approx(-1 / 3, abs=1e-6)
     norms = np.array([np.sqrt(3), 3.0, 2.0])  # whole-model update norms
-    assert out["update-norm-mean"] == pytest.approx(norms.mean())
-    assert out["update-norm-cv"] == pytest.approx(norms.std() / norms.mean())
+    assert out[C.LOG_UPDATE_NORM_MEAN] == pytest.approx(norms.mean())
+    assert out[C.LOG_UPDATE_NORM_CV] == pytest.approx(norms.std() / norms.mean())
 
 
 def test_update_drift_identical_updates_have_cosine_one():
@@ -381,4 +382,4 @@ def test_update_drift_identical_updates_have_cosine_one():
     drift = UpdateDrift(g)
     for scale in (1.0, 2.0, 0.5):
         drift.add({"a.weight": g["a.weight"] + scale * d})
-    assert drift.summary()["drift-cosine"]["a"] == pytest.approx(1.0, abs=1e-5)
+    assert drift.summary()[C.LOG_DRIFT_COSINE]["a"] == pytest.approx(1.0, abs=1e-5)

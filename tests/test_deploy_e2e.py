@@ -16,6 +16,7 @@ from deploy.layout import Layout
 from deploy.runner import run_on_connection
 from fedapp.run_log import read_rounds
 from simulation.runtime import descendants, is_alive
+from strategies import contract as C
 
 FASHION_MNIST = "/usr/share/datasets/fashion-mnist"  # the nodes name it in their node config
 TINY_RUN = {"num-server-rounds": 2, "local-steps": 5, "partition": "iid", "model": "cnn-small",
@@ -65,7 +66,7 @@ def test_insecure_two_supernodes_two_rounds_change_the_model(tmp_path, deploymen
     (run_dir,) = (tmp_path / "runs").iterdir()
     rounds = read_rounds(run_dir)
     assert [r["round"] for r in rounds] == [0, 1, 2]
-    assert all(r["clients-received"] == 2 and r["clients-failed"] == 0 for r in rounds[1:])
+    assert all(r[C.LOG_CLIENTS_RECEIVED] == 2 and r[C.LOG_CLIENTS_FAILED] == 0 for r in rounds[1:])
     assert rounds[-1]["loss"] < rounds[0]["loss"]  # round 0 evaluates the initial model
     assert (run_dir / "final_model.pt").is_file()
     assert json.loads((run_dir / "partitions.json").read_text()).keys() == {"0", "1"}

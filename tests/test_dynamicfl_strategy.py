@@ -187,11 +187,11 @@ def test_long_chunks_overlap_short_ones_and_diagnostics():
     assert all(node in z for batch in grid.pushes[1:] for node, _, _ in batch)
     d = strategy.diagnostics[1]
     nu = len(z) * 10 + len(low)
-    assert d["syncs"] == nu and d["kappa-hat"] == pytest.approx(nu / 50)
+    assert d["syncs"] == nu and d[C.LOG_KAPPA_HAT] == pytest.approx(nu / 50)
     model_bytes = record({"w": np.zeros(3)}).count_bytes()
-    assert d["bytes-down"] == d["bytes-up"] == nu * model_bytes
-    assert d["sync-events"] == (10 if z else 1) and d["dynamicfl-group-size"] == len(z)
-    assert d["clients-failed"] == 0 and "train-loss" in d
+    assert d[C.LOG_BYTES_DOWN] == d[C.LOG_BYTES_UP] == nu * model_bytes
+    assert d[C.LOG_SYNC_EVENTS] == (10 if z else 1) and d[C.LOG_DYNAMICFL_GROUP_SIZE] == len(z)
+    assert d[C.LOG_CLIENTS_FAILED] == 0 and "train-loss" in d
 
 
 def test_dynacomm_group_matches_pure_function():
@@ -206,7 +206,7 @@ def test_dynacomm_group_matches_pure_function():
     expected = dc.dynacomm([HIST[pid_of(grid, n)] for n in active], q, k_max=3, rng=[SEED, 1, 7])
     high = sorted(m for m, i in plan.intervals.items() if i == 1)
     assert high == sorted(active[i] for i in expected.members)
-    assert strategy.diagnostics[1]["dynamicfl-kl"] == pytest.approx(expected.kl)
+    assert strategy.diagnostics[1][C.LOG_DYNAMICFL_KL] == pytest.approx(expected.kl)
 
 
 def test_fix_beta_only_rich_clients_in_the_high_group():
@@ -240,7 +240,7 @@ def test_failed_client_is_dropped_and_the_round_completes():
                          intervals="a-g", local_steps=6,
                          fraction_train=1.0, seed=SEED, poll_interval=0)
     result = run(strategy, grid, rounds=1)
-    assert strategy.diagnostics[1]["clients-failed"] == 1
+    assert strategy.diagnostics[1][C.LOG_CLIENTS_FAILED] == 1
     assert np.isfinite(numpy_of(result.arrays)["w"]).all()
 
 
@@ -254,7 +254,7 @@ def test_x_star_paper_mode_trains_only_the_high_group():
     plan = strategy.plans[1]
     trained = {node for batch in grid.pushes for node, _, _ in batch}
     assert trained == set(plan.training) and len(trained) <= 2
-    assert strategy.diagnostics[1]["kappa-hat"] == pytest.approx(len(trained) * 5 / 25)
+    assert strategy.diagnostics[1][C.LOG_KAPPA_HAT] == pytest.approx(len(trained) * 5 / 25)
 
 
 def test_missing_label_counts_is_a_clear_error():

@@ -144,10 +144,10 @@ def test_configure_train_then_aggregate_examples():
     assert metrics[C.NUM_EXAMPLES] == pytest.approx(40.0)
     assert metrics[C.TRAIN_LOSS] == pytest.approx(2.5)  # (10*1 + 30*3) / 40
     diag = strategy.diagnostics[1]
-    assert diag["clients-sampled"] == 2 and diag["clients-received"] == 2
-    assert diag["clients-failed"] == 0
+    assert diag[C.LOG_CLIENTS_SAMPLED] == 2 and diag[C.LOG_CLIENTS_RECEIVED] == 2
+    assert diag[C.LOG_CLIENTS_FAILED] == 0
     assert diag["train-loss"] == pytest.approx(2.5)
-    assert diag["bytes-up"] > 0 and diag["bytes-down"] > 0
+    assert diag[C.LOG_BYTES_UP] > 0 and diag[C.LOG_BYTES_DOWN] > 0
 
 
 # ---------------------------------------------------------------- weightings
@@ -279,8 +279,8 @@ def test_bad_reply_rejected_good_ones_aggregated(kind, weighting, caplog):
     expected = {"examples": [2.5, 5.0], "uniform": [2.0, 4.0]}[weighting]
     np.testing.assert_allclose(result_w(arrays), expected)
     assert metrics[C.NUM_EXAMPLES] == pytest.approx(40.0)
-    assert s.diagnostics[4]["clients-failed"] == 1
-    assert s.diagnostics[4]["clients-received"] == 2
+    assert s.diagnostics[4][C.LOG_CLIENTS_FAILED] == 1
+    assert s.diagnostics[4][C.LOG_CLIENTS_RECEIVED] == 2
     rejected = [r for r in caplog.records if "rejected" in r.getMessage()]
     assert len(rejected) == 1 and "node 3" in rejected[0].getMessage()
 
@@ -291,7 +291,7 @@ def test_non_finite_num_examples_rejected(bad_n):
     replies = [good(1, [1.0, 2.0], 10), good(3, [9.0, 9.0], bad_n), good(2, [3.0, 6.0], 30)]
     arrays, _ = s.aggregate_train(1, replies)
     np.testing.assert_allclose(result_w(arrays), [2.5, 5.0])
-    assert s.diagnostics[1]["clients-failed"] == 1
+    assert s.diagnostics[1][C.LOG_CLIENTS_FAILED] == 1
 
 
 def test_failed_client_counts_and_weighting_renormalised_scheme_i():
@@ -300,14 +300,14 @@ def test_failed_client_counts_and_weighting_renormalised_scheme_i():
     arrays, _ = s.aggregate_train(2,
                                   [good(1, [3.0], 10), good(2, [6.0], 30), BAD_REPLIES["error"](3)])
     np.testing.assert_allclose(result_w(arrays), [4.0])
-    assert s.diagnostics[2]["clients-failed"] == 1
+    assert s.diagnostics[2][C.LOG_CLIENTS_FAILED] == 1
 
 
 def test_missing_reply_counts_as_failed():
     s = prepared("examples", [0.0, 0.0], {1: 10, 2: 30, 3: 20}, {1: 1, 2: 1, 3: 1})
     arrays, _ = s.aggregate_train(1, [good(1, [1.0, 2.0], 10), good(2, [3.0, 6.0], 30)])
     np.testing.assert_allclose(result_w(arrays), [2.5, 5.0])
-    assert s.diagnostics[1]["clients-failed"] == 1
+    assert s.diagnostics[1][C.LOG_CLIENTS_FAILED] == 1
 
 
 def test_all_replies_bad_keeps_model():
@@ -317,13 +317,14 @@ def test_all_replies_bad_keeps_model():
     assert s.aggregate_train(3, replies) == (None, None)
     assert s.current_arrays is before
     np.testing.assert_array_equal(result_w(s.current_arrays), [1.0, 2.0])
-    assert s.diagnostics[3]["clients-failed"] == 2 and s.diagnostics[3]["clients-received"] == 0
+    assert s.diagnostics[3][C.LOG_CLIENTS_FAILED] == 2
+    assert s.diagnostics[3][C.LOG_CLIENTS_RECEIVED] == 0
 
 
 def test_no_replies_keeps_model():
     s = prepared("examples", [1.0, 2.0], {1: 10, 2: 30}, {1: 1, 2: 1})
     assert s.aggregate_train(1, []) == (None, None)
-    assert s.diagnostics[1]["clients-failed"] == 2
+    assert s.diagnostics[1][C.LOG_CLIENTS_FAILED] == 2
 
 
 def test_run_keeps_model_when_every_client_fails():
@@ -346,8 +347,8 @@ def test_run_keeps_model_when_every_client_fails():
     strategy.start(grid, record({"w": np.array([1.0, 2.0])}), num_rounds=2)
     # round 2 was sent the unchanged initial model
     assert received == [[1.0, 2.0]] * 6
-    assert strategy.diagnostics[1]["clients-failed"] == 3
-    assert strategy.diagnostics[2]["clients-failed"] == 3
+    assert strategy.diagnostics[1][C.LOG_CLIENTS_FAILED] == 3
+    assert strategy.diagnostics[2][C.LOG_CLIENTS_FAILED] == 3
 
 
 # ---------------------------------------------------------------- sampling

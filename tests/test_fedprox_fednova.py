@@ -425,9 +425,9 @@ def test_drop_policy_sends_nothing_to_stragglers(fraction_train, sampled, stragg
         assert sent.isdisjoint(s.straggler_work)
         assert sent == set(s.draws)
         diag = s.diagnostics[rnd]
-        assert diag["clients-sampled"] == sampled
-        assert diag["clients-stragglers"] == stragglers
-        assert diag["clients-dropped"] == stragglers
+        assert diag[C.LOG_CLIENTS_SAMPLED] == sampled
+        assert diag[C.LOG_CLIENTS_STRAGGLERS] == stragglers
+        assert diag[C.LOG_CLIENTS_DROPPED] == stragglers
         # the drop policy leaves the config alone
         assert all(C.LOCAL_STEPS not in m.content[C.CONFIG] for m in messages)
 
@@ -437,8 +437,8 @@ def test_drop_policy_failed_count_excludes_dropped():
     s = FedAvg(query_client_info=True, straggler_fraction=0.5, straggler_policy="drop", seed=3)
     result = s.start(grid, record({"w": np.zeros(2)}), num_rounds=1)
     assert result.arrays is not None
-    assert s.diagnostics[1]["clients-received"] == 5
-    assert s.diagnostics[1]["clients-failed"] == 0
+    assert s.diagnostics[1][C.LOG_CLIENTS_RECEIVED] == 5
+    assert s.diagnostics[1][C.LOG_CLIENTS_FAILED] == 0
 
 
 def straggler_partitions(node_ids, seed, policy="drop", rounds=5, fraction_train=0.6):
@@ -467,7 +467,8 @@ def test_no_stragglers_by_default():
     s = FedAvg(query_client_info=True)
     messages = configure(s, grid, 1, ConfigRecord({C.LOCAL_STEPS: 5}))
     assert len(messages) == 4 and s.straggler_work == {}
-    assert s.diagnostics[1]["clients-stragglers"] == 0 and s.diagnostics[1]["clients-dropped"] == 0
+    assert s.diagnostics[1][C.LOG_CLIENTS_STRAGGLERS] == 0
+    assert s.diagnostics[1][C.LOG_CLIENTS_DROPPED] == 0
 
 
 SIZES = "10,20,30,40,50,60,70,80,90,100"
@@ -485,8 +486,8 @@ def test_partial_policy_epochs_config(cls):
     for rnd in range(1, 9):
         messages = configure(s, grid, rnd, config)
         assert len(messages) == 10
-        assert s.diagnostics[rnd]["clients-stragglers"] == 5
-        assert s.diagnostics[rnd]["clients-dropped"] == 0
+        assert s.diagnostics[rnd][C.LOG_CLIENTS_STRAGGLERS] == 5
+        assert s.diagnostics[rnd][C.LOG_CLIENTS_DROPPED] == 0
         for m in messages:
             node = m.metadata.dst_node_id
             sent = m.content[C.CONFIG]
@@ -518,7 +519,7 @@ def test_partial_policy_local_steps_config_and_clients_receive_it():
         steps_taken = sorted(c[C.LOCAL_STEPS] for _, c in got)
         assert all(c[C.SERVER_ROUND] == rnd for _, c in got)
         assert sum(1 for k in steps_taken if k <= 6) == 10 and all(k >= 1 for k in steps_taken)
-        assert s.diagnostics[rnd]["clients-stragglers"] == 9
+        assert s.diagnostics[rnd][C.LOG_CLIENTS_STRAGGLERS] == 9
         assert sorted(s.diagnostics[rnd]["local-steps"]) == steps_taken
     # the last round's stragglers got exactly the steps the strategy assigned
     last = {pid: c[C.LOCAL_STEPS] for pid, c in by_round[-1]}
@@ -593,7 +594,7 @@ def test_fedprox_runs_with_every_weighting(weighting):
     w = result_w(result.arrays)
     assert np.isfinite(w).all() and (w > 0).all()
     assert received and all(c[C.PROXIMAL_MU] == pytest.approx(0.1) for _, c in received)
-    assert s.diagnostics[1]["clients-failed"] == 0
+    assert s.diagnostics[1][C.LOG_CLIENTS_FAILED] == 0
 
 
 def test_fedprox_aggregate_on_same_replies_equals_fedavg():
@@ -618,10 +619,10 @@ def test_fednova_aggregate_hand_computed_equal_weights():
                                             reply(2, [3.0, 6.0], 10, **steps(4))])
     np.testing.assert_allclose(result_w(arrays), [2.1875, 4.375], atol=1e-14)
     diag = s.diagnostics[1]
-    assert diag["tau-eff"] == pytest.approx(2.5)
-    assert diag["a-norms"] == [1.0, 4.0]
+    assert diag[C.LOG_TAU_EFF] == pytest.approx(2.5)
+    assert diag[C.LOG_A_NORMS] == [1.0, 4.0]
     assert diag["local-steps"] == [1, 4]
-    assert diag["clients-received"] == 2 and diag["clients-failed"] == 0
+    assert diag[C.LOG_CLIENTS_RECEIVED] == 2 and diag[C.LOG_CLIENTS_FAILED] == 0
     assert metrics[C.NUM_EXAMPLES] == pytest.approx(20.0)
 
 
@@ -630,7 +631,7 @@ def test_fednova_aggregate_hand_computed_weights_one_to_three():
     arrays, _ = s.aggregate_train(3, [reply(1, [1.0, 2.0], 10, **steps(1)),
                                       reply(2, [3.0, 6.0], 30, **steps(4))])
     np.testing.assert_allclose(result_w(arrays), [2.640625, 5.28125], atol=1e-14)
-    assert s.diagnostics[3]["tau-eff"] == pytest.approx(3.25)
+    assert s.diagnostics[3][C.LOG_TAU_EFF] == pytest.approx(3.25)
 
 
 def test_fednova_equal_steps_equals_fedavg_strategy():
@@ -652,8 +653,8 @@ def test_fednova_momentum_sent_uses_momentum_norm():
     s.current_arrays = record({"w": np.zeros(1)})
     arrays, _ = s.aggregate_train(1, replies)
     np.testing.assert_allclose(result_w(arrays), [3.9375], atol=1e-14)
-    assert s.diagnostics[1]["a-norms"] == [4.25, 1.0]
-    assert s.diagnostics[1]["tau-eff"] == pytest.approx(2.625)
+    assert s.diagnostics[1][C.LOG_A_NORMS] == [4.25, 1.0]
+    assert s.diagnostics[1][C.LOG_TAU_EFF] == pytest.approx(2.625)
 
 
 def test_fednova_proximal_sent_uses_proximal_norm():
@@ -661,8 +662,8 @@ def test_fednova_proximal_sent_uses_proximal_norm():
              sent={1: {C.LR: 0.1, C.PROXIMAL_MU: 1.0}, 2: {C.LR: 0.1, C.PROXIMAL_MU: 1.0}})
     # tau 3, alpha 0.1: a = 2.71; tau 1: a = 1
     s.aggregate_train(1, [reply(1, [2.71], 10, **steps(3)), reply(2, [1.0], 10, **steps(1))])
-    assert s.diagnostics[1]["a-norms"] == [2.71, 1.0]
-    assert s.diagnostics[1]["tau-eff"] == pytest.approx(1.855)
+    assert s.diagnostics[1][C.LOG_A_NORMS] == [2.71, 1.0]
+    assert s.diagnostics[1][C.LOG_TAU_EFF] == pytest.approx(1.855)
 
 
 def test_fednova_reported_a_norm_used_directly():
@@ -671,7 +672,7 @@ def test_fednova_reported_a_norm_used_directly():
     arrays, _ = s.aggregate_train(1, [reply(1, [3.0, 6.0], 10, **steps(1), **{C.A_NORM: 4.0}),
                                       reply(2, [1.0, 2.0], 10, **steps(1))])
     np.testing.assert_allclose(result_w(arrays), [2.1875, 4.375], atol=1e-14)
-    assert s.diagnostics[1]["a-norms"] == [4.0, 1.0]
+    assert s.diagnostics[1][C.LOG_A_NORMS] == [4.0, 1.0]
 
 
 def test_fednova_stock_replies_derive_tau_and_warn_once(caplog):
@@ -686,7 +687,7 @@ def test_fednova_stock_replies_derive_tau_and_warn_once(caplog):
             arrays, _ = s.aggregate_train(rnd,
                                           [reply(1, [4.0, 4.0], 10), reply(2, [8.0, 16.0], 30)])
             np.testing.assert_allclose(result_w(arrays), [7.0, 12.25], atol=1e-14)
-            assert s.diagnostics[rnd]["a-norms"] == [4.0, 8.0]
+            assert s.diagnostics[rnd][C.LOG_A_NORMS] == [4.0, 8.0]
             assert "local-steps" not in s.diagnostics[rnd]
     warnings = [r for r in caplog.records
                 if r.levelno == logging.WARNING and "FedNova" in r.getMessage()]
@@ -701,7 +702,7 @@ def test_fednova_stock_replies_drop_last_floor():
     s = nova([0.0, 0.0], [1, 2], local_epochs=2, batch_size=8, drop_last=True)
     arrays, _ = s.aggregate_train(1, [reply(1, [2.0, 2.0], 10), reply(2, [6.0, 12.0], 30)])
     np.testing.assert_allclose(result_w(arrays), [5.0, 8.75], atol=1e-14)
-    assert s.diagnostics[1]["a-norms"] == [2.0, 6.0]
+    assert s.diagnostics[1][C.LOG_A_NORMS] == [2.0, 6.0]
 
 
 @pytest.mark.parametrize("sent, kwargs", [
@@ -722,7 +723,7 @@ def test_fednova_stock_reply_without_batch_size_is_an_error_naming_the_fix(sent,
 def test_fednova_reported_steps_need_no_batch_size():
     s = nova([0.0], [1, 2])
     s.aggregate_train(1, [reply(1, [1.0], 10, **steps(2)), reply(2, [1.0], 10, **steps(3))])
-    assert s.diagnostics[1]["a-norms"] == [2.0, 3.0]
+    assert s.diagnostics[1][C.LOG_A_NORMS] == [2.0, 3.0]
 
 
 def test_fednova_stock_reply_uses_sent_config_when_not_given():
@@ -730,7 +731,7 @@ def test_fednova_stock_reply_uses_sent_config_when_not_given():
     # node 2 was a straggler sent local-steps 3
     s = nova([0.0], [1, 2], sent={1: {C.LOCAL_EPOCHS: 3, C.BATCH_SIZE: 0}, 2: {C.LOCAL_STEPS: 3}})
     s.aggregate_train(1, [reply(1, [1.0], 10), reply(2, [1.0], 10)])
-    assert s.diagnostics[1]["a-norms"] == [3.0, 3.0]
+    assert s.diagnostics[1][C.LOG_A_NORMS] == [3.0, 3.0]
 
 
 def test_fednova_nan_reply_rejected_others_aggregated(caplog):
@@ -740,8 +741,9 @@ def test_fednova_nan_reply_rejected_others_aggregated(caplog):
     with caplog.at_level(logging.WARNING, logger="flwr"):
         arrays, _ = s.aggregate_train(1, replies)
     np.testing.assert_allclose(result_w(arrays), [2.1875, 4.375], atol=1e-14)
-    assert s.diagnostics[1]["tau-eff"] == pytest.approx(2.5)
-    assert s.diagnostics[1]["clients-received"] == 2 and s.diagnostics[1]["clients-failed"] == 1
+    assert s.diagnostics[1][C.LOG_TAU_EFF] == pytest.approx(2.5)
+    assert s.diagnostics[1][C.LOG_CLIENTS_RECEIVED] == 2
+    assert s.diagnostics[1][C.LOG_CLIENTS_FAILED] == 1
     rejected = [r for r in caplog.records if "rejected" in r.getMessage()]
     assert len(rejected) == 1 and "node 3" in rejected[0].getMessage()
 
@@ -751,7 +753,7 @@ def test_fednova_a_norms_diagnostic_excludes_rejected_reply():
     replies = [reply(1, [1.0, 2.0], 10, **steps(1)), reply(3, [np.nan, 1.0], 10, **steps(2)),
                reply(2, [3.0, 6.0], 10, **steps(4))]
     s.aggregate_train(1, replies)
-    assert s.diagnostics[1]["a-norms"] == [1.0, 4.0]  # aligned with 'local-steps' [1, 4]
+    assert s.diagnostics[1][C.LOG_A_NORMS] == [1.0, 4.0]  # aligned with 'local-steps' [1, 4]
 
 
 @pytest.mark.parametrize("bad", [{C.LOCAL_STEPS_TAKEN: 0}, {C.LOCAL_STEPS_TAKEN: -2},
@@ -764,7 +766,7 @@ def test_fednova_bad_tau_or_a_norm_reply_rejected(bad, caplog):
     with caplog.at_level(logging.WARNING, logger="flwr"), np.errstate(all="ignore"):
         arrays, _ = s.aggregate_train(1, replies)
     np.testing.assert_allclose(result_w(arrays), [2.1875, 4.375], atol=1e-14)
-    assert s.diagnostics[1]["clients-failed"] == 1
+    assert s.diagnostics[1][C.LOG_CLIENTS_FAILED] == 1
     assert len([r for r in caplog.records if "rejected" in r.getMessage()]) == 1
 
 
@@ -793,10 +795,10 @@ def test_fednova_full_run_with_fake_client_app():
         replies = grid.send_and_receive(s.configure_train(rnd, record({"w": w}), config, grid))
         arrays, _ = s.aggregate_train(rnd, replies)
         taus = s.diagnostics[rnd]["local-steps"]
-        assert s.diagnostics[rnd]["clients-stragglers"] == 2
+        assert s.diagnostics[rnd][C.LOG_CLIENTS_STRAGGLERS] == 2
         p = np.array([10, 20, 30, 40]) / 100
         tau_eff = float(np.dot(p, taus))  # replies come back in partition order
-        assert s.diagnostics[rnd]["tau-eff"] == pytest.approx(tau_eff)
+        assert s.diagnostics[rnd][C.LOG_TAU_EFF] == pytest.approx(tau_eff)
         expected = w + tau_eff * DELTA * float(np.dot(p, [1, 2, 3, 4]))
         np.testing.assert_allclose(result_w(arrays), expected, rtol=1e-12)
         w = result_w(arrays)

@@ -26,6 +26,7 @@ from strategies.client.fedveca import fedveca_steps, fedveca_train, local_gradie
 from task.models import ClassifierModule, LinearSVM, cnn_fedveca
 from task.train import batch_indices, local_sgd
 from tests.inprocess import InProcessGrid
+from strategies import contract as C
 
 
 class Quadratic(ClassifierModule):
@@ -244,20 +245,22 @@ def test_fedveca_end_to_end_in_process(tmp_path):
     rounds = read_rounds(run_dir)
     assert [r["round"] for r in rounds] == [0, 1, 2, 3, 4]
     for r in rounds[1:]:
-        assert r["clients-received"] == 5 and r["clients-failed"] == 0
+        assert r[C.LOG_CLIENTS_RECEIVED] == 5 and r[C.LOG_CLIENTS_FAILED] == 0
     # rounds k = 0, 1 (server rounds 1, 2) run tau_init; round 3 the taus computed in round 2
-    assert rounds[1]["fedveca-tau"] == {str(i): 4 for i in range(5)}
-    assert rounds[2]["fedveca-tau"] == {str(i): 4 for i in range(5)}
-    assert rounds[3]["fedveca-tau"] == rounds[2]["fedveca-tau-next"]
-    assert rounds[4]["fedveca-tau"] == rounds[3]["fedveca-tau-next"]
-    assert min(rounds[2]["fedveca-tau-next"].values()) >= 2 and max(rounds[2]["fedveca-tau-next"].values()) <= 20
-    assert list(rounds[2]["fedveca-r"].values()).count(1.0) >= 1  # the client with the smallest A
-    assert [k for k, t in rounds[2]["fedveca-tau-next"].items() if rounds[2]["fedveca-r"][k] == 1.0] \
-        and all(rounds[2]["fedveca-tau-next"][k] == 20 for k, r in rounds[2]["fedveca-r"].items() if r == 1.0)
-    assert all(b > 0 for b in rounds[2]["fedveca-beta"].values())
-    assert all(d > 0 for d in rounds[2]["fedveca-delta"].values())
-    assert rounds[1]["fedveca-L"] is None  # SVM w_0 = 0: L_0 is skipped, L_1 enters in round k = 2
-    assert rounds[3]["fedveca-L"] > 0 and rounds[3]["fedveca-eta-tau-k-L"] > 0
+    assert rounds[1][C.LOG_FEDVECA_TAU] == {str(i): 4 for i in range(5)}
+    assert rounds[2][C.LOG_FEDVECA_TAU] == {str(i): 4 for i in range(5)}
+    assert rounds[3][C.LOG_FEDVECA_TAU] == rounds[2][C.LOG_FEDVECA_TAU_NEXT]
+    assert rounds[4][C.LOG_FEDVECA_TAU] == rounds[3][C.LOG_FEDVECA_TAU_NEXT]
+    tau_next, ratio = rounds[2][C.LOG_FEDVECA_TAU_NEXT], rounds[2][C.LOG_FEDVECA_R]
+    assert min(tau_next.values()) >= 2 and max(tau_next.values()) <= 20
+    assert list(ratio.values()).count(1.0) >= 1  # the client with the smallest A
+    assert [k for k, t in tau_next.items() if ratio[k] == 1.0] \
+        and all(tau_next[k] == 20 for k, r in ratio.items() if r == 1.0)
+    assert all(b > 0 for b in rounds[2][C.LOG_FEDVECA_BETA].values())
+    assert all(d > 0 for d in rounds[2][C.LOG_FEDVECA_DELTA].values())
+    # SVM w_0 = 0: L_0 is skipped, L_1 enters in round k = 2
+    assert rounds[1][C.LOG_FEDVECA_L] is None
+    assert rounds[3][C.LOG_FEDVECA_L] > 0 and rounds[3][C.LOG_FEDVECA_ETA_TAU_K_L] > 0
     assert rounds[4]["loss"] < rounds[0]["loss"]
     config = json.loads((run_dir / "config.json").read_text())
     assert config["run-config"]["fedveca-tau-init"] == 4
@@ -361,6 +364,7 @@ def test_template_client_app_with_the_helper():
     assert result.arrays is not None
     d = strategy.diagnostics
     keys = {f"node-{n}" for n in grid.node_ids}  # no query handler: keyed by node id
-    assert set(d[1]["fedveca-tau"]) == keys and set(d[1]["fedveca-tau"].values()) == {5}
-    assert d[3]["fedveca-tau"] == d[2]["fedveca-tau-next"] and set(d[2]["fedveca-reason"].values()) == {"rule"}
-    assert d[3]["clients-failed"] == 0
+    assert set(d[1][C.LOG_FEDVECA_TAU]) == keys and set(d[1][C.LOG_FEDVECA_TAU].values()) == {5}
+    assert d[3][C.LOG_FEDVECA_TAU] == d[2][C.LOG_FEDVECA_TAU_NEXT]
+    assert set(d[2][C.LOG_FEDVECA_REASON].values()) == {"rule"}
+    assert d[3][C.LOG_CLIENTS_FAILED] == 0

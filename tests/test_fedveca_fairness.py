@@ -31,19 +31,19 @@ def fedveca_records():
             "round": 1,
             "accuracy": 0.8,
             "loss": 0.2,
-            "fedveca-tau": {"0": 20, "1": 20, "2": 20, "3": 20, "4": 20},
+            C.LOG_FEDVECA_TAU: {"0": 20, "1": 20, "2": 20, "3": 20, "4": 20},
         },
         {
             "round": 2,
             "accuracy": 0.9,
             "loss": 0.15,
-            "fedveca-tau": {"0": 20, "1": 20, "2": 20, "3": 20, "4": 20},
+            C.LOG_FEDVECA_TAU: {"0": 20, "1": 20, "2": 20, "3": 20, "4": 20},
         },
         {
             "round": 3,
             "accuracy": 0.92,
             "loss": 0.1,
-            "fedveca-tau": {"0": 2, "1": 3, "2": 2, "3": 14, "4": 7},
+            C.LOG_FEDVECA_TAU: {"0": 2, "1": 3, "2": 2, "3": 14, "4": 7},
         },
     ]
 
@@ -78,7 +78,7 @@ def test_e_avg_formula_and_errors():
 
 
 def test_budget_needs_fedveca_taus():
-    with pytest.raises(ValueError, match="fedveca-tau"):
+    with pytest.raises(ValueError, match=C.LOG_FEDVECA_TAU):
         budget([{"round": 0, "accuracy": 0.1}], SIZES, 100)
 
 
@@ -237,9 +237,9 @@ def _fake_run(folder, variant, seed, accuracies, extra=None):
 
 def test_tables_and_figures_on_fake_runs(tmp_path):
     tau = {
-        "fedveca-tau": {"0": 20, "1": 3},
-        "fedveca-tau-k": 11.5,
-        "fedveca-A": {"0": 1e-3, "1": 2e-3},
+        C.LOG_FEDVECA_TAU: {"0": 20, "1": 3},
+        C.LOG_FEDVECA_TAU_K: 11.5,
+        C.LOG_FEDVECA_A: {"0": 1e-3, "1": 2e-3},
     }
     for seed, shift in ((0, 0.0), (1, 0.01)):
         _fake_run(tmp_path, "fedveca", seed, [0.0, 0.7 + shift, 0.9, 0.91], tau)
@@ -300,7 +300,7 @@ def test_results_rebuilds_the_fig3_panels(tmp_path, capsys):
 
     runs = tmp_path / "runs" / "fedveca_fig3_svm"
     for variant in ("fedveca", "centralized"):
-        extra = {"fedveca-tau": {"0": 2, "1": 3}, "fedveca-A": {"0": 1e-3, "1": 2e-3}}
+        extra = {C.LOG_FEDVECA_TAU: {"0": 2, "1": 3}, C.LOG_FEDVECA_A: {"0": 1e-3, "1": 2e-3}}
         _fake_run(runs, variant, 0, [0.0, 0.8, 0.9], extra)
     out = tmp_path / "docs"
     argv = ["results", "fedveca_fig3", "--runs", str(tmp_path / "runs"), "--out", str(out)]

@@ -121,12 +121,12 @@ def test_round_timeline_tau_init_twice_then_adaptive():
     assert s.taus == {"0": 20, "1": 10, "2": 4, "3": 2}
     # diagnostics: the table and tau_k for the next round after k = 1
     d = s.diagnostics[2]
-    assert d["fedveca-tau-next"] == {"0": 20, "1": 10, "2": 4, "3": 2}
-    assert d["fedveca-tau-k-next"] == pytest.approx(float(np.dot(p, ADAPTIVE)))
-    assert d["fedveca-r"] == pytest.approx({"0": 1.0, "1": 1.05, "2": 1.2, "3": 2.0})
-    assert d["fedveca-sign"] == {"0": 1, "1": 1, "2": 1, "3": 1}
-    assert "fedveca-r" not in s.diagnostics[1]  # no estimates in round k = 0
-    assert s.diagnostics[3]["fedveca-tau"] == {"0": 20, "1": 10, "2": 4, "3": 2}
+    assert d[C.LOG_FEDVECA_TAU_NEXT] == {"0": 20, "1": 10, "2": 4, "3": 2}
+    assert d[C.LOG_FEDVECA_TAU_K_NEXT] == pytest.approx(float(np.dot(p, ADAPTIVE)))
+    assert d[C.LOG_FEDVECA_R] == pytest.approx({"0": 1.0, "1": 1.05, "2": 1.2, "3": 2.0})
+    assert d[C.LOG_FEDVECA_SIGN] == {"0": 1, "1": 1, "2": 1, "3": 1}
+    assert C.LOG_FEDVECA_R not in s.diagnostics[1]  # no estimates in round k = 0
+    assert s.diagnostics[3][C.LOG_FEDVECA_TAU] == {"0": 20, "1": 10, "2": 4, "3": 2}
 
 
 def test_aggregation_is_eq5_and_global_gradient_eq8():
@@ -139,7 +139,7 @@ def test_aggregation_is_eq5_and_global_gradient_eq8():
     np.testing.assert_allclose(w1, w0 + 20 * STEP * float(np.dot(p, [1, 2, 3, 4])), rtol=1e-12)
     np.testing.assert_allclose(s.prev_grad["w"], np.full(2, float(np.dot(p, [1, 2, 3, 4]))),
                                rtol=1e-12)
-    assert s.diagnostics[1]["fedveca-tau-k"] == pytest.approx(20.0)
+    assert s.diagnostics[1][C.LOG_FEDVECA_TAU_K] == pytest.approx(20.0)
     # with unequal taus eq. (5) normalises: w2 - w1 = tau_k * STEP * sum_i p_i (pid + 1),
     # tau_k = sum p_i tau_i
     s.taus = {"0": 20, "1": 10, "2": 4, "3": 2}
@@ -147,8 +147,8 @@ def test_aggregation_is_eq5_and_global_gradient_eq8():
     w2 = run_rounds_from(s, grid, 2, w1)
     tau_k = float(np.dot(p, [20, 10, 4, 2]))
     np.testing.assert_allclose(w2, w1 + tau_k * STEP * float(np.dot(p, [1, 2, 3, 4])), rtol=1e-12)
-    assert s.diagnostics[2]["fedveca-tau-k"] == pytest.approx(tau_k)
-    assert s.diagnostics[2]["tau-eff"] == pytest.approx(tau_k)
+    assert s.diagnostics[2][C.LOG_FEDVECA_TAU_K] == pytest.approx(tau_k)
+    assert s.diagnostics[2][C.LOG_TAU_EFF] == pytest.approx(tau_k)
 
 
 def run_rounds_from(strategy, grid, rnd, w):
@@ -172,21 +172,22 @@ def test_smoothness_running_max_one_round_delay():
     # the fake clients' gradient does not depend on w: grad F(w_k) is constant, so
     # L_0 = ||g|| / ||w_0||
     # and L_k = 0 for k >= 1; L_0 enters the running max in round k = 1 (one-round delay)
-    assert s.diagnostics[1]["fedveca-L"] is None and s.diagnostics[1]["fedveca-eta-tau-k-L"] is None
+    assert s.diagnostics[1][C.LOG_FEDVECA_L] is None
+    assert s.diagnostics[1][C.LOG_FEDVECA_ETA_TAU_K_L] is None
     g = float(np.dot(np.array(SIZES) / 100, [1, 2, 3, 4]))
     L0 = math.sqrt(2) * g / math.sqrt(2)  # ||g 1|| / ||(1, -1)||
-    assert s.diagnostics[2]["fedveca-L"] == pytest.approx(L0)
-    assert s.diagnostics[2]["fedveca-L-latest"] == pytest.approx(L0)
-    assert s.diagnostics[3]["fedveca-L"] == pytest.approx(L0)
-    assert s.diagnostics[3]["fedveca-L-latest"] == pytest.approx(0.0)
-    assert s.diagnostics[2]["fedveca-eta-tau-k-L"] == pytest.approx(0.01 * 20 * L0)
+    assert s.diagnostics[2][C.LOG_FEDVECA_L] == pytest.approx(L0)
+    assert s.diagnostics[2][C.LOG_FEDVECA_L_LATEST] == pytest.approx(L0)
+    assert s.diagnostics[3][C.LOG_FEDVECA_L] == pytest.approx(L0)
+    assert s.diagnostics[3][C.LOG_FEDVECA_L_LATEST] == pytest.approx(0.0)
+    assert s.diagnostics[2][C.LOG_FEDVECA_ETA_TAU_K_L] == pytest.approx(0.01 * 20 * L0)
 
 
 def test_initial_model_zero_skips_l0():
     grid = InProcessGrid(fake_app(), 4, {})
     s = FedVeca(query_client_info=True, seed=1)
     run_rounds(s, grid, 2, w=np.zeros(2))
-    assert s.diagnostics[2]["fedveca-L"] is None  # ||w_0|| = 0: L_0 skipped
+    assert s.diagnostics[2][C.LOG_FEDVECA_L] is None  # ||w_0|| = 0: L_0 skipped
 
 
 def test_diagnostics_are_json():
@@ -200,7 +201,7 @@ def test_diagnostics_are_json():
                 C.LOG_FEDVECA_BETA, C.LOG_FEDVECA_DELTA, C.LOG_FEDVECA_A, C.LOG_FEDVECA_R,
                 C.LOG_FEDVECA_SIGN, C.LOG_FEDVECA_ALPHA_BOUND, C.LOG_FEDVECA_TAU_SENT):
         assert key in d, key
-    assert d["fedveca-A"]["3"] == pytest.approx(0.01 * 2.0 * d["fedveca-delta"]["3"])
+    assert d[C.LOG_FEDVECA_A]["3"] == pytest.approx(0.01 * 2.0 * d[C.LOG_FEDVECA_DELTA]["3"])
 
 
 # ================================================================ partial participation
@@ -224,12 +225,12 @@ def test_partial_participation_renormalises_and_keeps_taus():
         p = np.array([SIZES[i] for i in participants], dtype=float)
         p /= p.sum()
         taus = [before.get(str(i), 20) for i in participants]
-        assert s.diagnostics[rnd]["fedveca-tau-k"] == pytest.approx(float(np.dot(p, taus)))
+        assert s.diagnostics[rnd][C.LOG_FEDVECA_TAU_K] == pytest.approx(float(np.dot(p, taus)))
         history.append(participants)
         # ratios over the participants only: the minimum has r = 1
-        if s.diagnostics[rnd].get("fedveca-r"):
-            assert min(s.diagnostics[rnd]["fedveca-r"].values()) == pytest.approx(1.0)
-            assert set(s.diagnostics[rnd]["fedveca-r"]) == {str(i) for i in participants}
+        if s.diagnostics[rnd].get(C.LOG_FEDVECA_R):
+            assert min(s.diagnostics[rnd][C.LOG_FEDVECA_R].values()) == pytest.approx(1.0)
+            assert set(s.diagnostics[rnd][C.LOG_FEDVECA_R]) == {str(i) for i in participants}
     assert len({tuple(h) for h in history}) > 1  # different clients were sampled
 
 
@@ -283,8 +284,8 @@ def test_malformed_reply_rejected_with_one_line_others_aggregated(bad, caplog):
     np.testing.assert_allclose(numpy_of(arrays)["w"], [0.03, 0.06], atol=1e-14)
     rejected = [r.getMessage() for r in caplog.records if "rejected" in r.getMessage()]
     assert len(rejected) == 1 and "node 3" in rejected[0], rejected
-    assert s.diagnostics[1]["clients-failed"] == 1
-    assert set(s.diagnostics[1]["fedveca-tau"]) == {"0", "1"}  # partition ids of nodes 1, 2
+    assert s.diagnostics[1][C.LOG_CLIENTS_FAILED] == 1
+    assert set(s.diagnostics[1][C.LOG_FEDVECA_TAU]) == {"0", "1"}  # partition ids of nodes 1, 2
     assert "2" not in s.taus  # the rejected client keeps its tau
 
 
@@ -320,7 +321,7 @@ def test_one_reply_without_the_contract_is_rejected_the_others_aggregated():
     s = prepared()
     arrays, _ = s.aggregate_train(1, [veca_reply(1, [1.0, 1.0], grad=None),
                                       veca_reply(2, [3.0, 3.0])])
-    assert arrays is not None and s.diagnostics[1]["clients-received"] == 1
+    assert arrays is not None and s.diagnostics[1][C.LOG_CLIENTS_RECEIVED] == 1
 
 
 # ================================================================ guards through the strategy
@@ -330,7 +331,7 @@ def test_zero_beta_gets_tau_max_and_min_over_positive():
                veca_reply(3, [0.0, 0.0], beta=math.sqrt(1.05))]
     s.aggregate_train(2, replies)
     assert s.taus == {"0": 50, "1": 20, "2": 10}
-    assert s.diagnostics[2]["fedveca-reason"]["0"] == "zero-a"
+    assert s.diagnostics[2][C.LOG_FEDVECA_REASON]["0"] == "zero-a"
 
 
 def test_overflowing_a_keeps_previous_tau():
@@ -340,7 +341,7 @@ def test_overflowing_a_keeps_previous_tau():
                veca_reply(2, [0.0, 0.0], beta=1.0)]
     s.aggregate_train(2, replies)
     assert s.taus == {"0": 9, "1": 20}
-    assert s.diagnostics[2]["fedveca-A"]["0"] is None
+    assert s.diagnostics[2][C.LOG_FEDVECA_A]["0"] is None
 
 
 # ================================================================ state
@@ -360,7 +361,7 @@ def test_state_dict_round_trip_continues_identically():
     np.testing.assert_array_equal(wa, wb)
     assert sorted((p, c[C.LOCAL_STEPS], c[C.GNORM2_PREV]) for p, c in received_a) == \
         sorted((p, c[C.LOCAL_STEPS], c[C.GNORM2_PREV]) for p, c in received_b)
-    assert a.diagnostics[3]["fedveca-L"] == b.diagnostics[3]["fedveca-L"]
+    assert a.diagnostics[3][C.LOG_FEDVECA_L] == b.diagnostics[3][C.LOG_FEDVECA_L]
     # the saved state is a copy
     saved = a.state_dict()
     saved["taus"]["0"] = 3

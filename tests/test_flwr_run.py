@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from fedapp.run_log import read_rounds
 from simulation.runtime import local_superlink_pids, run_app
+from strategies import contract as C
 
 
 def test_flwr_run_two_supernodes_two_rounds(tmp_path):
@@ -24,7 +25,7 @@ def test_flwr_run_two_supernodes_two_rounds(tmp_path):
     assert len(runs) == 1
     rounds = read_rounds(runs[0])
     assert [r["round"] for r in rounds] == [0, 1, 2]
-    assert all(r["clients-sampled"] == 2 and r["clients-failed"] == 0 for r in rounds[1:])
+    assert all(r[C.LOG_CLIENTS_SAMPLED] == 2 and r[C.LOG_CLIENTS_FAILED] == 0 for r in rounds[1:])
     assert (runs[0] / "final_model.pt").is_file()
     assert "Per-round results" in result.output
     assert local_superlink_pids(home) == []  # the managed SuperLink we started is gone
@@ -57,7 +58,7 @@ def test_flwr_run_fednova_with_stragglers(tmp_path):
     rounds = read_rounds(next(out.iterdir()))
     assert [r["round"] for r in rounds] == [0, 1, 2]
     for r in rounds[1:]:
-        assert r["clients-stragglers"] == 1 and r["clients-received"] == 2
+        assert r[C.LOG_CLIENTS_STRAGGLERS] == 1 and r[C.LOG_CLIENTS_RECEIVED] == 2
         assert max(r["local-steps"]) == 6 and 1 <= min(r["local-steps"]) <= 6
-        assert r["tau-eff"] > 0
+        assert r[C.LOG_TAU_EFF] > 0
     assert local_superlink_pids(home) == []

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from fedapp.run_log import read_rounds
 from simulation.runtime import local_superlink_pids, run_app
+from strategies import contract as C
 
 
 def test_flwr_run_dynamicfl_four_supernodes_one_round(tmp_path):
@@ -43,11 +44,11 @@ def test_flwr_run_dynamicfl_four_supernodes_one_round(tmp_path):
     rounds = read_rounds(next(out.iterdir()))
     assert [r["round"] for r in rounds] == [0, 1]
     r = rounds[1]
-    z = r["dynamicfl-group-size"]
-    assert 0 <= z <= 2 and r["clients-sampled"] == 4 and r["clients-failed"] == 0
+    z = r[C.LOG_DYNAMICFL_GROUP_SIZE]
+    assert 0 <= z <= 2 and r[C.LOG_CLIENTS_SAMPLED] == 4 and r[C.LOG_CLIENTS_FAILED] == 0
     syncs = 2 * z + 1 * (4 - z)  # 'b' = 4 steps: 2 syncs in L = 8; 'c' = 16 capped at 8: 1 sync
-    assert r["syncs"] == syncs and abs(r["kappa-hat"] - syncs / 32) < 1e-12
-    assert r["sync-events"] == (2 if z else 1) and r["seconds-per-event"] > 0
-    assert r["bytes-up"] == r["bytes-down"] > 0 and 0 <= r["accuracy"] <= 1
+    assert r["syncs"] == syncs and abs(r[C.LOG_KAPPA_HAT] - syncs / 32) < 1e-12
+    assert r[C.LOG_SYNC_EVENTS] == (2 if z else 1) and r[C.LOG_SECONDS_PER_EVENT] > 0
+    assert r[C.LOG_BYTES_UP] == r[C.LOG_BYTES_DOWN] > 0 and 0 <= r["accuracy"] <= 1
     assert "DynamicFL" in result.output
     assert local_superlink_pids(home) == []

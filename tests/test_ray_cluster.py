@@ -21,6 +21,7 @@ from simulation.runtime.ray_cluster import (
     start_worker,
     wait_for_nodes,
 )
+from strategies import contract as C
 
 STATUS = """======== Autoscaler status ========
 Node status
@@ -75,7 +76,7 @@ def test_flwr_run_on_a_head_and_a_worker_node(tmp_path):
         )
         assert result.status == "finished:completed", result.output[-4000:]
         rounds = read_rounds(next(out.iterdir()))
-        assert rounds[-1]["round"] == 1 and rounds[-1]["clients-received"] == 2
+        assert rounds[-1]["round"] == 1 and rounds[-1][C.LOG_CLIENTS_RECEIVED] == 2
     finally:
         for node in (worker, head):
             if node is not None:

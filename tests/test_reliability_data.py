@@ -15,6 +15,7 @@ import task.data
 from simulation.reliability import run_inprocess
 from task.data import IDX_FILES, load_dataset, read_idx
 from tests.reliability_common import config, run, warnings_of
+from strategies import contract as C
 
 
 def write_idx(path, array: np.ndarray) -> None:
@@ -88,7 +89,7 @@ def test_empty_partition_reports_zero_and_is_skipped(strategy, tmp_path, monkeyp
         grid, _, rounds, final = run(strategy, tmp_path, 3, **{"num-server-rounds": 2})
     finally:
         fedapp.client_app.clear_caches()
-    assert all(r["clients-failed"] == 1 and r["model-kept"] is False for r in rounds[1:])
+    assert all(r[C.LOG_CLIENTS_FAILED] == 1 and r[C.LOG_MODEL_KEPT] is False for r in rounds[1:])
     node = next(n for n, c in grid.contexts.items() if c.node_config["partition-id"] == 1)
     skipped = [m for m in warnings_of(caplog) if f"{node}" in m and "empty partition" in m]
     assert len(skipped) == 2
@@ -102,6 +103,6 @@ def test_partition_smaller_than_the_batch_trains_on_its_full_batch(strategy, tmp
     _, _, rounds, _ = run(
         strategy, tmp_path, 3, **{"num-server-rounds": 1, "batch-size": 100000, "local-steps": 2}
     )
-    assert rounds[1]["clients-failed"] == 0 and rounds[1]["model-kept"] is False
+    assert rounds[1][C.LOG_CLIENTS_FAILED] == 0 and rounds[1][C.LOG_MODEL_KEPT] is False
     assert rounds[1]["loss"] < rounds[0]["loss"]
     assert config(strategy, tmp_path)["batch-size"] == 10  # the base config is untouched

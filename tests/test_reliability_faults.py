@@ -10,6 +10,7 @@ import torch
 from fedapp.config import ConfigError, RunConfig
 from fedapp.faults import fault_of
 from tests.reliability_common import ALL_STRATEGIES, run, warnings_of
+from strategies import contract as C
 
 CRASH, LATE, NODES, ROUNDS = 0.3, 0.2, 4, 3
 
@@ -65,11 +66,11 @@ def test_strategies_keep_going_count_failures_and_keep_the_model(strategy, tmp_p
     assert [r["round"] for r in rounds] == list(range(ROUNDS + 1))
     for r in rounds[1:]:
         faults = expected_faults(r["round"])
-        assert r["clients-failed"] == len(faults), (r["round"], faults)
-        assert r["model-kept"] is (len(faults) == NODES)
+        assert r[C.LOG_CLIENTS_FAILED] == len(faults), (r["round"], faults)
+        assert r[C.LOG_MODEL_KEPT] is (len(faults) == NODES)
     kept = rounds[2]
     assert (
-        kept["model-kept"]
+        kept[C.LOG_MODEL_KEPT]
         and kept["accuracy"] == rounds[1]["accuracy"]
         and kept["loss"] == rounds[1]["loss"]
     )
@@ -97,11 +98,11 @@ def test_fedveca_tau_table_only_moves_for_clients_that_replied(tmp_path):
     table = {}
     for r in rounds[1:]:
         failed = set(map(str, expected_faults(r["round"])))
-        new = r.get("fedveca-tau-table", table)  # absent when nobody replied
+        new = r.get(C.LOG_FEDVECA_TAU_TABLE, table)  # absent when nobody replied
         for key in failed:
             assert new.get(key) == table.get(key), (r["round"], key)
         sent = r[
-            "fedveca-tau-sent"
+            C.LOG_FEDVECA_TAU_SENT
         ]  # every sampled client was sent its current table entry (or tau_init)
         assert all(sent[k] == table.get(k, 2) for k in sent)
         table = dict(new)
@@ -129,7 +130,7 @@ def test_dynamicfl_client_lost_mid_round_schedule_continues(tmp_path, caplog):
         grid_kwargs={"reply_hook": second_chunk_fails},
         **{"num-server-rounds": 2, "dynamicfl-beta": 1.0},
     )
-    assert rounds[1]["clients-failed"] == 1 and rounds[1]["model-kept"] is False
-    assert rounds[2]["clients-failed"] == 0
+    assert rounds[1][C.LOG_CLIENTS_FAILED] == 1 and rounds[1][C.LOG_MODEL_KEPT] is False
+    assert rounds[2][C.LOG_CLIENTS_FAILED] == 0
     assert any("device lost mid-round" in m for m in warnings_of(caplog))
     assert all(torch.isfinite(v).all() for v in final.values())

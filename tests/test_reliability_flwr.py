@@ -12,6 +12,7 @@ from __future__ import annotations
 from fedapp.faults import fault_of
 from fedapp.run_log import read_rounds
 from simulation.runtime import local_superlink_pids, run_app
+from strategies import contract as C
 
 
 def test_flwr_run_with_a_crash_and_a_late_client(tmp_path):
@@ -40,10 +41,10 @@ def test_flwr_run_with_a_crash_and_a_late_client(tmp_path):
     rounds = read_rounds(next(out.iterdir()))
     assert [r["round"] for r in rounds] == [0, 1, 2]
     assert all(
-        r["clients-sampled"] == 2
-        and r["clients-failed"] == 1
-        and r["clients-received"] == 1
-        and r["model-kept"] is False
+        r[C.LOG_CLIENTS_SAMPLED] == 2
+        and r[C.LOG_CLIENTS_FAILED] == 1
+        and r[C.LOG_CLIENTS_RECEIVED] == 1
+        and r[C.LOG_MODEL_KEPT] is False
         for r in rounds[1:]
     )
     assert "injected crash" in result.output

@@ -13,6 +13,7 @@ from flwr.app import Error, Message
 
 from simulation.reliability import CORRUPTIONS
 from tests.reliability_common import ALL_STRATEGIES, run
+from strategies import contract as C
 
 GENERIC = [k for k in sorted(CORRUPTIONS) if k != "strategy-metrics-missing"]
 PROBLEM_WORDS = {  # what the one log line must say
@@ -91,12 +92,13 @@ def test_each_malformed_reply_rejected_with_one_line_model_untouched(strategy, t
     assert all(
         torch.allclose(bad_model[k], failed_model[k], rtol=1e-5, atol=1e-6) for k in bad_model
     )
-    counts = ("round", "clients-sampled", "clients-received", "clients-failed", "model-kept")
+    counts = (C.LOG_ROUND, C.LOG_CLIENTS_SAMPLED, C.LOG_CLIENTS_RECEIVED, C.LOG_CLIENTS_FAILED,
+              C.LOG_MODEL_KEPT)
     assert [{k: r.get(k) for k in counts} for r in bad_rounds] == [
         {k: r.get(k) for k in counts} for r in failed_rounds
     ]
     assert all(abs(a["loss"] - b["loss"]) < 1e-4 for a, b in zip(bad_rounds, failed_rounds))
-    assert all(r["clients-failed"] == 1 for r in bad_rounds[1:])
+    assert all(r[C.LOG_CLIENTS_FAILED] == 1 for r in bad_rounds[1:])
 
 
 @pytest.mark.parametrize("strategy", ["fedavg", "fednova"])
@@ -106,4 +108,4 @@ def test_missing_optional_metrics_are_not_an_error(strategy, tmp_path):
     _, _, rounds, _ = run(
         strategy, tmp_path, 3, grid_kwargs={"reply_hook": hook}, **{"num-server-rounds": 1}
     )
-    assert rounds[1]["clients-failed"] == 0
+    assert rounds[1][C.LOG_CLIENTS_FAILED] == 0

@@ -9,6 +9,7 @@ import pytest
 
 from simulation.metrics import best_so_far, bytes_to_target, cumulative_bytes, rounds_to_target
 from simulation.report import build_report, panels_of
+from strategies import contract as C
 
 
 def records(accuracies, bytes_per_round=(10, 10)):
@@ -16,7 +17,7 @@ def records(accuracies, bytes_per_round=(10, 10)):
     for r, acc in enumerate(accuracies):
         record = {"round": r, "accuracy": acc, "loss": 1.0}
         if r > 0:
-            record["bytes-up"], record["bytes-down"] = bytes_per_round
+            record[C.LOG_BYTES_UP], record[C.LOG_BYTES_DOWN] = bytes_per_round
         out.append(record)
     return out
 
@@ -102,7 +103,8 @@ def test_communication_table_totals_bytes_and_averages_dynamicfl_costs(tmp_path)
         run.mkdir(parents=True)
         recs = records([0.1, 0.2, 0.3], bytes_per_round=(1e6, 2e6))  # 3 MB a round, 2 rounds
         for record in recs[1:]:
-            record.update({"kappa-hat": kappa, "sync-events": 4, "dynamicfl-group-size": 1 + seed})
+            record.update({C.LOG_KAPPA_HAT: kappa, C.LOG_SYNC_EVENTS: 4,
+                           C.LOG_DYNAMICFL_GROUP_SIZE: 1 + seed})
         (run / "rounds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
         (run / "final_model.pt").write_bytes(b"x")
     fake_run(tmp_path, "fedavg", 0, [0.1, 0.2, 0.3])  # logs no kappa-hat: "-"
@@ -118,8 +120,8 @@ def test_drift_table_averages_the_layer_cosines_over_rounds_and_seeds(tmp_path):
         run = tmp_path / "iid" / f"seed{seed}" / "run"
         run.mkdir(parents=True)
         recs = records([0.1, 0.2, 0.3])
-        recs[1]["drift-cosine"] = {"conv1": cosines[0], "fc1": 0.5}
-        recs[2]["drift-cosine"] = {"conv1": cosines[1], "fc1": 0.5}
+        recs[1][C.LOG_DRIFT_COSINE] = {"conv1": cosines[0], "fc1": 0.5}
+        recs[2][C.LOG_DRIFT_COSINE] = {"conv1": cosines[1], "fc1": 0.5}
         (run / "rounds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
         (run / "final_model.pt").write_bytes(b"x")
     table = build_report(tmp_path, tmp_path / "out", [0.6])
