@@ -10,7 +10,8 @@ Who checks what (each rule once):
 * here: types (a run-config int fits 64 bits, a float is finite) and the keys the
   app itself reads (data, partition, model, local training, faults, run directory);
 * the strategy constructors: their own parameters (``fraction-train``, ``server-lr``,
-  ``fedveca-*``, ``dynamicfl-*``, ...); :func:`fedapp.registry.build_strategy` turns
+  ``fedveca-*``, ``dynamicfl-*``, ``lr-schedule`` and its ``lr-*`` parameters through
+  :class:`strategies.schedules.LRSchedule`, ...); :func:`fedapp.registry.build_strategy` turns
   their ``ValueError`` into a :class:`ConfigError` naming the run-config key;
 * :mod:`fedapp.registry`: strategy names and which keys a strategy cannot honour.
 """
@@ -87,6 +88,10 @@ class RunConfig:
     batch_size: int = 32
     full_batch: bool = False
     lr: float = 0.1
+    lr_schedule: str = "constant"
+    lr_decay: float = 0.99
+    lr_step_every: int = 10
+    lr_min: float = 0.0001
     momentum: float = 0.0
     weight_decay: float = 0.0
     seed: int = 0

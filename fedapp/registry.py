@@ -19,6 +19,7 @@ from flwr.serverapp.strategy import Strategy
 
 from strategies import DynamicFL, FedAvg, FedNova, FedProx, FedVeca
 from strategies import contract as C
+from strategies.schedules import LRSchedule
 
 from .config import ConfigError, RunConfig, default, flwr_run_fix
 
@@ -39,6 +40,13 @@ def train_config(cfg: RunConfig) -> dict[str, int | float | bool | str]:
     }
 
 
+def lr_schedule(cfg: RunConfig) -> LRSchedule:
+    """``lr-schedule`` and its parameters (``lr-decay``, ``lr-step-every``, ``lr-min``; T =
+    ``num-server-rounds``); checked by :class:`~strategies.schedules.LRSchedule`."""
+    return LRSchedule(cfg.lr_schedule, decay=cfg.lr_decay, step_every=cfg.lr_step_every,
+                      lr_min=cfg.lr_min, num_rounds=cfg.num_server_rounds)
+
+
 def _common(cfg: RunConfig) -> dict:
     """Constructor arguments of the FedAvg family; straggler-policy 'auto' = the class default.
 
@@ -55,6 +63,7 @@ def _common(cfg: RunConfig) -> dict:
         "drift_diagnostics": cfg.drift_diagnostics,
         "weighting": cfg.weighting,
         "server_lr": cfg.server_lr,
+        "lr_schedule": lr_schedule(cfg),
     }
     if cfg.straggler_policy != "auto":
         kwargs["straggler_policy"] = cfg.straggler_policy
@@ -105,7 +114,7 @@ def _dynamicfl(cfg: RunConfig, intervals: str | None = None) -> tuple[Strategy, 
         x_star_mode=cfg.dynamicfl_x_star_mode, fraction_train=cfg.fraction_train,
         fraction_evaluate=cfg.fraction_evaluate, seed=cfg.seed,
         min_available_nodes=cfg.min_available_nodes, drift_diagnostics=cfg.drift_diagnostics,
-        query_client_info=True)
+        lr_schedule=lr_schedule(cfg), query_client_info=True)
     return strategy, train_config(cfg)
 
 

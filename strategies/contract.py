@@ -15,7 +15,7 @@ METRICS = "metrics"
 
 # --- server -> client: ConfigRecord "config" ------------------------------------
 SERVER_ROUND = "server-round"  # int, injected every round (Flower's key)
-LR = "lr"  # float, local learning rate
+LR = "lr"  # float, local learning rate of this round (lr_t under a schedule)
 LOCAL_EPOCHS = "local-epochs"  # number > 0 (fractions allowed), used when LOCAL_STEPS is 0
 LOCAL_STEPS = "local-steps"  # int >= 0; > 0 means "exactly this many SGD steps"
 BATCH_SIZE = "batch-size"  # int >= 0; 0 means full local batch (B = inf)
@@ -92,6 +92,7 @@ LOG_DRIFT_COSINE = "drift-cosine"  # dict layer -> mean cosine(client update, me
 LOG_DRIFT_COSINE_MEAN = "drift-cosine-mean"  # float, mean of LOG_DRIFT_COSINE over layers
 LOG_UPDATE_NORM_MEAN = "update-norm-mean"  # float, mean ||w_i - w|| over accepted clients
 LOG_UPDATE_NORM_CV = "update-norm-cv"  # float, std / mean of those norms
+LOG_LR = LR  # float, lr sent this round (lr_t of strategies.schedules; also DynamicFL)
 
 # --- FedNova (strategies/fednova.py) ----------------------------------------------
 LOG_A_NORMS = "a-norms"  # list[float], ||a_i||_1 per accepted client (Wang et al. eq. 6)
@@ -127,7 +128,6 @@ LOG_KAPPA_HAT = "kappa-hat"  # float, planned syncs per client and step
 LOG_SYNCS = "syncs"  # int, planned synchronisations this round
 LOG_SYNC_EVENTS = "sync-events"  # int, synchronisation events actually run
 LOG_SECONDS_PER_EVENT = "seconds-per-event"  # float, wall seconds per sync event
-LOG_LR = LR  # float, learning rate of this round
 
 # Keys whose values depend on the machine, not on the run's seed (ignored by
 # bit-identity comparisons of run logs).

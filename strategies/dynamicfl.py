@@ -11,6 +11,7 @@ chunks run while short high-frequency ones come and go. Evaluation is Flower's F
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import math
 import time
@@ -29,7 +30,7 @@ from . import aggregate as agg
 from . import contract as C
 from . import dynacomm as dc
 from . import dynamicfl_schedule as ds
-from . import records, sampling
+from . import records, sampling, schedules
 from .contract import COMM_BUDGET, NUM_STEPS, ROUND_STEPS, START_STEP  # noqa: F401 (chunk keys)
 from .records import ClientInfo, to_numpy, to_record
 
@@ -67,8 +68,13 @@ class DynamicFL(FlowerFedAvg):
         For "x*": drop the low group, or average its unchanged model in at L.
     min_group_size : int
         Smallest high group DynaComm may return (1 as in the paper).
+    lr_schedule : LRSchedule, str or callable, optional
+        Per-round learning rate, as :class:`strategies.FedAvg`'s (lr_0 = the train config's
+        ``lr``, 0.01 without one); a ``"cosine"`` :class:`~strategies.schedules.LRSchedule`
+        without ``num_rounds`` takes T from :meth:`start`. None: lr_0 every round.
     cosine_lr_min : float, optional
-        If set, lr_t = cosine schedule from the train config's ``lr`` to this over the run.
+        Shorthand for ``lr_schedule=LRSchedule("cosine", lr_min=cosine_lr_min)``: cosine
+        annealing from lr_0 to this over the run (the official code's schedule).
     poll_interval : float
         Seconds between ``pull_messages`` calls while waiting for a sync event.
     fraction_train : float
@@ -104,6 +110,7 @@ drift_diagnostics
         n_ens: int = dc.N_ENS,
         x_star_mode: str = "paper",
         min_group_size: int = 1,
+        lr_schedule: schedules.LRSchedule | schedules.Schedule | str | None = None,
         cosine_lr_min: float | None = None,
         poll_interval: float = 0.01,
         fraction_train: float = 1.0,
@@ -151,7 +158,13 @@ drift_diagnostics
         self.n_ens = int(n_ens)
         self.x_star_mode = x_star_mode
         self.min_group_size = int(min_group_size)
+        if cosine_lr_min is not None:
+            if lr_schedule is not None:
+                raise ValueError("give lr_schedule or cosine_lr_min (its cosine shorthand), not "
+                                 "both")
+            lr_schedule = schedules.LRSchedule("cosine", lr_min=cosine_lr_min)
         self.cosine_lr_min = cosine_lr_min
+        self.lr_schedule = schedules.as_schedule(lr_schedule)
         self.poll_interval = float(poll_interval)
         self.seed = int(seed)
         self.query_client_info = bool(query_client_info)
@@ -332,9 +345,7 @@ drift_diagnostics
         z = [active[i] for i in selection.members]
         plan = ds.assign_intervals(active, z, self.spec, L, x_star_mode=self.x_star_mode)
         self.plans[server_round] = plan
-        lr0 = float(config.get(C.LR, 0.01))
-        lr = (lr0 if self.cosine_lr_min is None else
-              ds.cosine_lr(server_round, num_rounds, lr0, self.cosine_lr_min))
+        lr = self.round_lr(server_round, num_rounds, float(config.get(C.LR, 0.01)))
         new, stats = self.run_plan_on_grid(grid, plan, arrays, config, server_round, lr, timeout)
         cost = ds.round_cost(plan, model_bytes)
         events = max(stats["events"], 1)
@@ -360,6 +371,15 @@ drift_diagnostics
             f"{selection.kl:.4f}" if math.isfinite(selection.kl) else "-",
             stats["events"], cost.kappa_hat)
         return new
+
+    def round_lr(self, server_round: int, num_rounds: int, lr0: float) -> float:
+        """lr_t of ``lr_schedule`` (a cosine one without T gets ``num_rounds``), else lr_0."""
+        schedule = self.lr_schedule
+        if schedule is None:
+            return lr0
+        if isinstance(schedule, schedules.LRSchedule) and schedule.num_rounds is None:
+            schedule = dataclasses.replace(schedule, num_rounds=num_rounds)
+        return schedules.round_lr(schedule, server_round, lr0)
 
     def run_plan_on_grid(
         self, grid: Grid, plan: ds.RoundPlan, arrays: ArrayRecord, config: ConfigRecord,

@@ -10,8 +10,9 @@ Algorithm 1, as the two hooks of Flower's message-API strategy:
 Around that, what a heterogeneity study needs: reproducible sampling keyed by the
 ``partition-id`` each client reports through the optional client-info query (Flower's
 node ids are random per run), simulated stragglers (Li et al. 2020, FedProx, Sec. 5.2),
-one bad reply rejected with one log line instead of ending the run, and per-round
-diagnostics in ``self.diagnostics[server_round]`` (keys ``strategies.contract.LOG_*``).
+one bad reply rejected with one log line instead of ending the run, a per-round learning
+rate (:mod:`strategies.schedules`), and per-round diagnostics in
+``self.diagnostics[server_round]`` (keys ``strategies.contract.LOG_*``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from . import aggregate as agg
 from . import contract as C
 from . import records
 from . import sampling
+from . import schedules
 from .records import ClientInfo
 
 __all__ = ["FedAvg", "WEIGHTINGS", "STRAGGLER_POLICIES", "STRAGGLER_UNITS"]
@@ -86,6 +88,12 @@ class FedAvg(FlowerFedAvg):
         Log client drift per round: per layer the mean pairwise cosine similarity of the
         client updates (Hsieh et al., IID->non-IID study, Fig. 13) and the spread of their
         norms. Costs one more model-sized buffer and one more pass over each reply.
+    lr_schedule : LRSchedule, str or callable, optional
+        Per-round learning rate: round t sends ``lr`` = lr_t = ``lr_schedule(t, lr_0)``,
+        lr_0 the train config's ``lr`` (:mod:`strategies.schedules`: ``"exponential"`` is
+        McMahan et al.'s decay, ``"inverse"`` Li et al.'s eta_t = beta / (t + gamma)). A
+        name takes the default parameters; ``"cosine"`` needs
+        ``LRSchedule("cosine", num_rounds=T)``. None (default): ``lr`` is sent as given.
 
     Notes
     -----
@@ -95,7 +103,8 @@ class FedAvg(FlowerFedAvg):
 
     Contract
     --------
-    Sends ``config`` with ``server-round`` plus the ``train_config`` given to ``start``.
+    Sends ``config`` with ``server-round`` plus the ``train_config`` given to ``start``
+    (with ``lr`` = lr_t under ``lr_schedule``; the round's ``lr`` is logged as ``lr``).
     Expects per reply an ArrayRecord ``arrays`` with the global model's keys, shapes and
     dtypes and a MetricRecord ``metrics`` with ``num-examples`` > 0 (``train-loss`` or
     Flower's ``train_loss`` optional): what Flower's PyTorch template sends.
@@ -119,6 +128,7 @@ class FedAvg(FlowerFedAvg):
         straggler_policy: str = "drop",
         straggler_unit: str = "steps",
         drift_diagnostics: bool = False,
+        lr_schedule: schedules.LRSchedule | schedules.Schedule | str | None = None,
     ) -> None:
         _check_fraction("fraction_train", fraction_train, allow_zero=False)
         _check_fraction("fraction_evaluate", fraction_evaluate, allow_zero=True)
@@ -128,6 +138,11 @@ class FedAvg(FlowerFedAvg):
         _check_fraction("straggler_fraction", straggler_fraction, allow_zero=True)
         _check_choice("straggler_unit", straggler_unit, STRAGGLER_UNITS)
         _check_choice("straggler_policy", straggler_policy, STRAGGLER_POLICIES)
+        lr_schedule = schedules.as_schedule(lr_schedule)
+        if isinstance(lr_schedule, schedules.LRSchedule) and lr_schedule.name == "cosine" \
+                and lr_schedule.num_rounds is None:
+            raise ValueError("lr_schedule 'cosine' needs num_rounds: FedAvg does not know the "
+                             "run's number of rounds; pass LRSchedule('cosine', num_rounds=T)")
         if weighting in QUERY_WEIGHTINGS and not query_client_info:
             raise records.query_required(
                 type(self).__name__, f"weighting={weighting!r} (every client's n_k)",
@@ -148,6 +163,7 @@ class FedAvg(FlowerFedAvg):
         self.straggler_policy = straggler_policy
         self.straggler_unit = straggler_unit
         self.drift_diagnostics = bool(drift_diagnostics)
+        self.lr_schedule = lr_schedule
         self.straggler_work: dict[int, int] = {}
         self.sent_configs: dict[int, ConfigRecord] = {}
         self.all_nodes: list[int] = []
@@ -164,6 +180,8 @@ class FedAvg(FlowerFedAvg):
             self.weighting, self.server_lr, self.seed, "on" if self.query_client_info else "off")
         log(INFO, "\t├──> Differs from Flower's FedAvg: m = max(floor(C K), 1) clients per "
             "round (min_train_nodes 1, Flower's default 2)")
+        if self.lr_schedule is not None:
+            log(INFO, "\t├──> Learning rate per round: %s", self.lr_schedule)
         if self.straggler_fraction > 0:
             log(INFO, "\t├──> Stragglers: %.0f%% per round, policy '%s'",
                 100 * self.straggler_fraction, self.straggler_policy)
@@ -207,6 +225,7 @@ class FedAvg(FlowerFedAvg):
                                       probabilities)
         self.draws = {ordered[k]: d for k, d in picks.items()}
         config[C.SERVER_ROUND] = server_round
+        config = self.round_config(server_round, config)
         sampled = len(self.draws)
         stragglers = self.assign_stragglers(server_round, config)
         if self.straggler_policy == "drop":
@@ -225,7 +244,22 @@ class FedAvg(FlowerFedAvg):
             C.LOG_CLIENTS_DROPPED: sampled - len(messages),
             C.LOG_BYTES_DOWN: len(messages) * arrays.count_bytes(),
         }
+        lr = config.get(C.LR)
+        if isinstance(lr, (int, float)) and not isinstance(lr, bool):
+            self.diagnostics[server_round][C.LOG_LR] = float(lr)
         return messages
+
+    def round_config(self, server_round: int, config: ConfigRecord) -> ConfigRecord:
+        """The round's config: with ``lr_schedule`` a copy whose ``lr`` is lr_t (the caller's
+        record keeps lr_0 for the next rounds), else ``config`` itself."""
+        if self.lr_schedule is None:
+            return config
+        if C.LR not in config:
+            raise ValueError(f"lr_schedule needs lr_0: the train config has no '{C.LR}'; pass "
+                             f"train_config=ConfigRecord({{'{C.LR}': ...}}) to start()")
+        own = ConfigRecord(dict(config))
+        own[C.LR] = schedules.round_lr(self.lr_schedule, server_round, float(config[C.LR]))
+        return own
 
     def assign_stragglers(self, server_round: int, config: ConfigRecord) -> dict[int, int]:
         """This round's stragglers among the sampled nodes -> their reduced local work."""

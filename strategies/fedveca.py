@@ -215,6 +215,8 @@ class FedVeca(FedNova):
             log(WARNING, "FedVeca: clients run plain SGD (eq. 1); the train config's %s are "
                 "ignored", ignored)
         messages = super().configure_train(server_round, arrays, config, grid)
+        # the round's lr after FedAvg's lr schedule (eta of eq. 15 and of eta tau_k L)
+        self._eta = float(next(iter(self.sent_configs.values()), {}).get(C.LR, self._eta))
         diag = self.diagnostics.setdefault(server_round, {})
         diag[C.LOG_FEDVECA_TAU_SENT] = {self.client_key(n): int(self.sent_configs[n][C.LOCAL_STEPS])
                                         for n in self.draws}

@@ -22,6 +22,7 @@ from fedapp.registry import STRATEGIES, check_run_config
 from strategies import WEIGHTINGS
 from strategies.dynacomm import BUDGET_MODES
 from strategies.dynamicfl_schedule import X_STAR_MODES
+from strategies.schedules import SCHEDULES
 from task.data import DATASET_NAMES
 from task.models import MODEL_NAMES
 from task.partition import PARTITION_NAMES
@@ -32,6 +33,7 @@ with PYPROJECT.open("rb") as _handle:
 
 FV = {"strategy": "fedveca"}
 DFL = {"strategy": "dynamicfl"}
+EXP = {"lr-schedule": "exponential"}
 
 # key -> (base config: a strategy that reads the key, boundary values, bad values)
 CASES: dict[str, tuple[dict, list, list]] = {
@@ -79,6 +81,10 @@ CASES: dict[str, tuple[dict, list, list]] = {
     "batch-size": ({}, [1], [0, -5]),
     "full-batch": ({}, [True, False], []),
     "lr": ({}, [1e-9], [0.0, -0.1]),
+    "lr-schedule": ({}, list(SCHEDULES), ["linear", "Exponential", ""]),
+    "lr-decay": (EXP, [1e-9, 0.99, 1.0], [0.0, -0.1]),
+    "lr-step-every": ({"lr-schedule": "step"}, [1, 2**63 - 1], [0, -1]),
+    "lr-min": ({"lr-schedule": "cosine"}, [0.0, 0.05], [-1e-4]),
     "momentum": ({}, [0.0, 0.99], [1.0, -0.5]),
     "weight-decay": ({}, [0.0], [-1e-4]),
     "seed": ({}, [0, 2**32, 2**63 - 1], [-1]),
@@ -109,6 +115,10 @@ CROSS = [
     ({**DFL, "weighting": "uniform"}, ["weighting"]),
     ({**DFL, "straggler-fraction": 0.2}, ["straggler-fraction"]),
     ({"strategy": "dynamicsgd", "server-momentum": 0.5}, ["server-momentum"]),
+    # d > 1 is fine for 'inverse' (a = 2), not for a decaying schedule
+    ({**EXP, "lr-decay": 1.5}, ["lr-schedule", "lr-decay"]),
+    ({"lr-schedule": "step", "lr-decay": 2.0}, ["lr-schedule", "lr-decay"]),
+    ({**DFL, **EXP, "lr-decay": 1.5}, ["lr-schedule", "lr-decay"]),
 ]
 
 
@@ -185,7 +195,8 @@ def test_cross_key_conflict_stops_naming_every_key(user_config, keys):
 
 
 @pytest.mark.parametrize("key,value", [("fedveca-tau-init", 1), ("dynamicfl-intervals", "g-a"),
-                                       ("dynamicfl-beta", 1.5), ("proximal-mu", -0.01)])
+                                       ("dynamicfl-beta", 1.5), ("proximal-mu", -0.01),
+                                       ("lr-decay", -1.0), ("lr-min", -1.0)])
 def test_a_bad_value_of_a_key_the_strategy_does_not_read_is_still_an_error(key, value):
     with pytest.raises(ConfigError) as info:
         check_run_config({"strategy": "fedavg", key: value})
