@@ -44,7 +44,6 @@ our own schedule gives 0.303 for Dynamic-0.3 'a-g' ((3 * 250 + 7 * 1) / 2500).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -157,13 +156,6 @@ def steps_per_round(dataset_sizes: Sequence[int], epochs: float, batch_size: int
     if epochs <= 0 or batch_size <= 0:
         raise ValueError(f"epochs ({epochs}) and batch_size ({batch_size}) must be > 0")
     return max(1, int(sizes.sum() * epochs / (sizes.size * batch_size) + 1e-9))
-
-
-def cosine_lr(server_round: int, num_rounds: int, lr0: float, lr_min: float = 1e-4) -> float:
-    """eta_t = eta_min + (eta_0 - eta_min)(1 + cos(pi (t - 1) / T)) / 2, constant within a round
-    (official code: cosine annealing stepped once per round, T_max = T)."""
-    t = max(int(server_round), 1)
-    return lr_min + (lr0 - lr_min) * (1 + math.cos(math.pi * (t - 1) / max(num_rounds, 1))) / 2
 
 
 # ------------------------------------------------------------------ syncs and chunks

@@ -94,11 +94,6 @@ def test_steps_per_round_eq4():
         ds.steps_per_round([], 5, 10)
 
 
-def test_cosine_lr():
-    assert ds.cosine_lr(1, 800, 0.01) == pytest.approx(0.01)
-    assert ds.cosine_lr(401, 800, 0.01) == pytest.approx(1e-4 + (0.01 - 1e-4) / 2)
-    assert ds.cosine_lr(801, 800, 0.01) == pytest.approx(1e-4)
-
 
 # ---------------------------------------------------------------- test local solvers
 def affine_step(coefs):

@@ -13,7 +13,6 @@ from fedapp.run_log import read_rounds
 from fedapp.server_app import app as server_app
 from strategies import DynamicFL, FedAvg, FedVeca
 from strategies import contract as C
-from strategies import dynamicfl_schedule as ds
 from strategies import schedules as S
 from tests.inprocess import InProcessGrid
 from tests.messages import record
@@ -36,11 +35,6 @@ def test_inverse_is_li_et_al_beta_over_t_plus_gamma():
     beta, gamma = lr0 / a, 1 / a - 1
     for t in range(1, 20):
         assert S.inverse_lr(t, lr0, a) == pytest.approx(beta / (t + gamma))
-
-
-def test_dynamicfl_cosine_unchanged():
-    for t in (1, 2, 17, 50):
-        assert S.cosine_lr(t, 50, 0.05, 1e-3) == ds.cosine_lr(t, 50, 0.05, 1e-3)
 
 
 @pytest.mark.parametrize("name", S.SCHEDULES)
@@ -116,7 +110,7 @@ def test_fedveca_eq15_eta_is_the_rounds_lr():
 
 def test_dynamicfl_round_lr():
     s = DynamicFL(intervals="a", local_steps=2, cosine_lr_min=1e-3)
-    assert s.round_lr(5, 10, 0.05) == ds.cosine_lr(5, 10, 0.05, 1e-3)
+    assert s.round_lr(5, 10, 0.05) == S.cosine_lr(5, 10, 0.05, 1e-3)
     assert DynamicFL(intervals="a", local_steps=2).round_lr(5, 10, 0.05) == 0.05
     s = DynamicFL(intervals="a", local_steps=2, lr_schedule="exponential")
     assert s.round_lr(3, 10, 0.1) == pytest.approx(0.1 * 0.99**2)
