@@ -1,0 +1,61 @@
+"""Benchmarks (printed as ratios measured in one run; never asserted in tests).
+
+``python -m simulation bench`` (no sub-command): the standard figures in one run:
+(a) ``efficiency`` on the standard workload, (b) ``aggregation`` of every strategy against
+Flower's FedAvg on the same replies, (c) the ServerApp's peak memory (from (a)) and the
+aggregation's peak extra memory (from (b)).
+
+``python -m simulation bench BENCH``: one benchmark; each is one module of this package
+(its docstring says what it measures):
+
+* ``efficiency``: simulation efficiency against ideal parallel bare torch; server memory;
+* ``overhead``: simulation vs bare torch per round, and our ClientApp's per-message cost;
+* ``aggregation``: ``aggregate_train`` time and memory against Flower's FedAvg;
+* ``import``: ``import strategies`` against ``import flwr.serverapp.strategy``;
+* ``sync-events``: DynamicFL's seconds per sync event against the active clients.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+# bench name -> module of this package (each has HELP, add_arguments(parser), run(args))
+BENCHES = {
+    "efficiency": "efficiency",
+    "overhead": "overhead",
+    "aggregation": "aggregation",
+    "import": "imports",
+    "sync-events": "sync_events",
+}
+STANDARD = ("efficiency", "aggregation")  # what a plain `bench` runs, in this order
+
+
+def bench_module(name: str):
+    """The module that implements bench ``name``."""
+    return importlib.import_module(f"{__name__}.{BENCHES[name]}")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The bench sub-commands and their options."""
+    sub = parser.add_subparsers(
+        dest="bench", metavar="BENCH",
+        help=f"one benchmark (default: {', then '.join(STANDARD)})")
+    for name in BENCHES:
+        module = bench_module(name)
+        p = sub.add_parser(name, help=module.HELP, description=module.__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        module.add_arguments(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    """One benchmark, or the standard figures (a), (b), (c) in one run."""
+    if args.bench is not None:
+        bench_module(args.bench).run(args)
+        return 0
+    for name in STANDARD:
+        print(f"\n===== python -m simulation bench {name} =====", flush=True)
+        parser = argparse.ArgumentParser()
+        add_arguments(parser)
+        bench_module(name).run(parser.parse_args([name]))
+    return 0

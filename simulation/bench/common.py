@@ -1,0 +1,151 @@
+"""What the benchmarks share: the standard workload, real ``flwr run`` round times from
+the run log, and the bare torch time of the same local SGD (one process or several)."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from fedapp.config import RunConfig
+from strategies import contract as C
+from task.data import PartitionSpec, client_data, load_dataset
+from task.models import build_model
+from task.train import client_seed, local_sgd
+
+from ..runtime import run_app
+
+
+def workload(args) -> dict:
+    return {
+        "num-server-rounds": args.rounds, "partition": "iid", "model": args.model,
+        "local-epochs": args.epochs, "batch-size": args.batch_size, "lr": 0.05,
+        "dataset": "fashion-mnist", "min-available-nodes": args.clients,
+    }
+
+
+def bare_torch_round_seconds(workload: dict, num_clients: int, rounds: int) -> list[float]:
+    """Sequential local SGD of every client, one process: seconds per round."""
+    cfg = RunConfig.from_user_config(workload)
+    dataset = load_dataset(cfg.dataset)
+    spec = PartitionSpec(scheme=cfg.partition, seed=cfg.seed)
+    parts = [client_data(dataset, spec, pid, num_clients) for pid in range(num_clients)]
+    torch.manual_seed(cfg.seed)
+    global_model = build_model(cfg.model, dataset.input_shape, dataset.num_classes)
+    model = build_model(cfg.model, dataset.input_shape, dataset.num_classes)
+    times = []
+    for server_round in range(1, rounds + 1):
+        start = time.perf_counter()
+        for pid, (x, y) in enumerate(parts):
+            model.load_state_dict(global_model.state_dict())
+            local_sgd(model, x, y, lr=cfg.lr, batch_size=cfg.batch_size, epochs=cfg.local_epochs,
+                      seed=client_seed(cfg.seed, server_round, pid))
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def simulation_round_seconds(workload: dict, num_clients: int, cpus_per_client: float,
+                             federation: dict | None = None, keep_records: bool = False) -> list:
+    """Per-round wall seconds (or the whole records) of a real ``flwr run``, from the run log."""
+    federation = {
+        "client-resources-num-cpus": cpus_per_client,
+        **(federation or {}),
+        "num-supernodes": num_clients,
+    }
+    with tempfile.TemporaryDirectory(prefix="fedhetero-bench-") as tmp:
+        out = Path(tmp) / "runs"
+        result = run_app(
+            {**workload, "output-dir": str(out)},
+            federation,
+            flwr_home=Path(tmp) / "flwr-home",
+            isolate_ports=True,
+            capture=True,
+            timeout=1800,
+        )
+        runs = list(out.glob("*/rounds.jsonl"))
+        if result.returncode != 0 or not runs:
+            raise RuntimeError(f"flwr run ended {result.status}:\n{result.output[-3000:]}")
+        records = [json.loads(line) for line in runs[0].read_text().splitlines() if line.strip()]
+    return (
+        records if keep_records else [r[C.LOG_WALL_SECONDS] for r in records if r[C.LOG_ROUND] >= 1]
+    )
+
+
+def bare_client_seconds(
+    workload: dict,
+    num_clients: int,
+    rounds: list[int],
+    threads: int,
+    clients: list[int] | None = None,
+    ready=None,
+) -> list[float]:
+    """Per round: the summed bare-torch seconds of the local SGD of ``clients`` (default: all)
+    with ``threads`` threads; ``ready`` (a barrier) is awaited once the data is loaded."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        cfg = RunConfig.from_user_config(workload)
+        dataset = load_dataset(cfg.dataset)
+        spec = PartitionSpec(scheme=cfg.partition, seed=cfg.seed)
+        pids = list(range(num_clients)) if clients is None else clients
+        parts = {pid: client_data(dataset, spec, pid, num_clients) for pid in pids}
+        torch.manual_seed(cfg.seed)
+        start_model = build_model(cfg.model, dataset.input_shape, dataset.num_classes)
+        model = build_model(cfg.model, dataset.input_shape, dataset.num_classes)
+        if ready is not None:
+            ready.wait()
+        totals = []
+        for server_round in rounds:
+            total = 0.0
+            for pid, (x, y) in parts.items():
+                model.load_state_dict(start_model.state_dict())
+                start = time.perf_counter()
+                local_sgd(
+                    model,
+                    x,
+                    y,
+                    lr=cfg.lr,
+                    batch_size=cfg.batch_size,
+                    epochs=cfg.local_epochs,
+                    seed=client_seed(cfg.seed, server_round, pid),
+                )
+                total += time.perf_counter() - start
+            totals.append(total)
+        return totals
+    finally:
+        torch.set_num_threads(previous)
+
+
+_BARRIER = None  # set in each pool process by _init_bare_worker
+
+
+def _init_bare_worker(barrier) -> None:
+    global _BARRIER  # noqa: PLW0603 - the pool initializer's only way to hand the barrier over
+    _BARRIER = barrier
+
+
+def _bare_worker(job: tuple) -> float:
+    workload, num_clients, rounds, threads, clients = job
+    return sum(
+        bare_client_seconds(workload, num_clients, rounds, threads, clients=clients, ready=_BARRIER)
+    )
+
+
+def bare_parallel_seconds(
+    workload: dict, num_clients: int, rounds: list[int], threads: int, workers: int
+) -> float:
+    """Wall seconds of the same local SGD split over ``workers`` processes started together
+    (clients dealt round-robin): the ideal's parallel half, measured, memory contention included."""
+    import multiprocessing  # noqa: PLC0415
+
+    context = multiprocessing.get_context("spawn")
+    barrier = context.Barrier(workers)
+    jobs = [
+        (workload, num_clients, rounds, threads, list(range(w, num_clients, workers)))
+        for w in range(workers)
+    ]
+    with context.Pool(workers, initializer=_init_bare_worker, initargs=(barrier,)) as pool:
+        return max(pool.map(_bare_worker, jobs))

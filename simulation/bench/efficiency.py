@@ -1,0 +1,111 @@
+"""``bench efficiency``: simulation efficiency = ideal / our wall time on the standard
+workload (Fashion-MNIST, McMahan CNN, 20 clients, 5 rounds, E = 1), where the ideal is the
+bare torch time of the same local SGD (one thread per client, as the Ray actors get)
+divided by the number of parallel workers; round 1 (Ray and actor start-up, data
+decoding) is excluded; plus the ServerApp's peak memory (max RSS). As a profile, the
+same bare SGD also runs split over that many processes at once: the ideal's parallelism
+measured (shared caches and memory bandwidth included), so the remaining gap is the
+simulation's own (Ray, Flower's messaging, our ClientApp)."""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from strategies import contract as C
+
+from .common import bare_client_seconds, bare_parallel_seconds, simulation_round_seconds, workload
+
+HELP = "simulation efficiency vs ideal parallel bare torch; server memory"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--clients", type=int, default=20)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--model", default="cnn-mcmahan")
+    p.add_argument("--cpus-per-client", type=float, default=1)
+    p.add_argument("--gpus-per-client", type=float, default=0.25)
+
+
+def run(args) -> None:
+    import os  # noqa: PLC0415
+
+    work = {**workload(args), "drift-diagnostics": False}
+    cpus = os.cpu_count() or 1
+    gpu = torch.cuda.is_available()
+    workers = (
+        max(1, int(cpus // args.cpus_per_client))
+        if not gpu
+        else max(1, int(1 / args.gpus_per_client))
+    )
+    print(
+        f"Workload: Fashion-MNIST IID, {args.model}, {args.clients} clients, {args.rounds} "
+        f"rounds, E={args.epochs}, "
+        f"B={args.batch_size}; {cpus} CPUs, {'GPU' if gpu else 'no GPU'}, {workers} parallel "
+        "ClientApp workers"
+    )
+    federation = {"client-resources-num-cpus": args.cpus_per_client}
+    if gpu:
+        federation["client-resources-num-gpus"] = args.gpus_per_client
+    sim = simulation_round_seconds(
+        work, args.clients, args.cpus_per_client, federation, keep_records=True
+    )
+    warm = [r for r in sim if r[C.LOG_ROUND] >= 2]
+    ours = sum(r[C.LOG_WALL_SECONDS] for r in warm)
+    evals = sum(r.get(C.LOG_EVAL_SECONDS, 0.0) for r in warm)
+    bare = bare_client_seconds(
+        work,
+        args.clients,
+        list(range(2, args.rounds + 1)),
+        threads=max(1, int(args.cpus_per_client)),
+    )
+    ideal = sum(bare) / workers
+    parallel = (
+        bare_parallel_seconds(
+            work,
+            args.clients,
+            list(range(2, args.rounds + 1)),
+            max(1, int(args.cpus_per_client)),
+            workers,
+        )
+        if workers > 1 and not gpu
+        else None
+    )
+    print(
+        f"\n(a) simulation efficiency, rounds 2..{args.rounds} (round 1 = start-up, "
+        f"{sim[1][C.LOG_WALL_SECONDS]:.1f} s, excluded)"
+    )
+    print(
+        f"    bare torch local SGD, all clients, 1 thread each: {sum(bare):.1f} s -> ideal with "
+        f"{workers} workers {ideal:.1f} s"
+    )
+    print(f"    our wall time (flwr run, Ray backend):            {ours:.1f} s")
+    print(
+        f"      of which the ServerApp's test-set evaluation:   {evals:.1f} s (10k images after "
+        "every round; "
+        "the ideal has none)"
+    )
+    print(f"      the rest (rounds: messages, ClientApps, aggregation): {ours - evals:.1f} s")
+    print(f"    efficiency = ideal / ours = {ideal / ours:.2f}   (target >= 0.8)")
+    print(
+        f"    efficiency of the federated training alone = ideal / (ours - evaluation) = "
+        f"{ideal / (ours - evals):.2f}"
+    )
+    if parallel is not None:
+        print(
+            f"    profile: the same bare torch SGD in {workers} processes at once takes "
+            f"{parallel:.1f} s "
+            f"({parallel / ideal:.2f}x the ideal: cores share caches and memory bandwidth);"
+        )
+        print(
+            f"      against that measured parallel baseline, the federated rounds run at "
+            f"{parallel / (ours - evals):.2f} (Ray, Flower's messaging, our ClientApp and "
+            "aggregation)"
+        )
+    print(
+        "\n(c) ServerApp peak memory (max RSS): "
+        f"{max(r[C.LOG_SERVER_MAX_RSS_MB] for r in sim):.0f} MB"
+    )
