@@ -67,7 +67,7 @@ def local_data(context: Context) -> tuple[torch.Tensor, torch.Tensor, object, Ru
     partition_id, num_partitions = partition_of(context)
     data_dir = str(context.node_config.get("data-dir", cfg.data_dir))
     dataset = load_dataset(cfg.dataset, data_dir, cfg.allow_download, cfg.synthetic_alpha,
-                           cfg.synthetic_beta)
+                           cfg.synthetic_beta, cfg.normalize)
     spec = PartitionSpec(
         scheme=cfg.partition, seed=cfg.seed, alpha=cfg.dirichlet_alpha,
         min_size=cfg.min_partition_size, classes_per_partition=cfg.classes_per_partition,

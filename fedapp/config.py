@@ -74,6 +74,7 @@ class RunConfig:
     dataset: str = "fashion-mnist"
     data_dir: str = ""
     allow_download: bool = True
+    normalize: bool = True
     synthetic_alpha: float = 1.0
     synthetic_beta: float = 1.0
     partition: str = "dirichlet"

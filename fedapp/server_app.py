@@ -117,7 +117,7 @@ def main(grid: Grid, context: Context) -> None:
         cfg = RunConfig.from_user_config(context.run_config)
         strategy, train_config = build_strategy(cfg)
         dataset = load_dataset(cfg.dataset, cfg.data_dir, cfg.allow_download,
-                               cfg.synthetic_alpha, cfg.synthetic_beta)
+                               cfg.synthetic_alpha, cfg.synthetic_beta, cfg.normalize)
         checkpoint = load_checkpoint(cfg.resume_from) if cfg.resume_from else None  # resume-from
         if checkpoint is not None:
             check_compatible(checkpoint, cfg.to_dict())

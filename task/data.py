@@ -14,7 +14,8 @@ Datasets (``DATASET_NAMES``):
   ``FederatedDataset`` (needs the network on first use; e.g. ``hf:flwrlabs/femnist``).
 
 Images become float32 tensors (N, C, H, W) standardised with the training set's
-per-channel mean and std; labels int64.
+per-channel mean and std (``normalize=False``: pixels / 255 in [0, 1], as torchvision's
+``ToTensor()`` gives them, NIID-Bench's preprocessing); labels int64.
 """
 
 from __future__ import annotations
@@ -99,16 +100,21 @@ def load_dataset(
     allow_download: bool = True,
     synthetic_alpha: float = 1.0,
     synthetic_beta: float = 1.0,
+    normalize: bool = True,
 ) -> TensorDataset:
-    """Load (once per process) a dataset as tensors."""
+    """Load (once per process) a dataset as tensors.
+
+    ``normalize``: standardise image pixels per channel (default), or keep them in [0, 1]
+    (no effect on ``synthetic``, whose features are not pixels).
+    """
     check_dataset_name(name)
     if name == "fashion-mnist":
-        return _fashion_mnist(data_dir, allow_download)
+        return _fashion_mnist(data_dir, allow_download, normalize)
     if name in ("mnist", "cifar10", "cifar100"):
-        return _torchvision(name, data_dir, allow_download)
+        return _torchvision(name, data_dir, allow_download, normalize)
     if name == "synthetic":
         return synthetic_dataset(synthetic_alpha, synthetic_beta)
-    return _hub(name[3:])
+    return _hub(name[3:], normalize)
 
 
 @functools.lru_cache(maxsize=8)
@@ -139,7 +145,7 @@ def client_data(
 
 
 # ----------------------------------------------------------------- Fashion-MNIST
-def _fashion_mnist(data_dir: str, allow_download: bool) -> TensorDataset:
+def _fashion_mnist(data_dir: str, allow_download: bool, normalize: bool = True) -> TensorDataset:
     tried = []
     candidates = [Path(data_dir)] if data_dir else []
     candidates += [Path(data_dir) / "fashion-mnist"] if data_dir else []
@@ -147,11 +153,11 @@ def _fashion_mnist(data_dir: str, allow_download: bool) -> TensorDataset:
     for folder in candidates:
         if _idx_folder_complete(folder):
             arrays = {key: read_idx(_idx_path(folder, stem)) for key, stem in IDX_FILES.items()}
-            return _from_uint8("fashion-mnist", arrays, 10, source=str(folder))
+            return _from_uint8("fashion-mnist", arrays, 10, source=str(folder), normalize=normalize)
         tried.append(f"IDX files in {folder}")
     if allow_download:
         try:
-            return _torchvision("fashion-mnist", data_dir, True)
+            return _torchvision("fashion-mnist", data_dir, True, normalize)
         except Exception as exc:  # noqa: BLE001 - report every way we tried
             tried.append(f"torchvision download ({type(exc).__name__}: {exc})")
     else:
@@ -202,17 +208,20 @@ def read_idx(path: Path) -> np.ndarray:
     return body.reshape(shape)
 
 
-def _from_uint8(name: str, arrays: dict[str, np.ndarray], num_classes: int, source: str) -> TensorDataset:
-    """uint8 images (N, H, W) or (N, H, W, C) -> standardised float32 (N, C, H, W)."""
+def _from_uint8(name: str, arrays: dict[str, np.ndarray], num_classes: int, source: str,
+                normalize: bool = True) -> TensorDataset:
+    """uint8 images (N, H, W) or (N, H, W, C) -> float32 (N, C, H, W) in [0, 1], then
+    standardised with the training set's per-channel mean and std if ``normalize``."""
     def to_nchw(images: np.ndarray) -> torch.Tensor:
         x = torch.from_numpy(np.asarray(images, dtype=np.float32)).div_(255.0)  # one float copy
         return x.unsqueeze(1) if x.dim() == 3 else x.permute(0, 3, 1, 2).contiguous()
 
     x_train, x_test = to_nchw(arrays["x_train"]), to_nchw(arrays["x_test"])
-    mean = x_train.mean(dim=(0, 2, 3), keepdim=True)
-    std = x_train.std(dim=(0, 2, 3), keepdim=True)
-    for x in (x_train, x_test):  # in place: no second copy of the training set
-        x.sub_(mean).div_(std)
+    if normalize:
+        mean = x_train.mean(dim=(0, 2, 3), keepdim=True)
+        std = x_train.std(dim=(0, 2, 3), keepdim=True)
+        for x in (x_train, x_test):  # in place: no second copy of the training set
+            x.sub_(mean).div_(std)
     return TensorDataset(
         name=name,
         x_train=x_train,
@@ -225,7 +234,8 @@ def _from_uint8(name: str, arrays: dict[str, np.ndarray], num_classes: int, sour
 
 
 # ----------------------------------------------------------------- torchvision
-def _torchvision(name: str, data_dir: str, allow_download: bool) -> TensorDataset:
+def _torchvision(name: str, data_dir: str, allow_download: bool,
+                 normalize: bool = True) -> TensorDataset:
     import torchvision  # noqa: PLC0415 - heavy, only when used
 
     classes = {"fashion-mnist": torchvision.datasets.FashionMNIST, "mnist": torchvision.datasets.MNIST,
@@ -244,11 +254,11 @@ def _torchvision(name: str, data_dir: str, allow_download: bool) -> TensorDatase
         "x_train": np.asarray(train.data), "y_train": np.asarray(train.targets),
         "x_test": np.asarray(test.data), "y_test": np.asarray(test.targets),
     }
-    return _from_uint8(name, arrays, len(train.classes), source=str(root))
+    return _from_uint8(name, arrays, len(train.classes), source=str(root), normalize=normalize)
 
 
 # ----------------------------------------------------------------- Hugging Face Hub
-def _hub(hub_id: str) -> TensorDataset:
+def _hub(hub_id: str, normalize: bool = True) -> TensorDataset:
     """A Hub image-classification dataset through flwr-datasets (network on first use)."""
     from flwr_datasets import FederatedDataset  # noqa: PLC0415
 
@@ -277,7 +287,7 @@ def _hub(hub_id: str) -> TensorDataset:
     arrays = {"x_train": images(train), "y_train": np.asarray(train[label_col]),
               "x_test": images(test), "y_test": np.asarray(test[label_col])}
     num_classes = int(max(arrays["y_train"].max(), arrays["y_test"].max()) + 1)
-    data = _from_uint8(f"hf:{hub_id}", arrays, num_classes, source=hub_id)
+    data = _from_uint8(f"hf:{hub_id}", arrays, num_classes, source=hub_id, normalize=normalize)
     if natural:
         _, ids = np.unique(np.asarray(train[natural]), return_inverse=True)
         data = TensorDataset(**{**data.__dict__, "natural_ids": ids})

@@ -67,6 +67,7 @@ CASES: dict[str, tuple[dict, list, list]] = {
                 ["imagenet", "hf:", ""]),
     "data-dir": ({}, ["", "/abs/data"], ["data", "~/data"]),
     "allow-download": ({}, [True, False], []),
+    "normalize": ({}, [True, False], []),
     "synthetic-alpha": ({}, [0.0], [-1.0]),
     "synthetic-beta": ({}, [0.0], [-1.0]),
     "partition": ({}, list(PARTITION_NAMES), ["zipf", ""]),

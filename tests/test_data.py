@@ -201,6 +201,20 @@ def test_load_from_configured_data_dir(tmp_path, gz):
     assert abs(float(ds.x_train.std()) - 1.0) < 1e-5
 
 
+def test_normalize_false_keeps_pixels_in_unit_interval(tmp_path):
+    """NIID-Bench's preprocessing (ToTensor only): x = pixel / 255, train and test."""
+    folder = tmp_path / "data"
+    arrays = write_tiny_fashion_mnist(folder)
+    ds = load_dataset("fashion-mnist", data_dir=str(folder), allow_download=False,
+                      normalize=False)
+    for key, x in (("x_train", ds.x_train), ("x_test", ds.x_test)):
+        expected = torch.from_numpy(arrays[key].astype(np.float32) / 255.0).unsqueeze(1)
+        torch.testing.assert_close(x, expected, rtol=0, atol=0)
+    assert float(ds.x_train.min()) >= 0.0 and float(ds.x_train.max()) <= 1.0
+    standardised = load_dataset("fashion-mnist", data_dir=str(folder), allow_download=False)
+    assert standardised is not ds  # cached per normalize value
+
+
 def test_load_from_fashion_mnist_subfolder_of_data_dir(tmp_path):
     folder = tmp_path / "data"
     write_tiny_fashion_mnist(folder / "fashion-mnist")
