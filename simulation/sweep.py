@@ -4,14 +4,18 @@ A sweep file names a shared run config (``[base]``), named variants that overrid
 (``[variants.<name>]``), the seeds and the federation size. Every run goes through the
 same ServerApp/ClientApp on Flower's simulation engine (``simulation.runtime``). Each
 run writes to ``<out>/<variant>/seed<k>/``; finished runs (a complete ``rounds.jsonl``
-and ``final_model.pt``) are skipped, so an interrupted sweep resumes. At the end,
-``summary.md`` and ``summary.csv`` hold final and best accuracy (mean ± std over seeds).
+and ``final_model.pt``) are skipped, so an interrupted sweep resumes; with
+``checkpoint-every`` in the sweep's run config, a run that was stopped part-way resumes
+from its last checkpoint (``resume-from``, bit-identical to an uninterrupted run) instead
+of starting again. At the end, ``summary.md`` and ``summary.csv`` hold final and best
+accuracy (mean ± std over seeds).
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import fnmatch
 import re
 import statistics
 import sys
@@ -48,12 +52,16 @@ def load_sweep(path: Path) -> dict:
     return spec
 
 
-def plan(spec: dict, out: Path, seeds: list[int] | None = None) -> list[SweepRun]:
+def plan(spec: dict, out: Path, seeds: list[int] | None = None,
+         variants: list[str] | None = None) -> list[SweepRun]:
     """Every (variant, seed) run with its full run config, in file order; with ``seeds``,
-    only the runs of those seeds (e.g. one seed of every variant first)."""
+    only the runs of those seeds (e.g. one seed of every variant first); with ``variants``
+    (shell-style patterns such as ``dir0.5-*``), only the variants matching one of them."""
     base = dict(spec.get("base", {}))
     runs = []
     for name, overrides in spec["variants"].items():
+        if variants is not None and not any(fnmatch.fnmatchcase(name, p) for p in variants):
+            continue
         overrides = dict(overrides)
         for seed in overrides.pop("seeds", spec["seeds"]):  # a variant may name its own seeds
             if seeds is not None and seed not in seeds:
@@ -93,11 +101,21 @@ def finished_run_dir(run: SweepRun) -> Path | None:
     return None
 
 
+def resumable_run_dir(run: SweepRun) -> Path | None:
+    """The newest unfinished run directory of ``run`` that holds a checkpoint, if any."""
+    for candidate in sorted(run.directory.glob("*/checkpoint.pkl"), reverse=True):
+        if not (candidate.parent / "final_model.pt").is_file():
+            return candidate.parent
+    return None
+
+
 def execute(
-    spec: dict, out: Path, ray_address: str | None = None, seeds: list[int] | None = None
+    spec: dict, out: Path, ray_address: str | None = None, seeds: list[int] | None = None,
+    variants: list[str] | None = None,
 ) -> list[tuple[SweepRun, Path]]:
-    """Run what is not finished yet; return (run, run directory) for all finished runs."""
-    runs = plan(spec, out, seeds)
+    """Run what is not finished yet (from its last checkpoint where there is one); return
+    (run, run directory) for all finished runs."""
+    runs = plan(spec, out, seeds, variants)
     federation = {
         "num-supernodes": spec.get("num-supernodes", 10),
         "client-resources-num-cpus": spec.get("cpus-per-client", 1),
@@ -108,9 +126,15 @@ def execute(
         existing = finished_run_dir(run)
         if existing is None:
             start = time.monotonic()
-            print(f"{label}: running ...", flush=True)
+            run_config = dict(run.run_config)
+            partial = resumable_run_dir(run)
+            if partial is not None:
+                run_config["resume-from"] = str(partial.resolve())
+                print(f"{label}: resuming from the checkpoint in {partial} ...", flush=True)
+            else:
+                print(f"{label}: running ...", flush=True)
             result = run_app(
-                run.run_config,
+                run_config,
                 federation,
                 flwr_home=out / ".flwr",
                 capture=True,
@@ -208,6 +232,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="run only these of the file's seeds (e.g. --seeds 0 for one seed of every variant "
         "first; a later run without --seeds adds the rest)",
     )
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        default=None,
+        metavar="PATTERN",
+        help="run only the variants matching one of these shell-style patterns "
+        "(e.g. --variants 'dir0.5-*' c2-fedavg); the summary covers those",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -215,7 +247,12 @@ def run(args: argparse.Namespace) -> int:
     spec = load_sweep(args.file)
     out = (args.out or Path("runs") / args.file.stem).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    done = execute(spec, out, ray_address=args.ray_address, seeds=args.seeds)
+    selected = plan(spec, out, args.seeds, args.variants)
+    if not selected:
+        raise SystemExit(f"{args.file}: no variant matches --variants {' '.join(args.variants)}; "
+                         f"the file has {', '.join(spec['variants'])}")
+    done = execute(spec, out, ray_address=args.ray_address, seeds=args.seeds,
+                   variants=args.variants)
     table = write_summary(summarize(done), out, spec)
     print(f"\n{spec.get('title', '')}\n{table}\n\nResults: {out}")
-    return 0 if len(done) == len(plan(spec, out, args.seeds)) else 1
+    return 0 if len(done) == len(selected) else 1

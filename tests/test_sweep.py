@@ -323,3 +323,45 @@ def test_every_shipped_experiment_is_a_valid_sweep(path, tmp_path):
 
 def test_the_shipped_sweep_files_are_found():
     assert len(sweep_files()) >= 9 and SHIPPED in sweep_files()
+
+
+# ---------------------------------------------------------------- variants filter, resume
+def test_plan_variants_patterns_select_in_file_order(tmp_path):
+    spec = {"seeds": [0], "variants": {"dir0.5-fedavg": {}, "c2-fedavg": {}, "dir0.5-moon": {},
+                                       "iid-fedavg": {}}}
+    runs = sweep.plan(spec, tmp_path, variants=["dir0.5-*", "iid-fedavg"])
+    assert [r.variant for r in runs] == ["dir0.5-fedavg", "dir0.5-moon", "iid-fedavg"]
+    assert sweep.plan(spec, tmp_path, variants=["nothing*"]) == []
+
+
+def test_resumable_run_dir_is_the_newest_unfinished_checkpoint(tmp_path):
+    run = plan_tiny(tmp_path)[0]
+    assert sweep.resumable_run_dir(run) is None
+    old = fake_run_dir(run.directory, [0.1, 0.2], model=False, name="20250101-000000-x-run1")
+    (old / "checkpoint.pkl").write_bytes(b"")
+    new = fake_run_dir(run.directory, [0.1, 0.2, 0.3], model=False, name="20250102-000000-x-run2")
+    (new / "checkpoint.pkl").write_bytes(b"")
+    assert sweep.resumable_run_dir(run) == new
+    done = fake_run_dir(run.directory, [0.1, 0.2, 0.3, 0.4], name="20250103-000000-x-run3")
+    (done / "checkpoint.pkl").write_bytes(b"")  # a finished run is not resumed
+    assert sweep.resumable_run_dir(run) == new
+
+
+def test_execute_resumes_a_stopped_run_from_its_checkpoint(tmp_path, monkeypatch):
+    spec = sweep.load_sweep(write(tmp_path, SWEEP_TOML))
+    out = tmp_path / "out"
+    first = sweep.plan(spec, out)[0]
+    partial = fake_run_dir(first.directory, [0.1, 0.2], model=False)
+    (partial / "checkpoint.pkl").write_bytes(b"")
+    configs = []
+
+    def fake_run_app(run_config, federation, **kwargs):
+        configs.append(run_config)
+        fake_run_dir(Path(run_config["output-dir"]), [0.1, 0.2, 0.3, 0.4], name="20990101-run")
+        return SimpleNamespace(returncode=0, status="ok", output="")
+
+    monkeypatch.setattr(sweep, "run_app", fake_run_app)
+    done = sweep.execute(spec, out, variants=["a"])
+    assert [(r.variant, r.seed) for r, _ in done] == [("a", 1), ("a", 2)]
+    assert configs[0]["resume-from"] == str(partial.resolve())
+    assert "resume-from" not in configs[1] and "resume-from" not in first.run_config
