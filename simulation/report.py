@@ -15,7 +15,10 @@ Reads every ``<FOLDER>/<variant>/seed<k>/<run>/rounds.jsonl`` and writes into FO
 * communication per run: MB up + down (mean over seeds) and, where the run logs carry
   them (DynamicFL), the mean cost kappa-hat, sync events and high-group size per round;
 * where the run logs carry client-drift diagnostics, the per-layer mean pairwise cosine
-  similarity of client updates averaged over rounds and seeds (IID->non-IID study, Fig. 13).
+  similarity of client updates averaged over rounds and seeds (IID->non-IID study, Fig. 13);
+* with ``published`` (variant -> a paper's accuracy), each variant's final accuracy next to
+  the published number and a verdict: agrees within ``tolerance``, or above / below by how
+  many points (report.csv gains ``published``, ``final-minus-published`` and ``verdict``).
 
 ``python -m simulation results`` (:mod:`simulation.results`) runs this for every
 experiment with runs.
@@ -129,6 +132,41 @@ def speedup_markdown(rows: list[dict], targets: list[float], baselines: dict[str
     return "\n".join(lines) if len(lines) > 2 else ""
 
 
+def compare_published(rows: list[dict], published: dict[str, float], tolerance: float) -> None:
+    """Add ``published``, ``final-minus-published`` and ``verdict`` to every row (in place).
+
+    The verdict compares the mean final accuracy with the published number: "agrees" when
+    they differ by at most ``tolerance``, else "above" / "below" by so many points; a
+    variant without a published number gets "no published number".
+    """
+    for row in rows:
+        paper = published.get(row["variant"])
+        if paper is None:
+            row.update({"published": None, "final-minus-published": None,
+                        "verdict": "no published number"})
+            continue
+        diff = row["final-mean"] - float(paper)
+        if abs(diff) <= tolerance + 1e-12:
+            verdict = f"agrees (within {100 * tolerance:g} points)"
+        else:
+            verdict = f"{'above' if diff > 0 else 'below'} by {100 * abs(diff):.1f} points"
+        row.update({"published": float(paper), "final-minus-published": diff, "verdict": verdict})
+
+
+def published_markdown(rows: list[dict]) -> str:
+    """Measured final / best accuracy against the published numbers, with the verdicts."""
+    lines = ["| variant | seeds | final (%) | best (%) | published (%) | final − published "
+             "(points) | verdict |", "|---|---|---|---|---|---|---|"]
+    for row in rows:
+        paper, diff = row["published"], row["final-minus-published"]
+        lines.append(
+            f"| {row['variant']} | {row['seeds']} | {100 * row['final-mean']:.2f} ± "
+            f"{100 * row['final-std']:.2f} | {100 * row['best-mean']:.2f} ± "
+            f"{100 * row['best-std']:.2f} | {'-' if paper is None else f'{100 * paper:.1f}'} | "
+            f"{'-' if diff is None else f'{100 * diff:+.1f}'} | {row['verdict']} |")
+    return "\n".join(lines)
+
+
 def drift_markdown(runs: dict[str, list[tuple[Path, list[dict]]]]) -> str:
     """Per variant and layer, the mean pairwise cosine of client updates over rounds and seeds."""
     table: dict[str, dict[str, float]] = {}
@@ -237,10 +275,15 @@ def build_report(
     baselines: dict[str, str] | None = None,
     header: str = "",
     order: list[str] | None = None,
+    published: dict[str, float] | None = None,
+    published_source: str = "",
+    tolerance: float = 0.015,
 ) -> str:
     """Write report.csv, report.md and plots for the sweep in ``folder``; returns the tables.
 
-    Variants appear in ``order`` (e.g. the sweep file's), then any others by name."""
+    Variants appear in ``order`` (e.g. the sweep file's), then any others by name. With
+    ``published`` (variant -> accuracy from ``published_source``), a verdict per variant
+    (:func:`compare_published`)."""
     runs = collect(folder)
     rank = {name: i for i, name in enumerate(order or [])}
     runs = dict(sorted(runs.items(), key=lambda item: (rank.get(item[0], len(rank)), item[0])))
@@ -250,11 +293,17 @@ def build_report(
         )
     out.mkdir(parents=True, exist_ok=True)
     rows = table_rows(runs, targets)
+    if published:
+        compare_published(rows, published, tolerance)
     with (out / "report.csv").open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
     table = markdown(rows, targets)
+    if published:
+        table = (f"Against the published numbers ({published_source or 'published'}; final "
+                 f"accuracy, mean over seeds; agreement means within {100 * tolerance:g} "
+                 "points):\n\n" + published_markdown(rows) + "\n\n" + table)
     speedups = speedup_markdown(rows, targets, baselines or {})
     if speedups:
         table += "\n\nSpeedup in rounds to target against the baseline:\n\n" + speedups

@@ -28,7 +28,9 @@ def rebuild_results(experiments: Path, runs: Path, out: Path, names: list[str]) 
         spec = tomllib.loads(path.read_text())
         build_report(runs / path.stem, out / path.stem, list(spec.get("targets", [0.6, 0.7])),
                      spec.get("baselines"), experiment_header(spec),
-                     order=list(spec.get("variants", {})))
+                     order=list(spec.get("variants", {})), published=spec.get("published"),
+                     published_source=spec.get("published-source", ""),
+                     tolerance=float(spec.get("tolerance", 0.015)))
         built.append(path.stem)
     return built
 

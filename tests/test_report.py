@@ -143,3 +143,41 @@ def test_results_rebuilds_each_experiment_with_its_own_targets(tmp_path):
     text = (out / "alpha" / "report.md").read_text()
     assert text.startswith("# Alpha\n\nIt falls.")
     assert "rounds to 50% |" in text and "rounds to 60%" not in text
+
+
+def test_published_numbers_get_a_verdict_per_variant(tmp_path):
+    fake_run(tmp_path, "dir-a", 0, [0.1, 0.86])  # 0.861 published: -0.1 points, agrees
+    fake_run(tmp_path, "dir-a", 1, [0.1, 0.85])  # mean final 0.855: -0.6 points, agrees
+    fake_run(tmp_path, "dir-b", 0, [0.1, 0.80])  # 0.866 published: below by 6.6 points
+    fake_run(tmp_path, "dir-c", 0, [0.1, 0.90])  # 0.868: above by 3.2 points
+    fake_run(tmp_path, "dir-d", 0, [0.1, 0.50])  # no published number
+    published = {"dir-a": 0.861, "dir-b": 0.866, "dir-c": 0.868, "other": 0.5}
+    table = build_report(tmp_path, tmp_path / "out", [0.6], published=published,
+                         published_source="Table III", tolerance=0.015)
+    assert "(Table III; final accuracy" in table
+    assert ("| dir-a | 2 | 85.50 ± 0.71 | 85.50 ± 0.71 | 86.1 | -0.6 | agrees (within 1.5 "
+            "points) |") in table
+    assert "| dir-b | 1 | 80.00 ± 0.00 | 80.00 ± 0.00 | 86.6 | -6.6 | below by 6.6 points |" in table
+    assert "| dir-c | 1 | 90.00 ± 0.00 | 90.00 ± 0.00 | 86.8 | +3.2 | above by 3.2 points |" in table
+    assert "| dir-d | 1 | 50.00 ± 0.00 | 50.00 ± 0.00 | - | - | no published number |" in table
+    import csv  # noqa: PLC0415
+
+    with (tmp_path / "out" / "report.csv").open() as handle:
+        rows = {r["variant"]: r for r in csv.DictReader(handle)}
+    assert float(rows["dir-b"]["published"]) == pytest.approx(0.866)
+    assert float(rows["dir-b"]["final-minus-published"]) == pytest.approx(-0.066)
+    assert rows["dir-a"]["verdict"].startswith("agrees") and rows["dir-d"]["published"] == ""
+
+
+def test_results_passes_the_sweep_files_published_numbers(tmp_path):
+    experiments, runs, out = tmp_path / "experiments", tmp_path / "runs", tmp_path / "docs"
+    experiments.mkdir()
+    (experiments / "bench.toml").write_text(
+        'title = "B"\nclaim = "c"\ntargets = [0.5]\nseeds = [0]\ntolerance = 0.01\n'
+        'published-source = "Table 9"\n[published]\na = 0.69\n[variants.a]\n')
+    fake_run(runs / "bench", "a", 0, [0.1, 0.7])
+    from simulation.results import rebuild_results  # noqa: PLC0415
+
+    assert rebuild_results(experiments, runs, out, []) == ["bench"]
+    text = (out / "bench" / "report.md").read_text()
+    assert "(Table 9; final accuracy" in text and "agrees (within 1 points)" in text
