@@ -1,14 +1,23 @@
 """Behaviour pins: a fixed-seed in-process run of every strategy ends with a bit-identical model.
 
-The digests below were taken on main before the v2 library-core refactor (commit 2a5cbbb)
-by ``python -m tests.test_regression_models``; a refactor that changes any float operation
-of a strategy's update changes its digest. Where an order of operations has to change on
-purpose, re-take the digest and say why in the commit message.
+A refactor that changes any float operation of a strategy's update changes its digest.
+Where an order of operations has to change on purpose, re-take the digest
+(``python -m tests.test_regression_models``) and say why in the commit message.
+
+The digests are computed in a child process with :data:`PORTABLE_NUMERICS`: one thread and
+torch's / MKL's AVX2 kernel paths (``ATEN_CPU_CAPABILITY``, MKL's conditional numerical
+reproducibility ``MKL_CBWR``), so a machine whose CPU has wider vector units (AVX-512) runs
+the same kernels and gets the same bits. Without it the pins were machine-specific: the
+digests taken in the library-core refactor (commit 2a5cbbb, another CPU) all differed on
+an AMD EPYC machine with unchanged code. Re-taken on main at commit efbb06d (AMD EPYC, AVX2).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import os
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -21,7 +30,9 @@ from fedapp.server_app import app as server_app
 from flwr.app import Context, RecordDict
 from tests.inprocess import InProcessGrid
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+PORTABLE_NUMERICS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2,STRICT",
+                     "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+ROOT = Path(__file__).resolve().parents[1]
 
 BASE = {
     "dataset": "synthetic", "model": "mlp-2nn", "partition": "dirichlet", "dirichlet-alpha": 0.5,
@@ -49,19 +60,19 @@ CASES: dict[str, dict] = {
 }
 
 GOLDEN: dict[str, str] = {
-    'dynamicfl': '1529442861cd4a1db26fbd265102860ba0c87d62ec03bf1712196897377ef662',
-    'dynamicsgd': 'dd98e38c2f7d1bb3dad5f5691004a54693d6f5506200930d9b42c15c472ab27f',
-    'fedavg-examples': 'e400ff3b82e8e01d44a24f2bd8494d5412f53c5bd7bc3bc929265426e628d6c1',
-    'fedavg-pre-erratum': '4870464bdaf3a377245f77a6bbb2e7d5a53eccb6668795897e644f75b390c50b',
-    'fedavg-scheme-i': 'dbf89702a30c85eec9aa050cce5bf25025486dc0fa0d99a967e030e2454699b4',
-    'fedavg-scheme-ii': '6612487d1eaa62482105646b8eb8e6cfb758c5214424c4f6efe823d2e36f9c87',
-    'fedavg-stragglers-drop': 'f2c22dc7cdae0cd8458837c31768c04d8c82fb0faee1616826cf0052ce0ffe42',
-    'fedavg-uniform-momentum': 'a8d69b43479e184a817240d217a327757a11c9b29f83273cbf3df17658dece07',
-    'fednova-epochs': '11e604c9304374a1b0f3029853732fbb1baff26b490eb777ab3e86f312fc8910',
-    'fednova-momentum-server-momentum': 'e052458cf9b5936fa324ac93b8fc2f3f39e7cf871399b9a71e1f610893e7608f',
-    'fedprox-stragglers': '9241cb182f72e81ada745215c440b0cf4fec7396f566f9abd95abf3944e2a655',
-    'fedsgd': 'fdf0b52d3f97c7476cd7e271d4906b240dbd60842d73ad8ffc0fd869a0f90192',
-    'fedveca': '539efe4a60ba5f41cb5fba652f31382e2702153f030c36c58d07bcf1b830859f',
+    'dynamicfl': '59c5b3bf144929eb9f1ba8251dc10e045f6b5eebceb1a7ca1e44f9b9a92120f4',
+    'dynamicsgd': '540551cf9ea65e6445e8e3be85d7af364b8bfe278d54c5575ffcedc2894e48be',
+    'fedavg-examples': 'feaecc64f074fe8eeee072c349285bd1b4bb80668fb6c6c8c04cc32d4e1cd9c1',
+    'fedavg-pre-erratum': '96e01a01b08bea4f7a6d3dbf39995613f902f86c07c14618f71a10d5b0a9c051',
+    'fedavg-scheme-i': '3223379cd7d96f2964fea058b7c2ed9377ec04b1b3dd9ce21f18377dc0be0b16',
+    'fedavg-scheme-ii': '3c92ab4b5ccc78c6277badc03fb841c689cf7cf826c2d80aab28a85a1704e6cc',
+    'fedavg-stragglers-drop': 'f9fb4092736cdeda68c9199966868612058336adb1b028216adea0744892d390',
+    'fedavg-uniform-momentum': 'a135096502eadf2999c113e35ebd568a0d788446892b51ba6a53182ca79144b2',
+    'fednova-epochs': 'dbf2baff300d48aa6a495005238c308bccf81a979496829559da2d8cd0712ba6',
+    'fednova-momentum-server-momentum': '6ecb617457fdf5c79926d36e15cb11dc14175a173c62632e1eb4103323306c0a',
+    'fedprox-stragglers': '20a5d97ea5f672ebfe991e7045b71774cd17500c68e0329d233be2735f80f1fa',
+    'fedsgd': 'd97bc999385f598b884a3648d29398a2365e5a103a87ce9fbfd9f8c06f23aff5',
+    'fedveca': '27607848cba75306c886bc39af3b2cb0e0a39cb4131a9caa14050fbb9f6aca39',
 }
 
 
@@ -81,13 +92,39 @@ def final_model_digest(case: str, out: Path) -> str:
     return digest.hexdigest()
 
 
+@pytest.fixture(scope="module")
+def digests() -> dict[str, str]:
+    """Every case's digest, computed once in a child process with portable numerics."""
+    env = {**os.environ, **PORTABLE_NUMERICS}
+    done = subprocess.run([sys.executable, "-m", "tests.test_regression_models", "--json"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_final_model_is_bit_identical_to_main(case, tmp_path):
-    assert final_model_digest(case, tmp_path) == GOLDEN[case]
+def test_final_model_is_bit_identical_to_main(case, digests):
+    assert digests[case] == GOLDEN[case]
+
+
+def main(argv: list[str]) -> None:
+    """Print the digests (``--json``: one JSON line, for the test) with portable numerics."""
+    if any(os.environ.get(k) != v for k, v in PORTABLE_NUMERICS.items()):  # re-exec with them
+        env = {**os.environ, **PORTABLE_NUMERICS}
+        raise SystemExit(subprocess.call([sys.executable, "-m", "tests.test_regression_models",
+                                          *argv], cwd=ROOT, env=env))
+    torch.set_num_threads(1)
+    as_json = "--json" in argv
+    names = [a for a in argv if a != "--json"] or sorted(CASES)
+    found = {}
+    for name in names:
+        with tempfile.TemporaryDirectory() as tmp:
+            found[name] = final_model_digest(name, Path(tmp))
+        if not as_json:
+            print(f"    {name!r}: {found[name]!r},", flush=True)
+    if as_json:
+        print(json.dumps(found))
 
 
 if __name__ == "__main__":  # print the digests to paste into GOLDEN
-    torch.set_num_threads(1)
-    for name in (sys.argv[1:] or sorted(CASES)):
-        with tempfile.TemporaryDirectory() as tmp:
-            print(f"    {name!r}: {final_model_digest(name, Path(tmp))!r},", flush=True)
+    main(sys.argv[1:])
