@@ -21,8 +21,8 @@ import time
 from dataclasses import dataclass
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, Task
-from rich.progress import TextColumn, TimeElapsedColumn
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, ProgressColumn, Task,
+                           TextColumn, TimeElapsedColumn)
 from rich.text import Text
 
 ROUND_ROW = re.compile(r"INFO.{0,12}?:\s+(\d+) \|\s+([0-9.]+|-) \|")  # '-': no accuracy
