@@ -1,7 +1,7 @@
 """``python -m deploy COMMAND``: Flower's deployment runtime for this app on this machine.
 
 Commands: ``run`` (SuperLink + N SuperNodes, one ``flwr run``, stop all). See
-deploy/README.md for several machines.
+deploy/README.md for several machines. ``fedhetero deploy COMMAND`` is the same CLI.
 """
 
 from __future__ import annotations
@@ -14,23 +14,32 @@ from . import run as run_command
 COMMANDS = {"run": (run_command, "start SuperLink + SuperNodes, flwr run, stop everything")}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The CLI parser: one sub-parser per command, built by its module."""
-    parser = argparse.ArgumentParser(prog="python -m deploy", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """One sub-parser per command, built by its module (also ``fedhetero deploy``)."""
+    sub = parser.add_subparsers(dest="deploy_command", required=True, metavar="COMMAND")
     for name, (tool, summary) in COMMANDS.items():
         tool_parser = sub.add_parser(name, help=summary, description=tool.__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
         tool.add_arguments(tool_parser)
-        tool_parser.set_defaults(tool=tool)
+        tool_parser.set_defaults(deploy_tool=tool)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the chosen command; its exit code."""
+    return args.deploy_tool.run(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The CLI parser: one sub-parser per command, built by its module."""
+    parser = argparse.ArgumentParser(prog="python -m deploy", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Parse ``argv`` and run the command; its exit code."""
-    args = build_parser().parse_args(argv)
-    return args.tool.run(args)
+    return run(build_parser().parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -52,7 +52,7 @@ CHECKPOINT_NAME = "checkpoint.pkl"
 FORMAT_VERSION = 1
 # Keys a resumed run may change; every other run-config value must equal the checkpoint's.
 MAY_DIFFER = ("num-server-rounds", "checkpoint-every", "resume-from", "output-dir", "data-dir",
-              "allow-download", "device", "round-timeout")
+              "allow-download", "device", "round-timeout", "tracking", "tracking-dir")
 
 
 # ----------------------------------------------------------------- files

@@ -8,7 +8,8 @@ the value, what is allowed and the ``--run-config`` that fixes it.
 Who checks what (each rule once):
 
 * here: types (a run-config int fits 64 bits, a float is finite) and the keys the
-  app itself reads (data, partition, model, local training, faults, run directory);
+  app itself reads (data, partition, model, local training, faults, run directory,
+  tracking; whether the tracking packages are installed is checked by the ServerApp);
 * the strategy constructors: their own parameters (``fraction-train``, ``server-lr``,
   ``fedveca-*``, ``dynamicfl-*``, ``lr-schedule`` and its ``lr-*`` parameters through
   :class:`strategies.schedules.LRSchedule`, ...); :func:`fedapp.registry.build_strategy` turns
@@ -29,6 +30,8 @@ from pathlib import Path
 from task.data import DATASET_NAMES, check_dataset_name
 from task.models import MODEL_NAMES
 from task.partition import PARTITION_NAMES
+
+from .tracking import TRACKERS, tracker_names
 
 INT64 = (-(2**63), 2**63 - 1)  # Flower's records and TOML hold 64-bit integers
 
@@ -104,6 +107,8 @@ class RunConfig:
     checkpoint_every: int = 0
     resume_from: str = ""
     output_dir: str = ""
+    tracking: str = ""
+    tracking_dir: str = ""
 
     @classmethod
     def from_user_config(cls, user_config: Mapping[str, object]) -> RunConfig:
@@ -189,6 +194,11 @@ class RunConfig:
         self._check("output-dir", _abs_or_empty(self.output_dir),
                "an absolute path, or '' for the per-user default (app processes do not run "
                "in your cwd)")
+        self._check("tracking", _names_trackers(self.tracking),
+               f"'' (off) or one or more of {', '.join(TRACKERS)}, comma-separated")
+        self._check("tracking-dir", _abs_or_empty(self.tracking_dir),
+               "an absolute path, or '' for the run directory (app processes do not run in "
+               "your cwd)")
 
     def resolved_output_dir(self) -> Path:
         """output-dir, or $XDG_DATA_HOME/fedhetero/runs (default ~/.local/share/fedhetero/runs)."""
@@ -223,6 +233,14 @@ def flwr_run_fix(values: Mapping[str, object]) -> str:
     """The ``flwr run`` command line that sets ``values``."""
     pairs = " ".join(f"{key}={toml_value(value)}" for key, value in values.items())
     return f'flwr run . --run-config "{pairs}"'
+
+
+def _names_trackers(value: str) -> bool:
+    try:
+        tracker_names(value)
+    except ValueError:
+        return False
+    return True
 
 
 def _abs_or_empty(path: str) -> bool:

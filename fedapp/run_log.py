@@ -6,6 +6,7 @@ Layout of one run directory::
         config.json      resolved run config + versions
         rounds.jsonl     one JSON object per round (round 0 = initial model)
         final_model.pt   torch state_dict of the final global model
+        events.out.tfevents.*, mlflow.db   with run-config ``tracking`` (fedapp.tracking)
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from pathlib import Path
 import torch
 
 from strategies import contract as C
+
+from .tracking import Trackers
 
 # (run-log key, column title, format) of the per-round table
 TABLE_COLUMNS = (
@@ -43,20 +46,31 @@ class RunLog:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self.rounds_path = directory / "rounds.jsonl"
+        self.trackers = Trackers([])  # run-config `tracking`: every round record as scalars
 
     @classmethod
-    def create(cls, output_dir: Path, strategy: str, run_id: int, config: dict) -> RunLog:
+    def create(cls, output_dir: Path, strategy: str, run_id: int, config: dict,
+               tracking: str = "", tracking_dir: str = "") -> RunLog:
+        """A new run directory; ``tracking`` / ``tracking_dir`` as the run-config keys
+        (:mod:`fedapp.tracking`), with ``config["run-config"]`` as MLflow's parameters."""
         stamp = time.strftime("%Y%m%d-%H%M%S")
         directory = output_dir / f"{stamp}-{strategy}-run{run_id}"
         directory.mkdir(parents=True, exist_ok=True)
         log = cls(directory)
         (directory / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         log.rounds_path.write_text("")
+        log.trackers = Trackers.open(tracking, directory, tracking_dir,
+                                     config.get("run-config", {}))
         return log
 
     def append_round(self, record: dict) -> None:
         with self.rounds_path.open("a") as handle:
             handle.write(json.dumps(record, sort_keys=True) + "\n")
+        self.trackers.log(record)
+
+    def close(self) -> None:
+        """End the run's tracking (an MLflow run is marked finished)."""
+        self.trackers.close()
 
     def write_json(self, name: str, payload: object) -> Path:
         path = self.directory / name

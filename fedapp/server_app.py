@@ -28,6 +28,7 @@ from .checkpoint import (Checkpointer, arrays_of, check_compatible, load_checkpo
 from .config import ConfigError, RunConfig
 from .registry import build_strategy
 from .run_log import RunLog, format_table, table_header, table_row
+from .tracking import check_installed
 
 app = ServerApp()
 
@@ -115,6 +116,7 @@ def main(grid: Grid, context: Context) -> None:
     """Validate the config and data, then run the strategy and write the run log."""
     try:
         cfg = RunConfig.from_user_config(context.run_config)
+        check_installed(cfg.tracking)  # tensorboard / mlflow, before any training
         strategy, train_config = build_strategy(cfg)
         dataset = load_dataset(cfg.dataset, cfg.data_dir, cfg.allow_download,
                                cfg.synthetic_alpha, cfg.synthetic_beta, cfg.normalize)
@@ -140,7 +142,8 @@ def main(grid: Grid, context: Context) -> None:
         "versions": {"flwr": flwr.__version__, "torch": torch.__version__,
                      "python": platform.python_version()},
     }
-    run_log = RunLog.create(cfg.resolved_output_dir(), cfg.strategy, context.run_id, config_dump)
+    run_log = RunLog.create(cfg.resolved_output_dir(), cfg.strategy, context.run_id, config_dump,
+                            cfg.tracking, cfg.tracking_dir)
     log(INFO, "fedhetero: %s on %s (%s, %s), model %s, run directory %s",
         cfg.strategy, cfg.dataset, cfg.partition, dataset.source, cfg.model, run_log.directory)
     evaluator = ServerEvaluator(model, dataset, device, strategy, run_log, cfg.eval_batch_size)
@@ -165,5 +168,6 @@ def main(grid: Grid, context: Context) -> None:
     del result  # the evaluator's model holds the final global model (round r's evaluate_fn)
     final = {k: v.cpu().contiguous() for k, v in evaluator.model.state_dict().items()}
     path = run_log.save_model(final)
+    run_log.close()
     log(INFO, "Final model: %s", path)
     log(INFO, "Per-round results:\n%s", format_table(evaluator.records))

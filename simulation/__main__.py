@@ -1,7 +1,8 @@
 """``python -m simulation COMMAND``: one CLI for the simulation tools.
 
 Each tool module has ``add_arguments(parser)`` and ``run(args) -> exit code``; its
-sub-parser is built from it, and only the chosen tool is imported.
+sub-parser is built from it, and only the chosen tool is imported. The ``fedhetero``
+command (:mod:`fedhetero.cli`) offers the same commands, plus ``deploy``.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import argparse
 import importlib
 import sys
 
+PROG = "python -m simulation"
 COMMANDS = {
     "run": ("simulation.run", "flwr run . --stream on the simulation engine"),
     "sweep": ("simulation.sweep", "variants x seeds from a TOML sweep file, resumable"),
@@ -29,12 +31,18 @@ COMMANDS = {
 }
 
 
-def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    """The CLI parser; the sub-parser of ``command`` gets its tool's arguments."""
-    parser = argparse.ArgumentParser(prog="python -m simulation", description=__doc__,
+def build_parser(command: str | None = None, prog: str = PROG,
+                 commands: dict[str, tuple[str, str]] = COMMANDS,
+                 description: str | None = __doc__) -> argparse.ArgumentParser:
+    """The CLI parser; the sub-parser of ``command`` gets its tool's arguments.
+
+    ``prog`` and ``commands`` let the ``fedhetero`` command (:mod:`fedhetero.cli`) build its
+    parser the same way, with more tools.
+    """
+    parser = argparse.ArgumentParser(prog=prog, description=description,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, (module, summary) in COMMANDS.items():
+    for name, (module, summary) in commands.items():
         tool_parser = sub.add_parser(name, help=summary, description=summary,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
         if name == command:
@@ -45,11 +53,15 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def chosen_command(argv: list[str], commands: dict[str, tuple[str, str]] = COMMANDS) -> str | None:
+    """The sub-command ``argv`` names (its first argument), if it is one of ``commands``."""
+    return argv[0] if argv and argv[0] in commands else None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse ``argv`` and run the chosen tool; its exit code."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    command = argv[0] if argv and argv[0] in COMMANDS else None
-    args = build_parser(command).parse_args(argv)
+    args = build_parser(chosen_command(argv)).parse_args(argv)
     return args.tool.run(args)
 
 

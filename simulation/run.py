@@ -1,12 +1,17 @@
 """``python -m simulation run``: the app with the real ``flwr run . --stream`` on the
 simulation engine (project-local FLWR_HOME, offline), then stop the managed local
-SuperLink it started. Exits non-zero unless the run ends ``finished:completed``."""
+SuperLink it started. Exits non-zero unless the run ends ``finished:completed``.
+
+On a terminal a progress bar over the rounds (accuracy, elapsed, ETA) stays below the
+streamed log; otherwise the log is printed as it is (:mod:`simulation.progress`)."""
 
 from __future__ import annotations
 
 import argparse
+import tomllib
 
-from .runtime import parse_overrides, run_app
+from .progress import RunProgress
+from .runtime import PROJECT_ROOT, parse_overrides, run_app
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,5 +43,16 @@ def run(args: argparse.Namespace) -> int:
     if args.gpus_per_client:
         federation["client-resources-num-gpus"] = args.gpus_per_client
     overrides = parse_overrides(args.run_config)
-    return run_app(overrides or None, federation, flwr_home=args.flwr_home,
-                   ray_address=args.ray_address).returncode
+    with RunProgress(planned_rounds(overrides)) as progress:
+        return run_app(overrides or None, federation, flwr_home=args.flwr_home,
+                       ray_address=args.ray_address, on_line=progress).returncode
+
+
+def planned_rounds(overrides: dict[str, object]) -> int:
+    """num-server-rounds of the run: the override, else the app's default (pyproject.toml).
+    A bad override falls back to the default here; the ServerApp reports it."""
+    rounds = overrides.get("num-server-rounds")
+    if isinstance(rounds, int) and not isinstance(rounds, bool) and rounds >= 1:
+        return rounds
+    pyproject = tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())
+    return int(pyproject["tool"]["flwr"]["app"]["config"]["num-server-rounds"])

@@ -16,9 +16,7 @@ from __future__ import annotations
 import argparse
 import csv
 import fnmatch
-import re
 import statistics
-import sys
 import time
 import tomllib
 from dataclasses import dataclass
@@ -27,6 +25,7 @@ from pathlib import Path
 from fedapp.run_log import read_rounds
 from strategies import contract as C
 
+from .progress import SweepProgress
 from .runtime import run_app
 
 
@@ -72,25 +71,6 @@ def plan(spec: dict, out: Path, seeds: list[int] | None = None,
     return runs
 
 
-ROUND_ROW = re.compile(r"INFO.{0,12}?:\s+(\d+) \|\s+([0-9.]+) \|")
-
-
-class RoundProgress:
-    """Prints 'label: round r/R, accuracy a' as the ServerApp's per-round rows stream by."""
-
-    def __init__(self, label: str, rounds: int) -> None:
-        self.label, self.rounds = label, rounds
-        self.tty = sys.stdout.isatty()
-
-    def __call__(self, line: str) -> None:
-        match = ROUND_ROW.search(line)
-        if not match:
-            return
-        accuracy = float(match.group(2))
-        text = f"{self.label}: round {match.group(1)}/{self.rounds}, accuracy {accuracy:.4f}"
-        print(("\r" + text) if self.tty else text, end="" if self.tty else "\n", flush=True)
-
-
 def finished_run_dir(run: SweepRun) -> Path | None:
     """The run directory of a completed run, if there is one."""
     rounds = int(run.run_config.get("num-server-rounds", 10))
@@ -121,45 +101,60 @@ def execute(
         "client-resources-num-cpus": spec.get("cpus-per-client", 1),
     }
     done = []
-    for index, run in enumerate(runs, 1):
-        label = f"[{index}/{len(runs)}] {run.variant} seed {run.seed}"
-        existing = finished_run_dir(run)
-        if existing is None:
-            start = time.monotonic()
-            run_config = dict(run.run_config)
-            partial = resumable_run_dir(run)
-            if partial is not None:
-                run_config["resume-from"] = str(partial.resolve())
-                print(f"{label}: resuming from the checkpoint in {partial} ...", flush=True)
-            else:
-                print(f"{label}: running ...", flush=True)
-            result = run_app(
-                run_config,
-                federation,
-                flwr_home=out / ".flwr",
-                capture=True,
-                isolate_ports=True,
-                timeout=spec.get("timeout-seconds", 3600),
-                on_line=RoundProgress(label, int(run.run_config.get("num-server-rounds", 10))),
-                ray_address=ray_address,
-            )
+    with SweepProgress(sum(rounds_of(run) for run in runs)) as progress:
+        for index, run in enumerate(runs, 1):
+            label = f"[{index}/{len(runs)}] {run.variant} seed {run.seed}"
             existing = finished_run_dir(run)
-            if result.returncode != 0 or existing is None:
-                print(
-                    f"{label}: FAILED ({result.status}); last output:\n{result.output[-2000:]}",
-                    flush=True,
-                )
-                continue
-            records = read_rounds(existing)
-            print(
-                f"{label}: done in {time.monotonic() - start:.0f} s, final accuracy "
-                f"{records[-1]['accuracy']:.4f}",
-                flush=True,
-            )
-        else:
-            print(f"{label}: already done ({existing})", flush=True)
-        done.append((run, existing))
+            if existing is None:
+                existing = execute_one(run, label, spec, out, federation, ray_address, progress)
+                if existing is None:
+                    continue
+            else:
+                progress.skip(rounds_of(run))
+                print(f"{label}: already done ({existing})", flush=True)
+            done.append((run, existing))
     return done
+
+
+def rounds_of(run: SweepRun) -> int:
+    """The run's num-server-rounds."""
+    return int(run.run_config.get("num-server-rounds", 10))
+
+
+def execute_one(run: SweepRun, label: str, spec: dict, out: Path, federation: dict,
+                ray_address: str | None, progress: SweepProgress) -> Path | None:
+    """One ``flwr run`` of the sweep (from its last checkpoint where there is one); its run
+    directory, or None if it failed."""
+    start = time.monotonic()
+    run_config = dict(run.run_config)
+    partial = resumable_run_dir(run)
+    if partial is not None:
+        run_config["resume-from"] = str(partial.resolve())
+        print(f"{label}: resuming from the checkpoint in {partial} ...", flush=True)
+    else:
+        print(f"{label}: running ...", flush=True)
+    try:
+        result = run_app(
+            run_config,
+            federation,
+            flwr_home=out / ".flwr",
+            capture=True,
+            isolate_ports=True,
+            timeout=spec.get("timeout-seconds", 3600),
+            on_line=progress.start_run(label, rounds_of(run)),
+            ray_address=ray_address,
+        )
+    finally:
+        progress.end_run()
+    existing = finished_run_dir(run)
+    if result.returncode != 0 or existing is None:
+        print(f"{label}: FAILED ({result.status}); last output:\n{result.output[-2000:]}",
+              flush=True)
+        return None
+    records = read_rounds(existing)
+    print(f"{label}: done in {time.monotonic() - start:.0f} s, final accuracy "
+          f"{records[-1]['accuracy']:.4f}", flush=True)
+    return existing
 
 
 def summarize(done: list[tuple[SweepRun, Path]]) -> list[dict]:

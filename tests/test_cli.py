@@ -1,16 +1,25 @@
-"""Every ``python -m simulation`` / ``python -m deploy`` sub-command has a real --help."""
+"""Every ``fedhetero`` / ``python -m simulation`` / ``python -m deploy`` sub-command has a
+real --help, and the ``fedhetero`` console script runs."""
 
 from __future__ import annotations
 
+import importlib
+import os
 import subprocess
 import sys
+import tomllib
+from pathlib import Path
 
 import pytest
 
 from deploy.__main__ import COMMANDS as DEPLOY_COMMANDS
 from deploy.__main__ import main as deploy_main
+from fedhetero.cli import COMMANDS as FEDHETERO_COMMANDS
+from fedhetero.cli import main as fedhetero_main
 from simulation.__main__ import COMMANDS
 from simulation.__main__ import main as simulation_main
+
+REPO = Path(__file__).resolve().parents[1]
 
 BENCHES = ["overhead", "efficiency", "aggregation", "sync-events", "import"]
 
@@ -58,7 +67,95 @@ def test_deploy_commands_have_real_help(capsys):
 
 
 def test_the_entry_points_run():
-    for module in ("simulation", "deploy"):
+    for module in ("simulation", "deploy", "fedhetero"):
         proc = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True,
                               text=True, timeout=120, check=False)
         assert proc.returncode == 0 and "COMMAND" in proc.stdout, proc.stderr
+
+
+# ------------------------------------------------------------------ the fedhetero command
+def test_fedhetero_has_every_simulation_command_and_deploy(capsys):
+    assert set(FEDHETERO_COMMANDS) == set(COMMANDS) | {"deploy"}
+    text = help_of(fedhetero_main, [], capsys)
+    assert text.startswith("usage: fedhetero ")
+    assert all(f"    {name}" in text for name in FEDHETERO_COMMANDS), text
+
+
+@pytest.mark.parametrize("command", sorted(FEDHETERO_COMMANDS))
+def test_every_fedhetero_command_has_its_tools_options(command, capsys):
+    text = help_of(fedhetero_main, [command], capsys)
+    assert f"usage: fedhetero {command}" in text
+    if command in COMMANDS:  # the same options as the python -m simulation alias
+        assert options_of(text) == options_of(help_of(simulation_main, [command], capsys))
+    else:
+        assert options_of(text) == options_of(help_of(deploy_main, [], capsys))
+
+
+def options_of(help_text: str) -> list[str]:
+    """The option / sub-command lines of a --help text (not the usage, which wraps by prog)."""
+    body = help_text.split("\n\n", 1)[1]
+    return [line.strip() for line in body.splitlines() if line.startswith("  ")]
+
+
+def test_fedhetero_bench_and_deploy_sub_commands(capsys):
+    for name in BENCHES:
+        text = help_of(fedhetero_main, ["bench", name], capsys)
+        assert f"usage: fedhetero bench {name}" in text and "--" in text
+    for command in DEPLOY_COMMANDS:
+        text = help_of(fedhetero_main, ["deploy", command], capsys)
+        assert f"usage: fedhetero deploy {command}" in text
+        assert "--num-supernodes" in text and "--tls" in text
+
+
+def test_fedhetero_usage_errors(capsys):
+    for argv, expected in ((["run", "-c", "no-equals-sign"], "expected KEY=VALUE"),
+                           (["no-such-command"], "invalid choice"),
+                           ([], "required: COMMAND"),
+                           (["deploy"], "required: COMMAND")):
+        with pytest.raises(SystemExit) as exit_info:
+            fedhetero_main(argv)
+        assert exit_info.value.code == 2, argv
+        assert expected in capsys.readouterr().err, argv
+
+
+def test_fedhetero_version(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        fedhetero_main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.startswith("fedhetero ")
+
+
+def modules_loaded_by(code: str) -> set[str]:
+    out = subprocess.run([sys.executable, "-c", f"{code}\nimport sys\nprint(*sys.modules)"],
+                         cwd=REPO, capture_output=True, text=True, timeout=120, check=True)
+    return set(out.stdout.split())
+
+
+def test_fedhetero_imports_only_the_chosen_tool():
+    top = modules_loaded_by("import fedhetero.cli as c; c.build_parser()")
+    assert not top & {"torch", "fedapp", "task", "deploy", "simulation.sweep", "simulation.run"}
+    sweep = modules_loaded_by("import fedhetero.cli as c; c.build_parser('sweep')")
+    assert "simulation.sweep" in sweep and not sweep & {"deploy", "simulation.bench"}
+    deploy = modules_loaded_by("import fedhetero.cli as c; c.build_parser('deploy')")
+    assert "deploy.run" in deploy and not deploy & {"torch", "simulation.sweep"}
+
+
+def test_the_console_script_entry_point_is_fedhetero_main():
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    module, _, function = scripts["fedhetero"].partition(":")
+    assert getattr(importlib.import_module(module), function) is fedhetero_main
+
+
+def test_the_installed_console_script_runs():
+    """The ``fedhetero`` script pip installed next to this Python (``make test`` installs the
+    project), importing this checkout's code."""
+    script = Path(sys.executable).parent / "fedhetero"
+    assert script.is_file(), (f"no {script}: install the project (pip install -e '.[app,dev]', "
+                              "as make test does) to get the fedhetero command")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    for argv in (["--help"], ["sweep", "--help"], ["deploy", "run", "--help"]):
+        proc = subprocess.run([str(script), *argv], capture_output=True, text=True, env=env,
+                              cwd=REPO, timeout=120, check=False)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.startswith(f"usage: fedhetero {' '.join(argv[:-1])}".rstrip()), argv

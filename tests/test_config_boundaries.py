@@ -97,6 +97,9 @@ CASES: dict[str, tuple[dict, list, list]] = {
     "checkpoint-every": ({}, [0, 1], [-1]),
     "resume-from": ({}, ["", "/abs/run"], ["runs/x", "~/run"]),
     "output-dir": ({}, ["", "/abs/runs"], ["runs", "~/runs"]),
+    "tracking": ({}, ["", "tensorboard", "mlflow", "tensorboard,mlflow", "mlflow, tensorboard"],
+                 ["wandb", "TensorBoard", ",", "tensorboard;mlflow"]),
+    "tracking-dir": ({}, ["", "/abs/tracking"], ["tracking", "~/tracking"]),
 }
 
 # a conflict between keys: (run config, the keys the message must name)

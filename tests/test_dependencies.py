@@ -16,11 +16,11 @@ import tomllib
 from tests.user_project import REPO
 
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
-OURS = {"strategies", "task", "fedapp", "simulation", "deploy", "tests", "stockapp"}
-SOURCES = ["strategies", "task", "fedapp", "simulation", "deploy", "tests", "examples"]
+OURS = {"strategies", "task", "fedapp", "simulation", "deploy", "fedhetero", "tests", "stockapp"}
+SOURCES = ["strategies", "task", "fedapp", "simulation", "deploy", "fedhetero", "tests", "examples"]
 # import name -> distribution name, where they differ
 DISTRIBUTION = {"flwr_datasets": "flwr-datasets", "tomli_w": "tomli-w", "PIL": "pillow",
-                "yaml": "pyyaml"}
+                "yaml": "pyyaml", "mlflow": "mlflow-skinny"}
 
 
 def requirement_name(spec: str) -> str:
@@ -57,7 +57,7 @@ def test_core_dependencies_are_flwr_and_numpy_only():
 
 
 def test_every_third_party_import_is_declared():
-    everything = declared() | declared("app") | declared("dev")
+    everything = declared() | declared("app") | declared("dev") | declared("tracking")
     missing = {top: files for top, files in third_party_imports().items()
                if DISTRIBUTION.get(top, top).lower().replace("_", "-") not in everything}
     assert not missing, f"imported but not declared in pyproject.toml: {missing}"
@@ -65,6 +65,8 @@ def test_every_third_party_import_is_declared():
 
 def test_the_install_commands_install_the_extras():
     assert '-e ".[app,dev]"' in (REPO / "Makefile").read_text()
+    # dev brings the tracking extra, so CI runs tests/test_tracking.py instead of failing it
+    assert "fedhetero[tracking]" in PYPROJECT["project"]["optional-dependencies"]["dev"]
     assert "make test" in (REPO / ".ci" / "run").read_text()
 
 

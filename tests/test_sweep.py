@@ -282,19 +282,6 @@ def test_execute_skips_finished_and_runs_the_rest(tmp_path, monkeypatch, capsys)
     assert [(seed, Path(d).parts[-2:]) for seed, d, _ in calls] == [(2, ("b.x", "seed2"))]
 
 
-def test_round_progress_reads_the_serverapp_table_rows(capsys):
-    from simulation.sweep import RoundProgress
-
-    progress = RoundProgress("[1/2] fedavg seed 0", 20)
-    progress(
-        "\x1b[92mINFO \x1b[0m:          6 |  0.8334 |  0.4461 |  0.2369 |   10 |    0 |     1.79 "
-        "|     1.79 |   10.1\n"
-    )
-    progress("\x1b[92mINFO \x1b[0m:      round |     acc |    loss |\n")
-    progress("configure_train: sampled 10 of 10 nodes\n")
-    assert capsys.readouterr().out.strip() == "[1/2] fedavg seed 0: round 6/20, accuracy 0.8334"
-
-
 def test_a_variant_may_name_its_own_seeds(tmp_path):
     from simulation.sweep import plan
 

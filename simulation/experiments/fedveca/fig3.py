@@ -26,8 +26,9 @@ from pathlib import Path
 
 from fedapp.run_log import read_rounds
 
+from simulation.progress import RoundProgress
 from simulation.runtime import parse_overrides, run_app
-from simulation.sweep import RoundProgress, SweepRun, finished_run_dir
+from simulation.sweep import SweepRun, finished_run_dir
 
 from .centralized import run_centralized
 from .fairness import budget, checkpoints, partition_sizes
