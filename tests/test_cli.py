@@ -14,8 +14,8 @@ import pytest
 
 from deploy.__main__ import COMMANDS as DEPLOY_COMMANDS
 from deploy.__main__ import main as deploy_main
-from fedhetero.cli import COMMANDS as FEDHETERO_COMMANDS
-from fedhetero.cli import main as fedhetero_main
+from simulation.cli import COMMANDS as FEDHETERO_COMMANDS
+from simulation.cli import main as fedhetero_main
 from simulation.__main__ import COMMANDS
 from simulation.__main__ import main as simulation_main
 
@@ -67,7 +67,7 @@ def test_deploy_commands_have_real_help(capsys):
 
 
 def test_the_entry_points_run():
-    for module in ("simulation", "deploy", "fedhetero"):
+    for module in ("simulation", "deploy"):
         proc = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True,
                               text=True, timeout=120, check=False)
         assert proc.returncode == 0 and "COMMAND" in proc.stdout, proc.stderr
@@ -132,11 +132,11 @@ def modules_loaded_by(code: str) -> set[str]:
 
 
 def test_fedhetero_imports_only_the_chosen_tool():
-    top = modules_loaded_by("import fedhetero.cli as c; c.build_parser()")
+    top = modules_loaded_by("import simulation.cli as c; c.build_parser()")
     assert not top & {"torch", "fedapp", "task", "deploy", "simulation.sweep", "simulation.run"}
-    sweep = modules_loaded_by("import fedhetero.cli as c; c.build_parser('sweep')")
+    sweep = modules_loaded_by("import simulation.cli as c; c.build_parser('sweep')")
     assert "simulation.sweep" in sweep and not sweep & {"deploy", "simulation.bench"}
-    deploy = modules_loaded_by("import fedhetero.cli as c; c.build_parser('deploy')")
+    deploy = modules_loaded_by("import simulation.cli as c; c.build_parser('deploy')")
     assert "deploy.run" in deploy and not deploy & {"torch", "simulation.sweep"}
 
 

@@ -1,5 +1,9 @@
 """``fedhetero COMMAND``: run, sweep, report, bench, deploy, ... of fedhetero in one command.
 
+The top of the tool stack: it dispatches by module name to the simulation tools and to
+``deploy`` (which itself imports only ``simulation.runtime``); ``deploy`` is imported only
+when ``fedhetero deploy`` is chosen, so nothing below this module imports it.
+
 Every simulation tool (``python -m simulation COMMAND``) and the deployment runtime
 (``python -m deploy COMMAND``) is a sub-command; ``fedhetero COMMAND --help`` shows the
 tool's own options. Only the chosen tool is imported. Examples::
@@ -16,9 +20,9 @@ from __future__ import annotations
 import sys
 from importlib.metadata import PackageNotFoundError, version
 
-from simulation.__main__ import COMMANDS as SIMULATION_COMMANDS
-from simulation.__main__ import build_parser as build_tool_parser
-from simulation.__main__ import chosen_command
+from .__main__ import COMMANDS as SIMULATION_COMMANDS
+from .__main__ import build_parser as build_tool_parser
+from .__main__ import chosen_command
 
 PROG = "fedhetero"
 # name -> (module with add_arguments(parser) and run(args), one-line summary)
