@@ -29,14 +29,25 @@ rejects a reply whose digest differs from its copy, so a disagreement is never a
 
 Memory: one model-sized copy per client that has ever replied, on the server (and in
 every checkpoint).
+
+A stateful strategy (see :class:`strategies.scaffold.Scaffold`) keeps a
+:class:`ClientStateMirror`; puts ``state-round`` = :meth:`ClientStateMirror.state_round` in
+each node's config; calls :func:`attach_states` on its train messages,
+:func:`state_problem` in its reply checks, :meth:`ClientStateMirror.accept` for every
+accepted reply, :meth:`ClientStateMirror.end_round` once per round, and saves
+:meth:`ClientStateMirror.state_dict` in its own ``state_dict``.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import numpy as np
+from flwr.app import Message
+
+from . import contract as C
+from .records import to_record
 
 NDArrays = dict[str, np.ndarray]
 STATE_VERSION = 1
@@ -131,3 +142,37 @@ class ClientStateMirror:
         self.rounds = {str(k): int(r) for k, r in state["rounds"].items()}
         self.digests = {k: state_digest(a) for k, a in self.arrays.items()}
         self.holders, self.pending = {}, {}
+
+
+# ----------------------------------------------------------------- strategy glue
+def attach_states(mirror: ClientStateMirror, messages: Iterable[Message],
+                  key_of: Callable[[int], str]) -> tuple[int, int]:
+    """:meth:`ClientStateMirror.message` for each train message, attaching the copy as the
+    ArrayRecord ``client-state`` where needed. Returns (messages with a copy, their bytes)."""
+    attached, size = 0, 0
+    for msg in messages:
+        node = msg.metadata.dst_node_id
+        copy = mirror.message(key_of(node), node)
+        if copy is not None:
+            record = to_record(copy)
+            msg.content[C.CLIENT_STATE] = record
+            attached += 1
+            size += record.count_bytes()
+    return attached, size
+
+
+def state_problem(mirror: ClientStateMirror, key: str, sent_round: int,
+                  metrics: Mapping[str, object]) -> str | None:
+    """Why a reply did not start from the state the server holds, or None: its
+    ``state-round`` differs from the one sent, or its ``state-digest`` from the copy's
+    (both optional in the reply; checked when present)."""
+    used = metrics.get(C.STATE_ROUND_USED, sent_round)
+    if used != sent_round:
+        return (f"the client started from its state of round {used!r}, the server's copy "
+                f"is of round {sent_round}")
+    digest = metrics.get(C.STATE_DIGEST)
+    expected = mirror.digest_of(key)
+    if sent_round > 0 and digest is not None and digest != expected:
+        return (f"the client's state of round {sent_round} differs from the server's copy "
+                f"(state-digest {digest} vs {expected}); the next message carries the copy")
+    return None

@@ -25,7 +25,7 @@ from flwr.serverapp import Grid
 from . import contract as C
 from . import records
 from . import scaffold_math as sm
-from .client_state import ClientStateMirror
+from .client_state import ClientStateMirror, attach_states, state_problem
 from .fedavg import FedAvg
 
 SCAFFOLD_HELPER = "strategies.client.scaffold.ScaffoldClient"
@@ -131,19 +131,11 @@ class Scaffold(FedAvg):
             self.control = sm.zero_control(records.to_numpy(arrays))
         messages = list(super().configure_train(server_round, arrays, config, grid))
         control = records.to_record(self.control)
-        extra_bytes, attached = 0, 0
         for msg in messages:
-            node = msg.metadata.dst_node_id
             msg.content[C.SCAFFOLD_C] = control
-            extra_bytes += control.count_bytes()
-            copy = self.mirror.message(self.client_key(node), node)
-            if copy is not None:
-                record = records.to_record(copy)
-                msg.content[C.CLIENT_STATE] = record
-                extra_bytes += record.count_bytes()
-                attached += 1
+        attached, attached_bytes = attach_states(self.mirror, messages, self.client_key)
         diag = self.diagnostics[server_round]
-        diag[C.LOG_BYTES_DOWN] += extra_bytes
+        diag[C.LOG_BYTES_DOWN] += len(messages) * control.count_bytes() + attached_bytes
         diag[C.LOG_CLIENT_STATE_ATTACHED] = attached
         return messages
 
@@ -201,21 +193,6 @@ class Scaffold(FedAvg):
                                          self.control)
         if problem:
             return problem
-        return self.state_problem(reply)
-
-    def state_problem(self, reply: Message) -> str | None:
-        """A reply whose client started from another c_i than the server's copy, or None."""
         node = reply.metadata.src_node_id
-        key = self.client_key(node)
-        metrics = reply.content[C.METRICS]
         sent = int(self.sent_configs.get(node, {}).get(C.STATE_ROUND, 0))
-        used = metrics.get(C.STATE_ROUND_USED, sent)
-        if used != sent:
-            return (f"the client started from its state of round {used!r}, the server's copy "
-                    f"is of round {sent}")
-        digest = metrics.get(C.STATE_DIGEST)
-        expected = self.mirror.digest_of(key)
-        if sent > 0 and digest is not None and digest != expected:
-            return (f"the client's state of round {sent} differs from the server's copy "
-                    f"(state-digest {digest} vs {expected}); the next message carries the copy")
-        return None
+        return state_problem(self.mirror, self.client_key(node), sent, reply.content[C.METRICS])

@@ -10,7 +10,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 from strategies import contract as C
 from strategies.client.state import (ClientStateLost, load_arrays, load_meta, resolve_state,
                                      save_state)
-from strategies.client_state import ClientStateMirror, must_attach, state_digest
+from strategies.client_state import ClientStateMirror, must_attach, state_digest, state_problem
 
 
 def state(value: float) -> dict[str, np.ndarray]:
@@ -108,3 +108,16 @@ def test_resolve_raises_when_the_node_lost_the_state(saved, says):
     with pytest.raises(ClientStateLost, match=says) as info:
         resolve_state(local, "k", content(4), initial=state(0.0))
     assert "round 4" in str(info.value) and "attaches its copy" in str(info.value)
+
+
+def test_state_problem_names_the_round_or_the_digest():
+    mirror = ClientStateMirror()
+    mirror.accept("0", 5, 2, state(2.0))
+    good = {C.STATE_ROUND_USED: 2, C.STATE_DIGEST: state_digest(state(2.0))}
+    assert state_problem(mirror, "0", 2, good) is None
+    assert state_problem(mirror, "0", 2, {}) is None  # both fields are optional
+    assert "its state of round 1, the server's copy is of round 2" in state_problem(
+        mirror, "0", 2, {**good, C.STATE_ROUND_USED: 1})
+    assert "differs from the server's copy" in state_problem(
+        mirror, "0", 2, {**good, C.STATE_DIGEST: state_digest(state(2.5))})
+    assert state_problem(mirror, "1", 0, {C.STATE_ROUND_USED: 0, C.STATE_DIGEST: 7}) is None
