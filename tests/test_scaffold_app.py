@@ -104,3 +104,15 @@ def test_the_first_round_after_a_resume_resends_every_c_i(tmp_path):
     assert resumed[3][C.LOG_CLIENT_STATE_ATTACHED] == 3
     assert resumed[3][C.LOG_CLIENT_STATE_ROUNDS] == [2, 2, 2]
 
+
+
+def test_a_stragglers_option_ii_uses_the_steps_it_took(tmp_path):
+    """straggler-policy 'partial' (SCAFFOLD's default): half the clients do 1..K steps, and
+    the K each reply reports (the steps its option II divided by) is that reduced work."""
+    _, _, rounds, _ = run("scaffold", tmp_path, 4, **{**RUN, "num-server-rounds": 2,
+                                                      "local-steps": 6,
+                                                      "straggler-fraction": 0.5})
+    for r in rounds[1:]:
+        assert r[C.LOG_CLIENTS_STRAGGLERS] == 2 and r[C.LOG_CLIENTS_RECEIVED] == 4
+        steps = sorted(r[C.LOG_LOCAL_STEPS])
+        assert steps[2:] == [6, 6] and all(1 <= s <= 6 for s in steps[:2])
