@@ -6,7 +6,8 @@ checkpoint intact). It holds, at the end of round r:
 
 * the global model (numpy arrays, exact bytes, key order kept);
 * the strategy's cross-round state (``strategy.state_dict()``: FedNova's momentum
-  buffer, FedVeca's tau table / L / previous gradient, DynamicFL's L / rich set / budgets);
+  buffer, FedVeca's tau table / L / previous gradient, DynamicFL's L / rich set / budgets,
+  SCAFFOLD's c and its copy of every client's c_i, Flower's FedAvgM / FedOpt moments);
 * the server's RNG states (torch, numpy, Python ``random``);
 * the run-log records of rounds 0..r and the elapsed seconds;
 * the resolved run config, to refuse resuming a different experiment.

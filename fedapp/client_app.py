@@ -2,7 +2,8 @@
 
 The strategy-specific client work goes through the same ``strategies.client`` helpers
 any user's ClientApp calls: ``client_info_reply`` (the query), ``report_local_steps``
-(FedNova's tau_i), ``fedveca_train`` (FedVeca) and ``train_chunk`` (DynamicFL).
+(FedNova's tau_i), ``fedveca_train`` (FedVeca), ``train_chunk`` (DynamicFL) and
+``ScaffoldClient`` (SCAFFOLD; c_i in ``context.state``).
 
 Each node finds its data by ``partition-id`` / ``num-partitions`` in its node config
 (simulation sets both; a deployed SuperNode names them, and optionally ``data-dir``,
@@ -19,11 +20,13 @@ from flwr.clientapp import ClientApp
 
 from strategies import contract as C
 from strategies.client import (
+    ScaffoldClient,
     client_info_reply,
     client_seed,
     fedveca_train,
     is_dynamicfl_chunk,
     is_fedveca_round,
+    is_scaffold_message,
     label_counts,
     report_local_steps,
     train_chunk,
@@ -128,9 +131,12 @@ def train(msg: Message, context: Context) -> Message:
         return train_fedveca(msg, model, x, y, cfg, seed, partition_id)
     if is_dynamicfl_chunk(config):  # a DynamicFL chunk [start-step, start-step + num-steps)
         return train_dynamicfl_chunk(msg, context, model, x, y, cfg, partition_id)
+    lr = float(config.get(C.LR, cfg.lr))
+    # SCAFFOLD: c_i from context.state (or the server's copy); every step corrected
+    scaffold = ScaffoldClient(msg, context.state, lr=lr) if is_scaffold_message(msg) else None
     result = local_sgd(
         model, x, y,
-        lr=float(config.get(C.LR, cfg.lr)),
+        lr=lr,
         batch_size=int(config.get(C.BATCH_SIZE, cfg.batch_size)),
         epochs=_epochs(config.get(C.LOCAL_EPOCHS, cfg.local_epochs)),
         steps=int(config.get(C.LOCAL_STEPS, cfg.local_steps)),
@@ -138,10 +144,13 @@ def train(msg: Message, context: Context) -> Message:
         weight_decay=float(config.get(C.WEIGHT_DECAY, cfg.weight_decay)),
         proximal_mu=float(config.get(C.PROXIMAL_MU, 0.0)),
         seed=seed,
+        after_step=None if scaffold is None else scaffold.correct,
     )
     metrics = {C.NUM_EXAMPLES: result.num_examples, C.TRAIN_LOSS: result.train_loss}
     metrics = report_local_steps(metrics, result.local_steps)  # FedNova's tau_i
     metrics[C.PARTITION_ID] = partition_id
+    if scaffold is not None:  # option II, c_i kept in context.state, delta c_i in the reply
+        return Message(scaffold.finish(model, metrics), reply_to=msg)
     arrays = ArrayRecord({k: v.detach().cpu() for k, v in model.state_dict().items()})
     content = RecordDict({C.ARRAYS: arrays, C.METRICS: MetricRecord(metrics)})
     return Message(content, reply_to=msg)

@@ -58,6 +58,9 @@ class RunConfig:
     server_lr: float = 1.0
     proximal_mu: float = 0.01
     server_momentum: float = 0.0
+    server_beta1: float = 0.9  # Flower's FedAdam / FedYogi beta_1
+    server_beta2: float = 0.99  # Flower's FedAdam / FedYogi beta_2
+    server_tau: float = 0.001  # Flower's FedAdam / FedYogi / FedAdagrad tau
     straggler_fraction: float = 0.0
     straggler_policy: str = "auto"
     straggler_unit: str = "steps"

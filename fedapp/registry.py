@@ -14,11 +14,14 @@ import contextlib
 import dataclasses
 from collections.abc import Callable, Iterator, Mapping
 
-from flwr.common.logger import FLOWER_LOGGER
+from logging import WARNING
+
+from flwr.common.logger import FLOWER_LOGGER, log
 from flwr.serverapp.strategy import Strategy
 
-from strategies import DynamicFL, FedAvg, FedNova, FedProx, FedVeca
+from strategies import DynamicFL, FedAvg, FedNova, FedProx, FedVeca, Scaffold
 from strategies import contract as C
+from strategies import server_optimizers as flower
 from strategies.schedules import LRSchedule
 
 from .config import ConfigError, RunConfig, default, flwr_run_fix
@@ -123,6 +126,45 @@ def _dynamicsgd(cfg: RunConfig) -> tuple[Strategy, dict]:
     return _dynamicfl(cfg, intervals="a")
 
 
+def _scaffold(cfg: RunConfig) -> tuple[Strategy, dict]:
+    """SCAFFOLD (Karimireddy et al., Alg. 1, option II): eta_g = ``server-lr``; the run
+    config's ``weighting`` averages delta y_i (the app's default 'examples' is NIID-Bench's
+    form; 'uniform' is Alg. 1 line 16)."""
+    return Scaffold(**_common(cfg)), train_config(cfg)
+
+
+def _flower_common(cfg: RunConfig) -> dict:
+    """Constructor arguments of Flower's own strategies. ``min_train_nodes`` 1 keeps the
+    app's m = max(floor(C K), 1) (Flower's default is 2). The ``lr-*`` keys are not read
+    (Flower's configure_train sends ``lr`` as given) but still checked."""
+    lr_schedule(cfg)
+    return {"fraction_train": cfg.fraction_train, "fraction_evaluate": cfg.fraction_evaluate,
+            "min_available_nodes": cfg.min_available_nodes, "min_train_nodes": 1,
+            "min_evaluate_nodes": 1}
+
+
+def _fedavgm(cfg: RunConfig) -> tuple[Strategy, dict]:
+    """Flower's FedAvgM (Hsu et al.): ``server-lr``, ``server-momentum``."""
+    return flower.FedAvgM(server_learning_rate=cfg.server_lr,
+                          server_momentum=cfg.server_momentum,
+                          **_flower_common(cfg)), train_config(cfg)
+
+
+def _adaptive(cls, cfg: RunConfig, betas: bool = True) -> tuple[Strategy, dict]:
+    """Flower's FedAdam / FedYogi / FedAdagrad (Reddi et al., Alg. 2): eta = ``server-lr``,
+    eta_l = ``lr``, beta_1 / beta_2 = ``server-beta1`` / ``server-beta2``, tau = ``server-tau``."""
+    kwargs = {"eta": cfg.server_lr, "eta_l": cfg.lr, "tau": cfg.server_tau}
+    if betas:
+        kwargs.update(beta_1=cfg.server_beta1, beta_2=cfg.server_beta2)
+    strategy = cls(**kwargs, **_flower_common(cfg))
+    if cfg.server_lr == default("server-lr"):
+        flower_default = flower.flower_default(cls, "eta")
+        log(WARNING, "%s: eta = server-lr = %s, the default of plain averaging; Flower's "
+            "default for %s is %s (set it with %s)", cls.__name__, cfg.server_lr, cls.__name__,
+            flower_default, flwr_run_fix({"server-lr": flower_default}))
+    return strategy, train_config(cfg)
+
+
 STRATEGIES: dict[str, Builder] = {
     "fedavg": _fedavg,
     "fedsgd": _fedsgd,
@@ -131,12 +173,25 @@ STRATEGIES: dict[str, Builder] = {
     "fedveca": _fedveca,
     "dynamicfl": _dynamicfl,
     "dynamicsgd": _dynamicsgd,
+    "scaffold": _scaffold,
+    "fedavgm": _fedavgm,
+    "fedadam": lambda cfg: _adaptive(flower.FedAdam, cfg),
+    "fedyogi": lambda cfg: _adaptive(flower.FedYogi, cfg),
+    "fedadagrad": lambda cfg: _adaptive(flower.FedAdagrad, cfg, betas=False),
 }
+
+# Flower's own classes (strategies.server_optimizers): no client table, no per-round
+# diagnostics, Flower's reply handling; the reliability suites cover fedhetero's own.
+FLOWER_STRATEGIES = ("fedavgm", "fedadam", "fedyogi", "fedadagrad")
 
 _DYNAMICFL_NEUTRAL = ({"straggler-fraction": 0.0, "weighting": "examples", "server-lr": 1.0,
                       "server-momentum": 0.0},
                      "every active client does exactly L local steps and each sync event sets W "
                      "to the num-examples-weighted average")
+
+_FLOWER_NEUTRAL = {"weighting": "examples", "straggler-fraction": 0.0, "lr-schedule": "constant"}
+_FLOWER_WHY = ("Flower's own class: it weights by num-examples, has no simulated stragglers and "
+               "sends lr as given")
 
 # strategy -> (keys its run path never reads, each with the one value that means "off"; why)
 NEUTRAL_ONLY: dict[str, tuple[dict[str, object], str]] = {
@@ -144,6 +199,16 @@ NEUTRAL_ONLY: dict[str, tuple[dict[str, object], str]] = {
                 "FedVeca's clients run plain local SGD, eq. 1"),
     "dynamicfl": _DYNAMICFL_NEUTRAL,
     "dynamicsgd": _DYNAMICFL_NEUTRAL,
+    "scaffold": ({"server-momentum": 0.0}, "SCAFFOLD's server step is x + eta_g mean delta y_i, "
+                 "Alg. 1 line 17"),
+    "fedavgm": (_FLOWER_NEUTRAL, _FLOWER_WHY),
+    "fedadam": ({**_FLOWER_NEUTRAL, "server-momentum": 0.0}, _FLOWER_WHY + "; beta_1 is its "
+                "momentum (server-beta1)"),
+    "fedyogi": ({**_FLOWER_NEUTRAL, "server-momentum": 0.0}, _FLOWER_WHY + "; beta_1 is its "
+                "momentum (server-beta1)"),
+    "fedadagrad": ({**_FLOWER_NEUTRAL, "server-momentum": 0.0, "server-beta1": 0.9,
+                    "server-beta2": 0.99},
+                   _FLOWER_WHY + "; FedAdagrad has no beta_1 / beta_2 (Reddi et al., Alg. 2)"),
 }
 
 
@@ -152,6 +217,8 @@ FAMILY_KEYS: dict[str, tuple[tuple[str, ...], str]] = {
     "fedveca-": (("fedveca",), "fedveca"),
     "dynamicfl-": (("dynamicfl", "dynamicsgd"), "dynamicfl"),
     "proximal-mu": (("fedprox",), "fedprox"),
+    "server-beta": (("fedadam", "fedyogi"), "fedadam"),
+    "server-tau": (("fedadam", "fedyogi", "fedadagrad"), "fedadam"),
 }
 
 

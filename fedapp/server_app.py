@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import platform
-import shutil
+import random
 import resource
+import shutil
 import time
 from logging import ERROR, INFO
 from pathlib import Path
@@ -129,6 +130,7 @@ def main(grid: Grid, context: Context) -> None:
         raise RuntimeError(f"fedhetero stopped before training: {exc}") from None
 
     torch.manual_seed(cfg.seed)
+    random.seed(cfg.seed)  # Flower's own strategies sample with Python's random (fedavgm, ...)
     model = build_model(cfg.model, dataset.input_shape, dataset.num_classes)
     device = resolve_device(cfg.device)
     config_dump = {

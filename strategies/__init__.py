@@ -1,8 +1,10 @@
 """fedhetero strategies: heterogeneity-aware Flower strategies (flwr + numpy only).
 
 Server strategies: :class:`FedAvg`, :class:`FedProx`, :class:`FedNova`, :class:`FedVeca`,
-:class:`DynamicFL`. A strategy whose contract the clients do not implement stops the run
-with a :class:`ClientContractError` naming the ``strategies.client`` helper to call.
+:class:`DynamicFL`, :class:`Scaffold`. A strategy whose contract the clients do not
+implement stops the run with a :class:`ClientContractError` naming the
+``strategies.client`` helper to call. Flower's own server optimisers with a
+``state_dict`` for checkpoints: :mod:`strategies.server_optimizers`.
 """
 
 from .dynamicfl import DynamicFL
@@ -11,6 +13,7 @@ from .fednova import FedNova
 from .fedprox import FedProx
 from .fedveca import FedVeca
 from .records import ClientContractError
+from .scaffold import Scaffold
 
 __all__ = ["ClientContractError", "DynamicFL", "FedAvg", "FedNova", "FedProx", "FedVeca",
-           "STRAGGLER_POLICIES", "STRAGGLER_UNITS", "WEIGHTINGS"]
+           "STRAGGLER_POLICIES", "STRAGGLER_UNITS", "Scaffold", "WEIGHTINGS"]

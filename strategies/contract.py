@@ -63,6 +63,22 @@ ROUND_STEPS = "round-steps"  # int L >= 1: steps per round (length of the client
 # float > 0, bytes per round this client can move (tau_m); absent = unconstrained
 COMM_BUDGET = "comm-budget"
 
+# --- Client state kept across rounds (strategies/client_state.py, client/state.py) -
+# server -> client, per node (ConfigRecord "config"): int >= 0, the round whose accepted
+# reply produced the state the server holds for this client (0 = the initial state)
+STATE_ROUND = "state-round"
+# server -> client: ArrayRecord, the server's copy of the client's state, attached when the
+# server cannot be sure the node holds that version (after a resume, a failed reply, ...)
+CLIENT_STATE = "client-state"
+# client -> server (MetricRecord "metrics"): the state round it started from (echo of
+# STATE_ROUND) and the 63-bit digest of that state (strategies.client_state.state_digest)
+STATE_ROUND_USED = STATE_ROUND
+STATE_DIGEST = "state-digest"
+
+# --- SCAFFOLD (strategies/scaffold.py; Karimireddy et al. 2020, Algorithm 1) ----------
+SCAFFOLD_C = "scaffold-c"  # server -> client: ArrayRecord, the server control variate c
+SCAFFOLD_DELTA_C = "scaffold-delta-c"  # client -> server: ArrayRecord, delta c_i = c_i+ - c_i
+
 # === Run log ======================================================================
 # One JSON object per round in ``rounds.jsonl``: the ServerApp's own keys plus the
 # diagnostics a strategy returns for that round. Every key is spelled here once; the
@@ -128,6 +144,18 @@ LOG_KAPPA_HAT = "kappa-hat"  # float, planned syncs per client and step
 LOG_SYNCS = "syncs"  # int, planned synchronisations this round
 LOG_SYNC_EVENTS = "sync-events"  # int, synchronisation events actually run
 LOG_SECONDS_PER_EVENT = "seconds-per-event"  # float, wall seconds per sync event
+
+# --- client state (strategies/client_state.py): SCAFFOLD, later FedDyn and MOON ------
+LOG_CLIENT_STATE_ATTACHED = "client-state-attached"  # int, train messages carrying the copy
+LOG_CLIENT_STATE_ROUNDS = "client-state-rounds"  # list[int], state round each accepted reply used
+
+# --- SCAFFOLD (strategies/scaffold.py) --------------------------------------------
+LOG_SCAFFOLD_C_NORM = "scaffold-c-norm"  # float, ||c|| after the round (Alg. 1 line 17)
+
+# Keys that count client state the server sends again (strategies.client_state): in the
+# first round after a resume the server resends every client's copy, so that round's record
+# differs from an uninterrupted run's in these keys only.
+LOG_RESEND_KEYS = frozenset({LOG_BYTES_DOWN, LOG_CLIENT_STATE_ATTACHED})
 
 # Keys whose values depend on the machine, not on the run's seed (ignored by
 # bit-identity comparisons of run logs).

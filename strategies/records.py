@@ -125,6 +125,14 @@ def partition_order(nodes: Iterable[int], clients: Mapping[int, ClientInfo]) -> 
     return sorted(nodes, key=key)
 
 
+def client_key(clients: Mapping[int, ClientInfo], node_id: int) -> str:
+    """A client's key in cross-round tables: its partition id, else ``node-<id>`` (node ids
+    change when a SuperNode restarts or a run is resumed; partition ids do not)."""
+    info = clients.get(node_id)
+    pid = info.partition_id if info is not None else None
+    return str(pid) if pid is not None else f"node-{node_id}"
+
+
 def replies_in_order(replies: Iterable[Message], clients: Mapping[int, ClientInfo]
                      ) -> list[Message]:
     """Replies in :func:`partition_order` of their senders, not in arrival order.
@@ -201,6 +209,24 @@ def reply_problem(reply: Message, expected: ArrayRecord) -> str | None:
     return None
 
 
+def arrays_problem(name: str, record: ArrayRecord, expected: Mapping[str, np.ndarray]
+                   ) -> str | None:
+    """What makes ArrayRecord ``name`` of a reply unusable, or None: keys, shapes or dtypes
+    that differ from ``expected``, or NaN / Inf (deserialises the record once)."""
+    if set(record.keys()) != set(expected):
+        missing = sorted(set(expected) - set(record.keys()))
+        extra = sorted(set(record.keys()) - set(expected))
+        return f"'{name}' keys differ (missing {missing}, unexpected {extra})"
+    for key, array in record.items():
+        ref = expected[key]
+        if tuple(array.shape) != tuple(ref.shape) or array.dtype != ref.dtype:
+            return (f"'{name}' array '{key}' is {array.dtype}{tuple(array.shape)}, "
+                    f"expected {ref.dtype}{tuple(ref.shape)}")
+        if not np.isfinite(array.numpy()).all():
+            return f"'{name}' array '{key}' has NaN or Inf"
+    return None
+
+
 def contract_error(strategy: str, server_round: int, num_replies: int, missing: str,
                    helper: str) -> ClientContractError:
     """The error of a round in which every reply lacks what the strategy's contract needs."""
@@ -218,7 +244,8 @@ def mean_metrics(replies: list[Message]) -> dict[str, float]:
     w = np.asarray(weights, dtype=np.float64)
     shared = set(records[0].keys()).intersection(*[set(m.keys()) for m in records[1:]])
     out: dict[str, float] = {}
-    for key in sorted(shared - {C.NUM_EXAMPLES, C.PARTITION_ID}):
+    bookkeeping = {C.NUM_EXAMPLES, C.PARTITION_ID, C.STATE_ROUND_USED, C.STATE_DIGEST}
+    for key in sorted(shared - bookkeeping):
         values = [m[key] for m in records]
         if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
             out[key] = float(np.dot(w, np.asarray(values, dtype=np.float64)) / w.sum())

@@ -13,6 +13,7 @@ so a FedVeca round and a local_sgd run with the same seed see the same batches.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -55,10 +56,13 @@ def local_sgd(
     weight_decay: float = 0.0,
     proximal_mu: float = 0.0,
     seed: int = 0,
+    after_step: Callable[[torch.nn.Module], None] | None = None,
 ) -> LocalResult:
     """Train ``model`` in place on (x, y); ``steps`` > 0 overrides ``epochs``.
 
     E epochs mean floor(E n / B) steps of exactly B examples (see batch_indices).
+    ``after_step(model)`` runs after every optimiser step (SCAFFOLD's correction,
+    :meth:`strategies.client.scaffold.ScaffoldClient.correct`).
 
     Data and model must already be on the same device. The batch order depends only
     on ``seed``. Returns the number of examples, the SGD steps taken (tau_i) and the
@@ -89,6 +93,8 @@ def local_sgd(
                     if p.grad is not None:
                         p.grad.add_(p - p0, alpha=proximal_mu)
         optimizer.step()
+        if after_step is not None:
+            after_step(model)
         loss_sum += loss.detach()
     return LocalResult(num_examples=n, local_steps=total_steps,
                        train_loss=float(loss_sum) / total_steps)

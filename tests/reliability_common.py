@@ -7,11 +7,13 @@ import logging
 
 import torch
 
-from fedapp.registry import STRATEGIES
 from fedapp.run_log import TIMING_KEYS, read_rounds
 from simulation.reliability import run_inprocess
+from simulation.reliability.common import OWN_STRATEGIES
+from strategies import contract as C
 
-ALL_STRATEGIES = sorted(STRATEGIES)
+# fedhetero's own strategies (Flower's fedavgm, ... have tests/test_server_optimizers.py)
+ALL_STRATEGIES = OWN_STRATEGIES
 
 BASE = {
     "dataset": "synthetic",
@@ -45,6 +47,19 @@ def run(strategy: str, out, num_nodes: int = 3, grid_kwargs: dict | None = None,
 
 def without_timings(rounds: list[dict]) -> list[dict]:
     return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in rounds]
+
+
+def resend_aside(full: list[dict], resumed: list[dict], first_round: int) -> int:
+    """Drop the resend keys (strategies.contract.LOG_RESEND_KEYS) from round ``first_round``
+    of both run logs (in place): after a resume the server resends its copies of the
+    client state. Returns how many more copies the resumed run sent in that round."""
+    extra = 0
+    for key in C.LOG_RESEND_KEYS:
+        a = full[first_round].pop(key, None)
+        b = resumed[first_round].pop(key, None)
+        if key == C.LOG_CLIENT_STATE_ATTACHED and a is not None:
+            extra = b - a
+    return extra
 
 
 def same_model(a: dict, b: dict) -> bool:

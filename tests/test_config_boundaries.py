@@ -46,6 +46,9 @@ CASES: dict[str, tuple[dict, list, list]] = {
     "server-lr": ({}, [1e-9, 10.0], [0.0, -1.0]),
     "proximal-mu": ({"strategy": "fedprox"}, [0.0, 1.0], [-0.01]),
     "server-momentum": ({"strategy": "fednova"}, [0.0, 0.99], [1.0, -0.1]),
+    "server-beta1": ({"strategy": "fedadam"}, [0.0, 0.999], [1.0, -0.1]),
+    "server-beta2": ({"strategy": "fedyogi"}, [0.0, 0.999], [1.0, -0.1]),
+    "server-tau": ({"strategy": "fedadagrad"}, [1e-12, 1.0], [0.0, -1e-3]),
     "straggler-fraction": ({}, [0.0, 1.0], [-0.1, 1.1]),
     "straggler-policy": ({}, ["auto", "drop", "partial"], ["sometimes", ""]),
     "straggler-unit": ({}, ["steps", "epochs"], ["rounds"]),
@@ -119,6 +122,13 @@ CROSS = [
     ({**DFL, "weighting": "uniform"}, ["weighting"]),
     ({**DFL, "straggler-fraction": 0.2}, ["straggler-fraction"]),
     ({"strategy": "dynamicsgd", "server-momentum": 0.5}, ["server-momentum"]),
+    ({"strategy": "scaffold", "weighting": "scheme-ii"}, ["weighting"]),
+    ({"strategy": "scaffold", "server-momentum": 0.5}, ["server-momentum"]),
+    ({"strategy": "fedadam", "straggler-fraction": 0.2}, ["straggler-fraction"]),
+    ({"strategy": "fedyogi", "lr-schedule": "exponential"}, ["lr-schedule"]),
+    ({"strategy": "fedavgm", "weighting": "uniform"}, ["weighting"]),
+    ({"strategy": "fedadagrad", "server-beta1": 0.5}, ["server-beta1"]),
+    ({"strategy": "fedadam", "server-momentum": 0.5}, ["server-momentum"]),
     # d > 1 is fine for 'inverse' (a = 2), not for a decaying schedule
     ({**EXP, "lr-decay": 1.5}, ["lr-schedule", "lr-decay"]),
     ({"lr-schedule": "step", "lr-decay": 2.0}, ["lr-schedule", "lr-decay"]),
@@ -200,7 +210,8 @@ def test_cross_key_conflict_stops_naming_every_key(user_config, keys):
 
 @pytest.mark.parametrize("key,value", [("fedveca-tau-init", 1), ("dynamicfl-intervals", "g-a"),
                                        ("dynamicfl-beta", 1.5), ("proximal-mu", -0.01),
-                                       ("lr-decay", -1.0), ("lr-min", -1.0)])
+                                       ("lr-decay", -1.0), ("lr-min", -1.0),
+                                       ("server-beta1", 1.0), ("server-tau", 0.0)])
 def test_a_bad_value_of_a_key_the_strategy_does_not_read_is_still_an_error(key, value):
     with pytest.raises(ConfigError) as info:
         check_run_config({"strategy": "fedavg", key: value})

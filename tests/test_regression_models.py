@@ -9,7 +9,8 @@ torch's / MKL's AVX2 kernel paths (``ATEN_CPU_CAPABILITY``, MKL's conditional nu
 reproducibility ``MKL_CBWR``), so a machine whose CPU has wider vector units (AVX-512) runs
 the same kernels and gets the same bits. Without it the pins were machine-specific: the
 digests taken in the library-core refactor (commit 2a5cbbb, another CPU) all differed on
-an AMD EPYC machine with unchanged code. Re-taken on main at commit efbb06d (AMD EPYC, AVX2).
+an AMD EPYC machine with unchanged code. Re-taken on main at commit efbb06d (AMD EPYC, AVX2); the SCAFFOLD and Flower-optimiser
+cases were added with them (merge of branch scaffold).
 """
 
 from __future__ import annotations
@@ -57,22 +58,36 @@ CASES: dict[str, dict] = {
     "dynamicfl": {"strategy": "dynamicfl", "dynamicfl-local-steps": 4, "dynamicfl-intervals": "1-4",
                   "dynamicfl-beta": 0.5},
     "dynamicsgd": {"strategy": "dynamicsgd", "dynamicfl-local-steps": 3},
+    "scaffold": {"strategy": "scaffold", "weighting": "uniform"},
+    "scaffold-momentum-stragglers": {"strategy": "scaffold", "momentum": 0.9, "weight-decay": 1e-4,
+                                     "fraction-train": 0.5, "straggler-fraction": 0.5,
+                                     "server-lr": 0.8},
+    "fedavgm": {"strategy": "fedavgm", "server-momentum": 0.5},
+    "fedadam": {"strategy": "fedadam", "server-lr": 0.01},
+    "fedyogi": {"strategy": "fedyogi", "server-lr": 0.01},
+    "fedadagrad": {"strategy": "fedadagrad", "server-lr": 0.01},
 }
 
 GOLDEN: dict[str, str] = {
     'dynamicfl': '59c5b3bf144929eb9f1ba8251dc10e045f6b5eebceb1a7ca1e44f9b9a92120f4',
     'dynamicsgd': '540551cf9ea65e6445e8e3be85d7af364b8bfe278d54c5575ffcedc2894e48be',
+    'fedadagrad': '99b99d2a7897038ba5b65d00271c61fd80a1c4a1d9169b03efb812a9bdb5c0d0',
+    'fedadam': '9a9806c6664c3e324ad920f8497ed8b76055d507145e9523c5e34de6d57ca003',
     'fedavg-examples': 'feaecc64f074fe8eeee072c349285bd1b4bb80668fb6c6c8c04cc32d4e1cd9c1',
     'fedavg-pre-erratum': '96e01a01b08bea4f7a6d3dbf39995613f902f86c07c14618f71a10d5b0a9c051',
     'fedavg-scheme-i': '3223379cd7d96f2964fea058b7c2ed9377ec04b1b3dd9ce21f18377dc0be0b16',
     'fedavg-scheme-ii': '3c92ab4b5ccc78c6277badc03fb841c689cf7cf826c2d80aab28a85a1704e6cc',
     'fedavg-stragglers-drop': 'f9fb4092736cdeda68c9199966868612058336adb1b028216adea0744892d390',
     'fedavg-uniform-momentum': 'a135096502eadf2999c113e35ebd568a0d788446892b51ba6a53182ca79144b2',
+    'fedavgm': '7dc80ea91dfa3e667c8ba391dbb1094c56238d650e058d3cd44b1dd1e82c5cae',
     'fednova-epochs': 'dbf2baff300d48aa6a495005238c308bccf81a979496829559da2d8cd0712ba6',
     'fednova-momentum-server-momentum': '6ecb617457fdf5c79926d36e15cb11dc14175a173c62632e1eb4103323306c0a',
     'fedprox-stragglers': '20a5d97ea5f672ebfe991e7045b71774cd17500c68e0329d233be2735f80f1fa',
     'fedsgd': 'd97bc999385f598b884a3648d29398a2365e5a103a87ce9fbfd9f8c06f23aff5',
     'fedveca': '27607848cba75306c886bc39af3b2cb0e0a39cb4131a9caa14050fbb9f6aca39',
+    'fedyogi': '902d9cb52d751a9e394993c19cccb85ea637d154f17fe1956707b30862947632',
+    'scaffold': 'b1c353b8fd7baafd0e5f7288fa6ed79fa9ea2fc83b0f3546d315f98303b0143f',
+    'scaffold-momentum-stragglers': '2fa57a2fb716a91440b94f9b1cdc0e5a9ac38b76c66338ea8468af75ebcb93bd',
 }
 
 

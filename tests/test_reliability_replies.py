@@ -11,11 +11,10 @@ import pytest
 import torch
 from flwr.app import Error, Message
 
-from simulation.reliability import CORRUPTIONS
+from simulation.reliability import CORRUPTIONS, kinds_for
 from tests.reliability_common import ALL_STRATEGIES, run
 from strategies import contract as C
 
-GENERIC = [k for k in sorted(CORRUPTIONS) if k != "strategy-metrics-missing"]
 PROBLEM_WORDS = {  # what the one log line must say
     "num-examples-missing": "num-examples",
     "num-examples-zero": "num-examples",
@@ -31,6 +30,10 @@ PROBLEM_WORDS = {  # what the one log line must say
     "wrong-dtype": "expected",
     "no-arrays": "arrays",
     "strategy-metrics-missing": "FedVeca needs",
+    "scaffold-delta-c-missing": "needs an ArrayRecord 'scaffold-delta-c'",
+    "scaffold-delta-c-nan": "NaN or Inf",
+    "scaffold-delta-c-wrong-shape": "expected",
+    "client-state-round-wrong": "started from its state of round 99",
 }
 
 
@@ -59,7 +62,7 @@ def per_round_hook(kinds: list[str], partition_id: int = 1):
 
 @pytest.mark.parametrize("strategy", ALL_STRATEGIES)
 def test_each_malformed_reply_rejected_with_one_line_model_untouched(strategy, tmp_path, caplog):
-    kinds = GENERIC + (["strategy-metrics-missing"] if strategy == "fedveca" else [])
+    kinds = kinds_for(strategy)  # the generic kinds, then the strategy's own
     rounds_cfg = {"num-server-rounds": len(kinds)}
     with caplog.at_level(logging.WARNING, logger="flwr"):
         grid, _, bad_rounds, bad_model = run(

@@ -17,7 +17,9 @@ from fedapp.checkpoint import CHECKPOINT_NAME, load_checkpoint
 from fedapp.config import ConfigError
 from fedapp.run_log import read_rounds
 from simulation.reliability import SimulatedKill, run_inprocess
-from tests.reliability_common import ALL_STRATEGIES, config, run, same_model, without_timings
+from strategies import contract as C
+from tests.reliability_common import (ALL_STRATEGIES, config, resend_aside, run, same_model,
+                                      without_timings)
 
 FAULTY = {"num-server-rounds": 4, "fault-crash-prob": 0.2, "fault-late-prob": 0.1, "seed": 1}
 
@@ -46,7 +48,11 @@ def test_killed_and_resumed_run_equals_uninterrupted_run(strategy, tmp_path):
         **FAULTY,
         **{"checkpoint-every": 2, "resume-from": str(killed_dir)},
     )
-    assert without_timings(resumed_rounds) == without_timings(full_rounds)
+    full, resumed = without_timings(full_rounds), without_timings(resumed_rounds)
+    resent = resend_aside(full, resumed, 3)  # client state (SCAFFOLD's c_i) is sent again
+    assert resumed == full
+    if C.LOG_CLIENT_STATE_ATTACHED in full_rounds[3]:
+        assert resent > 0 and resumed_rounds[3][C.LOG_BYTES_DOWN] > full_rounds[3][C.LOG_BYTES_DOWN]
     assert same_model(resumed_model, full_model)
     assert load_checkpoint(resumed_dir)["round"] == 4 and load_checkpoint(full_dir)["round"] == 4
     resumed_config = json.loads((resumed_dir / "config.json").read_text())

@@ -17,7 +17,7 @@ from simulation.runtime import (flwr_env, flwr_run_command, local_superlink_pids
                                 stop_local_superlink, submit_run)
 from tests import user_project
 
-STRATEGIES = ["fedavg", "fedprox", "fednova", "fedveca", "dynamicfl"]
+STRATEGIES = ["fedavg", "fedprox", "fednova", "fedveca", "dynamicfl", "scaffold"]
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)

@@ -184,11 +184,13 @@ def evaluate(msg: Message, context: Context):
 }
 
 # The user's ClientApp with every strategy's helper: the template's train handler plus
-# three branches, and a query handler.
+# four branches, and a query handler.
 HELPER_TRAIN = '''
-from strategies.client import (as_tensors, client_info_reply, fedveca_train, is_dynamicfl_chunk,
-                               is_fedveca_round, label_counts, loader_steps, report_local_steps,
-                               train_chunk)
+import torch.nn.functional as F
+
+from strategies.client import (ScaffoldClient, as_tensors, client_info_reply, fedveca_train,
+                               is_dynamicfl_chunk, is_fedveca_round, is_scaffold_message,
+                               label_counts, loader_steps, report_local_steps, train_chunk)
 
 
 @app.train()
@@ -208,6 +210,17 @@ def train(msg: Message, context: Context):
                               partition_id=partition_id)
         return Message(content=content, reply_to=msg)
     epochs = context.run_config["local-epochs"]
+    if is_scaffold_message(msg):  # SCAFFOLD: c_i in context.state, every step corrected
+        scaffold = ScaffoldClient(msg, context.state)
+        optimizer = torch.optim.SGD(model.parameters(), lr=scaffold.lr)
+        for _ in range(epochs):
+            for batch in trainloader:
+                optimizer.zero_grad()
+                F.cross_entropy(model(batch["img"]), batch["label"]).backward()
+                optimizer.step()
+                scaffold.correct(model)
+        content = scaffold.finish(model, {"num-examples": len(trainloader.dataset)})
+        return Message(content=content, reply_to=msg)
     train_loss = train_fn(model, trainloader, epochs, config["lr"], device)
     metrics = {"train_loss": train_loss, "num-examples": len(trainloader.dataset)}
     metrics = report_local_steps(metrics, loader_steps(trainloader, epochs))  # FedNova's tau_i
@@ -234,7 +247,7 @@ import json
 from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 
-from strategies import DynamicFL, FedAvg, FedNova, FedProx, FedVeca
+from strategies import DynamicFL, FedAvg, FedNova, FedProx, FedVeca, Scaffold
 from task import Net, central_testloader, test
 
 app = ServerApp()
@@ -257,6 +270,7 @@ def make_strategy(name: str, lr: float, query: bool):
         "fednova": lambda: FedNova(fraction_evaluate=0.0, **common),
         "fedveca": lambda: FedVeca(lr=lr, tau_init=3, tau_max=6, fraction_evaluate=0.0, **common),
         "dynamicfl": lambda: DynamicFL(intervals="1-4", local_steps=4, beta=0.5, **common),
+        "scaffold": lambda: Scaffold(fraction_evaluate=0.0, **common),
     }[name]()
 
 

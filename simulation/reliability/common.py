@@ -5,7 +5,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from fedapp.registry import STRATEGIES
+from fedapp.registry import FLOWER_STRATEGIES, STRATEGIES
+
+# fedhetero's own strategies; Flower's classes (fedavgm, ...) can be named with --strategies
+OWN_STRATEGIES = sorted(set(STRATEGIES) - set(FLOWER_STRATEGIES))
 
 BASE = {
     "dataset": "synthetic", "model": "mlp-2nn", "partition": "iid", "local-steps": 5,
@@ -26,8 +29,10 @@ def run_config(strategy: str, out: Path, seed: int, rounds: int, extra: dict) ->
 
 def add_arguments(parser: argparse.ArgumentParser, out_name: str) -> None:
     """--strategies, --rounds, --nodes, --seed, --out (a file, or a folder for ``out_name``)."""
-    parser.add_argument("--strategies", type=strategy_list, default=",".join(sorted(STRATEGIES)),
-                        help="comma-separated strategy names (default: all registered)")
+    parser.add_argument("--strategies", type=strategy_list, default=",".join(OWN_STRATEGIES),
+                        help="comma-separated strategy names (default: fedhetero's own, "
+                             "i.e. all registered but Flower's fedavgm, fedadam, fedyogi, "
+                             "fedadagrad)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--nodes", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)

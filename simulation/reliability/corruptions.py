@@ -1,6 +1,9 @@
 """Malformed train replies for the reliability tests and table: :data:`CORRUPTIONS` maps
 a kind (missing or bad ``num-examples``, NaN/Inf arrays or metrics, wrong keys, shapes,
-dtypes, missing records) to a function (reply, message) -> corrupted reply."""
+dtypes, missing records) to a function (reply, message) -> corrupted reply.
+:data:`STRATEGY_KINDS` names the kinds that only mean something to one strategy (FedVeca's
+metrics, SCAFFOLD's delta c_i and client state); :func:`kinds_for` is what a strategy's
+replies are put through."""
 
 from __future__ import annotations
 
@@ -74,6 +77,22 @@ def _strip_strategy_metrics(reply, msg):
     return _replace(reply, msg, metrics=metrics, drop=(C.GRAD,))
 
 
+def _delta_c(reply, msg, how):
+    if C.SCAFFOLD_DELTA_C not in reply.content:
+        return reply
+    delta = {k: v.numpy().copy() for k, v in reply.content[C.SCAFFOLD_DELTA_C].items()}
+    first = next(iter(delta))
+    if how == "missing":
+        return _replace(reply, msg, drop=(C.SCAFFOLD_DELTA_C,))
+    if how == "nan":
+        delta[first].flat[0] = float("nan")
+    elif how == "wrong-shape":
+        delta[first] = delta[first].reshape(-1)[:-1].copy()
+    content = RecordDict(dict(reply.content.items()))
+    content[C.SCAFFOLD_DELTA_C] = ArrayRecord({k: _np_array(v) for k, v in delta.items()})
+    return Message(content, reply_to=msg)
+
+
 CORRUPTIONS = {
     "num-examples-missing": lambda r, m: _with_metric(r, m, C.NUM_EXAMPLES, remove=True),
     "num-examples-zero": lambda r, m: _with_metric(r, m, C.NUM_EXAMPLES, 0),
@@ -90,7 +109,28 @@ CORRUPTIONS = {
     "no-arrays": lambda r, m: _replace(r, m, drop=(C.ARRAYS,)),
     # local-steps, beta, delta, grad (FedVeca needs them)
     "strategy-metrics-missing": _strip_strategy_metrics,
+    # SCAFFOLD: delta c_i missing, NaN, mis-shaped; a client that started from another c_i
+    "scaffold-delta-c-missing": lambda r, m: _delta_c(r, m, "missing"),
+    "scaffold-delta-c-nan": lambda r, m: _delta_c(r, m, "nan"),
+    "scaffold-delta-c-wrong-shape": lambda r, m: _delta_c(r, m, "wrong-shape"),
+    "client-state-round-wrong": lambda r, m: (
+        _with_metric(r, m, C.STATE_ROUND_USED, 99) if C.SCAFFOLD_DELTA_C in r.content else r),
 }
+
+# kinds that only corrupt one strategy's replies (the others pass them unchanged)
+STRATEGY_KINDS: dict[str, tuple[str, ...]] = {
+    "fedveca": ("strategy-metrics-missing",),
+    "scaffold": ("scaffold-delta-c-missing", "scaffold-delta-c-nan",
+                 "scaffold-delta-c-wrong-shape", "client-state-round-wrong"),
+}
+GENERIC_KINDS = tuple(sorted(set(CORRUPTIONS) - {k for ks in STRATEGY_KINDS.values()
+                                                  for k in ks}))
+
+
+def kinds_for(strategy: str | None) -> list[str]:
+    """The corruption kinds a strategy's replies are put through: the generic ones, then
+    its own."""
+    return [*GENERIC_KINDS, *STRATEGY_KINDS.get(strategy or "", ())]
 
 
 def corrupting_hook(
@@ -116,10 +156,10 @@ def corrupting_hook(
     return hook
 
 
-def malformed_hook(num_nodes: int):
+def malformed_hook(num_nodes: int, strategy: str | None = None):
     """A FaultGrid ``reply_hook``: in round t, partition (t mod N) sends the (t mod K)-th
-    kind of malformed reply (K kinds, sorted by name)."""
-    kinds = sorted(CORRUPTIONS)
+    kind of malformed reply (the K kinds of :func:`kinds_for` ``strategy``)."""
+    kinds = kinds_for(strategy)
     seen = set()
 
     def hook(msg: Message, reply: Message, context: Context) -> Message:

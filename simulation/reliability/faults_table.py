@@ -50,7 +50,8 @@ def faults_table(strategies: list[str], rounds: int, nodes: int, seed: int,
         baseline = None
         for fault, extra in FAULTS.items():
             out = workdir / strategy / folder_name(fault)
-            hooks = {"reply_hook": malformed_hook(nodes)} if fault.startswith("malformed") else {}
+            hooks = ({"reply_hook": malformed_hook(nodes, strategy)}
+                     if fault.startswith("malformed") else {})
             row = {"strategy": strategy, "fault": fault, "completed": False, "rounds": 0}
             try:
                 rc = run_config(strategy, out, seed, rounds, extra)

@@ -63,9 +63,12 @@ def wait_for_round(out: Path, round_: int, proc: subprocess.Popen, timeout: floa
     raise TimeoutError(f"round {round_} not reached in {timeout} s")
 
 
-def without_timings(records: list[dict]) -> list[dict]:
-    """Round records without their wall-clock keys."""
-    return [{k: v for k, v in r.items() if k not in C.LOG_TIMING_KEYS} for r in records]
+def without_timings(records: list[dict], resent_round: int | None = None) -> list[dict]:
+    """Round records without their wall-clock keys (and, in round ``resent_round``, the first
+    after a resume, without the keys that count client state sent again)."""
+    return [{k: v for k, v in r.items() if k not in C.LOG_TIMING_KEYS
+             and not (r.get(C.LOG_ROUND) == resent_round and k in C.LOG_RESEND_KEYS)}
+            for r in records]
 
 
 def resume_check(
@@ -96,14 +99,18 @@ def resume_check(
     )
     _, resumed_dir = run_inprocess(resumed_rc, nodes)
     a, b = torch.load(full_dir / "final_model.pt"), torch.load(resumed_dir / "final_model.pt")
+    first = ckpt_round + 1
+    resent = read_rounds(resumed_dir)[first].get(C.LOG_CLIENT_STATE_ATTACHED, 0) - read_rounds(
+        full_dir)[first].get(C.LOG_CLIENT_STATE_ATTACHED, 0)
     return {
         "strategy": strategy,
         "killed-after-round": logged,
         "checkpoint-round": ckpt_round,
         "final-model-bit-identical": list(a) == list(b) and all(torch.equal(a[k], b[k]) for k in a),
         "max-abs-diff": max(float((a[k].double() - b[k].double()).abs().max()) for k in a),
-        "run-log-identical-timings-aside": without_timings(read_rounds(full_dir))
-        == without_timings(read_rounds(resumed_dir)),
+        "run-log-identical-timings-aside": without_timings(read_rounds(full_dir), first)
+        == without_timings(read_rounds(resumed_dir), first),
+        "client-state-copies-resent": resent,
         "final-accuracy": read_rounds(resumed_dir)[-1][C.LOG_ACCURACY],
     }
 

@@ -5,17 +5,32 @@ torch model, the local data, ``context.state``) and returns what the strategy ex
 back. torch is imported inside the helpers, so ``import strategies.client`` works where
 torch is not installed.
 
-=================  ===============================================  ======================
-strategy           what the ClientApp adds                          helper
-=================  ===============================================  ======================
+=================  ================================================  ======================
+strategy           what the ClientApp adds                           helper
+=================  ================================================  ======================
 every strategy     ``@app.query()`` answering the client-info query  ``client_info_reply``
-FedAvg, FedProx    nothing (a stock ClientApp works unchanged)      --
-FedNova            the steps it took, in its reply metrics          ``report_local_steps``
-FedVeca            tau plain-SGD steps + grad, beta, delta          ``fedveca_train``
-DynamicFL          one chunk of the round's batch stream            ``train_chunk``
-client state       named arrays in ``Context.state`` across rounds  ``save_arrays``,
-(SCAFFOLD, FedDyn)                                                  ``load_arrays``
-=================  ===============================================  ======================
+FedAvg, FedProx    nothing (a stock ClientApp works unchanged)       --
+FedNova            the steps it took, in its reply metrics           ``report_local_steps``
+FedVeca            tau plain-SGD steps + grad, beta, delta           ``fedveca_train``
+DynamicFL          one chunk of the round's batch stream             ``train_chunk``
+SCAFFOLD           a correction after every step, option II          ``ScaffoldClient``
+client state       named arrays in ``Context.state`` across rounds   ``save_arrays``,
+                                                                     ``load_arrays``
+restorable state   state the server can restore (SCAFFOLD's c_i,     ``resolve_state``,
+                   FedDyn, MOON): resume, lost replies, restarts     ``save_state``
+=================  ================================================  ======================
+
+Restorable client state (:mod:`strategies.client_state` on the server,
+:func:`resolve_state` / :func:`save_state` here): every train message carries
+``state-round``, the round whose accepted reply produced the state the server holds for
+this client (0 = initial), and, when the server cannot be sure the node holds it, the
+server's copy as the ArrayRecord ``client-state``. ``resolve_state`` returns, in this
+order, the attached copy (and installs it), the initial state for round 0, the saved
+state if its round matches, else raises ``ClientStateLost`` (the reply becomes an error;
+the next message carries the copy). After training, ``save_state(state, key, new,
+server_round)``; the reply reports ``state-round`` and ``state-digest``
+(:func:`strategies.client_state.state_digest`) of the state it started from, and the
+server derives its copy from the reply the same way the client derives its own.
 """
 
 from .batches import batch_indices, batch_stream, client_seed
@@ -24,11 +39,14 @@ from .dynamicfl import is_dynamicfl_chunk, train_chunk
 from .fednova import loader_steps, report_local_steps
 from .fedveca import fedveca_train, is_fedveca_round
 from .info import client_info_reply, is_client_info_query, label_counts
-from .state import clear_arrays, load_arrays, load_meta, save_arrays
+from .scaffold import ScaffoldClient, is_scaffold_message
+from .state import (ClientStateLost, clear_arrays, load_arrays, load_meta, resolve_state,
+                    save_arrays, save_state)
 
 __all__ = [
-    "as_tensors", "batch_indices", "batch_stream", "clear_arrays", "client_info_reply",
-    "client_seed", "fedveca_train", "is_client_info_query", "is_dynamicfl_chunk",
-    "is_fedveca_round", "label_counts", "load_arrays", "load_meta", "loader_steps",
-    "report_local_steps", "save_arrays", "train_chunk",
+    "ClientStateLost", "ScaffoldClient", "as_tensors", "batch_indices", "batch_stream",
+    "clear_arrays", "client_info_reply", "client_seed", "fedveca_train", "is_client_info_query",
+    "is_dynamicfl_chunk", "is_fedveca_round", "is_scaffold_message", "label_counts",
+    "load_arrays", "load_meta", "loader_steps", "report_local_steps", "resolve_state",
+    "save_arrays", "save_state", "train_chunk",
 ]

@@ -13,6 +13,16 @@ few scalars (e.g. the round they belong to) into a ConfigRecord under ``key + "-
     save_arrays(context.state, "scaffold-c", new_c_i, meta={"round": server_round})
 
 Values are numpy arrays (torch tensors are accepted when saving and come back as numpy).
+
+State the server must be able to restore (SCAFFOLD's c_i; FedDyn's and MOON's state use
+the same path) goes through :func:`resolve_state` and :func:`save_state`, the client half
+of :mod:`strategies.client_state`: the server sends ``state-round`` with every train
+message (and attaches its copy when it cannot be sure this node holds that version), so
+the state survives a resumed run, a lost or rejected reply and a SuperNode restart::
+
+    c_i, used = resolve_state(context.state, "scaffold-c-i", msg.content, initial=zeros)
+    ...
+    save_state(context.state, "scaffold-c-i", new_c_i, server_round)
 """
 
 from __future__ import annotations
@@ -23,7 +33,14 @@ from typing import Any
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
+from .. import contract as C
+
 META_SUFFIX = "-meta"
+ROUND = "round"  # the meta scalar saved by save_state: the round that produced the state
+
+
+class ClientStateLost(RuntimeError):
+    """The server expects state this node does not hold (e.g. the SuperNode restarted)."""
 
 
 def meta_key(key: str) -> str:
@@ -73,3 +90,42 @@ def clear_arrays(state: RecordDict, key: str) -> None:
     for name in (key, meta_key(key)):
         if name in state:
             del state[name]
+
+
+def resolve_state(state: RecordDict, key: str, content: RecordDict,
+                  initial: Mapping[str, Any]) -> tuple[dict[str, np.ndarray], int]:
+    """The state a train message asks for, and the round it belongs to.
+
+    In this order (:mod:`strategies.client_state`): the server's copy when the message
+    carries one (ArrayRecord ``client-state``; it is installed in ``state``); the initial
+    state when ``state-round`` is 0 (or absent); the state saved under ``key`` when its
+    round equals ``state-round``.
+
+    Raises
+    ------
+    ClientStateLost
+        Otherwise: this node lost the state (a SuperNode restart) or holds another version.
+        The reply becomes an error, and the server attaches its copy to the next message.
+    """
+    config = content[C.CONFIG] if C.CONFIG in content.config_records else {}
+    wanted = int(config.get(C.STATE_ROUND, 0))
+    if C.CLIENT_STATE in content.array_records:
+        arrays = {name: np.array(a.numpy()) for name, a in content[C.CLIENT_STATE].items()}
+        save_state(state, key, arrays, wanted)
+        return arrays, wanted
+    if wanted == 0:
+        return {name: np.array(_as_numpy(v)) for name, v in initial.items()}, 0
+    meta = load_meta(state, key)
+    held = None if meta is None else int(meta.get(ROUND, -1))
+    if held == wanted:
+        return load_arrays(state, key), wanted
+    have = "no state" if held is None else f"the state of round {held}"
+    raise ClientStateLost(
+        f"client state '{key}': the server expects the state of round {wanted}, but this "
+        f"node's Context.state holds {have} (a SuperNode restart loses Context.state). This "
+        f"reply is an error; the server attaches its copy to the next message to this client")
+
+
+def save_state(state: RecordDict, key: str, arrays: Mapping[str, Any], server_round: int) -> None:
+    """Keep ``arrays`` as the state produced by ``server_round`` (see :func:`resolve_state`)."""
+    save_arrays(state, key, arrays, meta={ROUND: int(server_round)})

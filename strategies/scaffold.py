@@ -1,0 +1,198 @@
+"""SCAFFOLD (Karimireddy et al., ICML 2020, Algorithm 1; option II; global step size eta_g).
+
+Algorithm 1, server side, on FedAvg's sampling, reply checks and client table:
+
+* ``configure_train`` (line 5): sample S as FedAvg does and send (x, c) to each i in S,
+  with the client's ``state-round`` (and the server's copy of c_i when the node may not
+  hold it: :mod:`strategies.client_state`);
+* ``aggregate_train`` (lines 16-17): x <- x + eta_g sum_{i in S} c_k (y_i - x), i.e.
+  x + eta_g mean_{i in S} delta y_i with the ``uniform`` weighting;
+  c <- c + |S| / N mean_{i in S} delta c_i (:func:`strategies.scaffold_math.control_step`);
+  the server's copy of each c_i <- c_i + delta c_i.
+
+The client side (lines 7-14) is :class:`strategies.client.scaffold.ScaffoldClient`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from logging import INFO
+
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+
+from . import contract as C
+from . import records
+from . import scaffold_math as sm
+from .client_state import ClientStateMirror, attach_states, state_problem
+from .fedavg import FedAvg
+
+SCAFFOLD_HELPER = "strategies.client.scaffold.ScaffoldClient"
+SCAFFOLD_WEIGHTINGS = ("uniform", "examples")
+STATE_VERSION = 1
+
+
+class Scaffold(FedAvg):
+    """SCAFFOLD: control variates c (server) and c_i (clients) correct the client drift.
+
+    Parameters
+    ----------
+    weighting : str
+        ``"uniform"`` (default): x <- x + eta_g (1 / |S|) sum_{i in S} delta y_i, Alg. 1
+        line 16. ``"examples"``: delta y_i weighted by n_i / sum_{j in S} n_j, as NIID-Bench's
+        implementation (Li et al., ICDE 2022) and FedAvg do. c is always updated with the
+        plain mean (line 17).
+    server_lr : float
+        eta_g, the global step size (1.0: x is the mean of the y_i).
+    straggler_policy : str
+        ``"partial"`` by default: option II divides by the K steps a client actually took,
+        so a straggler's c_i+ is still a mean-gradient estimate and its work is used.
+    **kwargs
+        As :class:`FedAvg` (``fraction_train``, ``seed``, ``query_client_info``, ...).
+
+    Notes
+    -----
+    Partial participation (line 17): N is the number of connected clients and |S| the
+    clients whose reply was accepted, so c stays the mean of the server's copies of all
+    N c_i when clients fail. Clients are keyed by the partition id they report to the
+    client-info query (``query_client_info=True``), else by node id (then c_i does not
+    survive a resumed run or a SuperNode that rejoins with another id).
+
+    State: c and the copies of every c_i (one model per client: :mod:`strategies.client_state`)
+    are in :meth:`state_dict`, so a resumed run continues bit for bit.
+
+    Contract
+    --------
+    Server -> client: ``arrays`` (x), ArrayRecord ``scaffold-c`` (c), config ``lr`` (eta_l)
+    and ``state-round``, and ArrayRecord ``client-state`` (the server's c_i) when attached.
+    Client -> server: ``arrays`` (y_i, the local model: the server forms delta y_i = y_i - x),
+    ArrayRecord ``scaffold-delta-c`` (delta c_i, the keys of ``scaffold-c``), metrics
+    ``num-examples``, and ``state-round`` / ``state-digest`` of the c_i it started from.
+    :class:`strategies.client.scaffold.ScaffoldClient` does all of it; a round in which
+    every reply lacks ``scaffold-delta-c`` stops the run with a ClientContractError
+    naming it. The control variates' bytes count in the run log's ``bytes-up`` /
+    ``bytes-down``.
+    """
+
+    CLIENT_HELPER = SCAFFOLD_HELPER
+
+    def __init__(self, *, weighting: str = "uniform", straggler_policy: str = "partial",
+                 **kwargs) -> None:
+        if weighting not in SCAFFOLD_WEIGHTINGS:
+            raise ValueError(f"SCAFFOLD averages delta y_i with weighting 'uniform' (Alg. 1) or "
+                             f"'examples' (NIID-Bench); weighting={weighting!r} is not supported")
+        super().__init__(weighting=weighting, straggler_policy=straggler_policy, **kwargs)
+        self.control: sm.NDArrays | None = None  # c
+        self.mirror = ClientStateMirror()  # the server's copy of every c_i
+
+    def summary(self) -> None:
+        """Log the configuration."""
+        log(INFO, "\t├──> SCAFFOLD (option II): eta_g %s, delta y_i weighting %s",
+            self.server_lr, self.weighting)
+        super().summary()
+
+    def client_key(self, node_id: int) -> str:
+        """The key of a node's c_i: its partition id, else ``node-<id>``."""
+        return records.client_key(self.clients, node_id)
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict:
+        """FedAvg's state plus c and the server's copies of every c_i (copied)."""
+        state = super().state_dict()
+        state["scaffold-version"] = STATE_VERSION
+        state["control"] = (None if self.control is None else
+                            {k: v.copy() for k, v in self.control.items()})
+        state["client-controls"] = self.mirror.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what :meth:`state_dict` returned."""
+        super().load_state_dict(state)
+        if state.get("scaffold-version") != STATE_VERSION:
+            raise ValueError(f"SCAFFOLD state version {state.get('scaffold-version')!r} is not "
+                             f"{STATE_VERSION}")
+        control = state["control"]
+        self.control = None if control is None else {k: v.copy() for k, v in control.items()}
+        self.mirror.load_state_dict(state["client-controls"])
+
+    # ------------------------------------------------------------------ configure
+    def node_config(self, node_id: int, server_round: int, config: ConfigRecord) -> ConfigRecord:
+        """FedAvg's per-node config plus this client's ``state-round``."""
+        own = ConfigRecord(dict(super().node_config(node_id, server_round, config)))
+        own[C.STATE_ROUND] = self.mirror.state_round(self.client_key(node_id))
+        return own
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Alg. 1 line 5: FedAvg's messages (x) plus c, and the copy of c_i where needed."""
+        if self.control is None:
+            self.control = sm.zero_control(records.to_numpy(arrays))
+        messages = list(super().configure_train(server_round, arrays, config, grid))
+        control = records.to_record(self.control)
+        for msg in messages:
+            msg.content[C.SCAFFOLD_C] = control
+        attached, attached_bytes = attach_states(self.mirror, messages, self.client_key)
+        diag = self.diagnostics[server_round]
+        diag[C.LOG_BYTES_DOWN] += len(messages) * control.count_bytes() + attached_bytes
+        diag[C.LOG_CLIENT_STATE_ATTACHED] = attached
+        return messages
+
+    # ------------------------------------------------------------------ aggregate
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Alg. 1 lines 16-17: x from the accepted y_i (FedAvg's update), then c and the
+        copies of c_i from their delta c_i."""
+        new, accepted = self.aggregate_replies(server_round, replies)
+        self.update_controls(server_round, accepted)
+        return self.train_result(server_round, new, accepted)
+
+    def update_controls(self, server_round: int, accepted: list[Message]) -> None:
+        """c <- c + |S| / N mean delta c_i and c_i <- c_i + delta c_i over the accepted
+        replies (one delta c_i deserialised at a time), in partition order."""
+        total, up_bytes, used_rounds = None, 0, []
+        for reply in accepted:
+            node = reply.metadata.src_node_id
+            key = self.client_key(node)
+            record = reply.content[C.SCAFFOLD_DELTA_C]
+            delta = records.to_numpy(record)
+            before = self.mirror.state_of(key) or sm.zero_control(self.control)
+            self.mirror.accept(key, node, server_round, sm.apply_delta(before, delta))
+            total = sm.add_delta(total, delta)
+            up_bytes += record.count_bytes()
+            used_rounds.append(int(reply.content[C.METRICS].get(
+                C.STATE_ROUND_USED, self.sent_configs[node][C.STATE_ROUND])))
+        self.mirror.end_round()
+        if total is not None:
+            self.control = sm.control_step(self.control, total, len(accepted),
+                                           len(self.all_nodes))
+        diag = self.diagnostics.setdefault(server_round, {})
+        diag[C.LOG_BYTES_UP] = diag.get(C.LOG_BYTES_UP, 0) + up_bytes
+        diag[C.LOG_CLIENT_STATE_ROUNDS] = used_rounds
+        diag[C.LOG_SCAFFOLD_C_NORM] = sm.norm(self.control)
+
+    # ------------------------------------------------------------------ replies
+    def contract_gap(self, reply: Message) -> str | None:
+        """SCAFFOLD needs delta c_i in every reply."""
+        if C.SCAFFOLD_DELTA_C not in reply.content.array_records:
+            return f"an ArrayRecord '{C.SCAFFOLD_DELTA_C}' (delta c_i)"
+        return None
+
+    def reply_problem(self, reply: Message) -> str | None:
+        """FedAvg's checks plus: delta c_i present, with c's keys, shapes and dtypes, finite;
+        the client started from the c_i the server holds (round and digest)."""
+        problem = super().reply_problem(reply)
+        if problem:
+            return problem
+        gap = self.contract_gap(reply)
+        if gap:
+            return f"needs {gap}: call {SCAFFOLD_HELPER} in the ClientApp"
+        problem = records.arrays_problem(C.SCAFFOLD_DELTA_C, reply.content[C.SCAFFOLD_DELTA_C],
+                                         self.control)
+        if problem:
+            return problem
+        node = reply.metadata.src_node_id
+        sent = int(self.sent_configs.get(node, {}).get(C.STATE_ROUND, 0))
+        return state_problem(self.mirror, self.client_key(node), sent, reply.content[C.METRICS])
