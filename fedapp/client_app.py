@@ -2,8 +2,10 @@
 
 The strategy-specific client work goes through the same ``strategies.client`` helpers
 any user's ClientApp calls: ``client_info_reply`` (the query), ``report_local_steps``
-(FedNova's tau_i), ``fedveca_train`` (FedVeca), ``train_chunk`` (DynamicFL) and
-``ScaffoldClient`` (SCAFFOLD; c_i in ``context.state``).
+(FedNova's tau_i), ``fedveca_train`` (FedVeca), ``train_chunk`` (DynamicFL),
+``ScaffoldClient`` (SCAFFOLD; c_i in ``context.state``), ``FedDynClient`` (FedDyn; the
+linear term in ``context.state``) and ``MoonClient`` (MOON; the previous local model in
+``context.state``).
 
 Each node finds its data by ``partition-id`` / ``num-partitions`` in its node config
 (simulation sets both; a deployed SuperNode names them, and optionally ``data-dir``,
@@ -20,12 +22,16 @@ from flwr.clientapp import ClientApp
 
 from strategies import contract as C
 from strategies.client import (
+    FedDynClient,
+    MoonClient,
     ScaffoldClient,
     client_info_reply,
     client_seed,
     fedveca_train,
     is_dynamicfl_chunk,
+    is_feddyn_message,
     is_fedveca_round,
+    is_moon_message,
     is_scaffold_message,
     label_counts,
     report_local_steps,
@@ -134,6 +140,10 @@ def train(msg: Message, context: Context) -> Message:
     lr = float(config.get(C.LR, cfg.lr))
     # SCAFFOLD: c_i from context.state (or the server's copy); every step corrected
     scaffold = ScaffoldClient(msg, context.state, lr=lr) if is_scaffold_message(msg) else None
+    # FedDyn: the linear term from context.state; the regulariser's gradient before each step
+    feddyn = FedDynClient(msg, context.state) if is_feddyn_message(msg) else None
+    # MOON: w^t and the previous local model (context.state); l_sup + mu l_con per step
+    moon = MoonClient(msg, context.state, model) if is_moon_message(msg) else None
     result = local_sgd(
         model, x, y,
         lr=lr,
@@ -145,12 +155,15 @@ def train(msg: Message, context: Context) -> Message:
         proximal_mu=float(config.get(C.PROXIMAL_MU, 0.0)),
         seed=seed,
         after_step=None if scaffold is None else scaffold.correct,
+        before_step=None if feddyn is None else feddyn.regularise,
+        forward=None if moon is None else moon.forward,
     )
     metrics = {C.NUM_EXAMPLES: result.num_examples, C.TRAIN_LOSS: result.train_loss}
     metrics = report_local_steps(metrics, result.local_steps)  # FedNova's tau_i
     metrics[C.PARTITION_ID] = partition_id
-    if scaffold is not None:  # option II, c_i kept in context.state, delta c_i in the reply
-        return Message(scaffold.finish(model, metrics), reply_to=msg)
+    helper = scaffold or feddyn or moon
+    if helper is not None:  # the helper keeps its state in context.state, builds the reply
+        return Message(helper.finish(model, metrics), reply_to=msg)
     arrays = ArrayRecord({k: v.detach().cpu() for k, v in model.state_dict().items()})
     content = RecordDict({C.ARRAYS: arrays, C.METRICS: MetricRecord(metrics)})
     return Message(content, reply_to=msg)

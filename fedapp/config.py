@@ -11,10 +11,12 @@ Who checks what (each rule once):
   app itself reads (data, partition, model, local training, faults, run directory,
   tracking; whether the tracking packages are installed is checked by the ServerApp);
 * the strategy constructors: their own parameters (``fraction-train``, ``server-lr``,
-  ``fedveca-*``, ``dynamicfl-*``, ``lr-schedule`` and its ``lr-*`` parameters through
-  :class:`strategies.schedules.LRSchedule`, ...); :func:`fedapp.registry.build_strategy` turns
-  their ``ValueError`` into a :class:`ConfigError` naming the run-config key;
-* :mod:`fedapp.registry`: strategy names and which keys a strategy cannot honour.
+  ``fedveca-*``, ``dynamicfl-*``, ``feddyn-*``, ``moon-*``, ``lr-schedule`` and its ``lr-*``
+  parameters through :class:`strategies.schedules.LRSchedule`, ...);
+  :func:`fedapp.registry.build_strategy` turns their ``ValueError`` into a
+  :class:`ConfigError` naming the run-config key;
+* :mod:`fedapp.registry`: strategy names, which keys a strategy cannot honour, and which
+  models it needs (MOON: a model with a representation).
 """
 
 from __future__ import annotations
@@ -77,6 +79,9 @@ class RunConfig:
     dynamicfl_server_budget: float = 0.0
     dynamicfl_n_ens: int = 10
     dynamicfl_x_star_mode: str = "paper"
+    feddyn_alpha: float = 0.01  # the authors' CIFAR-10 example
+    moon_mu: float = 1.0  # the MOON authors' code default
+    moon_temperature: float = 0.5  # the MOON paper's default tau
     dataset: str = "fashion-mnist"
     data_dir: str = ""
     allow_download: bool = True

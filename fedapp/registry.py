@@ -19,10 +19,11 @@ from logging import WARNING
 from flwr.common.logger import FLOWER_LOGGER, log
 from flwr.serverapp.strategy import Strategy
 
-from strategies import DynamicFL, FedAvg, FedNova, FedProx, FedVeca, Scaffold
+from strategies import DynamicFL, FedAvg, FedDyn, FedNova, FedProx, FedVeca, Moon, Scaffold
 from strategies import contract as C
 from strategies import server_optimizers as flower
 from strategies.schedules import LRSchedule
+from task.models import REPRESENTATION_MODELS
 
 from .config import ConfigError, RunConfig, default, flwr_run_fix
 
@@ -133,6 +134,19 @@ def _scaffold(cfg: RunConfig) -> tuple[Strategy, dict]:
     return Scaffold(**_common(cfg)), train_config(cfg)
 
 
+def _feddyn(cfg: RunConfig) -> tuple[Strategy, dict]:
+    """FedDyn (Acar et al., Alg. 1): alpha = ``feddyn-alpha``; the run config's ``weighting``
+    averages theta_k ('uniform' is Alg. 1's mean, 'examples' FedAvg's)."""
+    return FedDyn(alpha=cfg.feddyn_alpha, **_common(cfg)), train_config(cfg)
+
+
+def _moon(cfg: RunConfig) -> tuple[Strategy, dict]:
+    """MOON (Li, He and Song, Alg. 1): mu = ``moon-mu``, tau = ``moon-temperature``; FedAvg's
+    server (the app's 'examples' weighting is Alg. 1's |D^k| / |D|)."""
+    return Moon(mu=cfg.moon_mu, temperature=cfg.moon_temperature, **_common(cfg)), \
+        train_config(cfg)
+
+
 def _flower_common(cfg: RunConfig) -> dict:
     """Constructor arguments of Flower's own strategies. ``min_train_nodes`` 1 keeps the
     app's m = max(floor(C K), 1) (Flower's default is 2). The ``lr-*`` keys are not read
@@ -174,6 +188,8 @@ STRATEGIES: dict[str, Builder] = {
     "dynamicfl": _dynamicfl,
     "dynamicsgd": _dynamicsgd,
     "scaffold": _scaffold,
+    "feddyn": _feddyn,
+    "moon": _moon,
     "fedavgm": _fedavgm,
     "fedadam": lambda cfg: _adaptive(flower.FedAdam, cfg),
     "fedyogi": lambda cfg: _adaptive(flower.FedYogi, cfg),
@@ -201,6 +217,9 @@ NEUTRAL_ONLY: dict[str, tuple[dict[str, object], str]] = {
     "dynamicsgd": _DYNAMICFL_NEUTRAL,
     "scaffold": ({"server-momentum": 0.0}, "SCAFFOLD's server step is x + eta_g mean delta y_i, "
                  "Alg. 1 line 17"),
+    "feddyn": ({"server-momentum": 0.0}, "FedDyn's server model is the mean of the theta_k "
+               "minus h / alpha, Alg. 1"),
+    "moon": ({"server-momentum": 0.0}, "MOON's server is FedAvg's weighted average, Alg. 1"),
     "fedavgm": (_FLOWER_NEUTRAL, _FLOWER_WHY),
     "fedadam": ({**_FLOWER_NEUTRAL, "server-momentum": 0.0}, _FLOWER_WHY + "; beta_1 is its "
                 "momentum (server-beta1)"),
@@ -212,11 +231,19 @@ NEUTRAL_ONLY: dict[str, tuple[dict[str, object], str]] = {
 }
 
 
+# strategy -> (the models it can train, why): the model must provide what its client needs
+MODELS_ONLY: dict[str, tuple[tuple[str, ...], str]] = {
+    "moon": (REPRESENTATION_MODELS, "MOON's contrastive loss (Li et al. 2021, Eq. 3) needs the "
+             "representation R_w(x) of a projection head, which these models expose"),
+}
+
 # run-config key prefix -> (the strategies that read those keys, the one that checks them)
 FAMILY_KEYS: dict[str, tuple[tuple[str, ...], str]] = {
     "fedveca-": (("fedveca",), "fedveca"),
     "dynamicfl-": (("dynamicfl", "dynamicsgd"), "dynamicfl"),
     "proximal-mu": (("fedprox",), "fedprox"),
+    "feddyn-": (("feddyn",), "feddyn"),
+    "moon-": (("moon",), "moon"),
     "server-beta": (("fedadam", "fedyogi"), "fedadam"),
     "server-tau": (("fedadam", "fedyogi", "fedadagrad"), "fedadam"),
 }
@@ -237,6 +264,7 @@ def build_strategy(cfg: RunConfig) -> tuple[Strategy, dict]:
             f"{', '.join(STRATEGIES)}. Set it with: {flwr_run_fix({'strategy': 'fedavg'})}"
         )
     _check_neutral(cfg)
+    _check_model(cfg)
     _check_other_families(cfg)
     try:
         return STRATEGIES[cfg.strategy](cfg)
@@ -300,6 +328,14 @@ def _check_neutral(cfg: RunConfig) -> None:
                 f"run config: {key}={values[key]!r} is not allowed with "
                 f"strategy={cfg.strategy!r} ({why}). Set it with: {flwr_run_fix({key: wanted})}"
             )
+
+
+def _check_model(cfg: RunConfig) -> None:
+    models, why = MODELS_ONLY.get(cfg.strategy, ((), ""))
+    if models and cfg.model not in models:
+        raise ConfigError(
+            f"run config: model={cfg.model!r} is not allowed with strategy={cfg.strategy!r} "
+            f"({why}: {', '.join(models)}). Set it with: {flwr_run_fix({'model': models[0]})}")
 
 
 def _builds(cfg: RunConfig) -> bool:

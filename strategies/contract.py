@@ -79,6 +79,16 @@ STATE_DIGEST = "state-digest"
 SCAFFOLD_C = "scaffold-c"  # server -> client: ArrayRecord, the server control variate c
 SCAFFOLD_DELTA_C = "scaffold-delta-c"  # client -> server: ArrayRecord, delta c_i = c_i+ - c_i
 
+# --- FedDyn (strategies/feddyn.py; Acar et al. 2021, Algorithm 1) -------------------
+FEDDYN_ALPHA = "feddyn-alpha"  # server -> client (config): float > 0, alpha of the regulariser
+
+# --- MOON (strategies/moon.py; Li, He and Song 2021, Eqs. (3)-(4)) -------------------
+MOON_MU = "moon-mu"  # server -> client (config): float >= 0, mu, weight of l_con (Eq. 4)
+MOON_TEMPERATURE = "moon-temperature"  # server -> client (config): float > 0, tau (Eq. 3)
+# client -> server (metrics): float, the mean l_con over the local steps (0 without a
+# previous local model)
+MOON_CONTRASTIVE_LOSS = "moon-contrastive-loss"
+
 # === Run log ======================================================================
 # One JSON object per round in ``rounds.jsonl``: the ServerApp's own keys plus the
 # diagnostics a strategy returns for that round. Every key is spelled here once; the
@@ -145,12 +155,18 @@ LOG_SYNCS = "syncs"  # int, planned synchronisations this round
 LOG_SYNC_EVENTS = "sync-events"  # int, synchronisation events actually run
 LOG_SECONDS_PER_EVENT = "seconds-per-event"  # float, wall seconds per sync event
 
-# --- client state (strategies/client_state.py): SCAFFOLD, later FedDyn and MOON ------
+# --- client state (strategies/client_state.py): SCAFFOLD, FedDyn, MOON --------------
 LOG_CLIENT_STATE_ATTACHED = "client-state-attached"  # int, train messages carrying the copy
 LOG_CLIENT_STATE_ROUNDS = "client-state-rounds"  # list[int], state round each accepted reply used
 
 # --- SCAFFOLD (strategies/scaffold.py) --------------------------------------------
 LOG_SCAFFOLD_C_NORM = "scaffold-c-norm"  # float, ||c|| after the round (Alg. 1 line 17)
+
+# --- FedDyn (strategies/feddyn.py) -------------------------------------------------
+LOG_FEDDYN_H_NORM = "feddyn-h-norm"  # float, ||h^t|| after the round (Alg. 1)
+
+# --- MOON (strategies/moon.py) ----------------------------------------------------
+LOG_MOON_CONTRASTIVE_LOSS = MOON_CONTRASTIVE_LOSS  # float, num-examples-weighted mean l_con
 
 # Keys that count client state the server sends again (strategies.client_state): in the
 # first round after a resume the server resends every client's copy, so that round's record

@@ -152,6 +152,60 @@ def cnn_fedveca(input_shape: InputShape, num_classes: int) -> ConvNet:
     return model
 
 
+class ProjectionHeadNet(ClassifierModule):
+    """MOON's network (Li, He and Song, "Model-Contrastive Federated Learning", CVPR 2021,
+    Sec. 3.3.1 and 4.1; the authors' ``ModelFedCon``): a base encoder, a projection head
+    (a 2-layer MLP, Linear(d, d) -> ReLU -> Linear(d, out_dim), out_dim 256 by default) and
+    an output layer Linear(out_dim, classes) on the projection.
+
+    ``forward(x)`` returns the logits, so the model is a normal classifier for every
+    strategy and for evaluation; ``forward_with_representation(x)`` returns (logits, z)
+    with z = R_w(x), the projection head's output that MOON's contrastive loss compares
+    (:mod:`strategies.client.moon`).
+    """
+
+    def __init__(self, encoder: nn.Module, feature_dim: int, num_classes: int,
+                 out_dim: int = 256):
+        super().__init__()
+        self.encoder = encoder
+        self.projection = nn.Sequential(nn.Linear(feature_dim, feature_dim), nn.ReLU(),
+                                        nn.Linear(feature_dim, out_dim))
+        self.output = nn.Linear(out_dim, num_classes)
+
+    def forward_with_representation(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits, z): z = R_w(x), the projection of the encoder's features."""
+        z = self.projection(self.encoder(x))
+        return self.output(z), z
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_with_representation(x)[0]
+
+
+def cnn_small_moon(input_shape: InputShape, num_classes: int) -> ProjectionHeadNet:
+    """MOON's ``ModelFedCon`` on the simple CNN (the authors' ``simple-cnn`` /
+    ``simple-cnn-mnist``): encoder = NIID-Bench's CNN up to its 84-unit layer (unpadded 5x5
+    convs 6, 16 with 2x2 max-pools; FC 120 -> 84, ReLU after each), projection head
+    Linear(84, 84) -> ReLU -> Linear(84, 256), output Linear(256, classes). 75,046 parameters
+    on 28x28x1 with 10 classes. PyTorch's default initialisation, as the authors' code."""
+    c = input_shape[0]
+    features = nn.Sequential(_conv_block(c, 6, 0), _conv_block(6, 16, 0), nn.Flatten())
+    flat = _flat_features(features, input_shape)
+    encoder = nn.Sequential(features, nn.Linear(flat, 120), nn.ReLU(), nn.Linear(120, 84),
+                            nn.ReLU())
+    return ProjectionHeadNet(encoder, 84, num_classes)
+
+
+def mlp_2nn_moon(input_shape: InputShape, num_classes: int) -> ProjectionHeadNet:
+    """MOON's network on McMahan et al.'s 2NN encoder (two ReLU layers of 200): projection
+    head Linear(200, 200) -> ReLU -> Linear(200, 256), output Linear(256, classes). For
+    non-image data (Synthetic) and fast tests; the MOON paper's small model is
+    ``cnn-small-moon``."""
+    c, h, w = input_shape
+    encoder = nn.Sequential(nn.Flatten(), nn.Linear(c * h * w, 200), nn.ReLU(),
+                            nn.Linear(200, 200), nn.ReLU())
+    return ProjectionHeadNet(encoder, 200, num_classes)
+
+
 class ResNet18GN(ClassifierModule):
     """He et al., 2016, "Deep Residual Learning for Image Recognition" (CVPR):
     torchvision ResNet-18 with GroupNorm(2, C) instead of BatchNorm (Hsieh et
@@ -204,8 +258,10 @@ class LinearSVM(ClassifierModule):
 
 _BUILDERS: dict[str, Callable[[InputShape, int], ClassifierModule]] = {
     "mlp-2nn": MLP2NN,
+    "mlp-2nn-moon": mlp_2nn_moon,
     "cnn-mcmahan": cnn_mcmahan,
     "cnn-small": cnn_small,
+    "cnn-small-moon": cnn_small_moon,
     "lenet-gn": lenet_gn,
     "cnn-fedveca": cnn_fedveca,
     "resnet18-gn": ResNet18GN,
@@ -213,6 +269,9 @@ _BUILDERS: dict[str, Callable[[InputShape, int], ClassifierModule]] = {
 }
 
 MODEL_NAMES: tuple[str, ...] = tuple(_BUILDERS)
+
+# models with ``forward_with_representation(x) -> (logits, z)``: what MOON needs
+REPRESENTATION_MODELS: tuple[str, ...] = ("cnn-small-moon", "mlp-2nn-moon")
 
 
 def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int) -> ClassifierModule:

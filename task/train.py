@@ -57,16 +57,27 @@ def local_sgd(
     proximal_mu: float = 0.0,
     seed: int = 0,
     after_step: Callable[[torch.nn.Module], None] | None = None,
+    before_step: Callable[[torch.nn.Module], None] | None = None,
+    forward: Callable[[torch.nn.Module, torch.Tensor],
+                      tuple[torch.Tensor, torch.Tensor]] | None = None,
 ) -> LocalResult:
     """Train ``model`` in place on (x, y); ``steps`` > 0 overrides ``epochs``.
 
     E epochs mean floor(E n / B) steps of exactly B examples (see batch_indices).
-    ``after_step(model)`` runs after every optimiser step (SCAFFOLD's correction,
-    :meth:`strategies.client.scaffold.ScaffoldClient.correct`).
+    Hooks of the strategies' client helpers:
+
+    * ``forward(model, x) -> (outputs, extra)`` replaces ``model(x)``; ``extra`` is added to
+      the loss that is differentiated (MOON's mu l_con,
+      :meth:`strategies.client.moon.MoonClient.forward`);
+    * ``before_step(model)`` runs after ``backward()``, before the optimiser step (FedDyn's
+      regulariser gradient, :meth:`strategies.client.feddyn.FedDynClient.regularise`);
+    * ``after_step(model)`` runs after every optimiser step (SCAFFOLD's correction,
+      :meth:`strategies.client.scaffold.ScaffoldClient.correct`).
 
     Data and model must already be on the same device. The batch order depends only
     on ``seed``. Returns the number of examples, the SGD steps taken (tau_i) and the
-    mean minibatch loss over those steps.
+    mean minibatch loss over those steps (the model's own loss, without ``extra`` or a
+    proximal / FedDyn term).
     """
     n = len(y)
     if n == 0:
@@ -85,13 +96,20 @@ def local_sgd(
     for _ in range(total_steps):
         idx = next(batches).to(x.device)
         optimizer.zero_grad(set_to_none=True)
-        loss = model.loss(model(x[idx]), y[idx])
-        loss.backward()
+        if forward is None:
+            loss = model.loss(model(x[idx]), y[idx])
+            loss.backward()
+        else:
+            outputs, extra = forward(model, x[idx])
+            loss = model.loss(outputs, y[idx])
+            (loss + extra).backward()
         if anchor is not None:
             with torch.no_grad():
                 for p, p0 in zip(model.parameters(), anchor):
                     if p.grad is not None:
                         p.grad.add_(p - p0, alpha=proximal_mu)
+        if before_step is not None:
+            before_step(model)
         optimizer.step()
         if after_step is not None:
             after_step(model)

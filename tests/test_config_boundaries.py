@@ -33,12 +33,13 @@ with PYPROJECT.open("rb") as _handle:
 
 FV = {"strategy": "fedveca"}
 DFL = {"strategy": "dynamicfl"}
+MOON = {"strategy": "moon", "model": "cnn-small-moon"}
 EXP = {"lr-schedule": "exponential"}
 
 # key -> (base config: a strategy that reads the key, boundary values, bad values)
 CASES: dict[str, tuple[dict, list, list]] = {
     "num-server-rounds": ({}, [1], [0, -1]),
-    "strategy": ({}, list(STRATEGIES), ["fedfoo", "FedAvg", ""]),
+    "strategy": ({"model": "cnn-small-moon"}, list(STRATEGIES), ["fedfoo", "FedAvg", ""]),
     "weighting": ({}, list(WEIGHTINGS), ["median", ""]),
     "fraction-train": ({}, [1e-9, 1.0], [0.0, -0.1, 1.5]),
     "fraction-evaluate": ({}, [0.0, 1.0], [-0.1, 1.01]),
@@ -66,6 +67,9 @@ CASES: dict[str, tuple[dict, list, list]] = {
     "dynamicfl-server-budget": (DFL, [0.0, 1e9], [-1.0]),
     "dynamicfl-n-ens": (DFL, [1], [0]),
     "dynamicfl-x-star-mode": (DFL, list(X_STAR_MODES), ["both"]),
+    "feddyn-alpha": ({"strategy": "feddyn"}, [1e-9, 0.01, 10.0], [0.0, -0.01]),
+    "moon-mu": (MOON, [0.0, 1.0, 10.0], [-0.1]),
+    "moon-temperature": (MOON, [1e-9, 0.5], [0.0, -0.5]),
     "dataset": ({}, [n for n in DATASET_NAMES if n != "hf:<hub-id>"] + ["hf:flwrlabs/femnist"],
                 ["imagenet", "hf:", ""]),
     "data-dir": ({}, ["", "/abs/data"], ["data", "~/data"]),
@@ -124,6 +128,11 @@ CROSS = [
     ({"strategy": "dynamicsgd", "server-momentum": 0.5}, ["server-momentum"]),
     ({"strategy": "scaffold", "weighting": "scheme-ii"}, ["weighting"]),
     ({"strategy": "scaffold", "server-momentum": 0.5}, ["server-momentum"]),
+    ({"strategy": "feddyn", "server-lr": 0.5}, ["server-lr"]),
+    ({"strategy": "feddyn", "weighting": "scheme-i"}, ["weighting"]),
+    ({"strategy": "feddyn", "server-momentum": 0.5}, ["server-momentum"]),
+    ({"strategy": "moon", "model": "cnn-small"}, ["model"]),
+    ({**MOON, "server-momentum": 0.5}, ["server-momentum"]),
     ({"strategy": "fedadam", "straggler-fraction": 0.2}, ["straggler-fraction"]),
     ({"strategy": "fedyogi", "lr-schedule": "exponential"}, ["lr-schedule"]),
     ({"strategy": "fedavgm", "weighting": "uniform"}, ["weighting"]),
@@ -211,7 +220,9 @@ def test_cross_key_conflict_stops_naming_every_key(user_config, keys):
 @pytest.mark.parametrize("key,value", [("fedveca-tau-init", 1), ("dynamicfl-intervals", "g-a"),
                                        ("dynamicfl-beta", 1.5), ("proximal-mu", -0.01),
                                        ("lr-decay", -1.0), ("lr-min", -1.0),
-                                       ("server-beta1", 1.0), ("server-tau", 0.0)])
+                                       ("server-beta1", 1.0), ("server-tau", 0.0),
+                                       ("feddyn-alpha", 0.0), ("moon-mu", -1.0),
+                                       ("moon-temperature", 0.0)])
 def test_a_bad_value_of_a_key_the_strategy_does_not_read_is_still_an_error(key, value):
     with pytest.raises(ConfigError) as info:
         check_run_config({"strategy": "fedavg", key: value})

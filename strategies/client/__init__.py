@@ -14,10 +14,13 @@ FedNova            the steps it took, in its reply metrics           ``report_lo
 FedVeca            tau plain-SGD steps + grad, beta, delta           ``fedveca_train``
 DynamicFL          one chunk of the round's batch stream             ``train_chunk``
 SCAFFOLD           a correction after every step, option II          ``ScaffoldClient``
+FedDyn             the regulariser's gradient before every step      ``FedDynClient``
+MOON               l_sup + mu l_con (Eq. 4) in the loop              ``MoonClient``
 client state       named arrays in ``Context.state`` across rounds   ``save_arrays``,
                                                                      ``load_arrays``
 restorable state   state the server can restore (SCAFFOLD's c_i,     ``resolve_state``,
-                   FedDyn, MOON): resume, lost replies, restarts     ``save_state``
+                   FedDyn's linear term, MOON's previous model):     ``save_state``
+                   resume, lost replies, restarts
 =================  ================================================  ======================
 
 Restorable client state (:mod:`strategies.client_state` on the server,
@@ -36,17 +39,22 @@ server derives its copy from the reply the same way the client derives its own.
 from .batches import batch_indices, batch_stream, client_seed
 from .data import as_tensors
 from .dynamicfl import is_dynamicfl_chunk, train_chunk
+from .feddyn import FedDynClient, is_feddyn_message
 from .fednova import loader_steps, report_local_steps
 from .fedveca import fedveca_train, is_fedveca_round
 from .info import client_info_reply, is_client_info_query, label_counts
+from .moon import (MissingRepresentation, MoonClient, contrastive_loss, has_representation,
+                   is_moon_message)
 from .scaffold import ScaffoldClient, is_scaffold_message
 from .state import (ClientStateLost, clear_arrays, load_arrays, load_meta, resolve_state,
                     save_arrays, save_state)
 
 __all__ = [
-    "ClientStateLost", "ScaffoldClient", "as_tensors", "batch_indices", "batch_stream",
-    "clear_arrays", "client_info_reply", "client_seed", "fedveca_train", "is_client_info_query",
-    "is_dynamicfl_chunk", "is_fedveca_round", "is_scaffold_message", "label_counts",
-    "load_arrays", "load_meta", "loader_steps", "report_local_steps", "resolve_state",
-    "save_arrays", "save_state", "train_chunk",
+    "ClientStateLost", "FedDynClient", "MissingRepresentation", "MoonClient", "ScaffoldClient",
+    "as_tensors", "batch_indices", "batch_stream", "clear_arrays", "client_info_reply",
+    "client_seed", "contrastive_loss", "fedveca_train", "has_representation",
+    "is_client_info_query", "is_dynamicfl_chunk", "is_feddyn_message", "is_fedveca_round",
+    "is_moon_message", "is_scaffold_message", "label_counts", "load_arrays", "load_meta",
+    "loader_steps", "report_local_steps", "resolve_state", "save_arrays", "save_state",
+    "train_chunk",
 ]

@@ -1,0 +1,117 @@
+"""FedAvg whose clients keep state across rounds that the server mirrors (FedDyn, MOON).
+
+:class:`StatefulFedAvg` is the Flower-records side of :mod:`strategies.client_state` for a
+strategy whose client state the server can derive from the ordinary reply (FedDyn's linear
+term from theta_k^t and theta^{t-1}; MOON's previous local model is the reply's model):
+
+* every train message carries the client's ``state-round`` (:meth:`node_config`), and the
+  server's copy as the ArrayRecord ``client-state`` when the node may not hold that version
+  (:meth:`configure_train`; those bytes count in ``bytes-down``);
+* every reply must echo ``state-round`` and ``state-digest`` of the state it started from
+  (the client helpers do); a round whose replies all lack them stops the run with a
+  ClientContractError naming the subclass's helper (a stock ClientApp), a single reply
+  that lacks them, or started from another state than the server's copy, is rejected;
+* :meth:`accept_states` updates the copies from the accepted replies, once per round;
+* :meth:`state_dict` holds the copies, so a resumed run continues bit for bit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from flwr.app import ArrayRecord, ConfigRecord, Message
+from flwr.serverapp import Grid
+
+from . import contract as C
+from . import records
+from .client_state import ClientStateMirror, NDArrays, attach_states, state_problem
+from .fedavg import FedAvg
+
+STATE_VERSION = 1
+
+
+class StatefulFedAvg(FedAvg):
+    """FedAvg plus the server's copy of every client's state (module docstring).
+
+    Subclasses set ``CLIENT_HELPER``, call :meth:`accept_states` in ``aggregate_train``
+    and add their own state to :meth:`state_dict`.
+    """
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.mirror = ClientStateMirror()
+
+    def client_key(self, node_id: int) -> str:
+        """The key of a node's state: its partition id, else ``node-<id>``."""
+        return records.client_key(self.clients, node_id)
+
+    # ------------------------------------------------------------------ configure
+    def node_config(self, node_id: int, server_round: int, config: ConfigRecord) -> ConfigRecord:
+        """FedAvg's per-node config plus this client's ``state-round``."""
+        own = ConfigRecord(dict(super().node_config(node_id, server_round, config)))
+        own[C.STATE_ROUND] = self.mirror.state_round(self.client_key(node_id))
+        return own
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """FedAvg's messages plus the server's copy of the state where needed."""
+        messages = list(super().configure_train(server_round, arrays, config, grid))
+        attached, attached_bytes = attach_states(self.mirror, messages, self.client_key)
+        diag = self.diagnostics[server_round]
+        diag[C.LOG_BYTES_DOWN] += attached_bytes
+        diag[C.LOG_CLIENT_STATE_ATTACHED] = attached
+        return messages
+
+    # ------------------------------------------------------------------ aggregate
+    def accept_states(self, server_round: int, accepted: list[Message],
+                      new_state: Callable[[NDArrays | None, Message], NDArrays]) -> None:
+        """The copy of each accepted reply's client becomes ``new_state(copy, reply)`` (copy
+        None: the initial state); clients without an accepted reply get their copy attached
+        to their next message. Logs the state round each accepted reply started from."""
+        used_rounds = []
+        for reply in accepted:
+            node = reply.metadata.src_node_id
+            key = self.client_key(node)
+            self.mirror.accept(key, node, server_round, new_state(self.mirror.state_of(key), reply))
+            used_rounds.append(int(reply.content[C.METRICS][C.STATE_ROUND_USED]))
+        self.mirror.end_round()
+        self.diagnostics.setdefault(server_round, {})[C.LOG_CLIENT_STATE_ROUNDS] = used_rounds
+
+    # ------------------------------------------------------------------ replies
+    def contract_gap(self, reply: Message) -> str | None:
+        """The client-state echo (``state-round``, ``state-digest``) the helpers send."""
+        metrics = reply.content[C.METRICS] if C.METRICS in reply.content.metric_records else {}
+        if C.STATE_ROUND_USED not in metrics or C.STATE_DIGEST not in metrics:
+            return (f"the metrics '{C.STATE_ROUND_USED}' and '{C.STATE_DIGEST}' (the client "
+                    f"state it started from)")
+        return None
+
+    def reply_problem(self, reply: Message) -> str | None:
+        """FedAvg's checks plus: the client-state echo present, and the client started from
+        the state the server holds (round and digest)."""
+        problem = super().reply_problem(reply)
+        if problem:
+            return problem
+        gap = self.contract_gap(reply)
+        if gap:
+            return f"needs {gap}: call {self.CLIENT_HELPER} in the ClientApp"
+        node = reply.metadata.src_node_id
+        sent = int(self.sent_configs.get(node, {}).get(C.STATE_ROUND, 0))
+        return state_problem(self.mirror, self.client_key(node), sent, reply.content[C.METRICS])
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict:
+        """FedAvg's state plus the server's copies of every client's state (copied)."""
+        state = super().state_dict()
+        state["client-state-version"] = STATE_VERSION
+        state["client-states"] = self.mirror.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what :meth:`state_dict` returned."""
+        super().load_state_dict(state)
+        if state.get("client-state-version") != STATE_VERSION:
+            raise ValueError(f"client-state version {state.get('client-state-version')!r} is "
+                             f"not {STATE_VERSION}")
+        self.mirror.load_state_dict(state["client-states"])
