@@ -9,7 +9,7 @@ import torch
 
 from fedapp.run_log import TIMING_KEYS, read_rounds
 from simulation.reliability import run_inprocess
-from simulation.reliability.common import OWN_STRATEGIES
+from simulation.reliability.common import MODEL_FOR, OWN_STRATEGIES
 from strategies import contract as C
 
 # fedhetero's own strategies (Flower's fedavgm, ... have tests/test_server_optimizers.py)
@@ -33,7 +33,8 @@ BASE = {
 
 
 def config(strategy: str, out, **overrides) -> dict:
-    rc = {**BASE, "strategy": strategy, "output-dir": str(out), **overrides}
+    model = {"model": MODEL_FOR[strategy]} if strategy in MODEL_FOR else {}
+    rc = {**BASE, "strategy": strategy, "output-dir": str(out), **model, **overrides}
     return {k: v for k, v in rc.items() if k != "dynamicfl-intervals" or strategy == "dynamicfl"}
 
 

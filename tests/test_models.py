@@ -6,7 +6,9 @@ import pytest
 import torch
 from torch import nn
 
-from task.models import MODEL_NAMES, ClassifierModule, build_model, count_parameters
+from strategies.client import has_representation
+from task.models import (MODEL_NAMES, REPRESENTATION_MODELS, ClassifierModule, build_model,
+                         count_parameters)
 
 MNIST_SHAPE = (1, 28, 28)
 CIFAR_SHAPE = (3, 32, 32)
@@ -17,8 +19,8 @@ def first_linear(model: nn.Module) -> nn.Linear:
 
 
 def test_model_names_order():
-    assert MODEL_NAMES == ("mlp-2nn", "cnn-mcmahan", "cnn-small", "lenet-gn",
-                           "cnn-fedveca", "resnet18-gn", "svm")
+    assert MODEL_NAMES == ("mlp-2nn", "mlp-2nn-moon", "cnn-mcmahan", "cnn-small",
+                           "cnn-small-moon", "lenet-gn", "cnn-fedveca", "resnet18-gn", "svm")
 
 
 @pytest.mark.parametrize("name, expected", [("mlp-2nn", 199_210), ("cnn-mcmahan", 1_663_370)])
@@ -113,3 +115,31 @@ def test_unknown_name_raises():
     message = str(excinfo.value)
     assert "vgg-nope" in message
     assert all(name in message for name in MODEL_NAMES)
+
+
+@pytest.mark.parametrize("shape, classes, expected", [(MNIST_SHAPE, 10, 75_046),
+                                                      (CIFAR_SHAPE, 10, 92_626)])
+def test_cnn_small_moon_is_moons_model_fed_con(shape, classes, expected):
+    """MOON's ModelFedCon on the simple CNN: 28x28x1 by hand: convs 156 + 2,416, FC 256x120
+    30,840 + 120x84 10,164, head 84x84 7,140 + 84x256 21,760, output 256x10 2,570."""
+    model = build_model("cnn-small-moon", shape, classes)
+    assert count_parameters(model) == expected
+    head = [(m.in_features, m.out_features) for m in model.projection
+            if isinstance(m, nn.Linear)]
+    assert head == [(84, 84), (84, 256)]
+    assert (model.output.in_features, model.output.out_features) == (256, classes)
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_the_representation_models_expose_it_and_stay_classifiers(name):
+    """forward(x) are the logits of forward_with_representation(x); z is the 256-d
+    projection (the models MOON accepts); the other models have no representation."""
+    shape = (1, 1, 60) if name.startswith("mlp") else MNIST_SHAPE
+    torch.manual_seed(0)
+    model = build_model(name, shape, 10)
+    assert has_representation(model) is (name in REPRESENTATION_MODELS)
+    if name in REPRESENTATION_MODELS:
+        x = torch.randn(3, *shape)
+        logits, z = model.forward_with_representation(x)
+        assert torch.equal(logits, model(x)) and z.shape == (3, 256)
+        assert torch.equal(model.output(z), logits)

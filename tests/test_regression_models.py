@@ -10,7 +10,8 @@ reproducibility ``MKL_CBWR``), so a machine whose CPU has wider vector units (AV
 the same kernels and gets the same bits. Without it the pins were machine-specific: the
 digests taken in the library-core refactor (commit 2a5cbbb, another CPU) all differed on
 an AMD EPYC machine with unchanged code. Re-taken on main at commit efbb06d (AMD EPYC, AVX2); the SCAFFOLD and Flower-optimiser
-cases were added with them (merge of branch scaffold).
+cases were added with them (merge of branch scaffold); the FedDyn and MOON cases on branch
+feddyn-moon, with every earlier digest unchanged.
 """
 
 from __future__ import annotations
@@ -62,6 +63,10 @@ CASES: dict[str, dict] = {
     "scaffold-momentum-stragglers": {"strategy": "scaffold", "momentum": 0.9, "weight-decay": 1e-4,
                                      "fraction-train": 0.5, "straggler-fraction": 0.5,
                                      "server-lr": 0.8},
+    "feddyn-uniform-partial": {"strategy": "feddyn", "weighting": "uniform", "feddyn-alpha": 0.1,
+                               "fraction-train": 0.5, "momentum": 0.5},
+    "moon": {"strategy": "moon", "model": "mlp-2nn-moon", "moon-mu": 5.0, "momentum": 0.9,
+             "weight-decay": 1e-5},
     "fedavgm": {"strategy": "fedavgm", "server-momentum": 0.5},
     "fedadam": {"strategy": "fedadam", "server-lr": 0.01},
     "fedyogi": {"strategy": "fedyogi", "server-lr": 0.01},
@@ -80,12 +85,14 @@ GOLDEN: dict[str, str] = {
     'fedavg-stragglers-drop': 'f9fb4092736cdeda68c9199966868612058336adb1b028216adea0744892d390',
     'fedavg-uniform-momentum': 'a135096502eadf2999c113e35ebd568a0d788446892b51ba6a53182ca79144b2',
     'fedavgm': '7dc80ea91dfa3e667c8ba391dbb1094c56238d650e058d3cd44b1dd1e82c5cae',
+    'feddyn-uniform-partial': 'bee53cb228f61862f695c1bf6d7b24e567f8f0e74a9e51f7f3ab3df641238f72',
     'fednova-epochs': 'dbf2baff300d48aa6a495005238c308bccf81a979496829559da2d8cd0712ba6',
     'fednova-momentum-server-momentum': '6ecb617457fdf5c79926d36e15cb11dc14175a173c62632e1eb4103323306c0a',
     'fedprox-stragglers': '20a5d97ea5f672ebfe991e7045b71774cd17500c68e0329d233be2735f80f1fa',
     'fedsgd': 'd97bc999385f598b884a3648d29398a2365e5a103a87ce9fbfd9f8c06f23aff5',
     'fedveca': '27607848cba75306c886bc39af3b2cb0e0a39cb4131a9caa14050fbb9f6aca39',
     'fedyogi': '902d9cb52d751a9e394993c19cccb85ea637d154f17fe1956707b30862947632',
+    'moon': '3ed106a4e962678696c90a00a3a6edb030057a303319a08096430c4a61bbf4fc',
     'scaffold': 'b1c353b8fd7baafd0e5f7288fa6ed79fa9ea2fc83b0f3546d315f98303b0143f',
     'scaffold-momentum-stragglers': '2fa57a2fb716a91440b94f9b1cdc0e5a9ac38b76c66338ea8468af75ebcb93bd',
 }

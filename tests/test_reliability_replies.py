@@ -34,6 +34,7 @@ PROBLEM_WORDS = {  # what the one log line must say
     "scaffold-delta-c-nan": "NaN or Inf",
     "scaffold-delta-c-wrong-shape": "expected",
     "client-state-round-wrong": "started from its state of round 99",
+    "client-state-echo-missing": "needs the metrics 'state-round' and 'state-digest'",
 }
 
 

@@ -18,12 +18,18 @@ BASE = {
 }
 
 
+# strategies that need another model than BASE's (MOON: one with a representation)
+MODEL_FOR = {"moon": "mlp-2nn-moon"}
+
+
 def run_config(strategy: str, out: Path, seed: int, rounds: int, extra: dict) -> dict:
     """BASE for ``strategy`` with this seed, round count and output folder, plus ``extra``."""
     rc = {**BASE, "strategy": strategy, "seed": seed, "num-server-rounds": rounds,
           "output-dir": str(out), **extra}
     if strategy == "dynamicfl":
         rc["dynamicfl-intervals"] = "1-4"
+    if strategy in MODEL_FOR:
+        rc["model"] = MODEL_FOR[strategy]
     return rc
 
 

@@ -2,8 +2,8 @@
 a kind (missing or bad ``num-examples``, NaN/Inf arrays or metrics, wrong keys, shapes,
 dtypes, missing records) to a function (reply, message) -> corrupted reply.
 :data:`STRATEGY_KINDS` names the kinds that only mean something to one strategy (FedVeca's
-metrics, SCAFFOLD's delta c_i and client state); :func:`kinds_for` is what a strategy's
-replies are put through."""
+metrics, SCAFFOLD's delta c_i, the client-state echo of SCAFFOLD, FedDyn and MOON);
+:func:`kinds_for` is what a strategy's replies are put through."""
 
 from __future__ import annotations
 
@@ -93,6 +93,14 @@ def _delta_c(reply, msg, how):
     return Message(content, reply_to=msg)
 
 
+def _without_state_echo(reply, msg):
+    if C.STATE_DIGEST not in _metrics(reply):
+        return reply
+    metrics = {k: v for k, v in _metrics(reply).items()
+               if k not in (C.STATE_ROUND_USED, C.STATE_DIGEST)}
+    return _replace(reply, msg, metrics=metrics)
+
+
 CORRUPTIONS = {
     "num-examples-missing": lambda r, m: _with_metric(r, m, C.NUM_EXAMPLES, remove=True),
     "num-examples-zero": lambda r, m: _with_metric(r, m, C.NUM_EXAMPLES, 0),
@@ -109,12 +117,15 @@ CORRUPTIONS = {
     "no-arrays": lambda r, m: _replace(r, m, drop=(C.ARRAYS,)),
     # local-steps, beta, delta, grad (FedVeca needs them)
     "strategy-metrics-missing": _strip_strategy_metrics,
-    # SCAFFOLD: delta c_i missing, NaN, mis-shaped; a client that started from another c_i
+    # SCAFFOLD: delta c_i missing, NaN, mis-shaped; a client that started from another state
+    # than the server's copy (SCAFFOLD's c_i, FedDyn's linear term, MOON's previous model)
     "scaffold-delta-c-missing": lambda r, m: _delta_c(r, m, "missing"),
     "scaffold-delta-c-nan": lambda r, m: _delta_c(r, m, "nan"),
     "scaffold-delta-c-wrong-shape": lambda r, m: _delta_c(r, m, "wrong-shape"),
     "client-state-round-wrong": lambda r, m: (
-        _with_metric(r, m, C.STATE_ROUND_USED, 99) if C.SCAFFOLD_DELTA_C in r.content else r),
+        _with_metric(r, m, C.STATE_ROUND_USED, 99) if C.STATE_DIGEST in _metrics(r) else r),
+    # FedDyn, MOON: a reply without the state-round / state-digest echo (a stock client's)
+    "client-state-echo-missing": _without_state_echo,
 }
 
 # kinds that only corrupt one strategy's replies (the others pass them unchanged)
@@ -122,6 +133,8 @@ STRATEGY_KINDS: dict[str, tuple[str, ...]] = {
     "fedveca": ("strategy-metrics-missing",),
     "scaffold": ("scaffold-delta-c-missing", "scaffold-delta-c-nan",
                  "scaffold-delta-c-wrong-shape", "client-state-round-wrong"),
+    "feddyn": ("client-state-round-wrong", "client-state-echo-missing"),
+    "moon": ("client-state-round-wrong", "client-state-echo-missing"),
 }
 GENERIC_KINDS = tuple(sorted(set(CORRUPTIONS) - {k for ks in STRATEGY_KINDS.values()
                                                   for k in ks}))
