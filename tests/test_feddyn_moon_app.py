@@ -51,6 +51,7 @@ def test_client_state_is_carried_across_rounds_in_context_state(strategy, tmp_pa
     for context in grid.contexts.values():
         assert context.state.config_records[STATE_KEYS[strategy] + "-meta"]["round"] == 3
     assert rounds[1][C.LOG_BYTES_DOWN] == rounds[1][C.LOG_BYTES_UP]  # models only, both ways
+    assert rounds[-1][C.LOG_LOSS] < rounds[0][C.LOG_LOSS]  # it learns
     if strategy == "feddyn":
         assert all(r[C.LOG_FEDDYN_H_NORM] > 0 for r in rounds[1:])
     else:  # no previous model in round 1: l_con = 0; then the contrastive term is active

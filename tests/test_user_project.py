@@ -17,7 +17,8 @@ from simulation.runtime import (flwr_env, flwr_run_command, local_superlink_pids
                                 stop_local_superlink, submit_run)
 from tests import user_project
 
-STRATEGIES = ["fedavg", "fedprox", "fednova", "fedveca", "dynamicfl", "scaffold"]
+STRATEGIES = ["fedavg", "fedprox", "fednova", "fedveca", "dynamicfl", "scaffold", "feddyn",
+              "moon"]
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)

@@ -76,6 +76,10 @@ class Net(nn.Module):
     def forward(self, x):
         return self.fc2(F.relu(self.fc1(x)))
 
+    def forward_with_representation(self, x):  # MOON's R_w(x): here the hidden layer
+        z = F.relu(self.fc1(x))
+        return self.fc2(z), z
+
 
 class Blobs(Dataset):
     """Three Gaussian blobs; each partition draws its own, label-skewed sample."""
@@ -184,13 +188,15 @@ def evaluate(msg: Message, context: Context):
 }
 
 # The user's ClientApp with every strategy's helper: the template's train handler plus
-# four branches, and a query handler.
+# a branch per helper, and a query handler.
 HELPER_TRAIN = '''
 import torch.nn.functional as F
 
-from strategies.client import (ScaffoldClient, as_tensors, client_info_reply, fedveca_train,
-                               is_dynamicfl_chunk, is_fedveca_round, is_scaffold_message,
-                               label_counts, loader_steps, report_local_steps, train_chunk)
+from strategies.client import (FedDynClient, MoonClient, ScaffoldClient, as_tensors,
+                               client_info_reply, fedveca_train, is_dynamicfl_chunk,
+                               is_feddyn_message, is_fedveca_round, is_moon_message,
+                               is_scaffold_message, label_counts, loader_steps,
+                               report_local_steps, train_chunk)
 
 
 @app.train()
@@ -221,6 +227,28 @@ def train(msg: Message, context: Context):
                 scaffold.correct(model)
         content = scaffold.finish(model, {"num-examples": len(trainloader.dataset)})
         return Message(content=content, reply_to=msg)
+    if is_feddyn_message(msg):  # FedDyn: the regulariser's gradient before every step
+        feddyn = FedDynClient(msg, context.state)
+        optimizer = torch.optim.SGD(model.parameters(), lr=config["lr"])
+        for _ in range(epochs):
+            for batch in trainloader:
+                optimizer.zero_grad()
+                F.cross_entropy(model(batch["img"]), batch["label"]).backward()
+                feddyn.regularise(model)
+                optimizer.step()
+        content = feddyn.finish(model, {"num-examples": len(trainloader.dataset)})
+        return Message(content=content, reply_to=msg)
+    if is_moon_message(msg):  # MOON: l_sup + mu l_con, the previous model in context.state
+        moon = MoonClient(msg, context.state, model)
+        optimizer = torch.optim.SGD(model.parameters(), lr=config["lr"])
+        for _ in range(epochs):
+            for batch in trainloader:
+                optimizer.zero_grad()
+                logits, contrastive = moon.forward(model, batch["img"])
+                (F.cross_entropy(logits, batch["label"]) + contrastive).backward()
+                optimizer.step()
+        content = moon.finish(model, {"num-examples": len(trainloader.dataset)})
+        return Message(content=content, reply_to=msg)
     train_loss = train_fn(model, trainloader, epochs, config["lr"], device)
     metrics = {"train_loss": train_loss, "num-examples": len(trainloader.dataset)}
     metrics = report_local_steps(metrics, loader_steps(trainloader, epochs))  # FedNova's tau_i
@@ -247,7 +275,7 @@ import json
 from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 
-from strategies import DynamicFL, FedAvg, FedNova, FedProx, FedVeca, Scaffold
+from strategies import DynamicFL, FedAvg, FedDyn, FedNova, FedProx, FedVeca, Moon, Scaffold
 from task import Net, central_testloader, test
 
 app = ServerApp()
@@ -271,6 +299,8 @@ def make_strategy(name: str, lr: float, query: bool):
         "fedveca": lambda: FedVeca(lr=lr, tau_init=3, tau_max=6, fraction_evaluate=0.0, **common),
         "dynamicfl": lambda: DynamicFL(intervals="1-4", local_steps=4, beta=0.5, **common),
         "scaffold": lambda: Scaffold(fraction_evaluate=0.0, **common),
+        "feddyn": lambda: FedDyn(alpha=0.01, fraction_evaluate=0.0, **common),
+        "moon": lambda: Moon(mu=1.0, temperature=0.5, fraction_evaluate=0.0, **common),
     }[name]()
 
 
