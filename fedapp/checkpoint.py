@@ -47,7 +47,7 @@ from flwr.serverapp.strategy import Result, Strategy
 
 from strategies import contract as C
 
-from .config import ConfigError
+from .config import ConfigError, default
 
 CHECKPOINT_NAME = "checkpoint.pkl"
 FORMAT_VERSION = 1
@@ -94,6 +94,9 @@ def load_checkpoint(run_dir: str | Path) -> dict:
 def check_compatible(payload: dict, run_config: dict) -> None:
     """Refuse to resume a checkpoint of a different experiment (other than ``MAY_DIFFER``)."""
     saved = payload["run-config"]
+    # a key added after the checkpoint was written counts as its default: a checkpoint taken
+    # before, e.g., server-beta1 existed resumes when the key is left at its default
+    saved = {**{k: default(k) for k in run_config if k not in saved}, **saved}
     diff = {k: (saved.get(k), run_config.get(k)) for k in sorted(set(saved) | set(run_config))
             if k not in MAY_DIFFER and saved.get(k) != run_config.get(k)}
     if diff:

@@ -111,3 +111,16 @@ def test_resume_refuses_another_experiment(tmp_path):
         )
         with pytest.raises(RuntimeError, match=pattern):
             run_inprocess(rc, 2)
+
+
+def test_a_key_added_after_the_checkpoint_counts_as_its_default(tmp_path):
+    """A checkpoint written before a run-config key existed (here: server-beta1, added with
+    Flower's server optimisers) resumes when the key is at its default, and only then."""
+    from fedapp.checkpoint import check_compatible  # noqa: PLC0415
+    from fedapp.config import RunConfig  # noqa: PLC0415
+
+    now = RunConfig().to_dict() | {"num-server-rounds": 3}
+    old = {"round": 2, "run-config": {k: v for k, v in now.items() if k != "server-beta1"}}
+    check_compatible(old, now)
+    with pytest.raises(ConfigError, match="server-beta1: checkpoint 0.9 vs now 0.5"):
+        check_compatible(old, now | {"server-beta1": 0.5})
