@@ -425,6 +425,13 @@ def apply_server_momentum(
 
 
 # ----------------------------------------------------------------- client drift
+def squared_sum(values: np.ndarray) -> float:
+    """sum of squares of a float64 array, in numpy's own single-threaded loop: BLAS dot
+    products start threads, which stall when the clients keep every core busy."""
+    flat = np.ravel(values)
+    return float(np.einsum("i,i->", flat, flat))
+
+
 def layer_of(key: str) -> str:
     """'features.0.weight' -> 'features.0': weights and biases of a module form one layer."""
     return key.rsplit(".", 1)[0] if "." in key else key
@@ -454,8 +461,9 @@ class UpdateDrift:
         """Fold in one client's model (not modified)."""
         total = 0.0
         for layer, keys in self.layers.items():
-            deltas = {k: arrays[k].astype(np.float64) - self.global_arrays[k] for k in keys}
-            norm2 = float(sum(np.vdot(d, d) for d in deltas.values()))
+            deltas = {k: np.subtract(arrays[k], self.global_arrays[k], dtype=np.float64)
+                      for k in keys}
+            norm2 = sum(squared_sum(d) for d in deltas.values())
             total += norm2
             if norm2 == 0.0:
                 continue
@@ -476,7 +484,7 @@ class UpdateDrift:
         for layer, keys in self.layers.items():
             k = self.unit_count.get(layer, 0)
             if k >= 2:
-                s2 = float(sum(np.vdot(self.unit_sum[key], self.unit_sum[key]) for key in keys))
+                s2 = sum(squared_sum(self.unit_sum[key]) for key in keys)
                 cosine[layer] = (s2 - k) / (k * (k - 1))
         out: dict[str, object] = {}
         if cosine:

@@ -66,7 +66,7 @@ def _float64_blocks(value: np.ndarray):
 
 def squared_norm(arrays: Mapping[str, np.ndarray]) -> float:
     """||v||^2 of the flattened vector (float64 accumulation, block by block)."""
-    return float(sum(np.dot(b, b) for a in arrays.values() for b in _float64_blocks(a)))
+    return float(sum(agg.squared_sum(b) for a in arrays.values() for b in _float64_blocks(a)))
 
 
 def difference_norm(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray]) -> float:
@@ -76,7 +76,7 @@ def difference_norm(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray]) ->
     for key, value in a.items():
         for x, y in zip(_float64_blocks(value), _float64_blocks(b[key])):
             x -= y
-            total += float(np.dot(x, x))
+            total += agg.squared_sum(x)
     return math.sqrt(total)
 
 

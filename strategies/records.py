@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import functools
 import io
 import math
 import time
@@ -34,31 +35,48 @@ class ClientContractError(RuntimeError):
 
 
 # ------------------------------------------------------------------ arrays
-def array_view(array: Array) -> np.ndarray:
-    """The numpy array of a Flower ``Array``, read-only and without a copy.
-
-    ``Array.numpy()`` runs ``np.load``, which copies the bytes into a new array; here
-    numpy's own ``.npy`` header reader finds shape, dtype and order, and the array is a
-    view of the ``Array``'s bytes (it lives as long as they do). Anything that is not
-    a plain numeric ``.npy`` (another ``stype``, an object dtype) goes through
-    ``Array.numpy()``, which raises for it as Flower does.
-    """
-    if array.stype != SType.NUMPY:
-        return array.numpy()
-    header = io.BytesIO(array.data)  # shares the bytes; only the header is read
+@functools.lru_cache(maxsize=4096)
+def npy_header(prefix: bytes) -> tuple[tuple[int, ...], bool, np.dtype, int] | None:
+    """(shape, fortran order, dtype, data offset) of an ``.npy`` version 1.0 / 2.0 header,
+    read by numpy's own reader; None if ``prefix`` is not one. Cached: the replies of a
+    round repeat the same few headers."""
+    header = io.BytesIO(prefix)
     try:
         version = np.lib.format.read_magic(header)
         read_header = {(1, 0): np.lib.format.read_array_header_1_0,
                        (2, 0): np.lib.format.read_array_header_2_0}.get(version)
         if read_header is None:
-            return array.numpy()
+            return None
         shape, fortran_order, dtype = read_header(header)
     except ValueError:
-        return array.numpy()  # not an .npy header: np.load gives the error
-    if dtype.hasobject:
+        return None
+    return shape, fortran_order, dtype, header.tell()
+
+
+def array_view(array: Array) -> np.ndarray:
+    """The numpy array of a Flower ``Array``, read-only and without a copy.
+
+    ``Array.numpy()`` runs ``np.load``, which copies the bytes into a new array; here
+    numpy's own ``.npy`` header reader finds shape, dtype and order (:func:`npy_header`),
+    and the array is a view of the ``Array``'s bytes (it lives as long as they do).
+    Anything that is not a plain numeric ``.npy`` (another ``stype``, an object dtype)
+    goes through ``Array.numpy()``, which raises for it as Flower does.
+    """
+    data = array.data
+    if array.stype != SType.NUMPY or len(data) < 12:
         return array.numpy()
-    count = math.prod(shape)
-    flat = np.frombuffer(array.data, dtype=dtype, count=count, offset=header.tell())
+    # magic (6) + version (2) + header length (2 bytes in 1.0, 4 in 2.0) + header
+    if data[6] == 1:
+        end = 10 + int.from_bytes(data[8:10], "little")
+    else:
+        end = 12 + int.from_bytes(data[8:12], "little")
+    if end > min(len(data), 1 << 16):  # not a header numpy writes: np.load decides
+        return array.numpy()
+    parsed = npy_header(bytes(data[:end]))
+    if parsed is None or parsed[2].hasobject:
+        return array.numpy()  # np.load gives Flower's error
+    shape, fortran_order, dtype, offset = parsed
+    flat = np.frombuffer(data, dtype=dtype, count=math.prod(shape), offset=offset)
     return flat.reshape(shape, order="F" if fortran_order else "C")
 
 
