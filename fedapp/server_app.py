@@ -139,8 +139,8 @@ class ServerEvaluator:
         record[C.LOG_SERVER_MAX_RSS_MB] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         self.records.append(record)
         self.run_log.append_round(record)
-        if partitions:
-            self.plot_partitions(partitions)
+        if partitions:  # round 1: the counts now, the plot after the last round (matplotlib)
+            self.run_log.write_json("partitions.json", dict(partitions))
         if record[C.LOG_ROUND] == 0:
             log(INFO, "Per-round results (also in %s):", self.run_log.rounds_path)
             log(INFO, table_header())
@@ -178,16 +178,21 @@ class ServerEvaluator:
         for record in self.records:
             log(INFO, table_row(record))
 
-    def partition_counts(self) -> list[tuple[int, list[int]]]:
-        """(partition id, label counts) of every client that reported them, sorted."""
+    def partition_counts(self) -> list[tuple[str, list[int]]]:
+        """(partition id, label counts) of every client that reported them, by partition id."""
         clients = getattr(self.strategy, "clients", {})
-        return sorted((info.partition_id, list(info.label_counts))
-                      for info in list(clients.values())
-                      if info.partition_id is not None and info.label_counts)
+        known = sorted((info.partition_id, list(info.label_counts))
+                       for info in list(clients.values())
+                       if info.partition_id is not None and info.label_counts)
+        return [(str(pid), counts) for pid, counts in known]
 
-    def plot_partitions(self, known: list[tuple[int, list[int]]]) -> None:
-        """label_distribution.png + partitions.json from the clients' reported label counts."""
-        self.run_log.write_json("partitions.json", {str(pid): counts for pid, counts in known})
+    def plot_partitions(self) -> None:
+        """partitions.json + label_distribution.png from the clients' reported label counts;
+        after the last round, so that matplotlib is not in memory while the rounds run."""
+        known = self.partition_counts()
+        if not known:
+            return
+        self.run_log.write_json("partitions.json", dict(known))
         path = self.run_log.directory / "label_distribution.png"
         plot_label_histogram(np.array([counts for _, counts in known]), path,
                              title=f"label distribution of {len(known)} clients")
@@ -253,6 +258,7 @@ def main(grid: Grid, context: Context) -> None:
     finally:
         evaluator.close()
     del result  # the evaluator's model holds the final global model (the last round is evaluated)
+    evaluator.plot_partitions()
     final = {k: v.cpu().contiguous() for k, v in evaluator.model.state_dict().items()}
     path = run_log.save_model(final)
     log(INFO, "Final model: %s", path)
