@@ -14,10 +14,11 @@ from __future__ import annotations
 import functools
 
 import torch
-from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from strategies import contract as C
+from strategies.records import to_record  # the .npy bytes written with one copy
 from strategies.client import (
     client_info_reply,
     client_seed,
@@ -142,7 +143,7 @@ def train(msg: Message, context: Context) -> Message:
     metrics = {C.NUM_EXAMPLES: result.num_examples, C.TRAIN_LOSS: result.train_loss}
     metrics = report_local_steps(metrics, result.local_steps)  # FedNova's tau_i
     metrics[C.PARTITION_ID] = partition_id
-    arrays = ArrayRecord({k: v.detach().cpu() for k, v in model.state_dict().items()})
+    arrays = to_record({k: v.detach().cpu().numpy() for k, v in model.state_dict().items()})
     content = RecordDict({C.ARRAYS: arrays, C.METRICS: MetricRecord(metrics)})
     return Message(content, reply_to=msg)
 

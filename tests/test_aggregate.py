@@ -413,7 +413,8 @@ def test_non_finite_model_is_left_out_and_named():
     rejected = []
     new, used, _ = agg.streamed_update(
         {"w": np.array([0.0]), "b": np.array([0.0])}, enumerate(clients),
-        agg.coefficients_by_examples([10, 30, 60]), on_reject=lambda k, key: rejected.append((k, key)))
+        agg.coefficients_by_examples([10, 30, 60]),
+        on_reject=lambda k, key: rejected.append((k, key)))
     assert used == [0, 2] and rejected == [(1, "b")]
     np.testing.assert_allclose(new["w"], [13.0])  # (10 * 7 + 60 * 14) / 70
 
