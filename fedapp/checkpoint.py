@@ -153,20 +153,32 @@ def restore_strategy(strategy: Strategy, payload: dict) -> None:
 
 
 class Checkpointer:
-    """Called by the server evaluator after each round's evaluation."""
+    """The server evaluator's checkpoints: :meth:`snapshot` at the end of round r, on the
+    server's loop (the model, the strategy's state and the RNGs as the next round finds
+    them), then :meth:`write` once round r's run-log record is complete (its evaluation
+    may finish while round r + 1 trains)."""
 
     def __init__(self, directory: Path, every: int, strategy: Strategy, run_config: dict) -> None:
         self.directory, self.every = Path(directory), int(every)
         self.strategy, self.run_config = strategy, run_config
 
-    def after_round(self, server_round: int, arrays: ArrayRecord, records: list[dict],
-                    elapsed: float) -> None:
-        if self.every <= 0 or server_round <= 0 or server_round % self.every:
-            return
-        payload = make_payload(server_round, arrays, self.strategy, records, elapsed,
-                               self.run_config)
+    def due(self, server_round: int) -> bool:
+        """True for the rounds that are checkpointed (every ``checkpoint-every`` rounds)."""
+        return self.every > 0 and server_round > 0 and server_round % self.every == 0
+
+    def snapshot(self, server_round: int, arrays: ArrayRecord, elapsed: float) -> dict | None:
+        """The checkpoint of round r without its run-log records (copied now), or None
+        when round r is not checkpointed."""
+        if not self.due(server_round):
+            return None
+        return make_payload(server_round, arrays, self.strategy, [], elapsed, self.run_config)
+
+    def write(self, payload: dict, records: list[dict]) -> Path:
+        """Save a :meth:`snapshot` with the run log's records of rounds 0..r."""
+        payload = {**payload, "records": [dict(r) for r in records]}
         path = save_checkpoint(self.directory, payload)
-        log(INFO, "Checkpoint of round %d: %s", server_round, path)
+        log(INFO, "Checkpoint of round %d: %s", payload["round"], path)
+        return path
 
 
 # ----------------------------------------------------------------- the loop

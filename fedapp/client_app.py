@@ -17,10 +17,11 @@ from __future__ import annotations
 import functools
 
 import torch
-from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from strategies import contract as C
+from strategies.records import to_record  # the .npy bytes written with one copy
 from strategies.client import (
     FedDynClient,
     MoonClient,
@@ -164,7 +165,7 @@ def train(msg: Message, context: Context) -> Message:
     helper = scaffold or feddyn or moon
     if helper is not None:  # the helper keeps its state in context.state, builds the reply
         return Message(helper.finish(model, metrics), reply_to=msg)
-    arrays = ArrayRecord({k: v.detach().cpu() for k, v in model.state_dict().items()})
+    arrays = to_record({k: v.detach().cpu().numpy() for k, v in model.state_dict().items()})
     content = RecordDict({C.ARRAYS: arrays, C.METRICS: MetricRecord(metrics)})
     return Message(content, reply_to=msg)
 

@@ -109,6 +109,8 @@ class RunConfig:
     seed: int = 0
     device: str = "auto"
     eval_batch_size: int = 128
+    eval_every: int = 1
+    eval_overlap: bool = True
     fault_crash_prob: float = 0.0
     fault_late_prob: float = 0.0
     round_timeout: float = 3600.0
@@ -189,6 +191,8 @@ class RunConfig:
                "an absolute path, or '' for the default lookup (app processes do not run "
                "in your cwd)")
         self._check("eval-batch-size", self.eval_batch_size >= 1, "an integer >= 1")
+        self._check("eval-every", self.eval_every >= 1,
+               "an integer >= 1 (evaluate rounds 0, k, 2k, ... and the last; 1 = every round)")
         self._check("fault-crash-prob", 0 <= self.fault_crash_prob <= 1, "a number in [0, 1]")
         self._check("fault-late-prob", 0 <= self.fault_late_prob <= 1 - self.fault_crash_prob,
                f"a number in [0, 1 - fault-crash-prob = {1 - self.fault_crash_prob}]")

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import platform
 import random
 import resource
 import shutil
+import sys
+import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from logging import ERROR, INFO
 from pathlib import Path
 
@@ -34,10 +38,41 @@ from .tracking import check_installed
 app = ServerApp()
 
 
-class ServerEvaluator:
-    """``evaluate_fn`` for ``Strategy.start``: test-set evaluation + one run-log line per round."""
+def lowest_cpu_priority() -> None:
+    """Run the calling thread, and the threads it starts (torch's OpenMP team), at nice 19:
+    on Linux the nice value is per thread, so the rest of the process keeps its priority.
+    Elsewhere nothing changes."""
+    if sys.platform.startswith("linux"):
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        except OSError:
+            pass
 
-    def __init__(self, model, dataset, device, strategy, run_log: RunLog, batch_size: int) -> None:
+
+class ServerEvaluator:
+    """``evaluate_fn`` for ``Strategy.start``: test-set evaluation and one run-log record per
+    round.
+
+    Flower calls it once round r's update is aggregated (round 0: before training). Round
+    r's record holds the strategy's diagnostics, the timings and, on the rounds that are
+    evaluated (``eval_every`` k: rounds 0, k, 2k, ... and always the last), the test
+    accuracy and loss; a record of a round that is not evaluated has no accuracy, loss or
+    eval-seconds. With ``overlap`` round r's model is evaluated in one background thread,
+    at the lowest CPU priority so that it takes the cores the clients leave idle, while
+    round r + 1 trains: the end of round r + 1 waits for it, so the records (and
+    checkpoints) stay in round order, and the last round's evaluation is waited for.
+    The records are the same as without ``overlap``, apart from the timing keys.
+
+    ``wall-seconds`` is the round's time on the server's critical path: from the end of
+    the previous round to the end of this one, where a round ends when the server can go
+    on (its update aggregated, an evaluation still running waited for, and its own
+    evaluation done unless it runs in the background); the last round ends when its
+    record is written. ``eval-seconds`` is the evaluation's own time.
+    """
+
+    def __init__(self, model, dataset, device, strategy, run_log: RunLog, batch_size: int, *,
+                 eval_every: int = 1, last_round: int | None = None,
+                 overlap: bool = False) -> None:
         self.model = model.to(device)
         self.x_test = dataset.x_test.to(device)
         convolutional = any(isinstance(m, torch.nn.Conv2d) for m in model.modules())
@@ -50,38 +85,85 @@ class ServerEvaluator:
         self.strategy = strategy
         self.run_log = run_log
         self.batch_size = batch_size
+        self.eval_every = int(eval_every)
+        self.last_round = last_round
         self.records: list[dict] = []
         self.started = self.last = time.perf_counter()
         self.checkpointer: Checkpointer | None = None  # checkpoint-every
+        self.worker = (ThreadPoolExecutor(1, thread_name_prefix="fedhetero-eval",
+                                          initializer=lowest_cpu_priority) if overlap else None)
+        self.pending: Future | None = None
 
-    def __call__(self, server_round: int, arrays: ArrayRecord) -> MetricRecord:
-        began = time.perf_counter()
-        self.model.load_state_dict(arrays.to_torch_state_dict())
-        result = evaluate(self.model, self.x_test, self.y_test, self.batch_size)
+    def evaluates(self, server_round: int) -> bool:
+        """Round 0, every ``eval_every``-th round and the last round are evaluated."""
+        return server_round % self.eval_every == 0 or server_round == self.last_round
+
+    def __call__(self, server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
+        self.wait()  # the previous round's evaluation: records in order, one at a time
+        evaluated = self.evaluates(server_round)
+        background = evaluated and self.worker is not None and server_round != self.last_round
+        result = None if background or not evaluated else self.evaluate(arrays)
         now = time.perf_counter()
         record = {
             C.LOG_ROUND: server_round,
-            C.LOG_ACCURACY: result.accuracy,
-            C.LOG_LOSS: result.loss,
             C.LOG_WALL_SECONDS: now - self.last,
-            C.LOG_EVAL_SECONDS: now - began,
             C.LOG_ELAPSED_SECONDS: now - self.started,
-            C.LOG_SERVER_MAX_RSS_MB: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         }
         record.update(getattr(self.strategy, "diagnostics", {}).get(server_round, {}))
         self.last = now
+        # what a checkpoint and the partition plot need, taken before the next round starts
+        checkpoint = (self.checkpointer.snapshot(server_round, arrays, now - self.started)
+                      if self.checkpointer is not None else None)
+        partitions = self.partition_counts() if server_round == 1 else None
+        if background:
+            self.pending = self.worker.submit(
+                lambda: self.finish(record, self.evaluate(arrays), checkpoint, partitions))
+            return None
+        self.finish(record, result, checkpoint, partitions)
+        return (None if result is None else
+                MetricRecord({C.LOG_ACCURACY: result[0].accuracy, C.LOG_LOSS: result[0].loss}))
+
+    def evaluate(self, arrays: ArrayRecord) -> tuple[object, float]:
+        """(loss and accuracy of ``arrays`` on the test set, seconds it took); the evaluator's
+        model keeps ``arrays`` (the final model is saved from it)."""
+        began = time.perf_counter()
+        self.model.load_state_dict(arrays.to_torch_state_dict())
+        result = evaluate(self.model, self.x_test, self.y_test, self.batch_size)
+        return result, time.perf_counter() - began
+
+    def finish(self, record: dict, result: tuple[object, float] | None,
+               checkpoint: dict | None, partitions: list | None) -> None:
+        """Complete round r's record, append it to the run log, plot, checkpoint."""
+        if result is not None:
+            record[C.LOG_ACCURACY] = result[0].accuracy
+            record[C.LOG_LOSS] = result[0].loss
+            record[C.LOG_EVAL_SECONDS] = result[1]
+        record[C.LOG_SERVER_MAX_RSS_MB] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         self.records.append(record)
         self.run_log.append_round(record)
-        if server_round == 1:
-            self.plot_partitions()
-        if server_round == 0:
+        if partitions:  # round 1: the counts now, the plot after the last round (matplotlib)
+            self.run_log.write_json("partitions.json", dict(partitions))
+        if record[C.LOG_ROUND] == 0:
             log(INFO, "Per-round results (also in %s):", self.run_log.rounds_path)
             log(INFO, table_header())
         log(INFO, table_row(record))
-        if self.checkpointer is not None:
-            self.checkpointer.after_round(server_round, arrays, self.records, now - self.started)
-        return MetricRecord({C.LOG_ACCURACY: result.accuracy, C.LOG_LOSS: result.loss})
+        if checkpoint is not None:
+            self.checkpointer.write(checkpoint, self.records)
 
+    def wait(self) -> None:
+        """Until the evaluation running in the background (if any) is written; its error,
+        if it failed, is raised here."""
+        pending, self.pending = self.pending, None
+        if pending is not None:
+            pending.result()
+
+    def close(self) -> None:
+        """Wait for the background evaluation and stop its thread."""
+        try:
+            self.wait()
+        finally:
+            if self.worker is not None:
+                self.worker.shutdown(wait=True)
 
     def resume(self, payload: dict, source: str) -> None:
         """Continue a checkpoint's run log: its rounds 0..r, elapsed time and partition plots."""
@@ -98,14 +180,21 @@ class ServerEvaluator:
         for record in self.records:
             log(INFO, table_row(record))
 
-    def plot_partitions(self) -> None:
-        """label_distribution.png + partitions.json from the clients' reported label counts."""
+    def partition_counts(self) -> list[tuple[str, list[int]]]:
+        """(partition id, label counts) of every client that reported them, by partition id."""
         clients = getattr(self.strategy, "clients", {})
-        known = sorted((info.partition_id, info.label_counts) for info in clients.values()
+        known = sorted((info.partition_id, list(info.label_counts))
+                       for info in list(clients.values())
                        if info.partition_id is not None and info.label_counts)
+        return [(str(pid), counts) for pid, counts in known]
+
+    def plot_partitions(self) -> None:
+        """partitions.json + label_distribution.png from the clients' reported label counts;
+        after the last round, so that matplotlib is not in memory while the rounds run."""
+        known = self.partition_counts()
         if not known:
             return
-        self.run_log.write_json("partitions.json", {str(pid): counts for pid, counts in known})
+        self.run_log.write_json("partitions.json", dict(known))
         path = self.run_log.directory / "label_distribution.png"
         plot_label_histogram(np.array([counts for _, counts in known]), path,
                              title=f"label distribution of {len(known)} clients")
@@ -120,7 +209,8 @@ def main(grid: Grid, context: Context) -> None:
         check_installed(cfg.tracking)  # tensorboard / mlflow, before any training
         strategy, train_config = build_strategy(cfg)
         dataset = load_dataset(cfg.dataset, cfg.data_dir, cfg.allow_download,
-                               cfg.synthetic_alpha, cfg.synthetic_beta, cfg.normalize)
+                               cfg.synthetic_alpha, cfg.synthetic_beta, cfg.normalize,
+                               with_train=False)  # the server evaluates on the test split only
         checkpoint = load_checkpoint(cfg.resume_from) if cfg.resume_from else None  # resume-from
         if checkpoint is not None:
             check_compatible(checkpoint, cfg.to_dict())
@@ -148,7 +238,9 @@ def main(grid: Grid, context: Context) -> None:
                             cfg.tracking, cfg.tracking_dir)
     log(INFO, "fedhetero: %s on %s (%s, %s), model %s, run directory %s",
         cfg.strategy, cfg.dataset, cfg.partition, dataset.source, cfg.model, run_log.directory)
-    evaluator = ServerEvaluator(model, dataset, device, strategy, run_log, cfg.eval_batch_size)
+    evaluator = ServerEvaluator(model, dataset, device, strategy, run_log, cfg.eval_batch_size,
+                                eval_every=cfg.eval_every, last_round=cfg.num_server_rounds,
+                                overlap=cfg.eval_overlap)
     evaluator.checkpointer = Checkpointer(run_log.directory, cfg.checkpoint_every, strategy,
                                           cfg.to_dict())
     initial_arrays, first_round = ArrayRecord(model.state_dict()), 1
@@ -156,18 +248,22 @@ def main(grid: Grid, context: Context) -> None:
         initial_arrays, first_round = arrays_of(checkpoint), checkpoint["round"] + 1
         evaluator.resume(checkpoint, cfg.resume_from)
         restore_rng(checkpoint["rng"])  # last: nothing may draw from the global RNGs after this
-    result = run_rounds(
-        strategy,
-        grid=grid,
-        initial_arrays=initial_arrays,
-        num_rounds=cfg.num_server_rounds,
-        first_round=first_round,
-        timeout=cfg.round_timeout,
-        train_config=ConfigRecord(train_config),
-        evaluate_config=ConfigRecord({C.SEED: cfg.seed}),
-        evaluate_fn=evaluator,
-    )
-    del result  # the evaluator's model holds the final global model (round r's evaluate_fn)
+    try:
+        result = run_rounds(
+            strategy,
+            grid=grid,
+            initial_arrays=initial_arrays,
+            num_rounds=cfg.num_server_rounds,
+            first_round=first_round,
+            timeout=cfg.round_timeout,
+            train_config=ConfigRecord(train_config),
+            evaluate_config=ConfigRecord({C.SEED: cfg.seed}),
+            evaluate_fn=evaluator,
+        )
+    finally:
+        evaluator.close()
+    del result  # the evaluator's model holds the final global model (the last round is evaluated)
+    evaluator.plot_partitions()
     final = {k: v.cpu().contiguous() for k, v in evaluator.model.state_dict().items()}
     path = run_log.save_model(final)
     run_log.close()

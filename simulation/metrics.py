@@ -30,9 +30,17 @@ def crossing(xs: Sequence[float], accuracy: Sequence[float], target: float) -> f
     return float(xs[i - 1] + fraction * (xs[i] - xs[i - 1]))
 
 
+def evaluated(records: list[dict]) -> list[dict]:
+    """The records of the rounds the server evaluated (``eval-every``: the others have no
+    accuracy; the last round always has one)."""
+    return [r for r in records if r.get(C.LOG_ACCURACY) is not None]
+
+
 def rounds_to_target(records: list[dict], target: float) -> float | None:
-    """Rounds until the best-so-far test accuracy reaches ``target`` (interpolated)."""
-    return crossing([r[C.LOG_ROUND] for r in records], [r[C.LOG_ACCURACY] for r in records], target)
+    """Rounds until the best-so-far test accuracy reaches ``target`` (interpolated between
+    evaluated rounds)."""
+    points = evaluated(records)
+    return crossing([r[C.LOG_ROUND] for r in points], [r[C.LOG_ACCURACY] for r in points], target)
 
 
 def cumulative_bytes(records: list[dict]) -> np.ndarray:
@@ -44,6 +52,14 @@ def cumulative_bytes(records: list[dict]) -> np.ndarray:
     return np.cumsum(per_round)
 
 
+def evaluated_bytes(records: list[dict]) -> np.ndarray:
+    """:func:`cumulative_bytes` at the evaluated rounds (:func:`evaluated`)."""
+    total = cumulative_bytes(records)
+    return np.array([b for b, r in zip(total, records) if r.get(C.LOG_ACCURACY) is not None])
+
+
 def bytes_to_target(records: list[dict], target: float) -> float | None:
-    """Bytes communicated until the best-so-far accuracy reaches ``target`` (interpolated)."""
-    return crossing(cumulative_bytes(records), [r[C.LOG_ACCURACY] for r in records], target)
+    """Bytes communicated until the best-so-far accuracy reaches ``target`` (interpolated
+    between evaluated rounds)."""
+    return crossing(evaluated_bytes(records), [r[C.LOG_ACCURACY] for r in evaluated(records)],
+                    target)

@@ -37,7 +37,7 @@ import numpy as np
 from fedapp.run_log import read_rounds
 from strategies import contract as C
 
-from .metrics import bytes_to_target, cumulative_bytes, rounds_to_target
+from .metrics import bytes_to_target, cumulative_bytes, evaluated, evaluated_bytes, rounds_to_target
 
 
 def collect(folder: Path) -> dict[str, list[tuple[Path, list[dict]]]]:
@@ -59,7 +59,8 @@ def table_rows(runs: dict[str, list[tuple[Path, list[dict]]]], targets: list[flo
     for variant, items in runs.items():
         records = [r for _, r in items]
         final_m, final_s = _mean_std([r[-1][C.LOG_ACCURACY] for r in records])
-        best_m, best_s = _mean_std([max(x[C.LOG_ACCURACY] for x in r) for r in records])
+        best_m, best_s = _mean_std([max(x[C.LOG_ACCURACY] for x in evaluated(r))
+                                    for r in records])
         row = {"variant": variant, "seeds": len(records), "rounds": len(records[0]) - 1,
                "final-mean": final_m, "final-std": final_s, "best-mean": best_m, "best-std": best_s}
         for target in targets:
@@ -247,12 +248,12 @@ def plot_curves(
         ax = fig.add_subplot(1, len(groups), index + 1)
         for number, variant in enumerate(variants):
             items = runs[variant]
-            length = min(len(r) for _, r in items)
-            acc = np.array([[x[C.LOG_ACCURACY] for x in r[:length]] for _, r in items])
+            length = min(len(evaluated(r)) for _, r in items)
+            acc = np.array([[x[C.LOG_ACCURACY] for x in evaluated(r)[:length]] for _, r in items])
             if by_bytes:
-                xs = np.mean([cumulative_bytes(r[:length]) for _, r in items], axis=0) / 1e6
+                xs = np.mean([evaluated_bytes(r)[:length] for _, r in items], axis=0) / 1e6
             else:
-                xs = np.array([x[C.LOG_ROUND] for x in items[0][1][:length]])
+                xs = np.array([x[C.LOG_ROUND] for x in evaluated(items[0][1])[:length]])
             style = {"color": f"C{number % 10}", "linestyle": "-" if number < 10 else "--"}
             ax.plot(xs, acc.mean(axis=0), label=f"{variant} ({len(items)} seeds)", **style)
             ax.fill_between(xs, acc.min(axis=0), acc.max(axis=0), alpha=0.15, color=style["color"])

@@ -25,6 +25,7 @@ from pathlib import Path
 from fedapp.run_log import read_rounds
 from strategies import contract as C
 
+from .metrics import evaluated
 from .progress import SweepProgress
 from .runtime import run_app
 
@@ -165,7 +166,7 @@ def summarize(done: list[tuple[SweepRun, Path]]) -> list[dict]:
     rows = []
     for variant, runs in by_variant.items():
         finals = [records[-1][C.LOG_ACCURACY] for records in runs]
-        bests = [max(r[C.LOG_ACCURACY] for r in records) for records in runs]
+        bests = [max(r[C.LOG_ACCURACY] for r in evaluated(records)) for records in runs]
         rows.append(
             {
                 "variant": variant,

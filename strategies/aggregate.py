@@ -22,11 +22,17 @@ coefficients c_k differ; each weighting is one function returning a
 * :func:`coefficients_fednova`      c_i = tau_eff p_i / ||a_i||_1 (Wang et al. 2020, eq. 6).
 
 When sum(c) = 1 and eta_g = 1 the update is exactly model averaging, sum_k c_k w_k.
+
+Memory and speed: client arrays are read where they lie (read-only views of the reply
+bytes, :func:`strategies.records.to_numpy`), products are formed ``BLOCK`` elements at a
+time into a small scratch buffer (:func:`add_scaled`), and NaN / Inf are looked for once
+in the sum instead of once per client (:func:`streamed_update`). Elementwise arithmetic
+is unchanged by the blocking, so the numbers are those of the one-line forms.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -39,6 +45,8 @@ RENORMALISE = "renormalise"  # scale = 1 / sum of the accepted shares: sum c = 1
 FIXED = "fixed"  # scale given (pre-erratum: R / n)
 PER_REPLY = "per-reply"  # scale = R / |accepted| (Scheme II)
 FEDNOVA = "fednova"  # scale = R tau_eff / sum_{accepted} n_i (FedNova)
+
+BLOCK = 1 << 16  # elements per block of the streamed sums (256 KiB of float32: stays in cache)
 
 
 @dataclass(frozen=True)
@@ -175,13 +183,37 @@ def data_shares(sizes: Sequence[int | None]) -> np.ndarray | None:
     return arr / arr.sum()
 
 
+def add_scaled(acc: np.ndarray, value: np.ndarray, weight: float,
+               scratch: np.ndarray | None = None) -> None:
+    """acc += value * weight in place, the product in ``value``'s dtype (as ``value * weight``
+    forms it), ``BLOCK`` elements at a time through ``scratch`` (a 1-D buffer of that dtype
+    with at least ``BLOCK`` elements; allocated if not given).
+
+    The same numbers as ``acc += value * weight`` without its array-sized temporary.
+    """
+    if acc.size <= BLOCK or acc.dtype != value.dtype or not (
+            acc.flags.c_contiguous and value.flags.c_contiguous):
+        acc += value * weight
+        return
+    flat_acc, flat_value = acc.reshape(-1), value.reshape(-1)  # views (C-contiguous)
+    if scratch is None or scratch.dtype != value.dtype or scratch.size < BLOCK:
+        scratch = np.empty(BLOCK, dtype=value.dtype)
+    for start in range(0, flat_value.size, BLOCK):
+        stop = min(start + BLOCK, flat_value.size)
+        product = scratch[: stop - start]
+        np.multiply(flat_value[start:stop], weight, out=product)
+        np.add(flat_acc[start:stop], product, out=flat_acc[start:stop])
+
+
 class WeightedModelSum:
     """S = sum_k r_k w_k over client models added one at a time, plus R = sum_k r_k.
 
-    Streaming form of every rule in this module: only the accumulator and the client
-    model being added are in memory (two model-sized buffers), never all clients.
+    Streaming form of every rule in this module: only the accumulator is held, and each
+    client model is read in place (:func:`add_scaled`), never all clients at once.
     Floating arrays accumulate in their own dtype, as Flower's FedAvg does; integer
-    arrays (BatchNorm's ``num_batches_tracked``) in float64.
+    arrays (BatchNorm's ``num_batches_tracked``) in float64. NaN / Inf in a client's
+    arrays survive every addition, so :meth:`non_finite_key` of the sum tells whether any
+    client model had them.
     """
 
     def __init__(self) -> None:
@@ -189,30 +221,45 @@ class WeightedModelSum:
         self.total = 0.0
         self.count = 0
         self.extras: dict[str, float] = {}
+        self._scratch: dict[np.dtype, np.ndarray] = {}
 
-    def add(self, arrays: Mapping[str, np.ndarray], weight: float, *, owned: bool = False,
-            **extras: float) -> None:
-        """S += weight * w_k, R += weight, and sums of any named scalars.
-
-        ``owned=True`` lets floating arrays be scaled in place (no temporary copy).
-        """
+    def add(self, arrays: Mapping[str, np.ndarray], weight: float, **extras: float) -> None:
+        """S += weight * w_k, R += weight, and sums of any named scalars (``arrays`` are
+        only read)."""
         for key, value in arrays.items():
             if np.issubdtype(value.dtype, np.floating):
-                if owned and value.flags.writeable:
-                    value *= weight
-                    term = value
-                else:
-                    term = value * weight
+                if key in self.sum:
+                    scratch = self._scratch.get(value.dtype)
+                    if scratch is None and value.size > BLOCK:
+                        scratch = self._scratch[value.dtype] = np.empty(BLOCK, value.dtype)
+                    add_scaled(self.sum[key], value, weight, scratch)
+                else:  # value * weight, always a new writable array (also for 0-d)
+                    self.sum[key] = np.multiply(value, weight, out=np.empty_like(value))
             else:
                 term = value.astype(np.float64) * weight
-            if key in self.sum:
-                self.sum[key] += term
-            else:
-                self.sum[key] = term if term is not value or owned else term.copy()
+                if key in self.sum:
+                    self.sum[key] += term
+                else:
+                    self.sum[key] = term
         self.total += weight
         self.count += 1
         for name, amount in extras.items():
             self.extras[name] = self.extras.get(name, 0.0) + amount
+
+    def non_finite_key(self) -> str | None:
+        """The first key whose floating sum holds NaN or Inf (a client sent them, or the
+        sum overflowed), or None."""
+        return all_finite(self.sum)
+
+    def mean(self) -> NDArrays:
+        """S / R, computed in place in the sum's dtype (floating arrays: their own; integer
+        arrays: float64). The sum is consumed: call once."""
+        if self.count == 0:
+            raise ValueError("no client model was added")
+        mean, self.sum = self.sum, {}
+        for value in mean.values():
+            value /= np.asarray(self.total, dtype=value.dtype)
+        return mean
 
     def update(self, global_arrays: Mapping[str, np.ndarray], scale: float,
                server_lr: float = 1.0) -> NDArrays:
@@ -237,25 +284,45 @@ class WeightedModelSum:
         return new
 
 
+def weighted_sum(models: Iterable[tuple[int, Mapping[str, np.ndarray]]],
+                 coefficients: Coefficients) -> tuple[WeightedModelSum, list[int]]:
+    """S = sum_k shares_k w_k over the (index k, model w_k) pairs, and the indices added."""
+    acc, used = WeightedModelSum(), []
+    for k, arrays in models:
+        acc.add(arrays, float(coefficients.shares[k]), **coefficients.extras_of(k))
+        used.append(k)
+    return acc, used
+
+
 def streamed_update(
     global_arrays: Mapping[str, np.ndarray],
     models: Iterable[tuple[int, Mapping[str, np.ndarray]]],
     coefficients: Coefficients,
     server_lr: float = 1.0,
     *,
-    owned: bool = False,
+    on_reject: Callable[[int, str], None] | None = None,
 ) -> tuple[NDArrays | None, list[int], dict[str, float]]:
     """w + eta_g sum_k c_k (w_k - w) over the (index k, model w_k) pairs of ``models``.
 
-    ``models`` may be a generator that deserialises one reply at a time and skips bad
-    ones; c_k is ``coefficients`` over exactly the indices it yields. ``owned=True``
-    lets the models be scaled in place. Returns the new model (None when no model
-    came), the indices used, and the sums of the coefficients' extras.
+    c_k is ``coefficients`` over the indices whose models are finite. NaN / Inf are looked
+    for once, in the sum: a finite sum means every model was finite (they survive every
+    addition). Otherwise each model is checked, those with NaN / Inf are left out
+    (``on_reject(k, key)`` names them) and the sum is formed again over the rest; the
+    models are therefore held until then (pass views, as :func:`strategies.records.to_numpy`
+    gives them, not copies). Models are only read. Returns the new model (None when no
+    model is left), the indices used, and the sums of the coefficients' extras.
     """
-    acc, used = WeightedModelSum(), []
-    for k, arrays in models:
-        acc.add(arrays, float(coefficients.shares[k]), owned=owned, **coefficients.extras_of(k))
-        used.append(k)
+    models = list(models)
+    acc, used = weighted_sum(models, coefficients)
+    if used and acc.non_finite_key() is not None:
+        finite = []
+        for k, arrays in models:
+            bad_key = all_finite(arrays)
+            if bad_key is None:
+                finite.append((k, arrays))
+            elif on_reject is not None:
+                on_reject(k, bad_key)
+        acc, used = weighted_sum(finite, coefficients)
     if not used:
         return None, used, {}
     return acc.update(global_arrays, coefficients.scale(acc), server_lr), used, dict(acc.extras)
@@ -269,17 +336,18 @@ def fednova_update(
     momentum_buffer: NDArrays | None = None,
     server_momentum: float = 0.0,
     *,
-    owned: bool = False,
+    on_reject: Callable[[int, str], None] | None = None,
 ) -> tuple[NDArrays | None, NDArrays | None, list[int], float | None]:
     """FedNova's round (Wang et al. 2020, eq. 6) with optional server momentum gamma:
 
         v <- gamma v + eta_g tau_eff sum_i p_i d_i,  w <- w - v,  d_i = (w - w_i) / ||a_i||_1
 
-    ``coefficients`` from :func:`coefficients_fednova`. Returns the new model (None when
-    no model came), the new momentum buffer (None without momentum), the indices used
-    and tau_eff.
+    ``coefficients`` from :func:`coefficients_fednova`; ``models`` and ``on_reject`` as in
+    :func:`streamed_update`. Returns the new model (None when no model came), the new
+    momentum buffer (None without momentum), the indices used and tau_eff.
     """
-    new, used, sums = streamed_update(global_arrays, models, coefficients, server_lr, owned=owned)
+    new, used, sums = streamed_update(global_arrays, models, coefficients, server_lr,
+                                      on_reject=on_reject)
     if new is None:
         return None, momentum_buffer, used, None
     new, buffer = apply_server_momentum(global_arrays, new, momentum_buffer, server_momentum)
@@ -287,9 +355,17 @@ def fednova_update(
 
 
 def all_finite(arrays: Mapping[str, np.ndarray]) -> str | None:
-    """The first key whose floating array holds NaN or Inf, or None."""
+    """The first key whose floating array holds NaN or Inf, or None.
+
+    One summing pass per array: a finite sum means finite elements (NaN / Inf survive
+    addition); only a non-finite sum (or an overflowing one) is checked element by element.
+    """
     for key, value in arrays.items():
-        if np.issubdtype(value.dtype, np.floating) and not np.isfinite(value).all():
+        if not np.issubdtype(value.dtype, np.floating):
+            continue
+        with np.errstate(over="ignore", invalid="ignore"):
+            total = np.sum(value)
+        if not np.isfinite(total) and not np.isfinite(value).all():
             return key
     return None
 
@@ -349,6 +425,13 @@ def apply_server_momentum(
 
 
 # ----------------------------------------------------------------- client drift
+def squared_sum(values: np.ndarray) -> float:
+    """sum of squares of a float64 array, in numpy's own single-threaded loop: BLAS dot
+    products start threads, which stall when the clients keep every core busy."""
+    flat = np.ravel(values)
+    return float(np.einsum("i,i->", flat, flat))
+
+
 def layer_of(key: str) -> str:
     """'features.0.weight' -> 'features.0': weights and biases of a module form one layer."""
     return key.rsplit(".", 1)[0] if "." in key else key
@@ -378,8 +461,9 @@ class UpdateDrift:
         """Fold in one client's model (not modified)."""
         total = 0.0
         for layer, keys in self.layers.items():
-            deltas = {k: arrays[k].astype(np.float64) - self.global_arrays[k] for k in keys}
-            norm2 = float(sum(np.vdot(d, d) for d in deltas.values()))
+            deltas = {k: np.subtract(arrays[k], self.global_arrays[k], dtype=np.float64)
+                      for k in keys}
+            norm2 = sum(squared_sum(d) for d in deltas.values())
             total += norm2
             if norm2 == 0.0:
                 continue
@@ -400,7 +484,7 @@ class UpdateDrift:
         for layer, keys in self.layers.items():
             k = self.unit_count.get(layer, 0)
             if k >= 2:
-                s2 = float(sum(np.vdot(self.unit_sum[key], self.unit_sum[key]) for key in keys))
+                s2 = sum(squared_sum(self.unit_sum[key]) for key in keys)
                 cosine[layer] = (s2 - k) / (k * (k - 1))
         out: dict[str, object] = {}
         if cosine:

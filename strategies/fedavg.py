@@ -17,7 +17,7 @@ rate (:mod:`strategies.schedules`), and per-round diagnostics in
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from logging import INFO, WARNING
 
 import numpy as np
@@ -310,16 +310,24 @@ class FedAvg(FlowerFedAvg):
     ) -> tuple[agg.NDArrays | None, list[Message]]:
         """Check the replies in partition order, then stream the usable ones into the update.
 
-        Returns the new model (None: keep w_t) and the replies it was computed from. One
-        client model is deserialised at a time (plus one accumulator).
+        Returns the new model (None: keep w_t) and the replies it was computed from.
         """
-        checked = self.checked_replies(server_round, replies)
+        return self.aggregate_checked(server_round, self.checked_replies(server_round, replies))
+
+    def aggregate_checked(
+        self, server_round: int, checked: list[Message]
+    ) -> tuple[agg.NDArrays | None, list[Message]]:
+        """The update over replies that passed :meth:`checked_replies`, minus those with NaN
+        / Inf in their arrays (one log line each), and the round's diagnostics.
+
+        The client models are read in place from the replies (views, no copies) into one
+        accumulator (:func:`strategies.aggregate.streamed_update`).
+        """
         global_arrays = records.to_numpy(self.current_arrays)
-        drift = agg.UpdateDrift(global_arrays) if self.drift_diagnostics and checked else None
+        models = [(k, records.to_numpy(r.content[C.ARRAYS])) for k, r in enumerate(checked)]
         new, used = (None, [])
         if checked:
-            new, used = self.update_model(server_round, global_arrays, checked,
-                                          self.finite_models(checked, drift))
+            new, used = self.update_model(server_round, global_arrays, checked, models)
         accepted = [checked[k] for k in used]
         diag = self.diagnostics.setdefault(server_round, {})
         diag[C.LOG_CLIENTS_RECEIVED] = len(accepted)
@@ -328,20 +336,31 @@ class FedAvg(FlowerFedAvg):
         steps = [r.content[C.METRICS].get(C.LOCAL_STEPS_TAKEN) for r in accepted]
         if steps and all(isinstance(s, (int, float)) for s in steps):
             diag[C.LOG_LOCAL_STEPS] = [int(s) for s in steps]
-        if drift is not None:
+        if self.drift_diagnostics and accepted:
+            drift = agg.UpdateDrift(global_arrays)
+            for k in used:
+                drift.add(models[k][1])
             diag.update(drift.summary())
         diag[C.LOG_MODEL_KEPT] = not accepted
         return (new if accepted else None), accepted
 
     def update_model(
         self, server_round: int, global_arrays: agg.NDArrays, replies: list[Message],
-        models: Iterator[tuple[int, agg.NDArrays]],
+        models: list[tuple[int, agg.NDArrays]],
     ) -> tuple[agg.NDArrays | None, list[int]]:
         """The weighting's coefficients over ``replies`` and the streamed update of
         :func:`strategies.aggregate.streamed_update`; the new model and the indices used."""
         new, used, _ = agg.streamed_update(global_arrays, models, self.coefficients(replies),
-                                           self.server_lr, owned=True)
+                                           self.server_lr, on_reject=self.rejecter(replies))
         return new, used
+
+    @staticmethod
+    def rejecter(replies: list[Message]):
+        """``on_reject(k, key)`` for the streamed updates: one log line per non-finite reply."""
+        def reject(k: int, key: str) -> None:
+            log(WARNING, "Reply from node %d rejected: array '%s' has NaN or Inf",
+                replies[k].metadata.src_node_id, key)
+        return reject
 
     def coefficients(self, replies: list[Message]) -> agg.Coefficients:
         """c_k of the configured weighting over the checked replies."""
@@ -362,20 +381,6 @@ class FedAvg(FlowerFedAvg):
             self.clients.setdefault(node, ClientInfo()).num_examples = int(n_k)
         total = agg.total_examples(self.client_sizes(self.all_nodes))
         return agg.coefficients_pre_erratum(n, total)
-
-    def finite_models(self, replies: list[Message], drift: agg.UpdateDrift | None
-                      ) -> Iterator[tuple[int, agg.NDArrays]]:
-        """(index, model) of each reply whose arrays are finite; the others are logged."""
-        for k, reply in enumerate(replies):
-            arrays = records.to_numpy(reply.content[C.ARRAYS])
-            bad_key = agg.all_finite(arrays)
-            if bad_key is not None:
-                log(WARNING, "Reply from node %d rejected: array '%s' has NaN or Inf",
-                    reply.metadata.src_node_id, bad_key)
-                continue
-            if drift is not None:
-                drift.add(arrays)
-            yield k, arrays
 
     def train_result(self, server_round: int, new: agg.NDArrays | None, accepted: list[Message]
                      ) -> tuple[ArrayRecord | None, MetricRecord | None]:

@@ -11,7 +11,6 @@ and its momentum / proximal forms, :mod:`strategies.aggregate`). The coefficient
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from logging import INFO, WARNING
 
 import numpy as np
@@ -101,14 +100,14 @@ class FedNova(FedAvg):
     # ------------------------------------------------------------------ aggregation
     def update_model(
         self, server_round: int, global_arrays: agg.NDArrays, replies: list[Message],
-        models: Iterator[tuple[int, agg.NDArrays]],
+        models: list[tuple[int, agg.NDArrays]],
     ) -> tuple[agg.NDArrays | None, list[int]]:
         """eq. (6) over the accepted replies, then optional server momentum."""
         a_norms = [self.a_norm(r) for r in replies]
         n = [float(r.content[C.METRICS][C.NUM_EXAMPLES]) for r in replies]
         new, self.momentum_buffer, used, tau_eff = agg.fednova_update(
             global_arrays, models, agg.coefficients_fednova(n, a_norms), self.server_lr,
-            self.momentum_buffer, self.server_momentum, owned=True)
+            self.momentum_buffer, self.server_momentum, on_reject=self.rejecter(replies))
         if used:
             diag = self.diagnostics.setdefault(server_round, {})
             diag[C.LOG_A_NORMS] = [round(float(a_norms[k]), 4) for k in used]

@@ -267,9 +267,7 @@ class FedVeca(FedNova):
             if tuple(array.shape) != tuple(expected[key].shape):
                 return (f"'{C.GRAD}' array '{key}' has shape {tuple(array.shape)}, "
                         f"expected {tuple(expected[key].shape)}")
-        bad_key = agg.all_finite(to_numpy(grad))
-        if bad_key is not None:
-            return f"'{C.GRAD}' array '{bad_key}' has NaN or Inf"
+        # NaN / Inf in 'grad' are found while summing eq. (8) (aggregate_train)
         sent = self.sent_configs.get(reply.metadata.src_node_id, {})
         if sent.get(C.FEDVECA_ESTIMATE, False):
             for key in (C.BETA, C.DELTA):
@@ -287,25 +285,55 @@ class FedVeca(FedNova):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """eq. (5) via FedNova, then eq. (8), L and the tau rule (15) for the next round."""
-        new, accepted = self.aggregate_replies(server_round, replies)
-        if accepted:
-            self.update_step_sizes(server_round, accepted)
-        return self.train_result(server_round, new, accepted)
+        """eq. (8), then eq. (5) via FedNova, then L and the tau rule (15) for the next round.
 
-    def update_step_sizes(self, server_round: int, accepted: list[Message]) -> None:
-        """Global gradient, L and the next taus from this round's accepted replies; diagnostics."""
+        Both sums stream the replies in place (one accumulator each, in the arrays' own
+        float32). A reply whose gradient or model holds NaN / Inf is left out of both.
+        """
+        checked = self.checked_replies(server_round, replies)
+        grad, checked = self.global_gradient(checked)
+        new, accepted = self.aggregate_checked(server_round, checked)
+        if len(accepted) < len(checked):  # a model had NaN / Inf: eq. (8) over the rest
+            grad, _ = self.global_gradient(accepted)
+        result = self.train_result(server_round, new, accepted)
+        del new  # the model's accumulator: free it before L's work
+        if accepted:
+            self.update_step_sizes(server_round, accepted, grad)
+        return result
+
+    def global_gradient(self, replies: list[Message]) -> tuple[agg.NDArrays | None,
+                                                                list[Message]]:
+        """eq. (8), grad F(w_k) = sum_i p_i grad F_i(w_k), over ``replies``, and the replies
+        it covers: those whose gradient has NaN / Inf are left out (one log line each)."""
+        grads = [to_numpy(r.content[C.GRAD]) for r in replies]
+        sizes = [float(r.content[C.METRICS][C.NUM_EXAMPLES]) for r in replies]
+        if not replies:
+            return None, replies
+        total = vm.GradientSum()
+        for g, n in zip(grads, sizes):
+            total.add(g, n)
+        if total.non_finite_key() is None:
+            return total.mean(), replies
+        kept = []
+        for reply, g in zip(replies, grads):
+            bad_key = agg.all_finite(g)
+            if bad_key is None:
+                kept.append(reply)
+            else:
+                log(WARNING, "Reply from node %d rejected: '%s' array '%s' has NaN or Inf",
+                    reply.metadata.src_node_id, C.GRAD, bad_key)
+        return self.global_gradient(kept)
+
+    def update_step_sizes(self, server_round: int, accepted: list[Message],
+                          grad: agg.NDArrays) -> None:
+        """L and the next taus from this round's accepted replies and their eq. (8)
+        gradient; diagnostics."""
         diag = self.diagnostics.setdefault(server_round, {})
         keys = [self.client_key(r.metadata.src_node_id) for r in accepted]
         records = [r.content[C.METRICS] for r in accepted]
         sizes = [float(m[C.NUM_EXAMPLES]) for m in records]
         executed = [int(m[C.LOCAL_STEPS_TAKEN]) for m in records]
         tau_k = vm.aggregated_tau(executed, sizes)
-        # eq. (8), streamed
-        gsum = vm.GradientSum()
-        for reply, n in zip(accepted, sizes):
-            gsum.add(to_numpy(reply.content[C.GRAD]), n)
-        grad = gsum.mean()
         grad_bytes = sum(r.content[C.GRAD].count_bytes() for r in accepted)
         diag[C.LOG_BYTES_UP] = diag.get(C.LOG_BYTES_UP, 0) + grad_bytes
         model = vm.floating_only(to_numpy(self.current_arrays))

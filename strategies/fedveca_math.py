@@ -6,7 +6,8 @@ parameter name. Equation numbers are the paper's:
 
 * eq. (5)  aggregation ``w_{k+1} = w_k - eta tau_k d_k``: FedNova's rule, in
   :func:`strategies.aggregate.fednova_update` (not repeated here);
-* eq. (8)  global gradient ``grad F(w_k) = sum_i p_i grad F_i(w_k)``: :class:`GradientSum`;
+* eq. (8)  global gradient ``grad F(w_k) = sum_i p_i grad F_i(w_k)``: :class:`GradientSum`
+  (summed in the gradients' own dtype, float32 from a PyTorch client: see the class);
 * eq. (9) / Alg. 1 lines 11-16  smoothness estimate L (diagnostic only):
   :func:`initial_smoothness`, :func:`smoothness`, :func:`running_max`;
 * Thm. 1 / eq. (13)  ``A_i = eta beta_i^2 delta_i``: :func:`non_iid_effect`;
@@ -31,6 +32,8 @@ from fractions import Fraction
 
 import numpy as np
 
+from . import aggregate as agg
+
 NDArrays = dict[str, np.ndarray]
 
 TAU_MIN = 2  # Alg. 1 lines 19-21: tau <= 1 is reset to 2 (Thm. 1 needs tau > 1)
@@ -54,18 +57,26 @@ def normalise_beta_mode(mode: str) -> str:
 
 
 # ----------------------------------------------------------------- vectors
+def _float64_blocks(value: np.ndarray):
+    """``value`` flattened, as float64 blocks of ``BLOCK`` elements (small temporaries)."""
+    flat = np.ravel(value)
+    for start in range(0, flat.size, agg.BLOCK):
+        yield flat[start:start + agg.BLOCK].astype(np.float64)
+
+
 def squared_norm(arrays: Mapping[str, np.ndarray]) -> float:
-    """||v||^2 of the flattened vector (float64 accumulation)."""
-    flat = (a.astype(np.float64, copy=False).ravel() for a in arrays.values())
-    return float(sum(np.vdot(v, v) for v in flat))
+    """||v||^2 of the flattened vector (float64 accumulation, block by block)."""
+    return float(sum(agg.squared_sum(b) for a in arrays.values() for b in _float64_blocks(a)))
 
 
 def difference_norm(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray]) -> float:
-    """||a - b|| over the keys of ``a`` (the Euclidean norm of the paper's "L norm")."""
+    """||a - b|| over the keys of ``a`` (the Euclidean norm of the paper's "L norm"),
+    in float64, block by block."""
     total = 0.0
     for key, value in a.items():
-        d = value.astype(np.float64) - b[key].astype(np.float64)
-        total += float(np.vdot(d.ravel(), d.ravel()))
+        for x, y in zip(_float64_blocks(value), _float64_blocks(b[key])):
+            x -= y
+            total += agg.squared_sum(x)
     return math.sqrt(total)
 
 
@@ -76,31 +87,38 @@ def floating_only(arrays: Mapping[str, np.ndarray]) -> NDArrays:
 
 class GradientSum:
     """eq. (8): grad F(w_k) = sum_i p_i grad F_i(w_k), p_i = D_i / sum_j D_j over the
-    clients added, streamed one client at a time (one float64 accumulator)."""
+    clients added, streamed one client at a time into one accumulator
+    (:class:`strategies.aggregate.WeightedModelSum`, the model sum of eq. 5).
+
+    The sum is kept in the gradients' own dtype, float32 for a PyTorch client, like the
+    model average of eq. (5) and Flower's FedAvg: the grad F_i arrive in float32, so
+    float64 would only carry their rounding further. eq. (15) does not see the
+    difference: grad F enters the clients' delta_i only through ||grad F(w_{k-1})||^2,
+    the same normaliser for every client (Alg. 2 line 17), and eq. (15) uses the ratios
+    A_i / min_j A_j, in which it cancels; L (Alg. 1 line 14) is a diagnostic.
+    """
 
     def __init__(self) -> None:
-        self.sum: NDArrays = {}
-        self.total = 0.0
+        self.acc = agg.WeightedModelSum()
+
+    @property
+    def total(self) -> float:
+        """sum_i D_i so far."""
+        return self.acc.total
 
     def add(self, grad: Mapping[str, np.ndarray], num_examples: float) -> None:
-        """S += D_i grad_i; D += D_i."""
-        for key, value in grad.items():
-            term = value.astype(np.float64)  # one float64 temporary, scaled in place
-            term *= float(num_examples)
-            if key in self.sum:
-                self.sum[key] += term
-            else:
-                self.sum[key] = term
-        self.total += float(num_examples)
+        """S += D_i grad_i; D += D_i (``grad`` is only read)."""
+        self.acc.add(grad, float(num_examples))
+
+    def non_finite_key(self) -> str | None:
+        """A key whose sum has NaN / Inf (some client's gradient had them), or None."""
+        return self.acc.non_finite_key()
 
     def mean(self) -> NDArrays:
-        """S / D (float64), computed in place: the sum is consumed."""
-        if self.total <= 0:
+        """S / D, computed in place: the sum is consumed."""
+        if self.acc.total <= 0:
             raise ValueError("no client gradient was added")
-        for value in self.sum.values():
-            value /= self.total
-        mean, self.sum, self.total = self.sum, {}, 0.0
-        return mean
+        return self.acc.mean()
 
 
 def global_gradient(grads: Sequence[Mapping[str, np.ndarray]],

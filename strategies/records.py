@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+import functools
+import io
 import math
 import time
 from collections.abc import Iterable, Mapping
@@ -16,6 +18,7 @@ from logging import INFO, WARNING
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+from flwr.common.constant import SType
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
@@ -32,14 +35,80 @@ class ClientContractError(RuntimeError):
 
 
 # ------------------------------------------------------------------ arrays
+@functools.lru_cache(maxsize=4096)
+def npy_header(prefix: bytes) -> tuple[tuple[int, ...], bool, np.dtype, int] | None:
+    """(shape, fortran order, dtype, data offset) of an ``.npy`` version 1.0 / 2.0 header,
+    read by numpy's own reader; None if ``prefix`` is not one. Cached: the replies of a
+    round repeat the same few headers."""
+    header = io.BytesIO(prefix)
+    try:
+        version = np.lib.format.read_magic(header)
+        read_header = {(1, 0): np.lib.format.read_array_header_1_0,
+                       (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+        if read_header is None:
+            return None
+        shape, fortran_order, dtype = read_header(header)
+    except ValueError:
+        return None
+    return shape, fortran_order, dtype, header.tell()
+
+
+def array_view(array: Array) -> np.ndarray:
+    """The numpy array of a Flower ``Array``, read-only and without a copy.
+
+    ``Array.numpy()`` runs ``np.load``, which copies the bytes into a new array; here
+    numpy's own ``.npy`` header reader finds shape, dtype and order (:func:`npy_header`),
+    and the array is a view of the ``Array``'s bytes (it lives as long as they do).
+    Anything that is not a plain numeric ``.npy`` (another ``stype``, an object dtype)
+    goes through ``Array.numpy()``, which raises for it as Flower does.
+    """
+    data = array.data
+    if array.stype != SType.NUMPY or len(data) < 12:
+        return array.numpy()
+    # magic (6) + version (2) + header length (2 bytes in 1.0, 4 in 2.0) + header
+    if data[6] == 1:
+        end = 10 + int.from_bytes(data[8:10], "little")
+    else:
+        end = 12 + int.from_bytes(data[8:12], "little")
+    if end > min(len(data), 1 << 16):  # not a header numpy writes: np.load decides
+        return array.numpy()
+    parsed = npy_header(bytes(data[:end]))
+    if parsed is None or parsed[2].hasobject:
+        return array.numpy()  # np.load gives Flower's error
+    shape, fortran_order, dtype, offset = parsed
+    flat = np.frombuffer(data, dtype=dtype, count=math.prod(shape), offset=offset)
+    return flat.reshape(shape, order="F" if fortran_order else "C")
+
+
 def to_numpy(record: ArrayRecord) -> NDArrays:
-    """ArrayRecord -> {key: numpy array} (one deserialisation per array)."""
-    return {key: array.numpy() for key, array in record.items()}
+    """ArrayRecord -> {key: numpy array}: read-only views of the record's bytes
+    (:func:`array_view`; copy an array before changing it)."""
+    return {key: array_view(array) for key, array in record.items()}
+
+
+def array_of(value: np.ndarray) -> Array:
+    """numpy array -> Flower ``Array`` holding the same ``.npy`` bytes as ``Array(value)``
+    (``np.save``'s version 1.0 header), written with one copy of the data instead of
+    ``np.save``'s growing buffer and final copy."""
+    value = np.asarray(value)
+    if not value.flags.c_contiguous:
+        value = np.array(value, order="C")
+    header = io.BytesIO()
+    try:
+        np.lib.format.write_array_header_1_0(
+            header, np.lib.format.header_data_from_array_1_0(value))
+    except ValueError:  # a header too large for version 1.0: np.save picks another
+        return Array(value)
+    if value.dtype.hasobject:
+        return Array(value)  # Flower refuses it (no pickles)
+    data = b"".join((header.getvalue(), value.reshape(-1).view(np.uint8)))
+    return Array(dtype=str(value.dtype), shape=tuple(int(d) for d in value.shape),
+                 stype=SType.NUMPY, data=data)
 
 
 def to_record(arrays: Mapping[str, np.ndarray]) -> ArrayRecord:
-    """{key: numpy array} -> ArrayRecord."""
-    return ArrayRecord({key: Array(np.asarray(value, order="C")) for key, value in arrays.items()})
+    """{key: numpy array} -> ArrayRecord (:func:`array_of`)."""
+    return ArrayRecord({key: array_of(value) for key, value in arrays.items()})
 
 
 # ------------------------------------------------------------------ client table

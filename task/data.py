@@ -15,7 +15,10 @@ Datasets (``DATASET_NAMES``):
 
 Images become float32 tensors (N, C, H, W) standardised with the training set's
 per-channel mean and std (``normalize=False``: pixels / 255 in [0, 1], as torchvision's
-``ToTensor()`` gives them, NIID-Bench's preprocessing); labels int64.
+``ToTensor()`` gives them, NIID-Bench's preprocessing); labels int64. The statistics come
+from the training images' pixel histogram (:func:`channel_stats`), so every process gets
+the same ones whatever its thread count, and a server that evaluates on the test split
+(``with_train=False``) never holds the training set as floats.
 """
 
 from __future__ import annotations
@@ -101,20 +104,32 @@ def load_dataset(
     synthetic_alpha: float = 1.0,
     synthetic_beta: float = 1.0,
     normalize: bool = True,
+    with_train: bool = True,
 ) -> TensorDataset:
     """Load (once per process) a dataset as tensors.
 
     ``normalize``: standardise image pixels per channel (default), or keep them in [0, 1]
-    (no effect on ``synthetic``, whose features are not pixels).
+    (no effect on ``synthetic``, whose features are not pixels). ``with_train=False``:
+    the test split only (what a server evaluating the global model needs), normalised
+    exactly as with the training split; ``x_train`` / ``y_train`` are then empty tensors
+    that still give ``input_shape``.
     """
     check_dataset_name(name)
     if name == "fashion-mnist":
-        return _fashion_mnist(data_dir, allow_download, normalize)
-    if name in ("mnist", "cifar10", "cifar100"):
-        return _torchvision(name, data_dir, allow_download, normalize)
-    if name == "synthetic":
-        return synthetic_dataset(synthetic_alpha, synthetic_beta)
-    return _hub(name[3:], normalize)
+        data = _fashion_mnist(data_dir, allow_download, normalize, with_train)
+    elif name in ("mnist", "cifar10", "cifar100"):
+        data = _torchvision(name, data_dir, allow_download, normalize, with_train)
+    elif name == "synthetic":
+        data = synthetic_dataset(synthetic_alpha, synthetic_beta)
+    else:
+        data = _hub(name[3:], normalize, with_train)
+    return data if with_train or len(data.y_train) == 0 else without_train(data)
+
+
+def without_train(data: TensorDataset) -> TensorDataset:
+    """``data`` with empty training tensors (same input shape, classes and test split)."""
+    return TensorDataset(**{**data.__dict__, "x_train": data.x_train[:0].clone(),
+                            "y_train": data.y_train[:0].clone(), "natural_ids": None})
 
 
 @functools.lru_cache(maxsize=8)
@@ -145,7 +160,8 @@ def client_data(
 
 
 # ----------------------------------------------------------------- Fashion-MNIST
-def _fashion_mnist(data_dir: str, allow_download: bool, normalize: bool = True) -> TensorDataset:
+def _fashion_mnist(data_dir: str, allow_download: bool, normalize: bool = True,
+                   with_train: bool = True) -> TensorDataset:
     tried = []
     candidates = [Path(data_dir)] if data_dir else []
     candidates += [Path(data_dir) / "fashion-mnist"] if data_dir else []
@@ -153,11 +169,12 @@ def _fashion_mnist(data_dir: str, allow_download: bool, normalize: bool = True) 
     for folder in candidates:
         if _idx_folder_complete(folder):
             arrays = {key: read_idx(_idx_path(folder, stem)) for key, stem in IDX_FILES.items()}
-            return _from_uint8("fashion-mnist", arrays, 10, source=str(folder), normalize=normalize)
+            return _from_uint8("fashion-mnist", arrays, 10, source=str(folder), normalize=normalize,
+                               with_train=with_train)
         tried.append(f"IDX files in {folder}")
     if allow_download:
         try:
-            return _torchvision("fashion-mnist", data_dir, True, normalize)
+            return _torchvision("fashion-mnist", data_dir, True, normalize, with_train)
         except Exception as exc:  # noqa: BLE001 - report every way we tried
             tried.append(f"torchvision download ({type(exc).__name__}: {exc})")
     else:
@@ -208,24 +225,57 @@ def read_idx(path: Path) -> np.ndarray:
     return body.reshape(shape)
 
 
+def pixel_values() -> np.ndarray:
+    """The 256 float32 values a uint8 pixel becomes: float32(v) / 255 (torchvision's
+    ``ToTensor()``)."""
+    return np.arange(256, dtype=np.float32) / np.float32(255.0)
+
+
+def channel_stats(images: np.ndarray, block: int = 1 << 12) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-channel mean and (unbiased) std of uint8 images (N, H, W) or (N, H, W, C) after
+    ``pixel_values``, as float32 tensors of shape (1, C, 1, 1).
+
+    From the exact pixel histogram, ``block`` images at a time, in float64: the correctly
+    rounded values, the same in every process (a float32 reduction of the float images
+    depends on the thread count, and needs the whole float copy).
+    """
+    pixels = images if images.ndim == 4 else images[..., None]
+    channels = pixels.shape[-1]
+    counts = np.zeros((channels, 256), dtype=np.int64)
+    for start in range(0, len(pixels), block):
+        chunk = pixels[start:start + block]
+        for c in range(channels):
+            counts[c] += np.bincount(chunk[..., c].reshape(-1), minlength=256)
+    values = pixel_values().astype(np.float64)
+    n = counts.sum(axis=1)
+    mean = counts @ values / n
+    var = (counts * (values[None, :] - mean[:, None]) ** 2).sum(axis=1) / (n - 1)
+    shape = (1, channels, 1, 1)
+    return (torch.from_numpy(mean.astype(np.float32).reshape(shape)),
+            torch.from_numpy(np.sqrt(var).astype(np.float32).reshape(shape)))
+
+
 def _from_uint8(name: str, arrays: dict[str, np.ndarray], num_classes: int, source: str,
-                normalize: bool = True) -> TensorDataset:
+                normalize: bool = True, with_train: bool = True) -> TensorDataset:
     """uint8 images (N, H, W) or (N, H, W, C) -> float32 (N, C, H, W) in [0, 1], then
-    standardised with the training set's per-channel mean and std if ``normalize``."""
+    standardised with the training set's per-channel mean and std if ``normalize``
+    (:func:`channel_stats`). ``with_train=False``: the training images only give the
+    statistics; ``x_train`` / ``y_train`` are empty."""
     def to_nchw(images: np.ndarray) -> torch.Tensor:
         x = torch.from_numpy(np.asarray(images, dtype=np.float32)).div_(255.0)  # one float copy
         return x.unsqueeze(1) if x.dim() == 3 else x.permute(0, 3, 1, 2).contiguous()
 
-    x_train, x_test = to_nchw(arrays["x_train"]), to_nchw(arrays["x_test"])
+    train_images = arrays["x_train"] if with_train else arrays["x_train"][:0]
+    x_train, x_test = to_nchw(train_images), to_nchw(arrays["x_test"])
     if normalize:
-        mean = x_train.mean(dim=(0, 2, 3), keepdim=True)
-        std = x_train.std(dim=(0, 2, 3), keepdim=True)
+        mean, std = channel_stats(np.asarray(arrays["x_train"]))
         for x in (x_train, x_test):  # in place: no second copy of the training set
             x.sub_(mean).div_(std)
+    y_train = np.array(arrays["y_train"]) if with_train else np.zeros(0, dtype=np.int64)
     return TensorDataset(
         name=name,
         x_train=x_train,
-        y_train=torch.as_tensor(np.array(arrays["y_train"]), dtype=torch.int64),
+        y_train=torch.as_tensor(y_train, dtype=torch.int64),
         x_test=x_test,
         y_test=torch.as_tensor(np.array(arrays["y_test"]), dtype=torch.int64),
         num_classes=num_classes,
@@ -235,7 +285,7 @@ def _from_uint8(name: str, arrays: dict[str, np.ndarray], num_classes: int, sour
 
 # ----------------------------------------------------------------- torchvision
 def _torchvision(name: str, data_dir: str, allow_download: bool,
-                 normalize: bool = True) -> TensorDataset:
+                 normalize: bool = True, with_train: bool = True) -> TensorDataset:
     import torchvision  # noqa: PLC0415 - heavy, only when used
 
     classes = {"fashion-mnist": torchvision.datasets.FashionMNIST, "mnist": torchvision.datasets.MNIST,
@@ -254,11 +304,12 @@ def _torchvision(name: str, data_dir: str, allow_download: bool,
         "x_train": np.asarray(train.data), "y_train": np.asarray(train.targets),
         "x_test": np.asarray(test.data), "y_test": np.asarray(test.targets),
     }
-    return _from_uint8(name, arrays, len(train.classes), source=str(root), normalize=normalize)
+    return _from_uint8(name, arrays, len(train.classes), source=str(root), normalize=normalize,
+                       with_train=with_train)
 
 
 # ----------------------------------------------------------------- Hugging Face Hub
-def _hub(hub_id: str, normalize: bool = True) -> TensorDataset:
+def _hub(hub_id: str, normalize: bool = True, with_train: bool = True) -> TensorDataset:
     """A Hub image-classification dataset through flwr-datasets (network on first use)."""
     from flwr_datasets import FederatedDataset  # noqa: PLC0415
 
@@ -287,8 +338,9 @@ def _hub(hub_id: str, normalize: bool = True) -> TensorDataset:
     arrays = {"x_train": images(train), "y_train": np.asarray(train[label_col]),
               "x_test": images(test), "y_test": np.asarray(test[label_col])}
     num_classes = int(max(arrays["y_train"].max(), arrays["y_test"].max()) + 1)
-    data = _from_uint8(f"hf:{hub_id}", arrays, num_classes, source=hub_id, normalize=normalize)
-    if natural:
+    data = _from_uint8(f"hf:{hub_id}", arrays, num_classes, source=hub_id, normalize=normalize,
+                       with_train=with_train)
+    if natural and with_train:
         _, ids = np.unique(np.asarray(train[natural]), return_inverse=True)
         data = TensorDataset(**{**data.__dict__, "natural_ids": ids})
     return data

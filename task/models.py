@@ -12,7 +12,6 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
-import torchvision
 from torch import nn
 
 InputShape = tuple[int, int, int]
@@ -214,6 +213,8 @@ class ResNet18GN(ClassifierModule):
 
     def __init__(self, input_shape: InputShape, num_classes: int):
         super().__init__()
+        import torchvision  # noqa: PLC0415 - ~170 MB resident; only this model needs it
+
         self.net = torchvision.models.resnet18(
             weights=None, num_classes=num_classes,
             norm_layer=functools.partial(nn.GroupNorm, 2))

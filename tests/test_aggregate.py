@@ -383,3 +383,45 @@ def test_update_drift_identical_updates_have_cosine_one():
     for scale in (1.0, 2.0, 0.5):
         drift.add({"a.weight": g["a.weight"] + scale * d})
     assert drift.summary()[C.LOG_DRIFT_COSINE]["a"] == pytest.approx(1.0, abs=1e-5)
+
+
+# ------------------------------------------------- streaming: blocks, views, NaN / Inf
+def test_add_scaled_blocks_give_the_one_line_numbers():
+    rng = np.random.default_rng(1)
+    value = rng.normal(size=(2, agg.BLOCK + 7)).astype(np.float32)
+    acc = rng.normal(size=value.shape).astype(np.float32)
+    expected = acc + value * 0.3
+    agg.add_scaled(acc, value, 0.3)
+    np.testing.assert_array_equal(acc, expected)
+
+
+def test_streamed_update_reads_read_only_views():
+    # the replies' arrays are read-only views of the message bytes (records.to_numpy)
+    w = np.arange(agg.BLOCK + 3, dtype=np.float32)
+    clients = [{"w": w + 1.0}, {"w": w + 3.0}]
+    for c in clients:
+        c["w"].flags.writeable = False
+    new = update({"w": w}, clients, agg.coefficients_uniform(2))
+    np.testing.assert_array_equal(new["w"], w + 2.0)
+
+
+def test_non_finite_model_is_left_out_and_named():
+    # the sum has NaN -> each model is checked: reply 1 is dropped, c renormalised over 0 and 2
+    clients = [{"w": np.array([7.0]), "b": np.array([1.0])},
+               {"w": np.array([1.0]), "b": np.array([np.inf])},
+               {"w": np.array([14.0]), "b": np.array([1.0])}]
+    rejected = []
+    new, used, _ = agg.streamed_update(
+        {"w": np.array([0.0]), "b": np.array([0.0])}, enumerate(clients),
+        agg.coefficients_by_examples([10, 30, 60]),
+        on_reject=lambda k, key: rejected.append((k, key)))
+    assert used == [0, 2] and rejected == [(1, "b")]
+    np.testing.assert_allclose(new["w"], [13.0])  # (10 * 7 + 60 * 14) / 70
+
+
+def test_all_finite_finds_nan_inf_and_not_an_overflowing_sum():
+    assert agg.all_finite({"a": np.ones(3), "n": np.arange(3)}) is None
+    assert agg.all_finite({"a": np.ones(3), "b": np.array([1.0, np.nan])}) == "b"
+    assert agg.all_finite({"a": np.array([-np.inf, np.inf])}) == "a"
+    big = np.full(4, np.finfo(np.float32).max, dtype=np.float32)  # finite, the sum overflows
+    assert agg.all_finite({"big": big}) is None

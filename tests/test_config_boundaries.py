@@ -98,6 +98,8 @@ CASES: dict[str, tuple[dict, list, list]] = {
     "seed": ({}, [0, 2**32, 2**63 - 1], [-1]),
     "device": ({}, ["auto", "cpu", "cuda", "cuda:0", "cuda:12"], ["tpu", "", "cuda:", "gpu"]),
     "eval-batch-size": ({}, [1], [0]),
+    "eval-every": ({}, [1, 2**63 - 1], [0, -1]),
+    "eval-overlap": ({}, [True, False], []),
     "fault-crash-prob": ({}, [0.0, 1.0], [-0.1, 1.1]),
     "fault-late-prob": ({}, [0.0, 1.0], [-0.1, 1.1]),
     "round-timeout": ({}, [1e-3], [0.0, -1.0]),

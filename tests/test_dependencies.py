@@ -16,8 +16,8 @@ import tomllib
 from tests.user_project import REPO
 
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
-OURS = {"strategies", "task", "fedapp", "simulation", "deploy", "fedhetero", "tests", "stockapp"}
-SOURCES = ["strategies", "task", "fedapp", "simulation", "deploy", "fedhetero", "tests", "examples"]
+OURS = {"strategies", "task", "fedapp", "simulation", "deploy", "tests", "stockapp", "barefedavg"}
+SOURCES = ["strategies", "task", "fedapp", "simulation", "deploy", "tests", "examples"]
 # import name -> distribution name, where they differ
 DISTRIBUTION = {"flwr_datasets": "flwr-datasets", "tomli_w": "tomli-w", "PIL": "pillow",
                 "yaml": "pyyaml", "mlflow": "mlflow-skinny"}

@@ -12,6 +12,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
+from strategies import aggregate as agg
 from strategies import fedveca_math as vm
 
 # ---------------------------------------------------------------- eq. (15) table
@@ -135,16 +136,54 @@ def test_global_gradient_is_data_weighted_mean():
         vm.global_gradient([], [])
 
 
-def test_gradient_sum_streams_float32_in_float64():
+def test_gradient_sum_is_kept_in_the_gradients_dtype():
+    # float32 gradients are summed in float32 (the model sum of eq. 5 does the same):
+    # 1 + 1e-8 is 1 in float32, so the mean is exactly 0.5
     acc = vm.GradientSum()
     acc.add({"w": np.array([1.0], dtype=np.float32)}, 1)
     acc.add({"w": np.array([1e-8], dtype=np.float32)}, 1)
-    assert acc.mean()["w"].dtype == np.float64
+    mean = acc.mean()["w"]
+    assert mean.dtype == np.float32 and mean.tolist() == [0.5]
+    # float64 gradients stay float64
+    acc = vm.GradientSum()
+    acc.add({"w": np.array([1.0])}, 1)
+    acc.add({"w": np.array([1e-8])}, 1)
+    assert acc.mean()["w"].tolist() == [(1.0 + 1e-8) / 2]
+
+
+def test_gradient_sum_of_large_arrays_equals_the_one_line_sum():
+    # arrays longer than one block go through add_scaled's blocks: the same float32 numbers
+    rng = np.random.default_rng(0)
+    grads = [{"w": rng.normal(size=(3, agg.BLOCK + 5)).astype(np.float32)} for _ in range(3)]
+    sizes = [10.0, 30.0, 7.0]
+    acc = vm.GradientSum()
+    for g, n in zip(grads, sizes):
+        acc.add(g, n)
+    expected = grads[0]["w"] * np.float32(10.0)
+    for g, n in zip(grads[1:], sizes[1:]):
+        expected += g["w"] * np.float32(n)
+    expected /= np.float32(47.0)
+    np.testing.assert_array_equal(acc.mean()["w"], expected)
+
+
+def test_gradient_sum_sees_non_finite_gradients():
+    acc = vm.GradientSum()
+    acc.add({"w": np.ones(3, dtype=np.float32)}, 2)
+    assert acc.non_finite_key() is None
+    acc.add({"w": np.array([1.0, np.nan, 1.0], dtype=np.float32)}, 1)
+    acc.add({"w": np.ones(3, dtype=np.float32)}, 1)  # NaN survives later additions
+    assert acc.non_finite_key() == "w"
 
 
 def test_norms():
     assert vm.squared_norm({"a": np.array([3.0]), "b": np.array([[4.0]])}) == 25.0
     assert vm.difference_norm({"a": np.array([3.0, 0.0])}, {"a": np.array([0.0, 4.0])}) == 5.0
+    # longer than one block, float32 in: float64 accumulation over the blocks
+    n = 2 * agg.BLOCK + 3
+    ones = {"w": np.ones(n, dtype=np.float32)}
+    assert vm.squared_norm(ones) == float(n)
+    assert vm.difference_norm(ones, {"w": np.full(n, 3.0, dtype=np.float32)}) == \
+        pytest.approx(2.0 * math.sqrt(n), rel=1e-15)
 
 
 def test_smoothness_estimates():

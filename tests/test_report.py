@@ -40,6 +40,17 @@ def test_bytes_to_target_uses_cumulative_bytes():
     assert bytes_to_target(recs, 0.6) == pytest.approx(50.0)
 
 
+def test_rounds_without_evaluation_are_skipped():
+    # eval-every=2: rounds 1 and 3 have no accuracy; the curve is 0.1 (r0), 0.5 (r2), 0.7 (r4)
+    recs = records([0.1, None, 0.5, None, 0.7])
+    for record in recs:
+        if record["accuracy"] is None:
+            del record["accuracy"], record["loss"]
+    assert rounds_to_target(recs, 0.6) == pytest.approx(3.0)  # halfway between rounds 2 and 4
+    # cumulative bytes at rounds 0, 2, 4: 0, 40, 80 -> 0.6 crossed at 60
+    assert bytes_to_target(recs, 0.6) == pytest.approx(60.0)
+
+
 def fake_run(folder, variant, seed, accuracies):
     run = folder / variant / f"seed{seed}" / f"2026-{variant}-{seed}"
     run.mkdir(parents=True)

@@ -1,7 +1,7 @@
 """``bench aggregation``: each strategy's ``aggregate_train`` against Flower's FedAvg on the
 same replies (default 100 replies of the 1,663,370-parameter McMahan CNN): time ratio
 (best of interleaved repeats) and peak memory beyond the replies, in model-sized buffers
-(tracemalloc)."""
+(tracemalloc). Targets (issue #19): FedVeca <= 1.5x Flower's FedAvg, <= 4 model sizes."""
 
 from __future__ import annotations
 
@@ -122,3 +122,5 @@ def run(args) -> None:
             f"{name:<14} {min(times[name]):>8.3f} {min(times[name]) / flower:>17.2f} "
             f"{peaks[name]:>32.2f}"
         )
+    print(f"FedVeca aggregation = {min(times['FedVeca']) / flower:.2f}x Flower's FedAvg "
+          f"(target <= 1.5), {peaks['FedVeca']:.2f} model sizes (target <= 4)")

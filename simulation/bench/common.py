@@ -4,6 +4,8 @@ the run log, and the bare torch time of the same local SGD (one process or sever
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -72,6 +74,46 @@ def simulation_round_seconds(workload: dict, num_clients: int, cpus_per_client: 
     return (
         records if keep_records else [r[C.LOG_WALL_SECONDS] for r in records if r[C.LOG_ROUND] >= 1]
     )
+
+
+BARE_APP = Path(__file__).resolve().parent / "bare_app"
+DATA_DIR = "/usr/share/datasets/fashion-mnist"
+
+
+def run_bare_app(num_clients: int, rounds: int, federation: dict, *, model: str = "cnn-small",
+                 data_dir: str = DATA_DIR) -> dict:
+    """One real ``flwr run`` of the bare Flower FedAvg app (``bare_app``: Flower's FedAvg, a
+    template ClientApp doing one SGD step of B = 32): ``round-ends`` (rounds 0..R, seconds)
+    and its ServerApp's ``max-rss-mb``."""
+    with tempfile.TemporaryDirectory(prefix="fedhetero-bench-bare-") as tmp:
+        times = Path(tmp) / "round_ends.json"
+        result = run_app(
+            {"num-server-rounds": rounds, "min-available-nodes": num_clients, "model": model,
+             "data-dir": data_dir, "times-path": str(times), "lr": 0.05, "batch-size": 32},
+            {**federation, "num-supernodes": num_clients},
+            flwr_home=Path(tmp) / "flwr-home", isolate_ports=True, capture=True,
+            timeout=3600, app_dir=BARE_APP,
+        )
+        if result.returncode != 0 or not times.is_file():
+            raise RuntimeError(f"bare app: flwr run ended {result.status}:\n"
+                               f"{result.output[-3000:]}")
+        return json.loads(times.read_text())
+
+
+def bare_app_peak_mb(model: str, num_clients: int, cpus_per_client: float,
+                     federation: dict | None = None) -> float:
+    """Peak RSS (MB) of the bare Flower app's ServerApp: 2 rounds, one SGD step per client."""
+    federation = {"client-resources-num-cpus": cpus_per_client, **(federation or {})}
+    return float(run_bare_app(num_clients, 2, federation, model=model)["max-rss-mb"])
+
+
+def torch_import_mb() -> float:
+    """Resident MB of a fresh Python process after ``import torch``."""
+    code = ("import resource, torch; "
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=300)
+    return float(out.stdout.strip().splitlines()[-1])
 
 
 def bare_client_seconds(

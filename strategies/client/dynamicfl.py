@@ -32,9 +32,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, MetricRecord, RecordDict
+from flwr.app import MetricRecord, RecordDict
 
 from .. import contract as C
+from ..records import to_record
 from .batches import batch_stream, client_seed
 from .data import loader_batch_size, tensors_for
 from .state import load_arrays, load_meta, save_arrays
@@ -254,5 +255,5 @@ def train_chunk(
         C.LOCAL_STEPS_TAKEN: result.local_steps,
         C.PARTITION_ID: int(partition_id),
     })
-    arrays = ArrayRecord({k: v.detach().cpu() for k, v in model.state_dict().items()})
+    arrays = to_record({k: v.detach().cpu().numpy() for k, v in model.state_dict().items()})
     return RecordDict({C.ARRAYS: arrays, C.METRICS: metrics})

@@ -31,9 +31,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, MetricRecord, RecordDict
+from flwr.app import MetricRecord, RecordDict
 
 from .. import contract as C
+from ..records import to_record
 from .batches import batch_indices, client_seed
 from .data import loader_batch_size, tensors_for
 
@@ -338,7 +339,7 @@ def fedveca_train(
         metrics[C.BETA] = result.beta
         metrics[C.DELTA] = result.delta
     return RecordDict({
-        C.ARRAYS: ArrayRecord(result.arrays),
-        C.GRAD: ArrayRecord(result.grad),
+        C.ARRAYS: to_record({k: np.asarray(v) for k, v in result.arrays.items()}),
+        C.GRAD: to_record({k: np.asarray(v) for k, v in result.grad.items()}),
         C.METRICS: MetricRecord(metrics),
     })

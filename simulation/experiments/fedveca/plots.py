@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from simulation.metrics import evaluated
 from simulation.report import collect
 from strategies import contract as C
 
@@ -192,7 +193,7 @@ def plot_curves(seeds: dict[str, dict[str, list[dict]]], path: Path, title: str 
     zoom: list[float] = []
     for ax, key in zip(axes, (C.LOG_LOSS, C.LOG_ACCURACY, C.LOG_ACCURACY)):
         for variant in _ordered(seeds):
-            runs = list(seeds[variant].values())
+            runs = [evaluated(r) for r in seeds[variant].values()]  # eval-every may skip rounds
             length = min(len(r) for r in runs)
             values = np.array([[x[key] for x in r[:length]] for r in runs], dtype=float)
             rounds = np.array([x[C.LOG_ROUND] for x in runs[0][:length]])

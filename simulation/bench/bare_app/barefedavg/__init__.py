@@ -1,0 +1,1 @@
+"""Bare Flower FedAvg app: the baseline of fedhetero's scale benchmark."""
