@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from task.data import DATASET_NAMES, check_dataset_name
-from task.models import MODEL_NAMES
+from task.model_names import MODEL_NAMES
 from task.partition import PARTITION_NAMES
 
 INT64 = (-(2**63), 2**63 - 1)  # Flower's records and TOML hold 64-bit integers

@@ -15,6 +15,8 @@ import torch.nn.functional as F
 import torchvision
 from torch import nn
 
+from .model_names import MODEL_NAMES
+
 InputShape = tuple[int, int, int]
 
 
@@ -212,7 +214,9 @@ _BUILDERS: dict[str, Callable[[InputShape, int], ClassifierModule]] = {
     "svm": LinearSVM,
 }
 
-MODEL_NAMES: tuple[str, ...] = tuple(_BUILDERS)
+if tuple(_BUILDERS) != MODEL_NAMES:  # one list of names, kept where torch is not needed
+    raise ImportError(f"task.models builds {tuple(_BUILDERS)} but task.model_names lists "
+                      f"{MODEL_NAMES}: make them equal")
 
 
 def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int) -> ClassifierModule:
