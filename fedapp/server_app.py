@@ -26,10 +26,14 @@ from task.train import resolve_device
 from .checkpoint import (Checkpointer, arrays_of, check_compatible, load_checkpoint, restore_rng,
                          restore_strategy, run_rounds)
 from .config import ConfigError, RunConfig
+from .grid import PullIntervalGrid
 from .registry import build_strategy
-from .run_log import RunLog, format_table, table_header, table_row
+from .run_log import RunLog, format_table, model_sha256, table_header, table_row
 
 app = ServerApp()
+SERVER_DATA_NOTE = (" (the ServerApp evaluates every round's global model on the test set, so "
+                    "the host it runs on, the SuperLink host when deployed, needs the dataset "
+                    "too: docs/deployment.md)")
 
 
 class ServerEvaluator:
@@ -65,6 +69,7 @@ class ServerEvaluator:
             C.LOG_EVAL_SECONDS: now - began,
             C.LOG_ELAPSED_SECONDS: now - self.started,
             C.LOG_SERVER_MAX_RSS_MB: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            C.LOG_MODEL_SHA256: model_sha256(arrays),
         }
         record.update(getattr(self.strategy, "diagnostics", {}).get(server_round, {}))
         self.last = now
@@ -123,8 +128,9 @@ def main(grid: Grid, context: Context) -> None:
             check_compatible(checkpoint, cfg.to_dict())
             restore_strategy(strategy, checkpoint)
     except (ConfigError, DataNotFoundError, ValueError) as exc:
-        log(ERROR, "%s", exc)  # the one line a user needs; Flower then marks the run failed
-        raise RuntimeError(f"fedhetero stopped before training: {exc}") from None
+        text = f"{exc}{SERVER_DATA_NOTE if isinstance(exc, DataNotFoundError) else ''}"
+        log(ERROR, "%s", text)  # the one line a user needs; Flower then marks the run failed
+        raise RuntimeError(f"fedhetero stopped before training: {text}") from None
 
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.model, dataset.input_shape, dataset.num_classes)
@@ -153,7 +159,7 @@ def main(grid: Grid, context: Context) -> None:
         restore_rng(checkpoint["rng"])  # last: nothing may draw from the global RNGs after this
     result = run_rounds(
         strategy,
-        grid=grid,
+        grid=PullIntervalGrid(grid),  # 0.1 s between pulls, not HttpGrid's 3 s (fedapp.grid)
         initial_arrays=initial_arrays,
         num_rounds=cfg.num_server_rounds,
         first_round=first_round,
