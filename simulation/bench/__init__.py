@@ -12,7 +12,8 @@ aggregation's peak extra memory (from (b)).
 * ``overhead``: simulation vs bare torch per round, and our ClientApp's per-message cost;
 * ``aggregation``: ``aggregate_train`` time and memory against Flower's FedAvg;
 * ``import``: ``import strategies`` against ``import flwr.serverapp.strategy``;
-* ``sync-events``: DynamicFL's seconds per sync event against the active clients.
+* ``sync-events``: DynamicFL's seconds per sync event against the active clients;
+* ``deploy``: a warm round on the deployment runtime against the simulation engine.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ BENCHES = {
     "aggregation": "aggregation",
     "import": "imports",
     "sync-events": "sync_events",
+    "deploy": "deploy",
 }
 STANDARD = ("efficiency", "aggregation")  # what a plain `bench` runs, in this order
 
