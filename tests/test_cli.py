@@ -12,7 +12,7 @@ from deploy.__main__ import main as deploy_main
 from simulation.__main__ import COMMANDS
 from simulation.__main__ import main as simulation_main
 
-BENCHES = ["overhead", "efficiency", "aggregation", "sync-events", "import"]
+BENCHES = ["overhead", "efficiency", "aggregation", "sync-events", "import", "deploy"]
 
 
 def help_of(main, argv: list[str], capsys) -> str:
