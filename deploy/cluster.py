@@ -7,6 +7,7 @@ the deployment's work directory; ``stop()`` ends them and their children by PID.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -22,6 +23,27 @@ from .layout import Layout, ensure_certs, ensure_keys
 
 BIN = Path(sys.executable).parent
 JOINED = "SuperNode ID: "  # what flower-supernode 1.41 logs once the SuperLink accepted it
+# Flower 1.41's SuperExec asks its SuperLink/SuperNode for a new task (a ServerApp or a
+# ClientApp process to start) every FLWR_SUPEREXEC_TASK_POLL_INTERVAL seconds (default 1.0,
+# allowed 0.01..60; flwr/supercore/superexec/run_superexec.py). Every message a SuperNode
+# receives waits for that poll before its flwr-clientapp process starts. 0.1 s: one local
+# HTTP request per 0.1 s and SuperExec, as often as the simulation's Grid pulls.
+TASK_POLL_ENV = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
+TASK_POLL_SECONDS = "0.1"
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask, else the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def threads_per_supernode(num_supernodes: int, cpus: int | None = None) -> int:
+    """torch threads for each of ``num_supernodes`` SuperNodes sharing this machine's cores."""
+    cpus = cpus if cpus is not None else usable_cpus()
+    return max(1, cpus // max(1, num_supernodes))
 
 
 @dataclass(frozen=True)
@@ -35,6 +57,7 @@ class DeploySpec:
     port: int = 0
     data_dir: str = ""
     connection: str = "fedhetero-deploy"
+    num_threads: int = 0  # torch threads per ClientApp; 0: cpu_count // num_supernodes
 
     def __post_init__(self) -> None:
         if self.num_supernodes < 1:
@@ -46,6 +69,11 @@ class DeploySpec:
             raise ValueError(
                 "auth (--auth) needs tls (--tls): Flower's SuperNode authentication requires TLS; "
                 "add --tls"
+            )
+        if self.num_threads < 0:
+            raise ValueError(
+                f"num_threads={self.num_threads} (--num-threads): give an integer >= 1, or 0 "
+                "to share this machine's cores among the SuperNodes"
             )
         if self.data_dir and not Path(self.data_dir).is_absolute():
             raise ValueError(
@@ -65,6 +93,17 @@ class LocalDeployment:
         self.port = spec.port or free_port()
         self.started: list[Started] = []
         self.cli_env = flwr_env(layout.cli_home)
+
+    @property
+    def threads(self) -> int:
+        """``num-threads`` in every SuperNode's node config (they share this machine)."""
+        return self.spec.num_threads or threads_per_supernode(self.spec.num_supernodes)
+
+    def _env(self, home: Path) -> dict[str, str]:
+        """A process's environment: its FLWR_HOME and a short SuperExec task poll."""
+        env = flwr_env(home)
+        env.setdefault(TASK_POLL_ENV, TASK_POLL_SECONDS)
+        return env
 
     @property
     def address(self) -> str:
@@ -105,7 +144,7 @@ class LocalDeployment:
             argv.append("--enable-supernode-auth")
         home = self.layout.superlink_home
         link = start_process(
-            "SuperLink", argv, flwr_env(home), home, self.layout.logs / "superlink.log"
+            "SuperLink", argv, self._env(home), home, self.layout.logs / "superlink.log"
         )
         self.started.append(link)
         host, port = self.address.rsplit(":", 1)
@@ -116,7 +155,8 @@ class LocalDeployment:
         self, partition_id: int, private_key: Path | None = None, max_retries: int | None = None
     ) -> Started:
         """SuperNode ``partition_id`` with its node config; its own key when auth is on."""
-        node_config = f"partition-id={partition_id} num-partitions={self.spec.num_supernodes}"
+        node_config = (f"partition-id={partition_id} num-partitions={self.spec.num_supernodes}"
+                       f" num-threads={self.threads}")
         if self.spec.data_dir:
             node_config += f' data-dir="{self.spec.data_dir}"'
         argv = [str(BIN / "flower-supernode"), "--superlink", self.address, "--host", "127.0.0.1",
@@ -129,7 +169,7 @@ class LocalDeployment:
             argv += ["--max-retries", str(max_retries)]
         home = self.layout.supernode_home(partition_id)
         log = self.layout.logs / f"supernode-{partition_id}.log"
-        node = start_process(f"SuperNode {partition_id}", argv, flwr_env(home), home, log)
+        node = start_process(f"SuperNode {partition_id}", argv, self._env(home), home, log)
         self.started.append(node)
         return node
 

@@ -36,6 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=0, help="SuperLink port (default: a free one)")
     parser.add_argument("--data-dir", default="",
                         help="absolute data folder put into every node config")
+    parser.add_argument("--num-threads", type=int, default=0,
+                        help="torch threads per SuperNode's ClientApp (node config num-threads); "
+                             "default 0: this machine's cores divided among the SuperNodes")
     parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR)
     parser.add_argument("--timeout", type=float, default=1800,
                         help="seconds before flwr run is stopped")
@@ -59,6 +62,7 @@ def spec_of(args: argparse.Namespace) -> tuple[DeploySpec, dict]:
         host=args.host,
         port=args.port,
         data_dir=args.data_dir,
+        num_threads=args.num_threads,
     )
     overrides.setdefault("min-available-nodes", spec.num_supernodes)  # all join before round 1
     return spec, overrides

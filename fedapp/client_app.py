@@ -8,15 +8,23 @@ linear term in ``context.state``) and ``MoonClient`` (MOON; the previous local m
 ``context.state``).
 
 Each node finds its data by ``partition-id`` / ``num-partitions`` in its node config
-(simulation sets both; a deployed SuperNode names them, and optionally ``data-dir``,
-in ``--node-config``). Data is decoded and partitioned once per process.
+(simulation sets both; a deployed SuperNode names them in ``--node-config``, and
+optionally ``data-dir``, ``data-cache-dir`` and ``num-threads``: docs/deployment.md).
+The partition comes from the node's on-disk data cache (:mod:`task.node_data`), once per
+process.
+
+A deployed SuperNode starts a new process for every message, so this module imports
+only flwr, numpy, ``strategies`` and the torch-free part of the task (run-config check,
+data cache); torch, the models and the local solver are imported by the handlers that
+need them: a client-info query whose partition is cached imports no torch.
 """
 
 from __future__ import annotations
 
 import functools
+from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
 from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
@@ -38,13 +46,19 @@ from strategies.client import (
     report_local_steps,
     train_chunk,
 )
-from task.data import PartitionSpec, client_data, load_dataset
-from task.evaluate import evaluate
-from task.models import build_model
-from task.train import local_sgd, resolve_device
+from task.data import DataSource, PartitionSpec
+from task.node_data import Partition, load_partition
 
 from .config import ConfigError, RunConfig
 from .faults import apply_fault
+
+if TYPE_CHECKING:  # annotations only: the handlers import torch when they run
+    import torch
+
+# node-config keys of this ClientApp (besides partition-id / num-partitions)
+DATA_DIR = "data-dir"  # absolute dataset folder on this node (default: the run config's)
+DATA_CACHE_DIR = "data-cache-dir"  # absolute folder of the on-disk data cache
+NUM_THREADS = "num-threads"  # torch intra-op threads of this node's ClientApp
 
 app = ClientApp()
 
@@ -59,6 +73,14 @@ def run_config(context: Context) -> RunConfig:
     return _config(tuple(sorted(context.run_config.items())))
 
 
+def node_error(key: str, value: object, allowed: str, example: str) -> ConfigError:
+    """A bad node-config value: names the key, the value, what is allowed and the fix."""
+    return ConfigError(
+        f"node config {key}={value!r} is not allowed: it must be {allowed}. Start the "
+        f"SuperNode with --node-config '{example}' (docs/deployment.md, node-config keys)"
+    )
+
+
 def partition_of(context: Context) -> tuple[int, int]:
     """(partition-id, num-partitions) from the node config, with a clear error."""
     node = context.node_config
@@ -71,27 +93,75 @@ def partition_of(context: Context) -> tuple[int, int]:
     return int(node["partition-id"]), int(node["num-partitions"])
 
 
-def local_data(context: Context) -> tuple[torch.Tensor, torch.Tensor, object, RunConfig]:
-    """This node's (x, y) on the training device, the whole dataset, and the config."""
+def node_folder(context: Context, key: str, default: str) -> str:
+    """An absolute folder named by node-config ``key`` ("" or absent: ``default``)."""
+    value = context.node_config.get(key, "")
+    if value == "":
+        return default
+    if not isinstance(value, str) or not Path(value).is_absolute():
+        raise node_error(key, value, "an absolute folder on this node's host",
+                         f'{key}="/abs/folder"')
+    if key == DATA_DIR and not Path(value).is_dir():
+        raise node_error(key, value, "an existing folder on this node's host (it is not "
+                         "there: the node's data is missing)", f'{key}="/abs/folder"')
+    return value
+
+
+def num_threads(context: Context) -> int | None:
+    """``num-threads`` from the node config (None when unset); a clear error when bad."""
+    value = context.node_config.get(NUM_THREADS)
+    if value is None:
+        return None
+    threads = value if isinstance(value, int) and not isinstance(value, bool) else 0
+    if isinstance(value, str) and value.strip().isdigit():
+        threads = int(value)
+    if threads < 1:
+        raise node_error(NUM_THREADS, value, "an integer >= 1 (or left out for torch's "
+                         "default: every core)", f"{NUM_THREADS}=1")
+    return threads
+
+
+def apply_threads(context: Context) -> None:
+    """Set torch's intra-op threads from ``num-threads`` before any work (no-op when unset:
+    a simulation's Ray actor keeps what Ray gave it)."""
+    threads = num_threads(context)
+    if threads is not None:
+        import torch  # noqa: PLC0415
+
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
+
+
+def node_partition(context: Context) -> tuple[Partition, RunConfig]:
+    """This node's partition (numpy, from the node's data cache) and the run config."""
     cfg = run_config(context)
     partition_id, num_partitions = partition_of(context)
-    data_dir = str(context.node_config.get("data-dir", cfg.data_dir))
-    dataset = load_dataset(cfg.dataset, data_dir, cfg.allow_download, cfg.synthetic_alpha,
-                           cfg.synthetic_beta, cfg.normalize)
+    source = DataSource(cfg.dataset, node_folder(context, DATA_DIR, cfg.data_dir),
+                        cfg.allow_download, cfg.synthetic_alpha, cfg.synthetic_beta,
+                        cfg.normalize)
     spec = PartitionSpec(
         scheme=cfg.partition, seed=cfg.seed, alpha=cfg.dirichlet_alpha,
         min_size=cfg.min_partition_size, classes_per_partition=cfg.classes_per_partition,
         shards_per_partition=cfg.shards_per_partition, sigma=cfg.quantity_sigma,
     )
-    xy = client_data(dataset, spec, partition_id, num_partitions)
-    x, y = _on_device(xy, str(resolve_device(cfg.device)))
-    return x, y, dataset, cfg
+    cache_dir = node_folder(context, DATA_CACHE_DIR, "")
+    return load_partition(source, spec, partition_id, num_partitions, cache_dir), cfg
+
+
+def local_data(context: Context) -> tuple[torch.Tensor, torch.Tensor, Partition, RunConfig]:
+    """This node's (x, y) as tensors on the training device, its partition and the config."""
+    from task.train import resolve_device  # noqa: PLC0415 - torch
+
+    part, cfg = node_partition(context)
+    x, y = _on_device(part, str(resolve_device(cfg.device)))
+    return x, y, part, cfg
 
 
 @functools.lru_cache(maxsize=256)
-def _on_device(xy: tuple[torch.Tensor, torch.Tensor],
-               device: str) -> tuple[torch.Tensor, torch.Tensor]:
-    return xy[0].to(device), xy[1].to(device)
+def _on_device(part: Partition, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    import torch  # noqa: PLC0415
+
+    return torch.from_numpy(part.x).to(device), torch.from_numpy(part.y).to(device)
 
 
 def clear_caches() -> None:
@@ -102,12 +172,17 @@ def clear_caches() -> None:
 @functools.lru_cache(maxsize=4)
 def _model(name: str, input_shape: tuple, num_classes: int, device: str) -> torch.nn.Module:
     """One model object per process; every call loads the received weights into it."""
+    from task.models import build_model  # noqa: PLC0415
+
     return build_model(name, input_shape, num_classes).to(device)
 
 
-def received_model(msg: Message, cfg: RunConfig, dataset) -> torch.nn.Module:
+def received_model(msg: Message, cfg: RunConfig, part: Partition) -> torch.nn.Module:
+    """The process's model for this config, holding the received weights."""
+    from task.train import resolve_device  # noqa: PLC0415
+
     device = str(resolve_device(cfg.device))
-    model = _model(cfg.model, dataset.input_shape, dataset.num_classes, device)
+    model = _model(cfg.model, part.input_shape, part.num_classes, device)
     model.load_state_dict(msg.content[C.ARRAYS].to_torch_state_dict())
     return model
 
@@ -121,8 +196,11 @@ def _epochs(value: object) -> int | float:
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     """Local SGD on this node's partition; replies the model and the statistics."""
-    x, y, dataset, cfg = local_data(context)
-    model = received_model(msg, cfg, dataset)
+    from task.train import local_sgd  # noqa: PLC0415
+
+    apply_threads(context)
+    x, y, part, cfg = local_data(context)
+    model = received_model(msg, cfg, part)
     config = msg.content[C.CONFIG]
     partition_id, _ = partition_of(context)
     server_round = int(config.get(C.SERVER_ROUND, 0))
@@ -196,8 +274,11 @@ def train_dynamicfl_chunk(msg: Message, context: Context, model: torch.nn.Module
 @app.evaluate()
 def evaluate_local(msg: Message, context: Context) -> Message:
     """Loss and accuracy of the received model on this node's training partition."""
-    x, y, dataset, cfg = local_data(context)
-    model = received_model(msg, cfg, dataset)
+    from task.evaluate import evaluate  # noqa: PLC0415
+
+    apply_threads(context)
+    x, y, part, cfg = local_data(context)
+    model = received_model(msg, cfg, part)
     result = evaluate(model, x, y, cfg.eval_batch_size)
     metrics = MetricRecord({
         C.NUM_EXAMPLES: result.num_examples,
@@ -210,9 +291,9 @@ def evaluate_local(msg: Message, context: Context) -> Message:
 @app.query()
 def query(msg: Message, context: Context) -> Message:
     """Client facts the server samples and weights by: partition id, size, label counts."""
-    _, y, dataset, _ = local_data(context)
+    part, _ = node_partition(context)  # numpy: no torch for a cached partition
     partition_id, _ = partition_of(context)
     budget = context.node_config.get(C.COMM_BUDGET)  # DynamicFL: bytes per round this node can move
-    return client_info_reply(msg, partition_id=partition_id, num_examples=len(y),
-                             label_counts=label_counts(y, dataset.num_classes),
+    return client_info_reply(msg, partition_id=partition_id, num_examples=len(part.y),
+                             label_counts=label_counts(part.y, part.num_classes),
                              comm_budget=None if budget is None else float(budget))

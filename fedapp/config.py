@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from task.data import DATASET_NAMES, check_dataset_name
-from task.models import MODEL_NAMES
+from task.model_names import MODEL_NAMES
 from task.partition import PARTITION_NAMES
 
 from .tracking import TRACKERS, tracker_names

@@ -11,11 +11,13 @@ Layout of one run directory::
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from pathlib import Path
 
 import torch
+from flwr.app import ArrayRecord
 
 from strategies import contract as C
 
@@ -83,6 +85,17 @@ class RunLog:
         torch.save(state_dict, tmp)
         tmp.replace(path)
         return path
+
+
+def model_sha256(arrays: ArrayRecord) -> str:
+    """sha256 over the model's arrays in sorted key order, each as ``key|dtype|shape|``
+    followed by its bytes (C order): equal digests mean bit-identical models."""
+    digest = hashlib.sha256()
+    for key in sorted(arrays):
+        array = arrays[key].numpy()
+        digest.update(f"{key}|{array.dtype}|{array.shape}|".encode())
+        digest.update(array.tobytes())
+    return digest.hexdigest()
 
 
 def read_rounds(directory: Path) -> list[dict]:

@@ -31,11 +31,15 @@ from task.train import resolve_device
 from .checkpoint import (Checkpointer, arrays_of, check_compatible, load_checkpoint, restore_rng,
                          restore_strategy, run_rounds)
 from .config import ConfigError, RunConfig
+from .grid import PullIntervalGrid
 from .registry import build_strategy
-from .run_log import RunLog, format_table, table_header, table_row
+from .run_log import RunLog, format_table, model_sha256, table_header, table_row
 from .tracking import check_installed
 
 app = ServerApp()
+SERVER_DATA_NOTE = (" (the ServerApp evaluates every round's global model on the test set, so "
+                    "the host it runs on, the SuperLink host when deployed, needs the dataset "
+                    "too: docs/deployment.md)")
 
 
 def lowest_cpu_priority() -> None:
@@ -108,6 +112,7 @@ class ServerEvaluator:
             C.LOG_ROUND: server_round,
             C.LOG_WALL_SECONDS: now - self.last,
             C.LOG_ELAPSED_SECONDS: now - self.started,
+            C.LOG_MODEL_SHA256: model_sha256(arrays),
         }
         record.update(getattr(self.strategy, "diagnostics", {}).get(server_round, {}))
         self.last = now
@@ -216,8 +221,9 @@ def main(grid: Grid, context: Context) -> None:
             check_compatible(checkpoint, cfg.to_dict())
             restore_strategy(strategy, checkpoint)
     except (ConfigError, DataNotFoundError, ValueError) as exc:
-        log(ERROR, "%s", exc)  # the one line a user needs; Flower then marks the run failed
-        raise RuntimeError(f"fedhetero stopped before training: {exc}") from None
+        text = f"{exc}{SERVER_DATA_NOTE if isinstance(exc, DataNotFoundError) else ''}"
+        log(ERROR, "%s", text)  # the one line a user needs; Flower then marks the run failed
+        raise RuntimeError(f"fedhetero stopped before training: {text}") from None
 
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)  # Flower's own strategies sample with Python's random (fedavgm, ...)
@@ -251,7 +257,7 @@ def main(grid: Grid, context: Context) -> None:
     try:
         result = run_rounds(
             strategy,
-            grid=grid,
+            grid=PullIntervalGrid(grid),  # 0.1 s between pulls, not HttpGrid's 3 s (fedapp.grid)
             initial_arrays=initial_arrays,
             num_rounds=cfg.num_server_rounds,
             first_round=first_round,

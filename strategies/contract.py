@@ -103,6 +103,9 @@ LOG_WALL_SECONDS = "wall-seconds"  # float, the round's seconds on the server's 
 LOG_ELAPSED_SECONDS = "elapsed-seconds"  # float, seconds since the run started
 LOG_EVAL_SECONDS = "eval-seconds"  # float, seconds of the centralised evaluation
 LOG_SERVER_MAX_RSS_MB = "server-max-rss-mb"  # float, peak resident memory of the server
+# str, sha256 of the round's global model (sorted keys; key|dtype|shape| then the bytes):
+# two runs agree bit for bit in round r exactly when their digests of round r agree
+LOG_MODEL_SHA256 = "model-sha256"
 
 # --- written by every FedAvg-family strategy (strategies/fedavg.py) ----------------
 LOG_CLIENTS_SAMPLED = "clients-sampled"  # int, m clients drawn this round

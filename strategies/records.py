@@ -142,7 +142,11 @@ def query_client_info(grid: Grid, node_ids: list[int], timeout: float) -> dict[i
                 for n in node_ids]
     table = {n: ClientInfo() for n in node_ids}
     for reply in grid.send_and_receive(messages, timeout=timeout):
-        if reply.has_error() or C.METRICS not in reply.content:
+        if reply.has_error():  # e.g. the node's data is missing: its reason says why
+            log(WARNING, "Node %s could not answer the '%s' query: %s",
+                reply.metadata.src_node_id, C.QUERY_CLIENT_INFO, reply.error.reason)
+            continue
+        if C.METRICS not in reply.content:
             continue
         metrics = reply.content[C.METRICS]
         info = table.setdefault(reply.metadata.src_node_id, ClientInfo())

@@ -29,11 +29,14 @@ import os
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from .partition import partition_indices
+
+if TYPE_CHECKING:  # torch is imported by the functions that build tensors, so that the
+    import torch  # run-config check and a cached partition need no torch (task.cache)
 
 DATASET_NAMES = ("fashion-mnist", "mnist", "cifar10", "cifar100", "synthetic", "hf:<hub-id>")
 SYSTEM_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
@@ -78,6 +81,45 @@ class PartitionSpec:
     classes_per_partition: int = 2
     shards_per_partition: int = 2
     sigma: float = 0.5
+
+
+@dataclass(frozen=True)
+class DataSource:
+    """Which dataset, from where, decoded how: the arguments of :func:`load_dataset`."""
+
+    name: str = "fashion-mnist"
+    data_dir: str = ""
+    allow_download: bool = True
+    synthetic_alpha: float = 1.0
+    synthetic_beta: float = 1.0
+    normalize: bool = True
+
+    def load(self) -> TensorDataset:
+        """The whole dataset as tensors (once per process)."""
+        return load_dataset(self.name, self.data_dir, self.allow_download,
+                            self.synthetic_alpha, self.synthetic_beta, self.normalize)
+
+
+# torchvision's folder of each dataset's files below its root
+TORCHVISION_FOLDERS = {"fashion-mnist": "FashionMNIST/raw", "mnist": "MNIST/raw",
+                       "cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python"}
+
+
+def source_files(source: DataSource) -> list[Path] | None:
+    """The files :func:`load_dataset` would decode for ``source``, found without decoding
+    them ([] for ``synthetic``, which is generated); None when they are not on this
+    machine (yet) or cannot be named (``hf:`` datasets live in the Hugging Face cache)."""
+    if source.name == "synthetic":
+        return []
+    if source.name == "fashion-mnist" and (folder := fashion_mnist_folder(source.data_dir)):
+        return [_idx_path(folder, stem) for stem in IDX_FILES.values()]
+    if source.name in TORCHVISION_FOLDERS and (source.name != "fashion-mnist"
+                                               or source.allow_download):
+        root = Path(source.data_dir) if source.data_dir else default_cache_dir()
+        folder = root / TORCHVISION_FOLDERS[source.name]
+        files = sorted(p for p in folder.iterdir() if p.is_file()) if folder.is_dir() else []
+        return files or None
+    return None
 
 
 def default_cache_dir() -> Path:
@@ -132,17 +174,23 @@ def without_train(data: TensorDataset) -> TensorDataset:
                             "y_train": data.y_train[:0].clone(), "natural_ids": None})
 
 
-@functools.lru_cache(maxsize=8)
-def partition_for(dataset: TensorDataset, spec: PartitionSpec, num_partitions: int) -> tuple:
-    """Index arrays of all partitions (computed once per process and spec)."""
-    parts = partition_indices(
-        dataset.y_train.numpy(), num_partitions, spec.scheme, seed=spec.seed,
+def split_labels(labels: np.ndarray, spec: PartitionSpec, num_partitions: int,
+                 natural_ids: np.ndarray | None = None) -> list[np.ndarray]:
+    """The index arrays of all partitions of a training set with these labels (and natural
+    groups, for ``natural``): :func:`task.partition.partition_indices` with ``spec``."""
+    return partition_indices(
+        np.asarray(labels), num_partitions, spec.scheme, seed=spec.seed,
         alpha=spec.alpha, min_size=spec.min_size,
         classes_per_partition=spec.classes_per_partition,
         shards_per_partition=spec.shards_per_partition, sigma=spec.sigma,
-        natural_ids=dataset.natural_ids,
+        natural_ids=natural_ids,
     )
-    return tuple(parts)
+
+
+@functools.lru_cache(maxsize=8)
+def partition_for(dataset: TensorDataset, spec: PartitionSpec, num_partitions: int) -> tuple:
+    """Index arrays of all partitions (computed once per process and spec)."""
+    return tuple(split_labels(dataset.y_train.numpy(), spec, num_partitions, dataset.natural_ids))
 
 
 @functools.lru_cache(maxsize=256)
@@ -150,6 +198,8 @@ def client_data(
     dataset: TensorDataset, spec: PartitionSpec, partition_id: int, num_partitions: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(x, y) of one client's partition, sliced once and kept."""
+    import torch  # noqa: PLC0415
+
     if not 0 <= partition_id < num_partitions:
         raise ValueError(
             f"partition-id={partition_id} is outside [0, {num_partitions - 1}] "
@@ -160,18 +210,27 @@ def client_data(
 
 
 # ----------------------------------------------------------------- Fashion-MNIST
+def _fashion_mnist_candidates(data_dir: str) -> list[Path]:
+    """Where Fashion-MNIST's IDX files are looked for, in order."""
+    local = [Path(data_dir), Path(data_dir) / "fashion-mnist"] if data_dir else []
+    return [*local, SYSTEM_FASHION_MNIST]
+
+
+def fashion_mnist_folder(data_dir: str) -> Path | None:
+    """The first folder holding all four Fashion-MNIST IDX files: ``data_dir``, then
+    ``data_dir/fashion-mnist``, then the system copy; None when there is none."""
+    return next((f for f in _fashion_mnist_candidates(data_dir) if _idx_folder_complete(f)),
+                None)
+
+
 def _fashion_mnist(data_dir: str, allow_download: bool, normalize: bool = True,
                    with_train: bool = True) -> TensorDataset:
-    tried = []
-    candidates = [Path(data_dir)] if data_dir else []
-    candidates += [Path(data_dir) / "fashion-mnist"] if data_dir else []
-    candidates += [SYSTEM_FASHION_MNIST]
-    for folder in candidates:
-        if _idx_folder_complete(folder):
-            arrays = {key: read_idx(_idx_path(folder, stem)) for key, stem in IDX_FILES.items()}
-            return _from_uint8("fashion-mnist", arrays, 10, source=str(folder), normalize=normalize,
-                               with_train=with_train)
-        tried.append(f"IDX files in {folder}")
+    folder = fashion_mnist_folder(data_dir)
+    if folder is not None:
+        arrays = {key: read_idx(_idx_path(folder, stem)) for key, stem in IDX_FILES.items()}
+        return _from_uint8("fashion-mnist", arrays, 10, source=str(folder), normalize=normalize,
+                           with_train=with_train)
+    tried = [f"IDX files in {candidate}" for candidate in _fashion_mnist_candidates(data_dir)]
     if allow_download:
         try:
             return _torchvision("fashion-mnist", data_dir, True, normalize, with_train)
@@ -239,6 +298,8 @@ def channel_stats(images: np.ndarray, block: int = 1 << 12) -> tuple[torch.Tenso
     rounded values, the same in every process (a float32 reduction of the float images
     depends on the thread count, and needs the whole float copy).
     """
+    import torch  # noqa: PLC0415
+
     pixels = images if images.ndim == 4 else images[..., None]
     channels = pixels.shape[-1]
     counts = np.zeros((channels, 256), dtype=np.int64)
@@ -261,6 +322,8 @@ def _from_uint8(name: str, arrays: dict[str, np.ndarray], num_classes: int, sour
     standardised with the training set's per-channel mean and std if ``normalize``
     (:func:`channel_stats`). ``with_train=False``: the training images only give the
     statistics; ``x_train`` / ``y_train`` are empty."""
+    import torch  # noqa: PLC0415
+
     def to_nchw(images: np.ndarray) -> torch.Tensor:
         x = torch.from_numpy(np.asarray(images, dtype=np.float32)).div_(255.0)  # one float copy
         return x.unsqueeze(1) if x.dim() == 3 else x.permute(0, 3, 1, 2).contiguous()
@@ -358,6 +421,8 @@ def synthetic_dataset(
     follow a power law (log-normal(4, 2) + 50); 80/20 train/test
     per device. Shapes (N, 1, 1, dim) so every model's (C, H, W) contract holds.
     """
+    import torch  # noqa: PLC0415
+
     rng = np.random.default_rng(seed)
     sizes = (rng.lognormal(4, 2, num_devices).astype(int) + 50)
     cov = np.diag(np.arange(1, dim + 1, dtype=np.float64) ** -1.2)

@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .model_names import MODEL_NAMES
+
 InputShape = tuple[int, int, int]
 
 
@@ -269,7 +271,9 @@ _BUILDERS: dict[str, Callable[[InputShape, int], ClassifierModule]] = {
     "svm": LinearSVM,
 }
 
-MODEL_NAMES: tuple[str, ...] = tuple(_BUILDERS)
+if tuple(_BUILDERS) != MODEL_NAMES:  # one list of names, kept where torch is not needed
+    raise ImportError(f"task.models builds {tuple(_BUILDERS)} but task.model_names lists "
+                      f"{MODEL_NAMES}: make them equal")
 
 # models with ``forward_with_representation(x) -> (logits, z)``: what MOON needs
 REPRESENTATION_MODELS: tuple[str, ...] = ("cnn-small-moon", "mlp-2nn-moon")

@@ -2,8 +2,25 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+
+from task.cache import ROOT_ENV
+
+
+@pytest.fixture(autouse=True, scope="session")
+def private_data_cache(tmp_path_factory):
+    """The on-disk data cache of every ClientApp a test runs (in-process, flwr run, deployed)
+    lives in a folder of this session, never in the user's ~/.cache."""
+    previous = os.environ.get(ROOT_ENV)
+    os.environ[ROOT_ENV] = str(tmp_path_factory.mktemp("data-cache"))
+    yield
+    if previous is None:
+        os.environ.pop(ROOT_ENV, None)
+    else:
+        os.environ[ROOT_ENV] = previous
 
 
 @pytest.fixture

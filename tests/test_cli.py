@@ -21,7 +21,7 @@ from simulation.__main__ import main as simulation_main
 
 REPO = Path(__file__).resolve().parents[1]
 
-BENCHES = ["overhead", "efficiency", "aggregation", "sync-events", "import"]
+BENCHES = ["overhead", "efficiency", "aggregation", "sync-events", "import", "scale", "deploy"]
 
 
 def help_of(main, argv: list[str], capsys) -> str:

@@ -3,6 +3,7 @@ partition smaller than the batch size."""
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import struct
 
@@ -77,13 +78,13 @@ def test_truncated_dataset_stops_the_run_before_training_with_one_clear_error(tm
 
 @pytest.mark.parametrize("strategy", ["fedavg", "fednova", "fedveca", "dynamicfl"])
 def test_empty_partition_reports_zero_and_is_skipped(strategy, tmp_path, monkeypatch, caplog):
-    real = fedapp.client_app.client_data
+    real = fedapp.client_app.load_partition
 
-    def with_empty_partition(dataset, spec, partition_id, num_partitions):
-        x, y = real(dataset, spec, partition_id, num_partitions)
-        return (x[:0], y[:0]) if partition_id == 1 else (x, y)
+    def with_empty_partition(source, spec, partition_id, num_partitions, cache_dir=""):
+        part = real(source, spec, partition_id, num_partitions, cache_dir)
+        return dataclasses.replace(part, x=part.x[:0], y=part.y[:0]) if partition_id == 1 else part
 
-    monkeypatch.setattr(fedapp.client_app, "client_data", with_empty_partition)
+    monkeypatch.setattr(fedapp.client_app, "load_partition", with_empty_partition)
     fedapp.client_app.clear_caches()
     try:
         grid, _, rounds, final = run(strategy, tmp_path, 3, **{"num-server-rounds": 2})

@@ -13,7 +13,8 @@ aggregation's peak extra memory (from (b)).
 * ``aggregation``: ``aggregate_train`` time and memory against Flower's FedAvg;
 * ``import``: ``import strategies`` against ``import flwr.serverapp.strategy``;
 * ``sync-events``: DynamicFL's seconds per sync event against the active clients;
-* ``scale``: per-round time at 10, 100, 1,000 clients against a bare Flower FedAvg app.
+* ``scale``: per-round time at 10, 100, 1,000 clients against a bare Flower FedAvg app;
+* ``deploy``: a warm round on the deployment runtime against the simulation engine.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ BENCHES = {
     "import": "imports",
     "sync-events": "sync_events",
     "scale": "scale",
+    "deploy": "deploy",
 }
 STANDARD = ("efficiency", "aggregation")  # what a plain `bench` runs, in this order
 

@@ -1,0 +1,80 @@
+"""A Grid that pulls replies every 0.1 s, on the deployment runtime as in simulation.
+
+Flower 1.41's deployment Grid (``flwr.superlink.grid.http_grid.HttpGrid``) sleeps a
+hard-coded 3 s between two pulls in ``send_and_receive``, with no argument, attribute or
+environment variable to change it; the simulation's ``InMemoryGrid`` sleeps its
+``pull_interval`` of 0.1 s. A reply that arrives just after a pull therefore waits up to
+3 s more on the deployment runtime, every round. :class:`PullIntervalGrid` wraps any Grid
+and runs Flower's own ``send_and_receive`` loop (push, then pull until every reply is in
+or ``timeout`` has passed) on the public ``push_messages`` / ``pull_messages`` with a
+short sleep; everything else goes to the wrapped Grid unchanged.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from flwr.app import Message, RecordDict
+from flwr.serverapp import Grid
+
+if TYPE_CHECKING:
+    from flwr.proto.node_pb2 import NodeInfo  # pylint: disable=no-name-in-module
+    from flwr.supercore.run import Run
+
+PULL_INTERVAL = 0.1  # seconds, InMemoryGrid's default pull_interval
+
+
+class PullIntervalGrid(Grid):
+    """``grid`` whose ``send_and_receive`` pulls every ``pull_interval`` seconds."""
+
+    def __init__(self, grid: Grid, pull_interval: float = PULL_INTERVAL) -> None:
+        if not pull_interval > 0:
+            raise ValueError(f"pull_interval={pull_interval} must be > 0 seconds")
+        self.grid = grid
+        self.pull_interval = float(pull_interval)
+
+    def send_and_receive(self, messages: Iterable[Message], *,
+                         timeout: float | None = None) -> Iterable[Message]:
+        """Push ``messages``, then pull their replies until all are in or ``timeout``
+        seconds have passed (None: until all are in), as Flower's Grids do."""
+        pending = set(self.grid.push_messages(messages))
+        del messages
+        end_time = time.time() + (timeout if timeout is not None else 0.0)
+        replies: list[Message] = []
+        while timeout is None or time.time() < end_time:
+            pulled = list(self.grid.pull_messages(pending))
+            replies.extend(pulled)
+            pending.difference_update(m.metadata.reply_to_message_id for m in pulled)
+            if not pending:
+                break
+            time.sleep(self.pull_interval)
+        return replies
+
+    # everything else: the wrapped Grid
+    def set_run(self, run: Run) -> None:
+        self.grid.set_run(run)
+
+    @property
+    def run(self) -> Run:
+        return self.grid.run
+
+    def create_message(self, content: RecordDict, message_type: str, dst_node_id: int,
+                       group_id: str, ttl: float | None = None) -> Message:
+        return self.grid.create_message(content, message_type, dst_node_id, group_id, ttl)
+
+    def get_node_ids(self) -> Iterable[int]:
+        return self.grid.get_node_ids()
+
+    def get_nodes(self) -> Iterable[NodeInfo]:
+        return self.grid.get_nodes()
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        return self.grid.push_messages(messages)
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        return self.grid.pull_messages(message_ids)
+
+    def __getattr__(self, name: str) -> object:  # what a Grid subclass adds (close, ...)
+        return getattr(self.grid, name)

@@ -1,0 +1,97 @@
+"""``bench deploy``: a warm round on Flower's deployment runtime against the same round on
+its simulation engine. One run config, one seed, this machine, one run of each runtime,
+one after the other: a real ``flwr run`` on the simulation engine (Ray, one CPU and so
+one torch thread per ClientApp) and a real local deployment (one SuperLink and
+``--supernodes`` SuperNodes on 127.0.0.1, ``num-threads=1`` in each node config, the
+deployment ``deploy/`` starts). Both runs use one fresh on-disk data cache (filled in the
+first round of the first run). Round 1 of each run (Ray or process start, data decoding)
+is excluded: the ratio is over rounds 2..R of the run logs' ``wall-seconds``, which
+include the ServerApp's test-set evaluation in both runtimes.
+
+Prints both round tables, whether the two runs' global models are bit-identical in every
+round (the run logs' ``model-sha256``), and as its last line
+``deploy/simulation warm-round ratio = X.XX``. Timings mean something only on an
+otherwise idle machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+from pathlib import Path
+
+from fedapp.run_log import format_table, read_rounds
+from strategies import contract as C
+from task.cache import ROOT_ENV
+
+from ..runtime import parse_overrides
+from .common import simulation_round_seconds
+
+HELP = "deployment runtime vs simulation engine, warm rounds of one config"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--supernodes", type=int, default=2,
+                   help="SuperNodes = simulated clients = partitions (default 2)")
+    p.add_argument("--rounds", type=int, default=4, help="rounds per run; 2..R are timed")
+    p.add_argument("-c", "--run-config", action="append", default=[], metavar="KEY=VALUE",
+                   help="run-config override for both runs (default: pyproject's run config)")
+    p.add_argument("--timeout", type=float, default=1800, help="seconds per run")
+
+
+def warm(records: list[dict]) -> list[float]:
+    """``wall-seconds`` of rounds 2..R."""
+    return [r[C.LOG_WALL_SECONDS] for r in records if r[C.LOG_ROUND] >= 2]
+
+
+def deployed_records(config: dict, supernodes: int, work: Path, timeout: float) -> list[dict]:
+    """The run log of one run on a local deployment (started and stopped here, by PID)."""
+    from deploy.cluster import DeploySpec, LocalDeployment  # noqa: PLC0415 - drives deploy/
+    from deploy.layout import Layout  # noqa: PLC0415
+    from deploy.runner import run_on_connection  # noqa: PLC0415
+
+    out = work / "deploy-runs"
+    spec = DeploySpec(num_supernodes=supernodes, num_threads=1)
+    with LocalDeployment(spec, Layout(work / "deploy"), start_timeout=300) as deployment:
+        deployment.start()
+        result = run_on_connection(spec.connection, deployment.cli_env,
+                                   {**config, "output-dir": str(out)}, timeout=timeout,
+                                   capture=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"the deployed run ended {result.status}:\n{result.output[-3000:]}")
+    (run_dir,) = out.iterdir()
+    return read_rounds(run_dir)
+
+
+def run(args) -> None:
+    if args.rounds < 2:
+        raise SystemExit("bench deploy: --rounds must be >= 2 (round 1 is not timed)")
+    config = {**parse_overrides(args.run_config), "num-server-rounds": args.rounds,
+              "min-available-nodes": args.supernodes}
+    print(f"Run config (both runtimes): {config}; {args.supernodes} clients, one torch thread "
+          f"each; {os.cpu_count()} CPUs", flush=True)
+    with tempfile.TemporaryDirectory(prefix="fedhetero-bench-deploy-") as tmp:
+        work = Path(tmp)
+        previous = os.environ.get(ROOT_ENV)
+        os.environ[ROOT_ENV] = str(work / "data-cache")  # both runtimes' ClientApps inherit it
+        try:
+            simulated = simulation_round_seconds(config, args.supernodes, 1, keep_records=True)
+            deployed = deployed_records(config, args.supernodes, work, args.timeout)
+        finally:
+            if previous is None:
+                os.environ.pop(ROOT_ENV, None)
+            else:
+                os.environ[ROOT_ENV] = previous
+    for name, records in (("simulation engine (flwr run, Ray)", simulated),
+                          ("deployment runtime (SuperLink + SuperNodes)", deployed)):
+        print(f"\n{name}:\n{format_table(records)}")
+    same = [a.get(C.LOG_MODEL_SHA256) == b.get(C.LOG_MODEL_SHA256) is not None
+            for a, b in zip(simulated, deployed, strict=True)]
+    print(f"\nbit-identical global models: {sum(same)} of {len(same)} rounds (round 0 = the "
+          "initial model)")
+    sim, dep = statistics.mean(warm(simulated)), statistics.mean(warm(deployed))
+    print(f"mean warm round (rounds 2..{args.rounds}): simulation {sim:.2f} s, "
+          f"deployment {dep:.2f} s")
+    print(f"deploy/simulation warm-round ratio = {dep / sim:.2f}")
