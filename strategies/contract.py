@@ -129,6 +129,13 @@ LOG_SYNCS = "syncs"  # int, planned synchronisations this round
 LOG_SYNC_EVENTS = "sync-events"  # int, synchronisation events actually run
 LOG_SECONDS_PER_EVENT = "seconds-per-event"  # float, wall seconds per sync event
 
+# --- the simulated clock (strategies/clock.py; any strategy given a SimClock) --------
+LOG_SIM_SECONDS = "sim-seconds"  # float, simulated seconds of the round (strategies.clock eq. 1)
+LOG_SIM_ELAPSED = "sim-elapsed"  # float, simulated seconds since the start, this round included
+LOG_SIM_WAIT_SECONDS = "sim-wait-seconds"  # float, part of sim-seconds waiting for a device window
+LOG_CLIENTS_UNAVAILABLE = "clients-unavailable"  # int, connected clients offline this round
+LOG_SIM_SECONDS_PER_EVENT = "sim-seconds-per-event"  # float, DynamicFL: sim-seconds / sync events
+
 # Keys whose values depend on the machine, not on the run's seed (ignored by
 # bit-identity comparisons of run logs).
 LOG_TIMING_KEYS = frozenset({LOG_WALL_SECONDS, LOG_ELAPSED_SECONDS, LOG_EVAL_SECONDS,
