@@ -4,11 +4,13 @@ A client's round time, as FedScale models it (Lai et al., "FedScale: Benchmarkin
 System Performance of Federated Learning at Scale", ICML 2022, Sec. 3: compute time plus
 communication time, from per-device compute speed and bandwidth):
 
-    t_i = bytes_down / downlink_i + tau_i * b_i * c / speed_i + bytes_up / uplink_i      (1)
+    t_i = bytes_down / downlink_i + (tau_i b_i + e_i) c / speed_i + bytes_up / uplink_i      (1)
 
 tau_i the local steps client i runs (the steps the server sent, or that the client
-reported: FedVeca's per-client tau, a straggler's partial work), b_i = min(B, n_i) the
-examples per step (n_i for a full batch), c the model's training seconds per example on
+reported: FedVeca's per-client tau, a straggler's partial work), b_i the examples per
+step (min(B, n_i), n_i for a full batch; FedVeca's same-batch beta estimate doubles it),
+e_i the examples of any other forward-backward pass the algorithm asks of the client
+(FedVeca's full local gradient, Luo et al. Alg. 2 line 9), c the model's training seconds per example on
 the reference device (calibrated once per model: ``task.devices.seconds_per_example``),
 speed_i the device's speed relative to that reference (:mod:`strategies.devices`), the
 bandwidths in Mbit/s. A round's simulated time is when the strategy stops waiting: its
@@ -56,17 +58,22 @@ def step_seconds(profile: DeviceProfile, examples_per_step: int,
 
 
 def client_seconds(profile: DeviceProfile, steps: int, examples_per_step: int,
-                   seconds_per_example: float, bytes_down: float, bytes_up: float) -> float:
-    """Eq. (1): download + steps * b * c / speed + upload, in simulated seconds."""
+                   seconds_per_example: float, bytes_down: float, bytes_up: float,
+                   extra_examples: int = 0) -> float:
+    """Eq. (1): download + (steps * b + e) * c / speed + upload, in simulated seconds."""
     return (transfer_seconds(bytes_down, profile.downlink_mbps)
             + steps * step_seconds(profile, examples_per_step, seconds_per_example)
+            + step_seconds(profile, extra_examples, seconds_per_example)
             + transfer_seconds(bytes_up, profile.uplink_mbps))
 
 
 def steps_within(deadline: float, profile: DeviceProfile, examples_per_step: int,
-                 seconds_per_example: float, bytes_down: float, bytes_up: float) -> int:
-    """The local steps that fit before ``deadline``: floor((D - down - up) / step), >= 0."""
+                 seconds_per_example: float, bytes_down: float, bytes_up: float,
+                 extra_examples: int = 0) -> int:
+    """The local steps that fit before ``deadline``: floor((D - down - e c / speed - up) /
+    step), >= 0."""
     spare = (deadline - transfer_seconds(bytes_down, profile.downlink_mbps)
+             - step_seconds(profile, extra_examples, seconds_per_example)
              - transfer_seconds(bytes_up, profile.uplink_mbps))
     if spare < 0:
         return 0
@@ -215,18 +222,18 @@ class RoundTimer:
                                    self.elapsed + self.wait)
 
     def client_seconds(self, partition_id: int, steps: int, examples_per_step: int,
-                       bytes_down: float, bytes_up: float) -> float:
+                       bytes_down: float, bytes_up: float, extra_examples: int = 0) -> float:
         """Eq. (1) for partition ``partition_id``."""
         return client_seconds(self.clock.profile(partition_id), steps, examples_per_step,
-                              self.clock.cost(), bytes_down, bytes_up)
+                              self.clock.cost(), bytes_down, bytes_up, extra_examples)
 
     def steps_by_deadline(self, partition_id: int, examples_per_step: int, bytes_down: float,
-                          bytes_up: float) -> int | None:
+                          bytes_up: float, extra_examples: int = 0) -> int | None:
         """The steps partition ``partition_id`` can do by the deadline (None: no deadline)."""
         if self.deadline is None:
             return None
         return steps_within(self.deadline, self.clock.profile(partition_id), examples_per_step,
-                            self.clock.cost(), bytes_down, bytes_up)
+                            self.clock.cost(), bytes_down, bytes_up, extra_examples)
 
     def event_times(self, events: Sequence[Sequence[tuple[int, int]]],
                     examples_per_step: Mapping[int, int], bytes_down: float,

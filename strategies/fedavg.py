@@ -389,6 +389,11 @@ class FedAvg(FlowerFedAvg):
                              f"client-info query with none")
         return n
 
+    def extra_examples(self, node_id: int, config: ConfigRecord) -> int:
+        """e_i of :mod:`strategies.clock` eq. (1): examples of any forward-backward pass
+        beyond the local steps (none for FedAvg)."""
+        return 0
+
     def planned_steps(self, node_id: int) -> int:
         """tau_i as sent: the config's ``local-steps``, else floor(E n_i / B)."""
         sent = self.sent_configs.get(node_id, ConfigRecord())
@@ -403,7 +408,8 @@ class FedAvg(FlowerFedAvg):
         for node in self.draws:
             full = self.full_local_steps(node, config)
             fit = self.timer.steps_by_deadline(self.partition_of(node),
-                                               self.examples_per_step(node, config), down, up)
+                                               self.examples_per_step(node, config), down, up,
+                                               self.extra_examples(node, config))
             if fit < full:
                 work[node] = fit if fit >= self.MIN_PARTIAL_STEPS else 0
         return work
@@ -426,7 +432,7 @@ class FedAvg(FlowerFedAvg):
             config = self.sent_configs.get(node, ConfigRecord())
             times.append(self.timer.client_seconds(self.partition_of(node), steps,
                                                    self.examples_per_step(node, config),
-                                                   down, up))
+                                                   down, up, self.extra_examples(node, config)))
         wait = self.timer.wait
         seconds = self.timer.finish_round(times, waited_for_deadline=self.deadline_dropped > 0)
         diag = self.diagnostics.setdefault(server_round, {})

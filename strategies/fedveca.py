@@ -232,6 +232,18 @@ class FedVeca(FedNova):
         """This node's full local work: its tau (what ``round_deadline`` may cut)."""
         return self.tau_of(node_id)
 
+    def examples_per_step(self, node_id: int, config: ConfigRecord) -> int:
+        """b_i, doubled while the same-batch beta estimate takes a second gradient per step."""
+        b = super().examples_per_step(node_id, config)
+        estimate = config.get(C.FEDVECA_ESTIMATE, self.estimating())
+        same_batch = config.get(C.BETA_MODE, self.beta_mode) == "same-batch"
+        return 2 * b if estimate and same_batch else b
+
+    def extra_examples(self, node_id: int, config: ConfigRecord) -> int:
+        """grad F_i(w_k) over the local set, or ``grad_subsample`` of it (Alg. 2 line 9)."""
+        n = self.clients.get(node_id, ClientInfo()).num_examples or 0
+        return min(self.grad_subsample, n) if self.grad_subsample > 0 else n
+
     def expected_bytes(self, arrays: ArrayRecord) -> tuple[int, int]:
         """The model down; the model and ``grad`` (its floating arrays) up."""
         down, up = super().expected_bytes(arrays)

@@ -4,6 +4,7 @@ numbers: eq. (1), the deadline cut-off, sync events, byte budgets, availability,
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -42,6 +43,14 @@ def test_client_seconds_is_download_compute_upload():
 ])
 def test_steps_within_the_deadline(deadline, steps):
     assert ck.steps_within(deadline, SLOW, 32, 1e-3, 1e6, 1e6) == steps
+
+
+def test_extra_examples_are_compute_outside_the_steps():
+    # 100 more examples at 1 ms / 0.5 = 0.2 s: 3.64 + 0.2; the deadline fits 3 steps fewer
+    assert ck.client_seconds(SLOW, 10, 32, 1e-3, 1e6, 1e6, extra_examples=100) == \
+        pytest.approx(3.84)
+    assert ck.steps_within(3.64, SLOW, 32, 1e-3, 1e6, 1e6, extra_examples=100) == 6
+    assert ck.steps_within(3.1, SLOW, 32, 1e-3, 1e6, 1e6, extra_examples=100) == 0
 
 
 def test_round_seconds_last_reply_or_deadline():
@@ -238,3 +247,10 @@ def test_trace_path_must_be_a_csv_or_json_file(tmp_path):
     (tmp_path / "t.txt").write_text("x")
     with pytest.raises(ValueError, match=r"\.csv or \.json"):
         dv.load_trace(tmp_path / "t.txt")
+
+
+def test_the_shipped_example_traces_agree():
+    folder = Path(__file__).resolve().parents[1] / "examples" / "device-traces"
+    csv_fleet, json_fleet = dv.load_trace(folder / "fleet.csv"), dv.load_trace(folder / "fleet.json")
+    assert csv_fleet.profiles(range(4)) == json_fleet.profiles(range(4))
+    assert csv_fleet.profile(2).windows == ((0.0, 28800.0), (64800.0, 86400.0))

@@ -202,6 +202,24 @@ def test_fedveca_plans_the_gradient_upload_and_needs_two_steps():
     assert FedVeca.MIN_PARTIAL_STEPS == 2 and FedAvg.MIN_PARTIAL_STEPS == 1
 
 
+def test_fedveca_counts_its_gradient_pass_and_same_batch_estimate():
+    from strategies.records import ClientInfo  # noqa: PLC0415
+
+    veca = FedVeca(query_client_info=True, clock=clock())
+    veca.clients = {7: ClientInfo(partition_id=0, num_examples=100)}
+    common = ConfigRecord({C.BATCH_SIZE: B})
+    assert veca.extra_examples(7, common) == 100  # grad F_i(w_k) over all 100 examples
+    assert veca.examples_per_step(7, common) == B  # round 1: no estimate yet
+    veca.gnorm2_prev = 1.0  # from now on beta and delta are estimated
+    assert veca.examples_per_step(7, common) == 2 * B  # same-batch: a second gradient per step
+    literal = ConfigRecord({C.BATCH_SIZE: B, C.FEDVECA_ESTIMATE: True, C.BETA_MODE: "literal"})
+    assert veca.examples_per_step(7, literal) == B
+    sub = FedVeca(query_client_info=True, clock=clock(), grad_subsample=30)
+    sub.clients = veca.clients
+    assert sub.extra_examples(7, common) == 30
+    assert FedAvg(query_client_info=True).extra_examples(7, common) == 0
+
+
 # ---------------------------------------------------------------- DynamicFL per sync event
 def dynamicfl_fleet() -> TraceFleet:
     # p0: steps of 10 examples * 0.01 s = 0.1 s, 10^6 B/s both ways;
