@@ -1,8 +1,8 @@
 """The simulated clock: the time of a round on a heterogeneous fleet (pure; numpy only).
 
 A client's round time, as FedScale models it (Lai et al., "FedScale: Benchmarking Model and
-System Performance of Federated Learning at Scale", ICML 2022, Sec. 3: compute time plus
-communication time, from per-device compute speed and bandwidth):
+System Performance of Federated Learning at Scale", ICML 2022: its runtime charges a client
+compute time plus communication time, from per-device compute speed and bandwidth traces):
 
     t_i = bytes_down / downlink_i + (tau_i b_i + e_i) c / speed_i + bytes_up / uplink_i      (1)
 
@@ -10,8 +10,9 @@ tau_i the local steps client i runs (the steps the server sent, or that the clie
 reported: FedVeca's per-client tau, a straggler's partial work), b_i the examples per
 step (min(B, n_i), n_i for a full batch; FedVeca's same-batch beta estimate doubles it),
 e_i the examples of any other forward-backward pass the algorithm asks of the client
-(FedVeca's full local gradient, Luo et al. Alg. 2 line 9), c the model's training seconds per example on
-the reference device (calibrated once per model: ``task.devices.seconds_per_example``),
+(FedVeca's full local gradient, Luo et al. Alg. 2 line 9), c the model's training seconds
+per example on the reference device (calibrated once per model:
+``task.devices.seconds_per_example``),
 speed_i the device's speed relative to that reference (:mod:`strategies.devices`), the
 bandwidths in Mbit/s. A round's simulated time is when the strategy stops waiting: its
 last reply, or the deadline D when it dropped a client that could not finish by then

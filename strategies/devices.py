@@ -11,8 +11,8 @@ clock:
 
 * generated (:class:`GeneratedFleet`): ``homogeneous``; ``lognormal`` (speed and both
   bandwidths log-normal around the reference values, spread ``sigma``, independently,
-  as FedScale's device traces spread over orders of magnitude: Lai et al., "FedScale",
-  ICML 2022, Sec. 3); ``two-tier``, DynamicFL's rich / poor fleet (Le et al., DynamicFL,
+  as measured device traces spread over orders of magnitude: Lai et al., "FedScale",
+  ICML 2022); ``two-tier``, DynamicFL's rich / poor fleet (Le et al., DynamicFL,
   Sec. 4.1 "Configurations", Fix-beta: a fraction beta of the clients can afford
   high-frequency communication, the others low-frequency only): each partition is rich
   with probability ``rich_fraction``, a poor device is ``poor_factor`` times slower in

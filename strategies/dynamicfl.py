@@ -255,6 +255,11 @@ drift_diagnostics
             "seed %d | client-info query %s", self.spec, self.local_steps or "Eq. 4",
             self.budget_mode, self.beta, self.n_ens, self.seed,
             "on" if self.query_client_info else "off")
+        if self.timer is not None:
+            log(INFO, "\t├──> Simulated clock: %s, per sync event; budgets %s",
+                type(self.timer.clock.fleet).__name__,
+                f"from bandwidth ({self.budget_seconds:g} s of transfer per round)"
+                if self.budget_seconds > 0 else "as reported")
         super().summary()
 
     # ------------------------------------------------------------------ not used
@@ -386,6 +391,8 @@ drift_diagnostics
         diag[C.LOG_SIM_SECONDS_PER_EVENT] = seconds / max(len(synced), 1)
         if wait > 0:
             diag[C.LOG_SIM_WAIT_SECONDS] = wait
+        log(INFO, "Simulated clock: round %d took %.4g s over %d sync event(s), %.4g s in all",
+            server_round, seconds, len(synced), self.timer.elapsed)
 
     # ------------------------------------------------------------------ the round
     def chunk_config(self, base: ConfigRecord, server_round: int, chunk: ds.Chunk,

@@ -440,6 +440,10 @@ class FedAvg(FlowerFedAvg):
         diag[C.LOG_SIM_ELAPSED] = self.timer.elapsed
         if wait > 0:
             diag[C.LOG_SIM_WAIT_SECONDS] = wait
+        log(INFO, "Simulated clock: round %d took %.4g s (%d client(s) cut by the deadline, "
+            "%d not sent work), %.4g s in all", server_round, seconds,
+            len(self.straggler_work) if self.timer.deadline is not None else 0,
+            self.deadline_dropped, self.timer.elapsed)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]

@@ -251,6 +251,7 @@ def test_trace_path_must_be_a_csv_or_json_file(tmp_path):
 
 def test_the_shipped_example_traces_agree():
     folder = Path(__file__).resolve().parents[1] / "examples" / "device-traces"
-    csv_fleet, json_fleet = dv.load_trace(folder / "fleet.csv"), dv.load_trace(folder / "fleet.json")
+    csv_fleet = dv.load_trace(folder / "fleet.csv")
+    json_fleet = dv.load_trace(folder / "fleet.json")
     assert csv_fleet.profiles(range(4)) == json_fleet.profiles(range(4))
     assert csv_fleet.profile(2).windows == ((0.0, 28800.0), (64800.0, 86400.0))
