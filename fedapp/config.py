@@ -66,6 +66,15 @@ class RunConfig:
     straggler_fraction: float = 0.0
     straggler_policy: str = "auto"
     straggler_unit: str = "steps"
+    round_deadline: float = 0.0
+    device_profiles: str = "none"
+    device_downlink_mbps: float = 20.0
+    device_uplink_mbps: float = 5.0
+    device_sigma: float = 1.0
+    device_rich_fraction: float = 0.3
+    device_poor_factor: float = 10.0
+    device_availability: float = 1.0
+    device_reference_gflops: float = 1.0
     drift_diagnostics: bool = True
     fedveca_tau_init: int = 20
     fedveca_tau_max: int = 50
@@ -77,6 +86,7 @@ class RunConfig:
     dynamicfl_budget_mode: str = "dynamic"
     dynamicfl_beta: float = 0.3
     dynamicfl_server_budget: float = 0.0
+    dynamicfl_budget_seconds: float = 0.0
     dynamicfl_n_ens: int = 10
     dynamicfl_x_star_mode: str = "paper"
     feddyn_alpha: float = 0.01  # the authors' CIFAR-10 example
@@ -173,6 +183,9 @@ class RunConfig:
         self._check("shards-per-partition", self.shards_per_partition >= 1, "an integer >= 1")
         self._check("quantity-sigma", self.quantity_sigma >= 0, "a number >= 0 (0 = balanced)")
         self._check("model", self.model in MODEL_NAMES, f"one of {', '.join(MODEL_NAMES)}")
+        self._check("device-reference-gflops", self.device_reference_gflops > 0,
+               "a number > 0: the reference device's training speed in GFLOP/s, which "
+               "calibrates the simulated clock's seconds per example")
         self._check("local-epochs", self.local_epochs > 0,
                "a number > 0: an integer >= 1 for whole epochs, or a fraction "
                "(tau_i = max(1, floor(E n_i / B)))")

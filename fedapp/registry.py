@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 
 from logging import WARNING
 
@@ -22,6 +23,8 @@ from flwr.serverapp.strategy import Strategy
 from strategies import DynamicFL, FedAvg, FedDyn, FedNova, FedProx, FedVeca, Moon, Scaffold
 from strategies import contract as C
 from strategies import server_optimizers as flower
+from strategies.clock import SimClock
+from strategies.devices import FLEETS, GeneratedFleet, load_trace
 from strategies.schedules import LRSchedule
 from task.models import REPRESENTATION_MODELS
 
@@ -51,6 +54,26 @@ def lr_schedule(cfg: RunConfig) -> LRSchedule:
                       lr_min=cfg.lr_min, num_rounds=cfg.num_server_rounds)
 
 
+def device_clock(cfg: RunConfig) -> SimClock | None:
+    """The simulated clock of ``device-profiles`` (None for ``none``), not yet calibrated
+    (the ServerApp gives it the model's cost). The generator's keys are checked whatever
+    ``device-profiles`` says; a trace must be an absolute .csv / .json path."""
+    kind = cfg.device_profiles
+    generated = GeneratedFleet(
+        kind if kind in FLEETS else "homogeneous", seed=cfg.seed,
+        downlink_mbps=cfg.device_downlink_mbps, uplink_mbps=cfg.device_uplink_mbps,
+        sigma=cfg.device_sigma, rich_fraction=cfg.device_rich_fraction,
+        poor_factor=cfg.device_poor_factor, availability=cfg.device_availability)
+    if kind == "none":
+        return None
+    if kind in FLEETS:
+        return SimClock(generated)
+    if not Path(kind).is_absolute():
+        raise ValueError(f"device profiles {kind!r}: use none, {', '.join(FLEETS)}, or the "
+                         f"absolute path of a .csv / .json device trace")
+    return SimClock(load_trace(kind))
+
+
 def _common(cfg: RunConfig) -> dict:
     """Constructor arguments of the FedAvg family; straggler-policy 'auto' = the class default.
 
@@ -68,6 +91,8 @@ def _common(cfg: RunConfig) -> dict:
         "weighting": cfg.weighting,
         "server_lr": cfg.server_lr,
         "lr_schedule": lr_schedule(cfg),
+        "clock": device_clock(cfg),
+        "round_deadline": cfg.round_deadline or None,
     }
     if cfg.straggler_policy != "auto":
         kwargs["straggler_policy"] = cfg.straggler_policy
@@ -118,7 +143,8 @@ def _dynamicfl(cfg: RunConfig, intervals: str | None = None) -> tuple[Strategy, 
         x_star_mode=cfg.dynamicfl_x_star_mode, fraction_train=cfg.fraction_train,
         fraction_evaluate=cfg.fraction_evaluate, seed=cfg.seed,
         min_available_nodes=cfg.min_available_nodes, drift_diagnostics=cfg.drift_diagnostics,
-        lr_schedule=lr_schedule(cfg), query_client_info=True)
+        lr_schedule=lr_schedule(cfg), query_client_info=True, clock=device_clock(cfg),
+        budget_seconds=cfg.dynamicfl_budget_seconds)
     return strategy, train_config(cfg)
 
 
@@ -201,7 +227,7 @@ STRATEGIES: dict[str, Builder] = {
 FLOWER_STRATEGIES = ("fedavgm", "fedadam", "fedyogi", "fedadagrad")
 
 _DYNAMICFL_NEUTRAL = ({"straggler-fraction": 0.0, "weighting": "examples", "server-lr": 1.0,
-                      "server-momentum": 0.0},
+                      "server-momentum": 0.0, "round-deadline": 0.0},
                      "every active client does exactly L local steps and each sync event sets W "
                      "to the num-examples-weighted average")
 
@@ -284,8 +310,10 @@ def _check_other_families(cfg: RunConfig) -> None:
         changed = {k: v for k, v in family.items() if v != default(k)}
         if cfg.strategy in readers or not changed:
             continue
+        devices = {k: v for k, v in values.items() if k.startswith("device-")}  # the clock
         probe = dataclasses.replace(RunConfig(), strategy=checker,
-                                    **{k.replace("-", "_"): v for k, v in family.items()})
+                                    **{k.replace("-", "_"): v
+                                       for k, v in {**devices, **family}.items()})
         try:
             with _quiet():
                 STRATEGIES[checker](probe)

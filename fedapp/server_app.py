@@ -22,7 +22,9 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
 from strategies import contract as C
+from strategies.devices import write_trace
 from task.data import DataNotFoundError, load_dataset
+from task.devices import plot_device_profiles, seconds_per_example
 from task.partition import plot_label_histogram
 from task.evaluate import evaluate
 from task.models import build_model
@@ -176,7 +178,8 @@ class ServerEvaluator:
         for record in self.records:
             self.run_log.append_round(record)
         self.started = time.perf_counter() - payload[C.LOG_ELAPSED_SECONDS]
-        for name in ("partitions.json", "label_distribution.png"):
+        for name in ("partitions.json", "label_distribution.png", "device_profiles.csv",
+                     "device_profiles.png"):
             if (Path(source) / name).is_file():
                 shutil.copyfile(Path(source) / name, self.run_log.directory / name)
         log(INFO, "Resuming %s after round %d (run log continues in %s):", source, payload["round"],
@@ -184,6 +187,20 @@ class ServerEvaluator:
         log(INFO, table_header())
         for record in self.records:
             log(INFO, table_row(record))
+
+    def list_devices(self) -> None:
+        """device_profiles.csv (the trace format) + device_profiles.png of the simulated clock's
+        fleet, for the partitions the clients reported."""
+        timer = getattr(self.strategy, "timer", None)
+        pids = sorted({info.partition_id for info in getattr(self.strategy, "clients", {}).values()
+                       if info.partition_id is not None})
+        if timer is None or not pids:
+            return
+        devices = timer.clock.fleet.profiles(pids)
+        write_trace(self.run_log.directory / "device_profiles.csv", devices)
+        path = self.run_log.directory / "device_profiles.png"
+        plot_device_profiles(devices, path, title=f"device profiles of {len(pids)} clients")
+        log(INFO, "Device profiles of the simulated clock: %s", path)
 
     def partition_counts(self) -> list[tuple[str, list[int]]]:
         """(partition id, label counts) of every client that reported them, by partition id."""
@@ -204,6 +221,20 @@ class ServerEvaluator:
         plot_label_histogram(np.array([counts for _, counts in known]), path,
                              title=f"label distribution of {len(known)} clients")
         log(INFO, "Label distribution of the partitions: %s", path)
+
+
+def calibrate_clock(strategy, model, input_shape, reference_gflops: float) -> dict | None:
+    """Give the strategy's simulated clock the model's training seconds per example (once per
+    model, from its FLOPs: task.devices); what it used, for config.json."""
+    timer = getattr(strategy, "timer", None)
+    if timer is None:
+        return None
+    cost = seconds_per_example(model, input_shape, reference_gflops)
+    timer.calibrate(cost)
+    log(INFO, "Simulated clock: %.4g s per training example on the reference device "
+        "(%g GFLOP/s)", cost, reference_gflops)
+    return {"seconds-per-example": cost, "reference-gflops": reference_gflops,
+            "deadline": timer.deadline}
 
 
 @app.main()
@@ -229,6 +260,7 @@ def main(grid: Grid, context: Context) -> None:
     random.seed(cfg.seed)  # Flower's own strategies sample with Python's random (fedavgm, ...)
     model = build_model(cfg.model, dataset.input_shape, dataset.num_classes)
     device = resolve_device(cfg.device)
+    clock = calibrate_clock(strategy, model, dataset.input_shape, cfg.device_reference_gflops)
     config_dump = {
         "run-config": cfg.to_dict(),
         "run-id": context.run_id,
@@ -237,6 +269,7 @@ def main(grid: Grid, context: Context) -> None:
         "resumed-from": ({"run-dir": cfg.resume_from, "round": checkpoint["round"]}
                          if checkpoint else None),
         "device": str(device),
+        "clock": clock,
         "versions": {"flwr": flwr.__version__, "torch": torch.__version__,
                      "python": platform.python_version()},
     }
@@ -270,6 +303,7 @@ def main(grid: Grid, context: Context) -> None:
         evaluator.close()
     del result  # the evaluator's model holds the final global model (the last round is evaluated)
     evaluator.plot_partitions()
+    evaluator.list_devices()  # the simulated clock's fleet, when the run has one
     final = {k: v.cpu().contiguous() for k, v in evaluator.model.state_dict().items()}
     path = run_log.save_model(final)
     run_log.close()

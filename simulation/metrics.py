@@ -1,4 +1,5 @@
-"""Run-log metrics for reports: best-so-far curves and rounds / bytes to a target accuracy."""
+"""Run-log metrics for reports: best-so-far curves and rounds / bytes / simulated seconds to a
+target accuracy."""
 
 from __future__ import annotations
 
@@ -63,3 +64,22 @@ def bytes_to_target(records: list[dict], target: float) -> float | None:
     between evaluated rounds)."""
     return crossing(evaluated_bytes(records), [r[C.LOG_ACCURACY] for r in evaluated(records)],
                     target)
+
+
+def has_clock(records: list[dict]) -> bool:
+    """Whether a run log carries the simulated clock (``sim-elapsed`` after round 0)."""
+    return any(r.get(C.LOG_SIM_ELAPSED) is not None for r in records)
+
+
+def sim_elapsed(records: list[dict]) -> np.ndarray:
+    """Simulated seconds since the start at each round (round 0, the initial model, = 0)."""
+    return np.array([float(r.get(C.LOG_SIM_ELAPSED) or 0.0) for r in records])
+
+
+def sim_seconds_to_target(records: list[dict], target: float) -> float | None:
+    """Simulated seconds until the best-so-far accuracy reaches ``target`` (interpolated);
+    None if it never does or the run has no clock."""
+    if not has_clock(records):
+        return None
+    scored = evaluated(records)
+    return crossing(sim_elapsed(scored), [r[C.LOG_ACCURACY] for r in scored], target)

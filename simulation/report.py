@@ -5,9 +5,11 @@ Reads every ``<FOLDER>/<variant>/seed<k>/<run>/rounds.jsonl`` and writes into FO
 
 * ``report.csv`` and ``report.md``: per variant, final and best test accuracy (mean ± std
   over seeds), rounds-to-target and bytes-to-target (best-so-far curve, linear
-  interpolation, McMahan et al.; mean over the seeds that reach it, "n/k" reached);
+  interpolation, McMahan et al.; mean over the seeds that reach it, "n/k" reached), and
+  where the runs carry the simulated clock (``device-profiles``) the simulated seconds to
+  each target (``sim-seconds-to-<target>``);
 * ``accuracy_vs_round.png`` and ``accuracy_vs_bytes.png``: mean over seeds with the
-  min-max band, one line per variant;
+  min-max band, one line per variant; with the clock also ``accuracy_vs_sim_time.png``;
 * ``label_distribution_seed<k>.png``: the clients' label counts of each seed (the
   partition depends on the seed only);
 * with ``baselines`` (variant-name prefix -> baseline variant, e.g. FedSGD), the speedup
@@ -37,7 +39,8 @@ import numpy as np
 from fedapp.run_log import read_rounds
 from strategies import contract as C
 
-from .metrics import bytes_to_target, cumulative_bytes, evaluated, evaluated_bytes, rounds_to_target
+from .metrics import (bytes_to_target, cumulative_bytes, evaluated, evaluated_bytes, has_clock,
+                      rounds_to_target, sim_elapsed, sim_seconds_to_target)
 
 
 def collect(folder: Path) -> dict[str, list[tuple[Path, list[dict]]]]:
@@ -54,7 +57,13 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
     return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
+def any_clock(runs: dict[str, list[tuple[Path, list[dict]]]]) -> bool:
+    """Whether any run carries the simulated clock."""
+    return any(has_clock(r) for items in runs.values() for _, r in items)
+
+
 def table_rows(runs: dict[str, list[tuple[Path, list[dict]]]], targets: list[float]) -> list[dict]:
+    clock = any_clock(runs)
     rows = []
     for variant, items in runs.items():
         records = [r for _, r in items]
@@ -71,17 +80,28 @@ def table_rows(runs: dict[str, list[tuple[Path, list[dict]]]], targets: list[flo
             ]
             row[f"rounds-to-{target:g}"] = statistics.mean(got) if got else None
             row[f"MB-to-{target:g}"] = statistics.mean(megabytes) if megabytes else None
+            if clock:
+                seconds = [s for s in (sim_seconds_to_target(r, target) for r in records)
+                           if s is not None]
+                row[f"sim-seconds-to-{target:g}"] = (statistics.mean(seconds) if seconds
+                                                     else None)
             row[f"reached-{target:g}"] = f"{len(got)}/{len(records)}"
+        if clock:
+            row["sim-seconds-total"] = statistics.mean(float(sim_elapsed(r)[-1]) for r in records)
         rows.append(row)
     return rows
 
 
 def markdown(rows: list[dict], targets: list[float]) -> str:
+    clock = bool(rows) and any(k.startswith("sim-seconds-to-") for k in rows[0])
     head = "| variant | seeds | final accuracy (%) | best accuracy (%) |"
     rule = "|---|---|---|---|"
     for target in targets:
         head += f" rounds to {100 * target:g}% | MB to {100 * target:g}% |"
         rule += "---|---|"
+        if clock:
+            head += f" sim s to {100 * target:g}% |"
+            rule += "---|"
     lines = [head, rule]
     for row in rows:
         line = (
@@ -100,6 +120,9 @@ def markdown(rows: list[dict], targets: list[float]) -> str:
                 if rounds is not None
                 else f" not reached ({reached}) | - |"
             )
+            if clock:
+                seconds = row[f"sim-seconds-to-{target:g}"]
+                line += f" {seconds:.4g} |" if seconds is not None else " - |"
         lines.append(line)
     return "\n".join(lines)
 
@@ -110,9 +133,12 @@ def baseline_of(variant: str, baselines: dict[str, str]) -> str | None:
     return baselines[max(matches, key=len)] if matches else None
 
 
-def speedup_markdown(rows: list[dict], targets: list[float], baselines: dict[str, str]) -> str:
-    """Rounds-to-target speedup against each row's baseline ("≥" where the baseline never
-    reached the target within its rounds: its round budget is a lower bound)."""
+def speedup_markdown(rows: list[dict], targets: list[float], baselines: dict[str, str],
+                     metric: str = "rounds") -> str:
+    """Rounds-to-target (``metric="sim-seconds"``: simulated-time-to-target) speedup against
+    each row's baseline ("≥" where the baseline never reached the target within its run:
+    its rounds, or its simulated seconds, are a lower bound)."""
+    budget = "rounds" if metric == "rounds" else "sim-seconds-total"
     by_name = {row["variant"]: row for row in rows}
     head = "| variant | baseline |" + "".join(f" speedup to {100 * t:g}% |" for t in targets)
     lines = [head, "|---|---|" + "---|" * len(targets)]
@@ -122,11 +148,11 @@ def speedup_markdown(rows: list[dict], targets: list[float], baselines: dict[str
             continue
         cells = []
         for target in targets:
-            ours, theirs = row[f"rounds-to-{target:g}"], base[f"rounds-to-{target:g}"]
+            ours, theirs = row.get(f"{metric}-to-{target:g}"), base.get(f"{metric}-to-{target:g}")
             if ours is None or ours <= 0:
                 cells.append("-")
             elif theirs is None:
-                cells.append(f"≥ {base['rounds'] / ours:.1f}×")
+                cells.append(f"≥ {base[budget] / ours:.1f}×")
             else:
                 cells.append(f"{theirs / ours:.1f}×")
         lines.append(f"| {row['variant']} | {base['variant']} | " + " | ".join(cells) + " |")
@@ -221,6 +247,26 @@ def communication_markdown(runs: dict[str, list[tuple[Path, list[dict]]]]) -> st
     return "\n".join(lines)
 
 
+def clock_markdown(runs: dict[str, list[tuple[Path, list[dict]]]]) -> str:
+    """Per variant: simulated hours of the whole run, simulated seconds per round, and per
+    round the clients cut by the deadline (partial work or dropped), dropped, and offline."""
+    keys = {C.LOG_SIM_SECONDS: "sim s / round", C.LOG_CLIENTS_STRAGGLERS: "cut / round",
+            C.LOG_CLIENTS_DROPPED: "dropped / round",
+            C.LOG_CLIENTS_UNAVAILABLE: "offline / round"}
+    lines = ["| variant | simulated hours per run |" + "".join(f" {t} |" for t in keys.values()),
+             "|---|---|" + "---|" * len(keys)]
+    for variant, items in runs.items():
+        if not all(has_clock(r) for _, r in items):
+            continue
+        hours = statistics.mean(float(sim_elapsed(r)[-1]) for _, r in items) / 3600
+        cells = []
+        for key in keys:
+            values = [x[key] for _, r in items for x in r[1:] if x.get(key) is not None]
+            cells.append(f" {statistics.mean(values):.4g} |" if values else " - |")
+        lines.append(f"| {variant} | {hours:.3g} |" + "".join(cells))
+    return "\n".join(lines)
+
+
 def panels_of(variants: list[str], baselines: dict[str, str]) -> dict[str, list[str]]:
     """Variants grouped by the baseline prefix they match (one plot panel per setting, e.g.
     'c2-' and 'dir0.1-'); variants matching no prefix share one panel."""
@@ -236,8 +282,11 @@ def plot_curves(
     path: Path,
     by_bytes: bool,
     baselines: dict[str, str] | None = None,
+    by_sim_time: bool = False,
 ) -> None:
-    """Mean accuracy over seeds with a min-max band, per variant; one panel per setting."""
+    """Mean accuracy over seeds with a min-max band, per variant; one panel per setting.
+    x: the round, the communicated MB (``by_bytes``) or the simulated hours
+    (``by_sim_time``), each averaged over the seeds at every round."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415
     from matplotlib.figure import Figure  # noqa: PLC0415
 
@@ -250,16 +299,19 @@ def plot_curves(
             items = runs[variant]
             length = min(len(evaluated(r)) for _, r in items)
             acc = np.array([[x[C.LOG_ACCURACY] for x in evaluated(r)[:length]] for _, r in items])
-            if by_bytes:
+            if by_sim_time:
+                xs = np.mean([sim_elapsed(evaluated(r)[:length]) for _, r in items], axis=0) / 3600
+            elif by_bytes:
                 xs = np.mean([evaluated_bytes(r)[:length] for _, r in items], axis=0) / 1e6
             else:
                 xs = np.array([x[C.LOG_ROUND] for x in evaluated(items[0][1])[:length]])
             style = {"color": f"C{number % 10}", "linestyle": "-" if number < 10 else "--"}
             ax.plot(xs, acc.mean(axis=0), label=f"{variant} ({len(items)} seeds)", **style)
             ax.fill_between(xs, acc.min(axis=0), acc.max(axis=0), alpha=0.15, color=style["color"])
-        if by_bytes:
+        if by_bytes and not by_sim_time:
             ax.set_xscale("symlog", linthresh=10.0)
-        ax.set_xlabel("communicated MB (up + down)" if by_bytes else "round")
+        ax.set_xlabel("simulated hours (device profiles)" if by_sim_time else
+                      "communicated MB (up + down)" if by_bytes else "round")
         ax.set_ylabel("test accuracy")
         if prefix:
             ax.set_title(prefix.rstrip("-_"))
@@ -308,7 +360,14 @@ def build_report(
     speedups = speedup_markdown(rows, targets, baselines or {})
     if speedups:
         table += "\n\nSpeedup in rounds to target against the baseline:\n\n" + speedups
+    sim_speedups = speedup_markdown(rows, targets, baselines or {}, metric="sim-seconds")
+    if any_clock(runs) and sim_speedups:
+        table += ("\n\nSpeedup in simulated time to target against the baseline:\n\n"
+                  + sim_speedups)
     table += "\n\nCommunication (means over seeds):\n\n" + communication_markdown(runs)
+    if any_clock(runs):
+        table += ("\n\nSimulated time (device profiles; means over rounds and seeds):\n\n"
+                  + clock_markdown(runs))
     drift = drift_markdown(runs)
     if drift:
         table += (
@@ -318,6 +377,10 @@ def build_report(
     (out / "report.md").write_text(header + table + "\n")
     plot_curves(runs, out / "accuracy_vs_round.png", by_bytes=False, baselines=baselines)
     plot_curves(runs, out / "accuracy_vs_bytes.png", by_bytes=True, baselines=baselines)
+    if any_clock(runs):
+        plot_curves({v: items for v, items in runs.items() if all(has_clock(r) for _, r in items)},
+                    out / "accuracy_vs_sim_time.png", by_bytes=False, baselines=baselines,
+                    by_sim_time=True)
     first = next(iter(runs.values()))  # partitions depend on the seed, not on the variant
     for run_dir, _ in first:
         picture = run_dir / "label_distribution.png"

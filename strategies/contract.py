@@ -177,6 +177,13 @@ LOG_MOON_CONTRASTIVE_LOSS = MOON_CONTRASTIVE_LOSS  # float, num-examples-weighte
 # differs from an uninterrupted run's in these keys only.
 LOG_RESEND_KEYS = frozenset({LOG_BYTES_DOWN, LOG_CLIENT_STATE_ATTACHED})
 
+# --- the simulated clock (strategies/clock.py; any strategy given a SimClock) --------
+LOG_SIM_SECONDS = "sim-seconds"  # float, simulated seconds of the round (strategies.clock eq. 1)
+LOG_SIM_ELAPSED = "sim-elapsed"  # float, simulated seconds since the start, this round included
+LOG_SIM_WAIT_SECONDS = "sim-wait-seconds"  # float, part of sim-seconds waiting for a device window
+LOG_CLIENTS_UNAVAILABLE = "clients-unavailable"  # int, connected clients offline this round
+LOG_SIM_SECONDS_PER_EVENT = "sim-seconds-per-event"  # float, DynamicFL: sim-seconds / sync events
+
 # Keys whose values depend on the machine, not on the run's seed (ignored by
 # bit-identity comparisons of run logs).
 LOG_TIMING_KEYS = frozenset({LOG_WALL_SECONDS, LOG_ELAPSED_SECONDS, LOG_EVAL_SECONDS,

@@ -31,7 +31,9 @@ from . import contract as C
 from . import dynacomm as dc
 from . import dynamicfl_schedule as ds
 from . import records, sampling, schedules
+from .clock import SimClock, byte_budget
 from .contract import COMM_BUDGET, NUM_STEPS, ROUND_STEPS, START_STEP  # noqa: F401 (chunk keys)
+from .fedavg import clock_timer
 from .records import ClientInfo, to_numpy, to_record
 
 STATE_VERSION = 1  # of state_dict()
@@ -75,6 +77,16 @@ class DynamicFL(FlowerFedAvg):
     cosine_lr_min : float, optional
         Shorthand for ``lr_schedule=LRSchedule("cosine", lr_min=cosine_lr_min)``: cosine
         annealing from lr_0 to this over the run (the official code's schedule).
+    clock : SimClock, optional
+        Simulated time (:mod:`strategies.clock`), accounted per sync event
+        (:func:`strategies.clock.sync_event_times`): each round logs ``sim-seconds``,
+        ``sim-elapsed`` and ``sim-seconds-per-event``; offline devices are not sampled.
+        Needs ``query_client_info=True`` (profiles are keyed by partition id).
+    budget_seconds : float
+        > 0: in ``budget_mode="budget"``, each client's tau_m is the bytes its bandwidth
+        moves in this many seconds of transfer per round
+        (:func:`strategies.clock.byte_budget`), instead of a reported ``comm-budget``;
+        needs ``clock``. 0 (default): the reported budgets.
     poll_interval : float
         Seconds between ``pull_messages`` calls while waiting for a sync event.
     fraction_train : float
@@ -120,6 +132,8 @@ drift_diagnostics
         query_client_info: bool = False,
         query_timeout: float = 600.0,
         drift_diagnostics: bool = False,
+        clock: SimClock | None = None,
+        budget_seconds: float = 0.0,
     ) -> None:
         for name, value, zero_ok in (("fraction_train", fraction_train, False),
                                      ("fraction_evaluate", fraction_evaluate, True)):
@@ -151,6 +165,16 @@ drift_diagnostics
                 raise records.query_required(
                     "DynamicFL", "local_steps=0 (L by Eq. 4 from every client's num-examples)",
                     "set local_steps=L")
+        self.timer = clock_timer(type(self).__name__, clock, seed, None, query_client_info)
+        if not (isinstance(budget_seconds, (int, float)) and math.isfinite(budget_seconds)
+                and budget_seconds >= 0):
+            raise ValueError(f"budget_seconds must be a finite number >= 0 (0 = the reported "
+                             f"comm-budget), got {budget_seconds!r}")
+        if budget_seconds > 0 and (clock is None or budget_mode != "budget"):
+            raise ValueError(f"budget_seconds={budget_seconds} sets byte budgets from the "
+                             f"device bandwidths: it needs budget_mode='budget' (got "
+                             f"{budget_mode!r}) and a clock (got {clock!r})")
+        self.budget_seconds = float(budget_seconds)
         self.local_steps = int(local_steps)
         self.budget_mode = budget_mode
         self.beta = float(beta)
@@ -190,9 +214,10 @@ drift_diagnostics
         rich = (None if self.rich is None else
                 sorted(p for p in (pid(n) for n in self.rich) if p is not None))
         budgets = {str(pid(n)): b for n, b in self.budgets.items() if pid(n) is not None}
+        clock = {} if self.timer is None else {"sim-elapsed": self.timer.elapsed}
         return {"fedavg-state-version": 1, "class": type(self).__name__,
                 "dynamicfl-state-version": STATE_VERSION, "local-steps": self.local_steps,
-                "rich-partitions": rich, "budgets": budgets}
+                "rich-partitions": rich, "budgets": budgets, **clock}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore what :meth:`state_dict` returned. The rich set and budgets are mapped back
@@ -207,6 +232,8 @@ drift_diagnostics
         if steps < 0:
             raise ValueError(f"DynamicFL state has local-steps={steps}; it must be >= 0")
         self.local_steps = steps
+        if self.timer is not None:
+            self.timer.elapsed = float(state.get("sim-elapsed", 0.0))
         self._restored = state
 
     def _apply_restored(self) -> None:
@@ -228,6 +255,11 @@ drift_diagnostics
             "seed %d | client-info query %s", self.spec, self.local_steps or "Eq. 4",
             self.budget_mode, self.beta, self.n_ens, self.seed,
             "on" if self.query_client_info else "off")
+        if self.timer is not None:
+            log(INFO, "\t├──> Simulated clock: %s, per sync event; budgets %s",
+                type(self.timer.clock.fleet).__name__,
+                f"from bandwidth ({self.budget_seconds:g} s of transfer per round)"
+                if self.budget_seconds > 0 else "as reported")
         super().summary()
 
     # ------------------------------------------------------------------ not used
@@ -302,7 +334,7 @@ drift_diagnostics
         cons = dc.constraints(
             self.budget_mode, len(active), beta=self.beta,
             rich=[n in self.rich for n in active] if self.rich is not None else None,
-            budgets=[self.budgets.get(n) for n in active], server_budget=self.server_budget,
+            budgets=[self.budget_of(n) for n in active], server_budget=self.server_budget,
             nu_high=nu_high, nu_low=nu_low, model_bytes=model_bytes)
         all_low = dc.server_cost(0, len(active), nu_high, nu_low, model_bytes)
         if self.budget_mode == "budget" and self.server_budget is not None \
@@ -311,6 +343,56 @@ drift_diagnostics
                 "budget (%s bytes)", server_round, all_low, self.server_budget)
         return dc.dynacomm(counts, q, eligible=cons.eligible, k_max=cons.k_max, n_ens=self.n_ens,
                            rng=[self.seed, server_round, 7], min_size=self.min_group_size)
+
+    def budget_of(self, node: int) -> float | None:
+        """tau_m: from the device's bandwidth with ``budget_seconds``, else as reported."""
+        if self.budget_seconds > 0:
+            return byte_budget(self.timer.clock.profile(self.partition_of(node)),
+                               self.budget_seconds)
+        return self.budgets.get(node)
+
+    # ------------------------------------------------------------------ simulated clock
+    def partition_of(self, node: int) -> int:
+        """The node's partition id (the clock's profiles are keyed by it)."""
+        pid = self.clients.get(node, ClientInfo()).partition_id
+        if pid is None:
+            raise ValueError(f"DynamicFL: node {node} reported no '{C.PARTITION_ID}', which "
+                             f"the simulated clock keys device profiles by; register "
+                             f"{records.QUERY_HELPER} in the ClientApp's @app.query()")
+        return pid
+
+    def online_nodes(self, server_round: int, ordered: list[int]) -> tuple[list[int], int | None]:
+        """As :meth:`strategies.FedAvg.online_nodes`: the sampleable nodes and m."""
+        if self.timer is None:
+            return ordered, None
+        pids = [self.partition_of(n) for n in ordered]
+        online = [n for n, up in zip(ordered, self.timer.start_round(server_round, pids)) if up]
+        m = min(sampling.num_to_sample(self.fraction_train, max(len(ordered), 1)), len(online))
+        return online, m
+
+    def record_round_time(self, server_round: int, synced: list[list[tuple[int, int]]],
+                          config: ConfigRecord, model_bytes: int) -> None:
+        """sim-seconds of the round's sync events as they ran (:func:`strategies.clock.
+        sync_event_times`; each sync moves the model down and up), sim-elapsed and
+        sim-seconds-per-event."""
+        batch = int(config.get(C.BATCH_SIZE, 0))
+        events = [[(self.partition_of(n), k) for n, k in event] for event in synced]
+        examples = {}
+        for event in synced:
+            for node, _ in event:
+                n = self.clients.get(node, ClientInfo()).num_examples or batch
+                examples[self.partition_of(node)] = min(batch, n) if batch > 0 else n
+        times = self.timer.event_times(events, examples, model_bytes, model_bytes)
+        wait = self.timer.wait
+        seconds = self.timer.finish_round(times)
+        diag = self.diagnostics.setdefault(server_round, {})
+        diag[C.LOG_SIM_SECONDS] = seconds
+        diag[C.LOG_SIM_ELAPSED] = self.timer.elapsed
+        diag[C.LOG_SIM_SECONDS_PER_EVENT] = seconds / max(len(synced), 1)
+        if wait > 0:
+            diag[C.LOG_SIM_WAIT_SECONDS] = wait
+        log(INFO, "Simulated clock: round %d took %.4g s over %d sync event(s), %.4g s in all",
+            server_round, seconds, len(synced), self.timer.elapsed)
 
     # ------------------------------------------------------------------ the round
     def chunk_config(self, base: ConfigRecord, server_round: int, chunk: ds.Chunk,
@@ -337,10 +419,17 @@ drift_diagnostics
         self._apply_restored()
         self.all_nodes = nodes
         L = self.steps_per_round(nodes, config)
-        ordered = self.ordered_nodes(nodes)
-        picks = sampling.sample_round(self.seed, server_round, len(ordered), self.fraction_train)
-        active = [ordered[k] for k in sorted(picks)]
+        ordered, m = self.online_nodes(server_round, self.ordered_nodes(nodes))
         model_bytes = arrays.count_bytes()
+        if not ordered:  # no device online (simulated clock)
+            log(WARNING, "Round %d: no client is online; the global model is kept", server_round)
+            self.diagnostics[server_round] = {C.LOG_CLIENTS_SAMPLED: 0,
+                                              C.LOG_CLIENTS_UNAVAILABLE: len(nodes)}
+            self.record_round_time(server_round, [], config, model_bytes)
+            return None
+        picks = sampling.sample_round(self.seed, server_round, len(ordered), self.fraction_train,
+                                      num_sampled=m)
+        active = [ordered[k] for k in sorted(picks)]
         selection = self.choose_group(server_round, active, nodes, model_bytes)
         z = [active[i] for i in selection.members]
         plan = ds.assign_intervals(active, z, self.spec, L, x_star_mode=self.x_star_mode)
@@ -366,6 +455,9 @@ drift_diagnostics
         if stats[C.LOG_TRAIN_LOSS] is not None:
             self.diagnostics[server_round][C.LOG_TRAIN_LOSS] = stats[C.LOG_TRAIN_LOSS]
         self.diagnostics[server_round].update(stats.get("drift", {}))
+        if self.timer is not None:
+            self.diagnostics[server_round][C.LOG_CLIENTS_UNAVAILABLE] = len(nodes) - len(ordered)
+            self.record_round_time(server_round, stats["synced"], config, model_bytes)
         log(INFO, "Round %d: |M^t| = %d, |z| = %d (KL %s), %d sync events, kappa-hat %.4f",
             server_round, len(active), len(z),
             f"{selection.kl:.4f}" if math.isfinite(selection.kl) else "-",
@@ -391,7 +483,7 @@ drift_diagnostics
         held: dict[int, Message] = {}
         failed: set[int] = set()
         stats = {C.LOG_BYTES_UP: 0, C.LOG_BYTES_DOWN: 0, "events": 0, "failed": failed,
-                 C.LOG_TRAIN_LOSS: None}
+                 C.LOG_TRAIN_LOSS: None, "synced": []}
         answered: set[int] = set()  # clients that replied without a client error
         gaps: dict[int, str] = {}  # ... but without what the contract needs
 
@@ -458,6 +550,8 @@ drift_diagnostics
             if not members:
                 continue
             stats["events"] += 1
+            stats["synced"].append([(m, plan.chunk_ending(m, event.step).num_steps)
+                                    for m in members])
             replies = [held.pop(m) for m in members]
             models = [to_numpy(r.content[C.ARRAYS]) for r in replies]
             weights = [self.weight_of(m, r) for m, r in zip(members, replies)]

@@ -248,6 +248,13 @@ class RoundPlan:
         """What to dispatch at step 0 (with the global model W_g^{t-1})."""
         return [own[0] for own in self.chunks.values()]
 
+    def chunk_ending(self, client: Client, step: int) -> Chunk:
+        """The chunk of ``client`` that ends (syncs) at ``step``."""
+        for c in self.chunks[client]:
+            if c.end == step:
+                return c
+        raise ValueError(f"client {client!r} does not sync at step {step}")
+
     def next_chunk(self, client: Client, step: int) -> Chunk | None:
         """The chunk ``client`` starts at ``step`` (after syncing there); None at L."""
         for c in self.chunks[client]:

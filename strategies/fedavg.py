@@ -17,6 +17,7 @@ rate (:mod:`strategies.schedules`), and per-round diagnostics in
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from logging import INFO, WARNING
 
@@ -31,6 +32,7 @@ from . import contract as C
 from . import records
 from . import sampling
 from . import schedules
+from .clock import RoundTimer, SimClock
 from .records import ClientInfo
 
 __all__ = ["FedAvg", "WEIGHTINGS", "STRAGGLER_POLICIES", "STRAGGLER_UNITS"]
@@ -94,6 +96,20 @@ class FedAvg(FlowerFedAvg):
         McMahan et al.'s decay, ``"inverse"`` Li et al.'s eta_t = beta / (t + gamma)). A
         name takes the default parameters; ``"cosine"`` needs
         ``LRSchedule("cosine", num_rounds=T)``. None (default): ``lr`` is sent as given.
+    clock : SimClock, optional
+        Simulated time on a heterogeneous fleet (:mod:`strategies.clock`): each round logs
+        ``sim-seconds`` (eq. 1 of :mod:`strategies.clock`: the slowest client's download,
+        local steps and upload; the deadline when a client was dropped) and ``sim-elapsed``;
+        devices that are offline (:mod:`strategies.devices` availability) are not sampled:
+        m = max(floor(C K), 1) of the K connected clients are drawn among the online ones.
+        Profiles are keyed by partition id, so it needs ``query_client_info=True``.
+    round_deadline : float, optional
+        D, simulated seconds per round (needs ``clock``): a sampled client whose local work
+        does not fit by D is a straggler that can do only the steps that fit
+        (:func:`strategies.clock.steps_within`); ``straggler_policy`` ``"drop"`` does not
+        send it work (FedAvg), ``"partial"`` sends it those steps (FedProx, FedNova,
+        FedVeca); a client that fits no step is never sent work. The realistic alternative
+        to ``straggler_fraction`` (not both).
 
     Notes
     -----
@@ -112,6 +128,8 @@ class FedAvg(FlowerFedAvg):
 
     CLIENT_HELPER: str | None = None
     """``strategies.client`` helper a ClientApp calls to honour the contract (subclasses)."""
+    MIN_PARTIAL_STEPS: int = 1
+    """Fewest local steps a deadline straggler is sent; fewer fit: it gets no work."""
 
     def __init__(
         self,
@@ -129,6 +147,8 @@ class FedAvg(FlowerFedAvg):
         straggler_unit: str = "steps",
         drift_diagnostics: bool = False,
         lr_schedule: schedules.LRSchedule | schedules.Schedule | str | None = None,
+        clock: SimClock | None = None,
+        round_deadline: float | None = None,
     ) -> None:
         _check_fraction("fraction_train", fraction_train, allow_zero=False)
         _check_fraction("fraction_evaluate", fraction_evaluate, allow_zero=True)
@@ -147,6 +167,11 @@ class FedAvg(FlowerFedAvg):
             raise records.query_required(
                 type(self).__name__, f"weighting={weighting!r} (every client's n_k)",
                 "use weighting='examples' or 'uniform'")
+        timer = clock_timer(type(self).__name__, clock, seed, round_deadline, query_client_info)
+        if round_deadline is not None and straggler_fraction > 0:
+            raise ValueError(f"round_deadline={round_deadline} and straggler_fraction="
+                             f"{straggler_fraction} are alternatives (the deadline makes the "
+                             f"stragglers); set straggler_fraction=0 or round_deadline=None")
         super().__init__(
             fraction_train=fraction_train,
             fraction_evaluate=fraction_evaluate,
@@ -164,6 +189,9 @@ class FedAvg(FlowerFedAvg):
         self.straggler_unit = straggler_unit
         self.drift_diagnostics = bool(drift_diagnostics)
         self.lr_schedule = lr_schedule
+        self.timer = timer  # the simulated clock's state (None: no clock)
+        self.transfer_bytes = (0, 0)  # expected bytes down / up per client this round
+        self.deadline_dropped = 0  # sampled clients not sent work because of the deadline
         self.straggler_work: dict[int, int] = {}
         self.sent_configs: dict[int, ConfigRecord] = {}
         self.all_nodes: list[int] = []
@@ -185,6 +213,10 @@ class FedAvg(FlowerFedAvg):
         if self.straggler_fraction > 0:
             log(INFO, "\t├──> Stragglers: %.0f%% per round, policy '%s'",
                 100 * self.straggler_fraction, self.straggler_policy)
+        if self.timer is not None:
+            log(INFO, "\t├──> Simulated clock: %s, deadline %s, policy '%s'",
+                type(self.timer.clock.fleet).__name__, self.timer.deadline or "none",
+                self.straggler_policy)
         super().summary()
 
     # ------------------------------------------------------------------ clients
@@ -219,17 +251,23 @@ class FedAvg(FlowerFedAvg):
         """Algorithm 1, server side of round t: sample S_t and send w_t to each k in S_t."""
         self.current_arrays = arrays
         self.all_nodes = self.update_clients(grid)
-        ordered = self.ordered_nodes(self.all_nodes)
-        probabilities = self.data_shares(ordered) if self.weighting == "scheme-i" else None
-        picks = sampling.sample_round(self.seed, server_round, len(ordered), self.fraction_train,
-                                      probabilities)
+        ordered, m = self.online_nodes(server_round, self.ordered_nodes(self.all_nodes))
+        picks = {}
+        if ordered:
+            probabilities = self.data_shares(ordered) if self.weighting == "scheme-i" else None
+            picks = sampling.sample_round(self.seed, server_round, len(ordered),
+                                          self.fraction_train, probabilities, num_sampled=m)
         self.draws = {ordered[k]: d for k, d in picks.items()}
         config[C.SERVER_ROUND] = server_round
         config = self.round_config(server_round, config)
         sampled = len(self.draws)
+        self.transfer_bytes = self.expected_bytes(arrays)
         stragglers = self.assign_stragglers(server_round, config)
         if self.straggler_policy == "drop":
             self.draws = {n: d for n, d in self.draws.items() if n not in stragglers}
+        else:  # partial work; a client that fits no step by the deadline is not sent any
+            self.draws = {n: d for n, d in self.draws.items() if stragglers.get(n, 1) > 0}
+        self.deadline_dropped = sampled - len(self.draws) if self.timer is not None else 0
         self.sent_configs = {n: self.node_config(n, server_round, config) for n in self.draws}
         messages = [
             Message(content=RecordDict({C.ARRAYS: arrays, C.CONFIG: self.sent_configs[node]}),
@@ -247,6 +285,9 @@ class FedAvg(FlowerFedAvg):
         lr = config.get(C.LR)
         if isinstance(lr, (int, float)) and not isinstance(lr, bool):
             self.diagnostics[server_round][C.LOG_LR] = float(lr)
+        if self.timer is not None:
+            self.diagnostics[server_round][C.LOG_CLIENTS_UNAVAILABLE] = (
+                len(self.all_nodes) - len(ordered))
         return messages
 
     def round_config(self, server_round: int, config: ConfigRecord) -> ConfigRecord:
@@ -262,9 +303,13 @@ class FedAvg(FlowerFedAvg):
         return own
 
     def assign_stragglers(self, server_round: int, config: ConfigRecord) -> dict[int, int]:
-        """This round's stragglers among the sampled nodes -> their reduced local work."""
+        """This round's stragglers among the sampled nodes -> their reduced local work: the
+        steps that fit ``round_deadline``, or ``straggler_fraction``'s random ones."""
+        if self.timer is not None and self.timer.deadline is not None:
+            self.straggler_work = self.deadline_work(config)
+            return self.straggler_work
         nodes = list(self.draws)
-        in_epochs = self.straggler_unit == "epochs" and int(config.get(C.LOCAL_STEPS, 0)) == 0
+        in_epochs = self.work_in_epochs(config)
 
         def full_work(positions: list[int]) -> list[int]:
             if in_epochs:
@@ -287,16 +332,118 @@ class FedAvg(FlowerFedAvg):
             return max(int(epochs), 1)
         return max(sampling.steps_for_epochs(n, int(config.get(C.BATCH_SIZE, 0)), epochs), 1)
 
+    def work_in_epochs(self, config: ConfigRecord) -> bool:
+        """Stragglers' work counts whole epochs (``straggler_unit="epochs"`` without
+        ``local-steps``; a deadline always cuts steps)."""
+        return (self.straggler_unit == "epochs" and int(config.get(C.LOCAL_STEPS, 0)) == 0
+                and (self.timer is None or self.timer.deadline is None))
+
     def node_config(self, node_id: int, server_round: int, config: ConfigRecord) -> ConfigRecord:
         """The ConfigRecord sent to one node: a straggler's asks for its reduced work."""
         if node_id not in self.straggler_work:
             return config
         own = ConfigRecord(dict(config))
-        if self.straggler_unit == "epochs" and int(config.get(C.LOCAL_STEPS, 0)) == 0:
+        if self.work_in_epochs(config):
             own[C.LOCAL_EPOCHS] = self.straggler_work[node_id]
         else:
             own[C.LOCAL_STEPS] = self.straggler_work[node_id]
         return own
+
+    # ------------------------------------------------------------------ simulated clock
+    def online_nodes(self, server_round: int, ordered: list[int]) -> tuple[list[int], int | None]:
+        """The nodes that can be sampled this round and m: all of them and None (m =
+        max(floor(C K), 1)) without a clock; with one, the online ones and m of all K."""
+        if self.timer is None:
+            return ordered, None
+        pids = [self.partition_of(n) for n in ordered]
+        online = [n for n, up in zip(ordered, self.timer.start_round(server_round, pids)) if up]
+        m = min(sampling.num_to_sample(self.fraction_train, max(len(ordered), 1)), len(online))
+        return online, m
+
+    def partition_of(self, node_id: int) -> int:
+        """The node's partition id (the clock's profiles are keyed by it)."""
+        pid = self.clients.get(node_id, ClientInfo()).partition_id
+        if pid is None:
+            raise ValueError(f"{type(self).__name__}: node {node_id} reported no '"
+                             f"{C.PARTITION_ID}', which the simulated clock keys device "
+                             f"profiles by; register {records.QUERY_HELPER} in the ClientApp's "
+                             f"@app.query()")
+        return pid
+
+    def expected_bytes(self, arrays: ArrayRecord) -> tuple[int, int]:
+        """Bytes down and up per client this round, as the clock plans them: the model each
+        way. A subclass that sends or returns more arrays (FedVeca's gradient, control
+        variates) adds them here; the time of a reply counts its actual arrays."""
+        size = arrays.count_bytes()
+        return size, size
+
+    def examples_per_step(self, node_id: int, config: ConfigRecord) -> int:
+        """b_i = min(B, n_i) examples per local step; n_i for a full batch (B = 0)."""
+        batch = int(config.get(C.BATCH_SIZE, 0))
+        n = self.clients.get(node_id, ClientInfo()).num_examples
+        if batch > 0:
+            return min(batch, n) if n else batch
+        if not n:
+            raise ValueError(f"{type(self).__name__}: the simulated clock needs node "
+                             f"{node_id}'s num-examples for a full-batch step; it answers the "
+                             f"client-info query with none")
+        return n
+
+    def extra_examples(self, node_id: int, config: ConfigRecord) -> int:
+        """e_i of :mod:`strategies.clock` eq. (1): examples of any forward-backward pass
+        beyond the local steps (none for FedAvg)."""
+        return 0
+
+    def planned_steps(self, node_id: int) -> int:
+        """tau_i as sent: the config's ``local-steps``, else floor(E n_i / B)."""
+        sent = self.sent_configs.get(node_id, ConfigRecord())
+        steps = int(sent.get(C.LOCAL_STEPS, 0))
+        return steps if steps > 0 else self.full_local_steps(node_id, sent)
+
+    def deadline_work(self, config: ConfigRecord) -> dict[int, int]:
+        """Sampled node -> the steps that fit ``round_deadline``, for the nodes whose full
+        work does not (0: not even one step, or fewer than the strategy's minimum)."""
+        down, up = self.transfer_bytes
+        work = {}
+        for node in self.draws:
+            full = self.full_local_steps(node, config)
+            fit = self.timer.steps_by_deadline(self.partition_of(node),
+                                               self.examples_per_step(node, config), down, up,
+                                               self.extra_examples(node, config))
+            if fit < full:
+                work[node] = fit if fit >= self.MIN_PARTIAL_STEPS else 0
+        return work
+
+    def record_round_time(self, server_round: int, accepted: list[Message]) -> None:
+        """sim-seconds and sim-elapsed of the round: eq. (1) of :mod:`strategies.clock` per
+        client sent work, with the steps and array bytes of its accepted reply, else (no
+        usable reply) the planned ones; the deadline when it dropped a client."""
+        down, expected_up = self.transfer_bytes
+        replies = {r.metadata.src_node_id: r for r in accepted}
+        times = []
+        for node in self.draws:
+            steps, up = self.planned_steps(node), expected_up
+            reply = replies.get(node)
+            if reply is not None:
+                taken = reply.content[C.METRICS].get(C.LOCAL_STEPS_TAKEN)
+                if isinstance(taken, int) and not isinstance(taken, bool) and taken >= 1:
+                    steps = taken
+                up = sum(rec.count_bytes() for rec in reply.content.array_records.values())
+            config = self.sent_configs.get(node, ConfigRecord())
+            times.append(self.timer.client_seconds(self.partition_of(node), steps,
+                                                   self.examples_per_step(node, config),
+                                                   down, up, self.extra_examples(node, config)))
+        wait = self.timer.wait
+        seconds = self.timer.finish_round(times, waited_for_deadline=self.deadline_dropped > 0)
+        diag = self.diagnostics.setdefault(server_round, {})
+        diag[C.LOG_SIM_SECONDS] = seconds
+        diag[C.LOG_SIM_ELAPSED] = self.timer.elapsed
+        if wait > 0:
+            diag[C.LOG_SIM_WAIT_SECONDS] = wait
+        log(INFO, "Simulated clock: round %d took %.4g s (%d client(s) cut by the deadline, "
+            "%d not sent work), %.4g s in all", server_round, seconds,
+            len(self.straggler_work) if self.timer.deadline is not None else 0,
+            self.deadline_dropped, self.timer.elapsed)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -342,6 +489,8 @@ class FedAvg(FlowerFedAvg):
                 drift.add(models[k][1])
             diag.update(drift.summary())
         diag[C.LOG_MODEL_KEPT] = not accepted
+        if self.timer is not None:
+            self.record_round_time(server_round, accepted)
         return (new if accepted else None), accepted
 
     def update_model(
@@ -434,15 +583,39 @@ class FedAvg(FlowerFedAvg):
         FedAvg keeps none that a resumed run could not rebuild: sampling and stragglers
         are drawn from ``default_rng([seed, server_round(, 1)])`` afresh every round, and
         the client table is re-queried (node ids change between runs, partition ids do
-        not). Subclasses add their own state.
+        not). Subclasses add their own state. With a clock: the simulated time so far.
         """
-        return {"fedavg-state-version": 1, "class": type(self).__name__}
+        state = {"fedavg-state-version": 1, "class": type(self).__name__}
+        if self.timer is not None:
+            state["sim-elapsed"] = self.timer.elapsed
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         """Restore what :meth:`state_dict` returned (checks it is this class's)."""
         if state.get("class") != type(self).__name__:
             raise ValueError(f"checkpoint holds the state of {state.get('class')!r}, "
                              f"not of {type(self).__name__}")
+        if self.timer is not None:
+            self.timer.elapsed = float(state.get("sim-elapsed", 0.0))
+
+
+def clock_timer(owner: str, clock: SimClock | None, seed: int, deadline: float | None,
+                query_client_info: bool) -> RoundTimer | None:
+    """The strategy's :class:`~strategies.clock.RoundTimer` (None without a clock), checked:
+    the profiles are keyed by partition id (the client-info query), a deadline needs a clock."""
+    if deadline is not None and not (isinstance(deadline, (int, float)) and deadline > 0
+                                     and math.isfinite(deadline)):
+        raise ValueError(f"round_deadline must be a finite number of simulated seconds > 0 "
+                         f"(None: no deadline), got {deadline!r}")
+    if clock is None:
+        if deadline is not None:
+            raise ValueError(f"round_deadline={deadline} needs a simulated clock: pass "
+                             f"clock=SimClock(fleet, seconds_per_example) (strategies.clock)")
+        return None
+    if not query_client_info:
+        raise records.query_required(owner, "clock (device profiles are keyed by the clients' "
+                                     f"'{C.PARTITION_ID}')", "leave clock=None")
+    return RoundTimer(clock, seed, deadline)
 
 
 def _check_fraction(name: str, value: float, allow_zero: bool) -> None:

@@ -102,6 +102,7 @@ class FedVeca(FedNova):
     """
 
     CLIENT_HELPER = "strategies.client.fedveca.fedveca_train"
+    MIN_PARTIAL_STEPS = vm.TAU_MIN  # delta_(k,i) needs two local steps (Alg. 2 line 18)
 
     def __init__(self, *, tau_init: int = 20, tau_max: int = 50, alpha: float = 0.95,
                  beta_mode: str = "same-batch", grad_subsample: int = 0, lr: float = 0.01,
@@ -161,7 +162,9 @@ class FedVeca(FedNova):
         def copy(arrays):
             return (None if arrays is None else
                     {k: np.array(v, copy=True) for k, v in arrays.items()})
+        clock = {} if self.timer is None else {"sim-elapsed": self.timer.elapsed}
         return {
+            **clock,
             "version": STATE_VERSION,
             "taus": dict(self.taus),
             "smoothness-max": self.smoothness_max,
@@ -187,6 +190,8 @@ class FedVeca(FedNova):
         self.gnorm2_prev = state["gnorm2-prev"]
         self.prev_model = _copied(state["prev-model"])
         self.prev_grad = _copied(state["prev-grad"])
+        if self.timer is not None:
+            self.timer.elapsed = float(state.get("sim-elapsed", 0.0))
 
     # ------------------------------------------------------------------ configure
     def client_key(self, node_id: int) -> str:
@@ -223,10 +228,34 @@ class FedVeca(FedNova):
         diag[C.LOG_FEDVECA_ESTIMATE] = self.estimating()
         return messages
 
+    def full_local_steps(self, node_id: int, config: ConfigRecord) -> int:
+        """This node's full local work: its tau (what ``round_deadline`` may cut)."""
+        return self.tau_of(node_id)
+
+    def examples_per_step(self, node_id: int, config: ConfigRecord) -> int:
+        """b_i, doubled while the same-batch beta estimate takes a second gradient per step."""
+        b = super().examples_per_step(node_id, config)
+        estimate = config.get(C.FEDVECA_ESTIMATE, self.estimating())
+        same_batch = config.get(C.BETA_MODE, self.beta_mode) == "same-batch"
+        return 2 * b if estimate and same_batch else b
+
+    def extra_examples(self, node_id: int, config: ConfigRecord) -> int:
+        """grad F_i(w_k) over the local set, or ``grad_subsample`` of it (Alg. 2 line 9)."""
+        n = self.clients.get(node_id, ClientInfo()).num_examples or 0
+        return min(self.grad_subsample, n) if self.grad_subsample > 0 else n
+
+    def expected_bytes(self, arrays: ArrayRecord) -> tuple[int, int]:
+        """The model down; the model and ``grad`` (its floating arrays) up."""
+        down, up = super().expected_bytes(arrays)
+        grad = sum(len(a.data) + len(k) for k, a in arrays.items()
+                   if np.issubdtype(np.dtype(a.dtype), np.floating))
+        return down, up + grad
+
     def node_config(self, node_id: int, server_round: int, config: ConfigRecord) -> ConfigRecord:
-        """The common config plus this node's ``local-steps`` and the FedVeca keys."""
+        """The common config plus this node's ``local-steps`` (its tau, or the part of it that
+        fits ``round_deadline``) and the FedVeca keys."""
         own = ConfigRecord(dict(config))
-        own[C.LOCAL_STEPS] = self.tau_of(node_id)
+        own[C.LOCAL_STEPS] = self.straggler_work.get(node_id, self.tau_of(node_id))
         own[C.GNORM2_PREV] = float(self.gnorm2_prev) if self.estimating() else 0.0
         own[C.FEDVECA_ESTIMATE] = self.estimating()
         own[C.BETA_MODE] = self.beta_mode

@@ -44,16 +44,20 @@ def sample_with_replacement(
 
 def sample_round(
     seed: int, server_round: int, num_clients: int, fraction: float,
-    probabilities: Sequence[float] | None = None,
+    probabilities: Sequence[float] | None = None, num_sampled: int | None = None,
 ) -> dict[int, int]:
     """Position -> number of draws of the clients that train in ``server_round``.
 
     m = :func:`num_to_sample` clients, drawn with ``default_rng([seed, server_round])``:
     without replacement and uniformly (McMahan et al. Algorithm 1; Li et al. Scheme II),
     or, given ``probabilities`` p_k, m draws with replacement (Li et al. Scheme I, where
-    a client can be drawn more than once).
+    a client can be drawn more than once). ``num_sampled`` sets m instead (at most
+    ``num_clients``; the simulated clock samples m = max(floor(C K), 1) of all K connected
+    clients among the ones online).
     """
-    m = num_to_sample(fraction, num_clients)
+    m = num_to_sample(fraction, num_clients) if num_sampled is None else num_sampled
+    if not 1 <= m <= num_clients:
+        raise ValueError(f"num_sampled must be in 1..{num_clients}, got {m}")
     rng = np.random.default_rng([seed, server_round])
     if probabilities is not None:
         counts = sample_with_replacement(rng, probabilities, m)

@@ -34,6 +34,8 @@ with PYPROJECT.open("rb") as _handle:
 FV = {"strategy": "fedveca"}
 DFL = {"strategy": "dynamicfl"}
 MOON = {"strategy": "moon", "model": "cnn-small-moon"}
+CLOCK = {"device-profiles": "lognormal"}
+TRACE = str(Path(__file__).resolve().parents[1] / "examples" / "device-traces" / "fleet.csv")
 EXP = {"lr-schedule": "exponential"}
 
 # key -> (base config: a strategy that reads the key, boundary values, bad values)
@@ -53,6 +55,16 @@ CASES: dict[str, tuple[dict, list, list]] = {
     "straggler-fraction": ({}, [0.0, 1.0], [-0.1, 1.1]),
     "straggler-policy": ({}, ["auto", "drop", "partial"], ["sometimes", ""]),
     "straggler-unit": ({}, ["steps", "epochs"], ["rounds"]),
+    "round-deadline": (CLOCK, [0.0, 1e-6, 1e9], [-1.0]),
+    "device-profiles": ({}, ["none", "homogeneous", "lognormal", "two-tier", TRACE],
+                        ["fast", "", "fleet.csv", "/nonexistent/fleet.csv"]),
+    "device-downlink-mbps": (CLOCK, [1e-6, 1e4], [0.0, -1.0]),
+    "device-uplink-mbps": (CLOCK, [1e-6, 1e4], [0.0, -1.0]),
+    "device-sigma": (CLOCK, [0.0, 3.0], [-0.1]),
+    "device-rich-fraction": ({"device-profiles": "two-tier"}, [0.0, 1.0], [-0.1, 1.1]),
+    "device-poor-factor": ({"device-profiles": "two-tier"}, [1.0, 100.0], [0.5, 0.0]),
+    "device-availability": (CLOCK, [0.0, 1.0], [-0.1, 1.5]),
+    "device-reference-gflops": (CLOCK, [1e-6, 1e4], [0.0, -1.0]),
     "drift-diagnostics": ({}, [True, False], []),
     "fedveca-tau-init": (FV, [2, 50], [1, 51, 0]),
     "fedveca-tau-max": ({**FV, "fedveca-tau-init": 2}, [2, 1000], [1, 0]),
@@ -65,6 +77,8 @@ CASES: dict[str, tuple[dict, list, list]] = {
     "dynamicfl-budget-mode": (DFL, list(BUDGET_MODES), ["greedy"]),
     "dynamicfl-beta": (DFL, [0.0, 1.0], [-0.1, 1.5]),
     "dynamicfl-server-budget": (DFL, [0.0, 1e9], [-1.0]),
+    "dynamicfl-budget-seconds": ({**DFL, **CLOCK, "dynamicfl-budget-mode": "budget"},
+                                 [0.0, 10.0], [-1.0]),
     "dynamicfl-n-ens": (DFL, [1], [0]),
     "dynamicfl-x-star-mode": (DFL, list(X_STAR_MODES), ["both"]),
     "feddyn-alpha": ({"strategy": "feddyn"}, [1e-9, 0.01, 10.0], [0.0, -0.01]),
@@ -142,6 +156,11 @@ CROSS = [
     ({"strategy": "fedadam", "server-momentum": 0.5}, ["server-momentum"]),
     # d > 1 is fine for 'inverse' (a = 2), not for a decaying schedule
     ({**EXP, "lr-decay": 1.5}, ["lr-schedule", "lr-decay"]),
+    ({"round-deadline": 5.0}, ["round-deadline"]),  # a deadline needs device profiles
+    ({**CLOCK, "round-deadline": 5.0, "straggler-fraction": 0.5},
+     ["round-deadline", "straggler-fraction"]),
+    ({**DFL, **CLOCK, "round-deadline": 5.0}, ["round-deadline"]),
+    ({**DFL, "dynamicfl-budget-seconds": 5.0}, ["dynamicfl-budget-seconds"]),
     ({"lr-schedule": "step", "lr-decay": 2.0}, ["lr-schedule", "lr-decay"]),
     ({**DFL, **EXP, "lr-decay": 1.5}, ["lr-schedule", "lr-decay"]),
 ]

@@ -7,7 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from simulation.metrics import best_so_far, bytes_to_target, cumulative_bytes, rounds_to_target
+from simulation.metrics import (best_so_far, bytes_to_target, cumulative_bytes, has_clock,
+                                rounds_to_target, sim_elapsed, sim_seconds_to_target)
 from simulation.report import build_report, panels_of
 from strategies import contract as C
 
@@ -192,3 +193,61 @@ def test_results_passes_the_sweep_files_published_numbers(tmp_path):
     assert rebuild_results(experiments, runs, out, []) == ["bench"]
     text = (out / "bench" / "report.md").read_text()
     assert "(Table 9; final accuracy" in text and "agrees (within 1 points)" in text
+
+
+# ---------------------------------------------------------------- the simulated clock
+def clocked(accuracies, sim_seconds, stragglers=0):
+    recs = records(accuracies)
+    elapsed = 0.0
+    for record, seconds in zip(recs[1:], sim_seconds):
+        elapsed += seconds
+        record.update({C.LOG_SIM_SECONDS: seconds, C.LOG_SIM_ELAPSED: elapsed,
+                       C.LOG_CLIENTS_STRAGGLERS: stragglers, C.LOG_CLIENTS_DROPPED: 0,
+                       C.LOG_CLIENTS_UNAVAILABLE: 1})
+    return recs
+
+
+def clocked_run(folder, variant, seed, accuracies, sim_seconds, stragglers=0):
+    run = folder / variant / f"seed{seed}" / "run"
+    run.mkdir(parents=True)
+    text = "".join(json.dumps(r) + "\n" for r in clocked(accuracies, sim_seconds, stragglers))
+    (run / "rounds.jsonl").write_text(text)
+    (run / "final_model.pt").write_bytes(b"x")
+
+
+def test_sim_seconds_to_target_interpolates_on_simulated_time():
+    # elapsed 0, 10, 40, 50; best-so-far 0.1, 0.5, 0.5, 0.7: 0.6 halfway from 40 to 50
+    recs = clocked([0.1, 0.5, 0.3, 0.7], [10.0, 30.0, 10.0])
+    assert sim_elapsed(recs).tolist() == [0.0, 10.0, 40.0, 50.0]
+    assert sim_seconds_to_target(recs, 0.6) == pytest.approx(45.0)
+    assert sim_seconds_to_target(recs, 0.9) is None
+    assert sim_seconds_to_target(records([0.1, 0.7]), 0.6) is None  # no clock logged
+    assert has_clock(recs) and not has_clock(records([0.1, 0.7]))
+
+
+def test_report_has_sim_seconds_columns_speedup_and_plot(tmp_path):
+    clocked_run(tmp_path, "fedavg", 0, [0.1, 0.5, 0.7], [100.0, 100.0])  # 0.6 at 150 s
+    clocked_run(tmp_path, "fedavg", 1, [0.1, 0.7, 0.8], [200.0, 100.0])  # 0.6 at 200 * 5/6
+    clocked_run(tmp_path, "fedprox", 0, [0.1, 0.8, 0.8], [50.0, 50.0], stragglers=2)  # 0.6: 35.7
+    table = build_report(tmp_path, tmp_path / "out", [0.6], baselines={"fed": "fedavg"})
+    lines = table.splitlines()
+    assert lines[0].endswith("| rounds to 60% | MB to 60% | sim s to 60% |")
+    assert lines[2].endswith(f"| {(150 + 1000 / 6) / 2:.4g} |")
+    assert lines[3].endswith(f"| {50 * 5 / 7:.4g} |")
+    header = (tmp_path / "out" / "report.csv").read_text().splitlines()[0].split(",")
+    assert "sim-seconds-to-0.6" in header and "sim-seconds-total" in header
+    speedup = table.split("Speedup in simulated time to target against the baseline:")[1]
+    assert f"| fedprox | fedavg | {((150 + 1000 / 6) / 2) / (50 * 5 / 7):.1f}× |" in speedup
+    clock = table.split("Simulated time (device profiles; means over rounds and seeds):")[1]
+    # fedavg: 200 and 300 s in all -> 250 s = 0.0694 h; 125 s a round
+    assert "| fedavg | 0.0694 | 125 | 0 | 0 | 1 |" in clock
+    assert "| fedprox | 0.0278 | 50 | 2 | 0 | 1 |" in clock
+    assert (tmp_path / "out" / "accuracy_vs_sim_time.png").stat().st_size > 0
+
+
+def test_report_without_the_clock_has_no_sim_columns(tmp_path):
+    fake_run(tmp_path, "a", 0, [0.1, 0.7])
+    table = build_report(tmp_path, tmp_path / "out", [0.6])
+    assert "sim s" not in table and "Simulated time" not in table
+    assert not (tmp_path / "out" / "accuracy_vs_sim_time.png").exists()
+    assert "sim-seconds" not in (tmp_path / "out" / "report.csv").read_text()
