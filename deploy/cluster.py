@@ -117,9 +117,16 @@ class LocalDeployment:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    @property
+    def database(self) -> Path:
+        """The SuperLink's state file (fresh for every :meth:`start`)."""
+        return self.layout.superlink_home / "state.db"
+
     def start(self, supernodes: Iterable[int] | None = None) -> "LocalDeployment":
-        """Credentials, SuperLink, CLI connection; then register and start these SuperNodes
-        (default: all)."""
+        """Credentials, SuperLink (fresh state), CLI connection; then register and start these
+        SuperNodes (default: all)."""
+        for old in self.database.parent.glob(f"{self.database.name}*"):  # + sqlite's -wal, -shm
+            old.unlink()
         if self.spec.tls:
             local = self.spec.host in ("0.0.0.0", "", "127.0.0.1", "localhost")
             extra = () if local else (self.spec.host,)
@@ -138,8 +145,12 @@ class LocalDeployment:
         return self
 
     def start_superlink(self) -> Started:
+        """The SuperLink, its state (nodes, runs) in ``state.db`` of its home: started again
+        after a crash, it knows the SuperNodes, which then carry on (with Flower's default
+        in-memory state they are refused and exit)."""
         argv = [str(BIN / "flower-superlink"), "--host", self.spec.host, "--port", str(self.port),
-                "--disable-runtime-dependency-installation", *self._server_tls_args()]
+                "--disable-runtime-dependency-installation", "--database", str(self.database),
+                *self._server_tls_args()]
         if self.spec.auth:
             argv.append("--enable-supernode-auth")
         home = self.layout.superlink_home
@@ -152,13 +163,16 @@ class LocalDeployment:
         return link
 
     def start_supernode(
-        self, partition_id: int, private_key: Path | None = None, max_retries: int | None = None
+        self, partition_id: int, private_key: Path | None = None, max_retries: int | None = None,
+        data_dir: str | None = None,
     ) -> Started:
-        """SuperNode ``partition_id`` with its node config; its own key when auth is on."""
+        """SuperNode ``partition_id`` with its node config (``data_dir``: this node's data
+        folder instead of the spec's); its own key when auth is on."""
         node_config = (f"partition-id={partition_id} num-partitions={self.spec.num_supernodes}"
                        f" num-threads={self.threads}")
-        if self.spec.data_dir:
-            node_config += f' data-dir="{self.spec.data_dir}"'
+        data_dir = self.spec.data_dir if data_dir is None else data_dir
+        if data_dir:
+            node_config += f' data-dir="{data_dir}"'
         argv = [str(BIN / "flower-supernode"), "--superlink", self.address, "--host", "127.0.0.1",
                 "--port", str(free_port()), "--node-config", node_config,
                 *self._client_tls_args()]
@@ -172,6 +186,10 @@ class LocalDeployment:
         node = start_process(f"SuperNode {partition_id}", argv, self._env(home), home, log)
         self.started.append(node)
         return node
+
+    def stop_supernode(self, partition_id: int) -> None:
+        """Stop every SuperNode of ``partition_id`` we started, and what it started, by PID."""
+        stop_processes([s for s in self.started if s.name == f"SuperNode {partition_id}"])
 
     def register(self, public_key: Path) -> str:
         """``flwr supernode register <key.pub> <connection>``; returns its output."""
