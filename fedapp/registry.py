@@ -26,7 +26,7 @@ from strategies import server_optimizers as flower
 from strategies.clock import SimClock
 from strategies.devices import FLEETS, GeneratedFleet, load_trace
 from strategies.schedules import LRSchedule
-from task.models import REPRESENTATION_MODELS
+from task.model_names import REPRESENTATION_MODELS
 
 from .config import ConfigError, RunConfig, default, flwr_run_fix
 

@@ -9,10 +9,15 @@ from __future__ import annotations
 
 MODEL_NAMES: tuple[str, ...] = (
     "mlp-2nn",
+    "mlp-2nn-moon",
     "cnn-mcmahan",
     "cnn-small",
+    "cnn-small-moon",
     "lenet-gn",
     "cnn-fedveca",
     "resnet18-gn",
     "svm",
 )
+
+# models with ``forward_with_representation(x) -> (logits, z)``: what MOON needs
+REPRESENTATION_MODELS: tuple[str, ...] = ("cnn-small-moon", "mlp-2nn-moon")

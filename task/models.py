@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .model_names import MODEL_NAMES
+from .model_names import MODEL_NAMES, REPRESENTATION_MODELS
 
 InputShape = tuple[int, int, int]
 
@@ -274,9 +274,6 @@ _BUILDERS: dict[str, Callable[[InputShape, int], ClassifierModule]] = {
 if tuple(_BUILDERS) != MODEL_NAMES:  # one list of names, kept where torch is not needed
     raise ImportError(f"task.models builds {tuple(_BUILDERS)} but task.model_names lists "
                       f"{MODEL_NAMES}: make them equal")
-
-# models with ``forward_with_representation(x) -> (logits, z)``: what MOON needs
-REPRESENTATION_MODELS: tuple[str, ...] = ("cnn-small-moon", "mlp-2nn-moon")
 
 
 def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int) -> ClassifierModule:
