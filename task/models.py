@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .model_names import MODEL_NAMES, REPRESENTATION_MODELS
+from .model_names import MODEL_NAMES, REPRESENTATION_MODELS  # noqa: F401 - re-exported
 
 InputShape = tuple[int, int, int]
 
