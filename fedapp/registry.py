@@ -231,9 +231,10 @@ _DYNAMICFL_NEUTRAL = ({"straggler-fraction": 0.0, "weighting": "examples", "serv
                      "every active client does exactly L local steps and each sync event sets W "
                      "to the num-examples-weighted average")
 
-_FLOWER_NEUTRAL = {"weighting": "examples", "straggler-fraction": 0.0, "lr-schedule": "constant"}
-_FLOWER_WHY = ("Flower's own class: it weights by num-examples, has no simulated stragglers and "
-               "sends lr as given")
+_FLOWER_NEUTRAL = {"weighting": "examples", "straggler-fraction": 0.0, "lr-schedule": "constant",
+                   "device-profiles": "none", "round-deadline": 0.0}
+_FLOWER_WHY = ("Flower's own class: it weights by num-examples, has no simulated stragglers or "
+               "simulated clock and sends lr as given")
 
 # strategy -> (keys its run path never reads, each with the one value that means "off"; why)
 NEUTRAL_ONLY: dict[str, tuple[dict[str, object], str]] = {

@@ -117,6 +117,15 @@ class Scaffold(FedAvg):
         self.mirror.load_state_dict(state["client-controls"])
 
     # ------------------------------------------------------------------ configure
+    def expected_bytes(self, arrays: ArrayRecord) -> tuple[int, int]:
+        """For the simulated clock: the model and c down, y_i and delta c_i up (Alg. 1 lines
+        5 and 13; c and delta c_i have the model's floating arrays)."""
+        down, up = super().expected_bytes(arrays)
+        control = self.control if self.control is not None else sm.zero_control(
+            records.to_numpy(arrays))
+        size = records.to_record(control).count_bytes()
+        return down + size, up + size
+
     def node_config(self, node_id: int, server_round: int, config: ConfigRecord) -> ConfigRecord:
         """FedAvg's per-node config plus this client's ``state-round``."""
         own = ConfigRecord(dict(super().node_config(node_id, server_round, config)))

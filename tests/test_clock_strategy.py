@@ -281,3 +281,16 @@ def test_dynamicfl_budgets_from_bandwidth_pick_the_high_group():
 def test_bad_clock_arguments_say_what_to_do(make, word):
     with pytest.raises(ValueError, match=word):
         make()
+
+
+def test_scaffold_plans_the_control_variates_in_its_transfers():
+    """SCAFFOLD moves c down and delta c_i up beside the model: twice the model's floating
+    bytes each way in the clock's plan."""
+    from strategies import Scaffold  # noqa: PLC0415
+    from strategies.records import to_record  # noqa: PLC0415
+
+    arrays = to_record({"w": np.ones((3, 4), np.float32), "n": np.zeros(1, np.int64)})
+    model_bytes = arrays.count_bytes()
+    floats = to_record({"w": np.zeros((3, 4), np.float32)}).count_bytes()
+    down, up = Scaffold().expected_bytes(arrays)
+    assert (down, up) == (model_bytes + floats, model_bytes + floats)

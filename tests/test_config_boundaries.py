@@ -154,6 +154,7 @@ CROSS = [
     ({"strategy": "fedavgm", "weighting": "uniform"}, ["weighting"]),
     ({"strategy": "fedadagrad", "server-beta1": 0.5}, ["server-beta1"]),
     ({"strategy": "fedadam", "server-momentum": 0.5}, ["server-momentum"]),
+    ({"strategy": "fedyogi", "device-profiles": "lognormal"}, ["device-profiles"]),
     # d > 1 is fine for 'inverse' (a = 2), not for a decaying schedule
     ({**EXP, "lr-decay": 1.5}, ["lr-schedule", "lr-decay"]),
     ({"round-deadline": 5.0}, ["round-deadline"]),  # a deadline needs device profiles
