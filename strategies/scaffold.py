@@ -25,15 +25,14 @@ from flwr.serverapp import Grid
 from . import contract as C
 from . import records
 from . import scaffold_math as sm
-from .client_state import ClientStateMirror, attach_states, state_problem
-from .fedavg import FedAvg
+from .stateful import StatefulFedAvg
 
 SCAFFOLD_HELPER = "strategies.client.scaffold.ScaffoldClient"
 SCAFFOLD_WEIGHTINGS = ("uniform", "examples")
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: the copies of c_i in StatefulFedAvg's state
 
 
-class Scaffold(FedAvg):
+class Scaffold(StatefulFedAvg):
     """SCAFFOLD: control variates c (server) and c_i (clients) correct the client drift.
 
     Parameters
@@ -83,8 +82,7 @@ class Scaffold(FedAvg):
             raise ValueError(f"SCAFFOLD averages delta y_i with weighting 'uniform' (Alg. 1) or "
                              f"'examples' (NIID-Bench); weighting={weighting!r} is not supported")
         super().__init__(weighting=weighting, straggler_policy=straggler_policy, **kwargs)
-        self.control: sm.NDArrays | None = None  # c
-        self.mirror = ClientStateMirror()  # the server's copy of every c_i
+        self.control: sm.NDArrays | None = None  # c; self.mirror holds the copies of c_i
 
     def summary(self) -> None:
         """Log the configuration."""
@@ -92,18 +90,13 @@ class Scaffold(FedAvg):
             self.server_lr, self.weighting)
         super().summary()
 
-    def client_key(self, node_id: int) -> str:
-        """The key of a node's c_i: its partition id, else ``node-<id>``."""
-        return records.client_key(self.clients, node_id)
-
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict:
-        """FedAvg's state plus c and the server's copies of every c_i (copied)."""
+        """StatefulFedAvg's state (the copies of every c_i) plus c (copied)."""
         state = super().state_dict()
         state["scaffold-version"] = STATE_VERSION
         state["control"] = (None if self.control is None else
                             {k: v.copy() for k, v in self.control.items()})
-        state["client-controls"] = self.mirror.state_dict()
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -114,7 +107,6 @@ class Scaffold(FedAvg):
                              f"{STATE_VERSION}")
         control = state["control"]
         self.control = None if control is None else {k: v.copy() for k, v in control.items()}
-        self.mirror.load_state_dict(state["client-controls"])
 
     # ------------------------------------------------------------------ configure
     def expected_bytes(self, arrays: ArrayRecord) -> tuple[int, int]:
@@ -126,12 +118,6 @@ class Scaffold(FedAvg):
         size = records.to_record(control).count_bytes()
         return down + size, up + size
 
-    def node_config(self, node_id: int, server_round: int, config: ConfigRecord) -> ConfigRecord:
-        """FedAvg's per-node config plus this client's ``state-round``."""
-        own = ConfigRecord(dict(super().node_config(node_id, server_round, config)))
-        own[C.STATE_ROUND] = self.mirror.state_round(self.client_key(node_id))
-        return own
-
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
@@ -142,10 +128,7 @@ class Scaffold(FedAvg):
         control = records.to_record(self.control)
         for msg in messages:
             msg.content[C.SCAFFOLD_C] = control
-        attached, attached_bytes = attach_states(self.mirror, messages, self.client_key)
-        diag = self.diagnostics[server_round]
-        diag[C.LOG_BYTES_DOWN] += len(messages) * control.count_bytes() + attached_bytes
-        diag[C.LOG_CLIENT_STATE_ATTACHED] = attached
+        self.diagnostics[server_round][C.LOG_BYTES_DOWN] += len(messages) * control.count_bytes()
         return messages
 
     # ------------------------------------------------------------------ aggregate
@@ -161,47 +144,33 @@ class Scaffold(FedAvg):
     def update_controls(self, server_round: int, accepted: list[Message]) -> None:
         """c <- c + |S| / N mean delta c_i and c_i <- c_i + delta c_i over the accepted
         replies (one delta c_i deserialised at a time), in partition order."""
-        total, up_bytes, used_rounds = None, 0, []
-        for reply in accepted:
-            node = reply.metadata.src_node_id
-            key = self.client_key(node)
+        total, up_bytes = None, 0
+
+        def new_control(before: sm.NDArrays | None, reply: Message) -> sm.NDArrays:
+            nonlocal total, up_bytes
             record = reply.content[C.SCAFFOLD_DELTA_C]
             delta = records.to_numpy(record)
-            before = self.mirror.state_of(key) or sm.zero_control(self.control)
-            self.mirror.accept(key, node, server_round, sm.apply_delta(before, delta))
             total = sm.add_delta(total, delta)
             up_bytes += record.count_bytes()
-            used_rounds.append(int(reply.content[C.METRICS].get(
-                C.STATE_ROUND_USED, self.sent_configs[node][C.STATE_ROUND])))
-        self.mirror.end_round()
+            return sm.apply_delta(before or sm.zero_control(self.control), delta)
+
+        self.accept_states(server_round, accepted, new_control)
         if total is not None:
             self.control = sm.control_step(self.control, total, len(accepted),
                                            len(self.all_nodes))
         diag = self.diagnostics.setdefault(server_round, {})
         diag[C.LOG_BYTES_UP] = diag.get(C.LOG_BYTES_UP, 0) + up_bytes
-        diag[C.LOG_CLIENT_STATE_ROUNDS] = used_rounds
         diag[C.LOG_SCAFFOLD_C_NORM] = sm.norm(self.control)
 
     # ------------------------------------------------------------------ replies
     def contract_gap(self, reply: Message) -> str | None:
-        """SCAFFOLD needs delta c_i in every reply."""
+        """SCAFFOLD needs delta c_i in every reply (the state echo is optional: checked when
+        present)."""
         if C.SCAFFOLD_DELTA_C not in reply.content.array_records:
             return f"an ArrayRecord '{C.SCAFFOLD_DELTA_C}' (delta c_i)"
         return None
 
-    def reply_problem(self, reply: Message) -> str | None:
-        """FedAvg's checks plus: delta c_i present, with c's keys, shapes and dtypes, finite;
-        the client started from the c_i the server holds (round and digest)."""
-        problem = super().reply_problem(reply)
-        if problem:
-            return problem
-        gap = self.contract_gap(reply)
-        if gap:
-            return f"needs {gap}: call {SCAFFOLD_HELPER} in the ClientApp"
-        problem = records.arrays_problem(C.SCAFFOLD_DELTA_C, reply.content[C.SCAFFOLD_DELTA_C],
-                                         self.control)
-        if problem:
-            return problem
-        node = reply.metadata.src_node_id
-        sent = int(self.sent_configs.get(node, {}).get(C.STATE_ROUND, 0))
-        return state_problem(self.mirror, self.client_key(node), sent, reply.content[C.METRICS])
+    def state_reply_problem(self, reply: Message) -> str | None:
+        """delta c_i with c's keys, shapes and dtypes, finite."""
+        return records.arrays_problem(C.SCAFFOLD_DELTA_C, reply.content[C.SCAFFOLD_DELTA_C],
+                                      self.control)

@@ -1,16 +1,20 @@
-"""FedAvg whose clients keep state across rounds that the server mirrors (FedDyn, MOON).
+"""FedAvg whose clients keep state across rounds that the server mirrors (SCAFFOLD,
+FedDyn, MOON).
 
 :class:`StatefulFedAvg` is the Flower-records side of :mod:`strategies.client_state` for a
-strategy whose client state the server can derive from the ordinary reply (FedDyn's linear
-term from theta_k^t and theta^{t-1}; MOON's previous local model is the reply's model):
+strategy whose client state the server can derive from the reply (SCAFFOLD's c_i + delta
+c_i; FedDyn's linear term from theta_k^t and theta^{t-1}; MOON's previous local model is
+the reply's model):
 
 * every train message carries the client's ``state-round`` (:meth:`node_config`), and the
   server's copy as the ArrayRecord ``client-state`` when the node may not hold that version
   (:meth:`configure_train`; those bytes count in ``bytes-down``);
 * every reply must echo ``state-round`` and ``state-digest`` of the state it started from
-  (the client helpers do); a round whose replies all lack them stops the run with a
-  ClientContractError naming the subclass's helper (a stock ClientApp), a single reply
-  that lacks them, or started from another state than the server's copy, is rejected;
+  (the client helpers do; :meth:`contract_gap`, which a subclass may replace with its own
+  contract); a round whose replies all lack them stops the run with a ClientContractError
+  naming the subclass's helper (a stock ClientApp), a single reply that lacks them, fails
+  the subclass's :meth:`state_reply_problem`, or started from another state than the
+  server's copy, is rejected;
 * :meth:`accept_states` updates the copies from the accepted replies, once per round;
 * :meth:`state_dict` holds the copies, so a resumed run continues bit for bit.
 """
@@ -74,7 +78,8 @@ class StatefulFedAvg(FedAvg):
             node = reply.metadata.src_node_id
             key = self.client_key(node)
             self.mirror.accept(key, node, server_round, new_state(self.mirror.state_of(key), reply))
-            used_rounds.append(int(reply.content[C.METRICS][C.STATE_ROUND_USED]))
+            used_rounds.append(int(reply.content[C.METRICS].get(
+                C.STATE_ROUND_USED, self.sent_configs[node][C.STATE_ROUND])))
         self.mirror.end_round()
         self.diagnostics.setdefault(server_round, {})[C.LOG_CLIENT_STATE_ROUNDS] = used_rounds
 
@@ -87,15 +92,23 @@ class StatefulFedAvg(FedAvg):
                     f"state it started from)")
         return None
 
+    def state_reply_problem(self, reply: Message) -> str | None:
+        """What else a subclass checks in a reply that meets :meth:`contract_gap` (SCAFFOLD:
+        delta c_i's keys, shapes and values), or None."""
+        return None
+
     def reply_problem(self, reply: Message) -> str | None:
-        """FedAvg's checks plus: the client-state echo present, and the client started from
-        the state the server holds (round and digest)."""
+        """FedAvg's checks plus: the contract (:meth:`contract_gap`) met, the subclass's own
+        checks, and the client started from the state the server holds (round and digest)."""
         problem = super().reply_problem(reply)
         if problem:
             return problem
         gap = self.contract_gap(reply)
         if gap:
             return f"needs {gap}: call {self.CLIENT_HELPER} in the ClientApp"
+        problem = self.state_reply_problem(reply)
+        if problem:
+            return problem
         node = reply.metadata.src_node_id
         sent = int(self.sent_configs.get(node, {}).get(C.STATE_ROUND, 0))
         return state_problem(self.mirror, self.client_key(node), sent, reply.content[C.METRICS])
