@@ -44,6 +44,20 @@ SERVER_DATA_NOTE = (" (the ServerApp evaluates every round's global model on the
                     "too: docs/deployment.md)")
 
 
+def peak_rss_mb() -> float:
+    """This process's peak resident memory in MB: Linux's VmHWM, which starts afresh at
+    exec (``ru_maxrss`` keeps the high-water mark of the process that forked this one, e.g.
+    a large parent's), else ``ru_maxrss``."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def lowest_cpu_priority() -> None:
     """Run the calling thread, and the threads it starts (torch's OpenMP team), at nice 19:
     on Linux the nice value is per thread, so the rest of the process keeps its priority.
@@ -145,7 +159,7 @@ class ServerEvaluator:
             record[C.LOG_ACCURACY] = result[0].accuracy
             record[C.LOG_LOSS] = result[0].loss
             record[C.LOG_EVAL_SECONDS] = result[1]
-        record[C.LOG_SERVER_MAX_RSS_MB] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        record[C.LOG_SERVER_MAX_RSS_MB] = peak_rss_mb()
         self.records.append(record)
         self.run_log.append_round(record)
         if partitions:  # round 1: the counts now, the plot after the last round (matplotlib)

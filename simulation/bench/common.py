@@ -108,9 +108,14 @@ def bare_app_peak_mb(model: str, num_clients: int, cpus_per_client: float,
 
 
 def torch_import_mb() -> float:
-    """Resident MB of a fresh Python process after ``import torch``."""
-    code = ("import resource, torch; "
-            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)")
+    """Peak resident MB of a fresh Python process after ``import torch`` (Linux's VmHWM:
+    ``ru_maxrss`` would keep this large process's mark across the child's exec)."""
+    code = ("import resource, torch\n"
+            "try:\n"
+            "    print(next(int(line.split()[1]) for line in open('/proc/self/status')"
+            " if line.startswith('VmHWM:')) / 1024)\n"
+            "except OSError:\n"
+            "    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=300)
     return float(out.stdout.strip().splitlines()[-1])

@@ -33,6 +33,10 @@ def main(grid: Grid, context: Context) -> None:
                                               "batch-size": int(cfg["batch-size"])}),
                    evaluate_fn=round_ended)
     if cfg["times-path"]:
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        status = Path("/proc/self/status")  # VmHWM: ru_maxrss would keep the forking parent's
+        hwm = [ln for ln in status.read_text().splitlines() if ln.startswith("VmHWM:")] \
+            if status.is_file() else []
+        peak = (int(hwm[0].split()[1]) if hwm else
+                resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) / 1024
         Path(str(cfg["times-path"])).write_text(json.dumps({"round-ends": ends,
                                                             "max-rss-mb": peak}))
