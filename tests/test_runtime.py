@@ -59,3 +59,37 @@ def test_stop_processes_ends_the_whole_tree(tmp_path):
     assert len(tree) == 2
     stop_processes([started], timeout=5)
     assert not [pid for pid in tree if is_alive(pid)]
+
+
+# A thread multiplying with numpy while the main thread forks with a preexec_fn (as Ray's
+# start does beside the simulation's ServerApp thread); prints how many products the thread
+# finished in the last half second: 0 when OpenBLAS's fork handler left it spinning.
+BLAS_DURING_FORKS = """
+import subprocess, threading, time
+import numpy as np
+done = [0]
+def multiply():
+    a, w = np.ones((3000, 60)), np.ones((60, 10))
+    while True:
+        a @ w
+        done[0] += 1
+threading.Thread(target=multiply, daemon=True).start()
+for _ in range(200):
+    subprocess.run(["true"], preexec_fn=lambda: None, check=True)
+before = done[0]
+time.sleep(0.5)
+print(done[0] - before)
+"""
+
+
+def test_flwr_runs_get_one_openblas_thread_so_a_fork_cannot_hang_numpy(tmp_path):
+    import subprocess  # noqa: PLC0415
+
+    from simulation.runtime.flwr_cli import OPENBLAS_THREADS_ENV, flwr_env  # noqa: PLC0415
+
+    env = flwr_env(tmp_path, base={"PATH": "/usr/bin:/bin"})
+    assert env[OPENBLAS_THREADS_ENV] == "1"
+    assert flwr_env(tmp_path, base={OPENBLAS_THREADS_ENV: "4"})[OPENBLAS_THREADS_ENV] == "4"
+    out = subprocess.run([sys.executable, "-c", BLAS_DURING_FORKS], env=env, timeout=120,
+                         capture_output=True, text=True, check=True)
+    assert int(out.stdout) > 0

@@ -20,6 +20,7 @@ from .processes import free_port
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
+OPENBLAS_THREADS_ENV = "OPENBLAS_NUM_THREADS"
 
 
 def flwr_env(flwr_home: Path, base: Mapping[str, str] | None = None, isolate_ports: bool = False,
@@ -40,6 +41,11 @@ def flwr_env(flwr_home: Path, base: Mapping[str, str] | None = None, isolate_por
     if ray_address:
         env["RAY_ADDRESS"] = ray_address
     env.setdefault("RAY_ADDRESS", "local")
+    # The simulation engine starts Ray (which forks with a preexec_fn) while the ServerApp's
+    # thread loads its data; a fork during a multi-threaded OpenBLAS call leaves numpy
+    # spinning forever in that thread (OpenBLAS's fork handler stops its workers). One
+    # OpenBLAS thread has no workers to lose; torch's own threads are unaffected.
+    env.setdefault(OPENBLAS_THREADS_ENV, "1")
     if isolate_ports:
         env["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"] = str(free_port())
         env["FLWR_LOCAL_CONTROL_API_PORT"] = str(free_port())
