@@ -58,6 +58,12 @@ class DeploySpec:
     data_dir: str = ""
     connection: str = "fedhetero-deploy"
     num_threads: int = 0  # torch threads per ClientApp; 0: cpu_count // num_supernodes
+    # SuperNodes with Flower's waits shortened (deploy.supernode) and their ClientApps forked
+    # from a warm SuperExec (deploy.warm_superexec); False: Flower's own processes
+    warm_clientapps: bool = True
+    # the SuperLink's state in state.db (restartable after a crash) or in memory (Flower's
+    # default: faster, its runs and nodes lost with it)
+    superlink_database: bool = True
 
     def __post_init__(self) -> None:
         if self.num_supernodes < 1:
@@ -147,10 +153,11 @@ class LocalDeployment:
     def start_superlink(self) -> Started:
         """The SuperLink, its state (nodes, runs) in ``state.db`` of its home: started again
         after a crash, it knows the SuperNodes, which then carry on (with Flower's default
-        in-memory state they are refused and exit)."""
+        in-memory state, ``superlink_database=False``, they are refused and exit)."""
         argv = [str(BIN / "flower-superlink"), "--host", self.spec.host, "--port", str(self.port),
-                "--disable-runtime-dependency-installation", "--database", str(self.database),
-                *self._server_tls_args()]
+                "--disable-runtime-dependency-installation", *self._server_tls_args()]
+        if self.spec.superlink_database:
+            argv += ["--database", str(self.database)]
         if self.spec.auth:
             argv.append("--enable-supernode-auth")
         home = self.layout.superlink_home
@@ -173,9 +180,14 @@ class LocalDeployment:
         data_dir = self.spec.data_dir if data_dir is None else data_dir
         if data_dir:
             node_config += f' data-dir="{data_dir}"'
-        argv = [str(BIN / "flower-supernode"), "--superlink", self.address, "--host", "127.0.0.1",
-                "--port", str(free_port()), "--node-config", node_config,
+        runtime_port = free_port()
+        launcher = ([sys.executable, "-m", "deploy.supernode"] if self.spec.warm_clientapps
+                    else [str(BIN / "flower-supernode")])
+        argv = [*launcher, "--superlink", self.address, "--host", "127.0.0.1",
+                "--port", str(runtime_port), "--node-config", node_config,
                 *self._client_tls_args()]
+        if self.spec.warm_clientapps:  # no SuperExec of its own: ours, started below
+            argv += ["--isolation", "process"]
         key = private_key or (self.layout.private_key(partition_id) if self.spec.auth else None)
         if key is not None:
             argv += ["--auth-supernode-private-key", str(key)]
@@ -185,11 +197,19 @@ class LocalDeployment:
         log = self.layout.logs / f"supernode-{partition_id}.log"
         node = start_process(f"SuperNode {partition_id}", argv, self._env(home), home, log)
         self.started.append(node)
+        if self.spec.warm_clientapps:
+            self.started.append(start_process(
+                f"SuperExec {partition_id}",
+                [sys.executable, "-m", "deploy.warm_superexec", "--insecure",
+                 "--runtime-api-address", f"127.0.0.1:{runtime_port}",
+                 "--parent-pid", str(node.proc.pid)],
+                self._env(home), home, log))
         return node
 
     def stop_supernode(self, partition_id: int) -> None:
         """Stop every SuperNode of ``partition_id`` we started, and what it started, by PID."""
-        stop_processes([s for s in self.started if s.name == f"SuperNode {partition_id}"])
+        names = (f"SuperNode {partition_id}", f"SuperExec {partition_id}")
+        stop_processes([s for s in self.started if s.name in names])
 
     def register(self, public_key: Path) -> str:
         """``flwr supernode register <key.pub> <connection>``; returns its output."""

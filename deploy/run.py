@@ -39,6 +39,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-threads", type=int, default=0,
                         help="torch threads per SuperNode's ClientApp (node config num-threads); "
                              "default 0: this machine's cores divided among the SuperNodes")
+    parser.add_argument("--flower-clientapps", action="store_true",
+                        help="Flower's own SuperNode and per-message flwr-clientapp processes "
+                             "(default: deploy.supernode with shorter waits and ClientApps "
+                             "forked from a warm deploy.warm_superexec)")
+    parser.add_argument("--in-memory-superlink", action="store_true",
+                        help="the SuperLink's state in memory (Flower's default: faster rounds, "
+                             "but a restarted SuperLink has lost its runs and nodes); default: "
+                             "WORKDIR/.../state.db")
     parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR)
     parser.add_argument("--timeout", type=float, default=1800,
                         help="seconds before flwr run is stopped")
@@ -63,6 +71,8 @@ def spec_of(args: argparse.Namespace) -> tuple[DeploySpec, dict]:
         port=args.port,
         data_dir=args.data_dir,
         num_threads=args.num_threads,
+        warm_clientapps=not args.flower_clientapps,
+        superlink_database=not args.in_memory_superlink,
     )
     overrides.setdefault("min-available-nodes", spec.num_supernodes)  # all join before round 1
     return spec, overrides

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from flwr.app import Context, RecordDict
@@ -97,13 +99,21 @@ def test_deploy_shares_the_cores_among_supernodes(monkeypatch, tmp_path):
     assert cluster.threads_per_supernode(3, cpus=8) == 2
     assert cluster.threads_per_supernode(4, cpus=2) == 1
     started = []
-    monkeypatch.setattr(cluster, "start_process",
-                        lambda name, argv, env, cwd, log: started.append((argv, env)))
+
+    def start_process(name, argv, env, cwd, log):
+        started.append((name, argv, env))
+        return SimpleNamespace(name=name, proc=SimpleNamespace(pid=4242))
+
+    monkeypatch.setattr(cluster, "start_process", start_process)
     deployment = cluster.LocalDeployment(cluster.DeploySpec(num_supernodes=2, num_threads=3),
                                          Layout(tmp_path))
     deployment.start_supernode(0)
-    argv, env = started[0]
+    (node, argv, env), (superexec, exec_argv, _) = started
     assert "num-threads=3" in argv[argv.index("--node-config") + 1]
     assert env[cluster.TASK_POLL_ENV] == cluster.TASK_POLL_SECONDS
+    # the SuperNode's ClientApps come from its warm SuperExec, which exits with it
+    assert (node, superexec) == ("SuperNode 0", "SuperExec 0")
+    assert argv[argv.index("--isolation") + 1] == "process"
+    assert exec_argv[exec_argv.index("--parent-pid") + 1] == "4242"
     with pytest.raises(ValueError, match="--num-threads"):
         cluster.DeploySpec(num_threads=-1)

@@ -8,16 +8,20 @@ first round of the first run). Round 1 of each run (Ray or process start, data d
 is excluded: the ratio is over rounds 2..R of the run logs' ``wall-seconds``, which
 include the ServerApp's test-set evaluation in both runtimes.
 
-Prints both round tables, whether the two runs' global models are bit-identical in every
-round (the run logs' ``model-sha256``), and as its last line
-``deploy/simulation warm-round ratio = X.XX``. Timings mean something only on an
-otherwise idle machine.
+The deployment runs twice: with the SuperLink's state in a database file (restartable
+after a crash, what ``python -m deploy run`` starts) and with Flower's default in-memory
+state. Prints the three round tables, whether the deployed global models are bit-identical
+to the simulated ones in every round (the run logs' ``model-sha256``), the ratio of the
+database run, and as its last line ``deploy/simulation warm-round ratio = X.XX`` of the
+deployment with Flower's default SuperLink. Timings mean something only on an otherwise
+idle machine.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import tempfile
 from pathlib import Path
@@ -30,6 +34,8 @@ from ..runtime import parse_overrides
 from .common import simulation_round_seconds
 
 HELP = "deployment runtime vs simulation engine, warm rounds of one config"
+ON_DISK = "restartable; what python -m deploy run starts"
+IN_MEMORY = "Flower's default"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -46,14 +52,16 @@ def warm(records: list[dict]) -> list[float]:
     return [r[C.LOG_WALL_SECONDS] for r in records if r[C.LOG_ROUND] >= 2]
 
 
-def deployed_records(config: dict, supernodes: int, work: Path, timeout: float) -> list[dict]:
-    """The run log of one run on a local deployment (started and stopped here, by PID)."""
+def deployed_records(config: dict, supernodes: int, work: Path, timeout: float,
+                     database: bool) -> list[dict]:
+    """The run log of one run on a local deployment (started and stopped here, by PID);
+    ``database``: the SuperLink keeps its state in a file, else in memory."""
     from deploy.cluster import DeploySpec, LocalDeployment  # noqa: PLC0415 - drives deploy/
     from deploy.layout import Layout  # noqa: PLC0415
     from deploy.runner import run_on_connection  # noqa: PLC0415
 
     out = work / "deploy-runs"
-    spec = DeploySpec(num_supernodes=supernodes, num_threads=1)
+    spec = DeploySpec(num_supernodes=supernodes, num_threads=1, superlink_database=database)
     with LocalDeployment(spec, Layout(work / "deploy"), start_timeout=300) as deployment:
         deployment.start()
         result = run_on_connection(spec.connection, deployment.cli_env,
@@ -62,7 +70,9 @@ def deployed_records(config: dict, supernodes: int, work: Path, timeout: float) 
     if result.returncode != 0:
         raise RuntimeError(f"the deployed run ended {result.status}:\n{result.output[-3000:]}")
     (run_dir,) = out.iterdir()
-    return read_rounds(run_dir)
+    records = read_rounds(run_dir)
+    shutil.rmtree(out)  # the next deployment writes its own
+    return records
 
 
 def run(args) -> None:
@@ -78,20 +88,26 @@ def run(args) -> None:
         os.environ[ROOT_ENV] = str(work / "data-cache")  # both runtimes' ClientApps inherit it
         try:
             simulated = simulation_round_seconds(config, args.supernodes, 1, keep_records=True)
-            deployed = deployed_records(config, args.supernodes, work, args.timeout)
+            on_disk = deployed_records(config, args.supernodes, work, args.timeout, True)
+            in_memory = deployed_records(config, args.supernodes, work, args.timeout, False)
         finally:
             if previous is None:
                 os.environ.pop(ROOT_ENV, None)
             else:
                 os.environ[ROOT_ENV] = previous
-    for name, records in (("simulation engine (flwr run, Ray)", simulated),
-                          ("deployment runtime (SuperLink + SuperNodes)", deployed)):
+    runs = (("simulation engine (flwr run, Ray)", simulated),
+            (f"deployment, SuperLink state in a database file ({ON_DISK})", on_disk),
+            (f"deployment, SuperLink state in memory ({IN_MEMORY})", in_memory))
+    for name, records in runs:
         print(f"\n{name}:\n{format_table(records)}")
-    same = [a.get(C.LOG_MODEL_SHA256) == b.get(C.LOG_MODEL_SHA256) is not None
-            for a, b in zip(simulated, deployed, strict=True)]
-    print(f"\nbit-identical global models: {sum(same)} of {len(same)} rounds (round 0 = the "
-          "initial model)")
-    sim, dep = statistics.mean(warm(simulated)), statistics.mean(warm(deployed))
-    print(f"mean warm round (rounds 2..{args.rounds}): simulation {sim:.2f} s, "
-          f"deployment {dep:.2f} s")
-    print(f"deploy/simulation warm-round ratio = {dep / sim:.2f}")
+    sim = statistics.mean(warm(simulated))
+    print()
+    for name, records in runs[1:]:
+        same = [a.get(C.LOG_MODEL_SHA256) == b.get(C.LOG_MODEL_SHA256) is not None
+                for a, b in zip(simulated, records, strict=True)]
+        print(f"{name}: bit-identical global models in {sum(same)} of {len(same)} rounds "
+              f"(round 0 = the initial model); mean warm round (rounds 2..{args.rounds}) "
+              f"{statistics.mean(warm(records)):.2f} s against the simulation's {sim:.2f} s")
+    print(f"with the database file: deploy/simulation warm-round ratio "
+          f"{statistics.mean(warm(on_disk)) / sim:.2f}")
+    print(f"deploy/simulation warm-round ratio = {statistics.mean(warm(in_memory)) / sim:.2f}")

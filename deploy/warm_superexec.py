@@ -1,0 +1,216 @@
+"""A SuperExec whose ClientApp processes fork from a parent that has already imported
+flwr and torch.
+
+Flower 1.41 runs every message a SuperNode receives in a new ``flwr-clientapp`` process
+(``flwr/supernode/runtime/run_clientapp.py``: one task, then exit). Measured on the bench
+workload (2 SuperNodes, one torch thread each), each of those processes spent 3.5-4.3 s
+before its training started, about 1.2 s of it importing flwr and 1.5-2 s importing torch.
+
+``python -m deploy.warm_superexec`` is Flower's own SuperExec loop
+(``flwr.supercore.superexec.run_superexec``: ask the SuperNode's Runtime API for a task,
+launch it, poll again) with one change: its executor, :class:`ForkExecutor`, starts a
+ClientApp task by ``os.fork()`` of this process, whose modules (flwr's ClientApp runtime,
+numpy, torch) are already imported, and the child runs Flower's ``run_clientapp`` as the
+``flwr-clientapp`` command would. The app itself (its FAB) is installed and imported by
+each child as before, so a new app version needs no restart. Other task types go to
+Flower's :class:`SubprocessExecutor` unchanged.
+
+Start it beside a SuperNode in ``--isolation process`` mode, which then does not start a
+SuperExec of its own (docs/deployment.md, "Warm ClientApp processes"). POSIX only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from logging import ERROR, INFO
+from pathlib import Path
+
+from flwr.supercore import log
+from flwr.supercore.constant import TaskType
+from flwr.supercore.superexec import run_superexec as flower_superexec
+from flwr.supercore.superexec.executor import LaunchResult, SubprocessExecutor
+from flwr.supercore.superexec.executor.types import ExecutionSpec
+from flwr.supercore.tls import validate_and_resolve_root_certificates
+from flwr.supernode.runtime.run_clientapp import run_clientapp
+
+# imported once here, inherited by every ClientApp process (comma-separated to change)
+PRELOAD = ("numpy", "torch")
+PRELOAD_ENV = "FEDHETERO_SUPEREXEC_PRELOAD"
+
+
+def preload(modules: Sequence[str]) -> None:
+    """Import ``modules`` in this process. Nothing here may start torch's thread pool
+    (no tensor operations): a child forked after that would inherit a broken one."""
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError as err:  # a node without torch still runs its ClientApps
+            log(ERROR, "SuperExec: cannot preload %r (%s); ClientApps import it themselves",
+                name, err)
+
+
+def shorten_object_pulls() -> None:
+    """:func:`fedapp.flower_pulls.shorten_object_pulls` in this process (the children pull
+    their message's arrays from the SuperNode), then forget the ``fedapp`` package again:
+    every ClientApp must import its app's modules from its own FAB, never from here."""
+    before = set(sys.modules)
+    from fedapp.flower_pulls import shorten_object_pulls as shorten  # noqa: PLC0415
+    shorten()
+    for name in set(sys.modules) - before:
+        if name.split(".")[0] == "fedapp":
+            del sys.modules[name]
+
+
+def process_gone(pid: int) -> bool:
+    """True once ``pid`` has exited, a zombie included (Flower's parent monitor tests
+    ``os.kill(pid, 0)``, which a zombie passes: a SuperNode started by a Python parent that
+    has not yet waited for it would never be seen to die)."""
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return True
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):  # no /proc (macOS): os.kill says it runs
+        return False
+    return state in ("Z", "X")
+
+
+def exit_with(pid: int, interval: float = 0.2) -> None:
+    """SIGINT this process (Flower's handlers then exit it cleanly) once ``pid`` is gone."""
+    def watch() -> None:
+        while not process_gone(pid):
+            time.sleep(interval)
+        signal.raise_signal(signal.SIGINT)
+
+    threading.Thread(target=watch, name=f"exit-with-{pid}", daemon=True).start()
+
+
+def _run_child(spec: ExecutionSpec) -> int:
+    """In the forked child: what ``flwr-clientapp --token ...`` runs; its exit code."""
+    sys.argv = ["flwr-clientapp"]  # what Flower's exit telemetry and logs look at
+    if spec.parent_pid is not None:  # this SuperExec: the child goes when it goes
+        exit_with(spec.parent_pid)
+    if spec.suppress_output:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+    try:
+        run_clientapp(
+            runtime_api_address=spec.runtime_api_address,
+            token=spec.token,
+            insecure=spec.insecure,
+            certificates=validate_and_resolve_root_certificates(
+                spec.root_certificates_path, spec.insecure),
+            parent_pid=None,  # watched by exit_with above
+            runtime_dependency_install=spec.runtime_dependency_install,
+        )
+    except SystemExit as done:  # run_clientapp always ends in flwr_exit -> sys.exit
+        return done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+    except BaseException as err:  # noqa: BLE001 - reported, then the child exits non-zero
+        log(ERROR, "flwr-clientapp (forked) failed: %r", err)
+        return 1
+    return 0
+
+
+class ForkExecutor(SubprocessExecutor):
+    """Flower's Executor protocol: ClientApp tasks by fork, everything else as Flower does."""
+
+    def __init__(self) -> None:
+        self.children: set[int] = set()
+
+    def launch(self, spec: ExecutionSpec) -> LaunchResult:
+        """Fork a ClientApp task; other task types: a subprocess, as Flower's executor."""
+        if spec.task_type != TaskType.CLIENT_APP:
+            return super().launch(spec)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            pid = os.fork()
+        except OSError as err:
+            return LaunchResult.failed(f"fork failed: {err}")
+        if pid == 0:  # the child: never return into the parent's loop
+            code = 1
+            try:
+                code = _run_child(spec)
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)  # not sys.exit: the parent's atexit handlers are not ours
+        self.children.add(pid)
+        return LaunchResult.accepted()
+
+    def reconcile(self) -> None:
+        """Reap the children that have finished (called by Flower's loop every poll)."""
+        for pid in list(self.children):
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                done = pid
+            if done:
+                self.children.discard(pid)
+
+    def close(self) -> None:
+        """Running children finish their task (they watch ``--parent-pid`` themselves)."""
+        self.reconcile()
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The ``flower-superexec`` options a SuperNode's local SuperExec needs."""
+    p.add_argument("--runtime-api-address", required=True,
+                   help="the SuperNode's Runtime API (its --clientappio-api-address), "
+                        "e.g. 127.0.0.1:9094")
+    p.add_argument("--insecure", action="store_true",
+                   help="no TLS to the Runtime API (a SuperNode on the same host)")
+    p.add_argument("--root-certificates", default=None, metavar="CA_CERT",
+                   help="CA certificate of the Runtime API's TLS certificate")
+    p.add_argument("--parent-pid", type=int, default=None,
+                   help="exit when this process (the SuperNode) exits")
+    p.add_argument("--preload", default=os.environ.get(PRELOAD_ENV, ",".join(PRELOAD)),
+                   help=f"modules imported once and inherited by every ClientApp process, "
+                        f"comma-separated (default: {','.join(PRELOAD)}; env {PRELOAD_ENV})")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Flower's SuperExec loop with :class:`ForkExecutor`; returns only on error."""
+    if not hasattr(os, "fork"):
+        raise SystemExit("deploy.warm_superexec: needs os.fork (Linux/macOS); on this system "
+                         "start the SuperNode without --isolation process instead")
+    if args.root_certificates is None and not args.insecure:
+        raise SystemExit("deploy.warm_superexec: give --root-certificates CA_CERT (the Runtime "
+                         "API's TLS) or --insecure (a SuperNode on this host without TLS)")
+    preload([m for m in args.preload.split(",") if m.strip()])
+    shorten_object_pulls()
+    if args.parent_pid is not None:
+        exit_with(args.parent_pid)
+    executor = ForkExecutor()
+    log(INFO, "Starting SuperExec (ClientApps forked from a process with %s imported)",
+        args.preload or "nothing")
+    # Flower's loop builds its executor by name; this is the one place that choice is made.
+    flower_superexec.get_executor = lambda *_args, **_kwargs: executor
+    flower_superexec.run_superexec(
+        runtime_api_address=args.runtime_api_address,
+        insecure=args.insecure,
+        root_certificates_path=args.root_certificates,
+        parent_pid=None,  # watched by exit_with above
+    )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m deploy.warm_superexec --runtime-api-address HOST:PORT ...``"""
+    parser = argparse.ArgumentParser(prog="python -m deploy.warm_superexec", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":  # run as a module: imports flwr and the preloads, not the app
+    sys.exit(main())
