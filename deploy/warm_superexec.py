@@ -83,11 +83,19 @@ def process_gone(pid: int) -> bool:
     return state in ("Z", "X")
 
 
-def exit_with(pid: int, interval: float = 0.2) -> None:
-    """SIGINT this process (Flower's handlers then exit it cleanly) once ``pid`` is gone."""
+def exit_with(pid: int, interval: float = 0.2, at_once: bool = False) -> None:
+    """Once ``pid`` is gone: SIGINT this process (Flower's handlers then exit it cleanly),
+    or with ``at_once`` end it on the spot (``os._exit``). A forked ClientApp needs the
+    latter: it inherited the SuperExec's handlers and the locks of threads it does not
+    have, and a clean exit there was seen to wait forever (its SuperNode is gone, so its
+    reply has nowhere to go anyway)."""
     def watch() -> None:
         while not process_gone(pid):
             time.sleep(interval)
+        if at_once:
+            os.write(2, f"flwr-clientapp (forked): its SuperExec {pid} is gone; "
+                        "exiting\n".encode())
+            os._exit(1)
         signal.raise_signal(signal.SIGINT)
 
     threading.Thread(target=watch, name=f"exit-with-{pid}", daemon=True).start()
@@ -97,7 +105,7 @@ def _run_child(spec: ExecutionSpec) -> int:
     """In the forked child: what ``flwr-clientapp --token ...`` runs; its exit code."""
     sys.argv = ["flwr-clientapp"]  # what Flower's exit telemetry and logs look at
     if spec.parent_pid is not None:  # this SuperExec: the child goes when it goes
-        exit_with(spec.parent_pid)
+        exit_with(spec.parent_pid, at_once=True)
     if spec.suppress_output:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 1)

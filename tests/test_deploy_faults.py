@@ -177,8 +177,15 @@ def test_supernode_killed_mid_round_the_round_completes_and_it_trains_again(clus
     wait_until(lambda: log_of(cluster, name).count("Receiving: train message") > received,
                600, "SuperNode 2's first train message")
     node = [s for s in cluster.started if s.name == "SuperNode 2"][-1]
+    superexec = [s for s in cluster.started if s.name == "SuperExec 2"][-1]
+    wait_until(lambda: descendants(superexec.proc.pid), 60, "SuperNode 2's ClientApp to start")
+    followers = [superexec.proc.pid, *descendants(superexec.proc.pid)]  # + the training ClientApp
+    cluster.extra_pids += followers
     sigkill_tree(cluster, node.proc.pid)  # mid-round: its ClientApp is training
     node.proc.wait(timeout=30)
+    # its SuperExec and the ClientApp it forked end by themselves (they watch their parent)
+    wait_until(lambda: not any(is_alive(pid) for pid in followers), 60,
+               "SuperNode 2's SuperExec and ClientApp to exit after it")
     restart_supernode(cluster, 2)  # a new node id; the server queries it like any new node
     thread.join(timeout=800)
     result, run_dir = box["value"]

@@ -182,3 +182,35 @@ def test_the_superlink_keeps_its_state_in_a_file_unless_asked_for_memory(monkeyp
     on_disk, in_memory = argvs
     assert on_disk[on_disk.index("--database") + 1].endswith("state.db")
     assert "--database" not in in_memory
+
+
+# A process whose main thread waits forever and whose SIGINT does nothing (what a forked
+# ClientApp stuck in its inherited shutdown looks like); exit_with(at_once) must end it.
+STUCK_CHILD = """
+import signal, sys, threading
+from deploy.warm_superexec import exit_with
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+exit_with(int(sys.argv[1]), interval=0.05, at_once=True)
+print("watching", flush=True)
+lock = threading.Lock()
+lock.acquire()
+lock.acquire()  # never returns
+"""
+
+
+def test_a_forked_clientapp_ends_at_once_when_its_superexec_is_gone():
+    parent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    child = subprocess.Popen([sys.executable, "-c", STUCK_CHILD, str(parent.pid)],
+                             cwd=Path(__file__).resolve().parents[1], text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert child.stdout.readline().strip() == "watching"
+        parent.kill()
+        parent.wait(timeout=30)
+        assert child.wait(timeout=30) == 1
+        assert f"its SuperExec {parent.pid} is gone" in child.stderr.read()
+    finally:
+        for proc in (parent, child):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)
