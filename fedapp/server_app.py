@@ -58,10 +58,13 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def lowest_cpu_priority() -> None:
-    """Run the calling thread, and the threads it starts (torch's OpenMP team), at nice 19:
-    on Linux the nice value is per thread, so the rest of the process keeps its priority.
-    Elsewhere nothing changes."""
+def background_evaluation_thread() -> None:
+    """Set up the thread that evaluates while the clients train: one torch thread (torch's
+    thread count is per thread, so the rest of the process keeps its own; one thread
+    contends least with the training that has the cores, and its losses are the same bits
+    as with more threads, checked on the CNNs), at nice 19 (per thread on Linux;
+    elsewhere the priority is left as it is)."""
+    torch.set_num_threads(1)
     if sys.platform.startswith("linux"):
         try:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
@@ -77,8 +80,8 @@ class ServerEvaluator:
     r's record holds the strategy's diagnostics, the timings and, on the rounds that are
     evaluated (``eval_every`` k: rounds 0, k, 2k, ... and always the last), the test
     accuracy and loss; a record of a round that is not evaluated has no accuracy, loss or
-    eval-seconds. With ``overlap`` round r's model is evaluated in one background thread,
-    at the lowest CPU priority so that it takes the cores the clients leave idle, while
+    eval-seconds. With ``overlap`` round r's model is evaluated in one background thread
+    (one torch thread, lowest CPU priority: it takes what the clients leave idle) while
     round r + 1 trains: the end of round r + 1 waits for it, so the records (and
     checkpoints) stay in round order, and the last round's evaluation is waited for.
     The records are the same as without ``overlap``, apart from the timing keys.
@@ -111,7 +114,7 @@ class ServerEvaluator:
         self.started = self.last = time.perf_counter()
         self.checkpointer: Checkpointer | None = None  # checkpoint-every
         self.worker = (ThreadPoolExecutor(1, thread_name_prefix="fedhetero-eval",
-                                          initializer=lowest_cpu_priority) if overlap else None)
+                                          initializer=background_evaluation_thread) if overlap else None)
         self.pending: Future | None = None
 
     def evaluates(self, server_round: int) -> bool:

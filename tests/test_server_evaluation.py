@@ -92,3 +92,26 @@ def test_a_failed_background_evaluation_stops_the_run(tmp_path, monkeypatch):
     monkeypatch.setattr(fedapp.server_app, "evaluate", failing)
     with pytest.raises(RuntimeError, match="evaluation failed in the background"):
         run(tmp_path, **{"num-server-rounds": 2})
+
+
+@pytest.mark.parametrize("name", ["cnn-mcmahan", "cnn-small", "lenet-gn"])
+def test_the_background_evaluation_thread_uses_one_torch_thread_and_the_same_numbers(name):
+    """The overlapped evaluation runs on one torch thread (contending least with training);
+    the caller keeps its thread count, and the test loss is the same bits as with two."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from fedapp.server_app import background_evaluation_thread
+    from task.evaluate import evaluate
+    from task.models import build_model
+
+    torch.manual_seed(0)
+    model = build_model(name, (1, 28, 28), 10).to(memory_format=torch.channels_last)
+    x = torch.rand(600, 1, 28, 28).contiguous(memory_format=torch.channels_last)
+    y = torch.randint(0, 10, (600,))
+    torch.set_num_threads(2)  # restored to 1 by the module's fixture, then to the caller's
+    with_two = evaluate(model, x, y, 200)
+    with ThreadPoolExecutor(1, initializer=background_evaluation_thread) as worker:
+        threads, in_background = worker.submit(
+            lambda: (torch.get_num_threads(), evaluate(model, x, y, 200))).result()
+    assert threads == 1 and torch.get_num_threads() == 2
+    assert (in_background.loss, in_background.accuracy) == (with_two.loss, with_two.accuracy)
