@@ -140,7 +140,7 @@ def node_partition(context: Context) -> tuple[Partition, RunConfig]:
                         cfg.allow_download, cfg.synthetic_alpha, cfg.synthetic_beta,
                         cfg.normalize)
     spec = PartitionSpec(
-        scheme=cfg.partition, seed=cfg.seed, alpha=cfg.dirichlet_alpha,
+        scheme=cfg.partition, seed=cfg.partition_data_seed, alpha=cfg.dirichlet_alpha,
         min_size=cfg.min_partition_size, classes_per_partition=cfg.classes_per_partition,
         shards_per_partition=cfg.shards_per_partition, sigma=cfg.quantity_sigma,
     )

@@ -104,6 +104,7 @@ class RunConfig:
     classes_per_partition: int = 2
     shards_per_partition: int = 2
     quantity_sigma: float = 0.5
+    partition_seed: int = -1
     model: str = "cnn-small"
     local_epochs: float = 2.0
     local_steps: int = 0
@@ -182,6 +183,12 @@ class RunConfig:
         self._check("classes-per-partition", self.classes_per_partition >= 1, "an integer >= 1")
         self._check("shards-per-partition", self.shards_per_partition >= 1, "an integer >= 1")
         self._check("quantity-sigma", self.quantity_sigma >= 0, "a number >= 0 (0 = balanced)")
+        self._check("partition-seed", self.partition_seed >= -1,
+               f"-1 (the run's seed) or an integer in [0, {INT64[1]}]")
+        self._check("partition-seed" if self.partition_seed != -1 else "seed",
+                    self.partition != "dirichlet-niid-bench" or self.partition_data_seed < 2**32,
+                    "below 2**32 with partition = \"dirichlet-niid-bench\" (numpy's "
+                    "RandomState); NIID-Bench's tables used 2020")
         self._check("model", self.model in MODEL_NAMES, f"one of {', '.join(MODEL_NAMES)}")
         self._check("device-reference-gflops", self.device_reference_gflops > 0,
                "a number > 0: the reference device's training speed in GFLOP/s, which "
@@ -224,6 +231,12 @@ class RunConfig:
         self._check("tracking-dir", _abs_or_empty(self.tracking_dir),
                "an absolute path, or '' for the run directory (app processes do not run in "
                "your cwd)")
+
+    @property
+    def partition_data_seed(self) -> int:
+        """The seed of the partition: ``partition-seed``, or the run's ``seed`` at -1 (so a
+        sweep can keep one partition across seeds, as NIID-Bench's tables did)."""
+        return self.seed if self.partition_seed == -1 else self.partition_seed
 
     def resolved_output_dir(self) -> Path:
         """output-dir, or $XDG_DATA_HOME/fedhetero/runs (default ~/.local/share/fedhetero/runs)."""

@@ -13,6 +13,8 @@ Dirichlet label skew; Li et al. 2022, NIID-Bench: "#C=k"; Luo et al., FedVeca, S
 * ``iid``            random permutation split into nearly equal parts (numpy).
 * ``dirichlet``      "hetero-dir" label skew (Yurochkin et al. / NIID-Bench),
                      via flwr-datasets' ``DirichletPartitioner``.
+* ``dirichlet-niid-bench``  the same rule on NIID-Bench's own random stream (numpy's
+                     legacy ``RandomState``): with seed 2020 the partition of its tables.
 * ``classes``        NIID-Bench "#C=k", via flwr-datasets'
                      ``PathologicalPartitioner`` (first-deterministic) when every
                      label is some partition's first label; numpy otherwise.
@@ -23,8 +25,8 @@ Dirichlet label skew; Li et al. 2022, NIID-Bench: "#C=k"; Luo et al., FedVeca, S
 * ``natural``        one natural group (writer, device, role) per partition, or
                      groups dealt round-robin after a seeded shuffle (numpy).
 
-Empty partitions can occur only where the scheme allows it: ``dirichlet`` with
-``min_size=0``; ``fedveca-case2``/``fedveca-case3`` when a label is missing or
+Empty partitions can occur only where the scheme allows it: ``dirichlet`` and
+``dirichlet-niid-bench`` with ``min_size=0``; ``fedveca-case2``/``fedveca-case3`` when a label is missing or
 has fewer samples than the partitions that share it.  All other schemes give
 every partition at least one sample (given ``num_partitions <= len(labels)``).
 
@@ -43,6 +45,7 @@ import numpy as np
 PARTITION_NAMES: tuple[str, ...] = (
     "iid",
     "dirichlet",
+    "dirichlet-niid-bench",
     "classes",
     "shards",
     "quantity-skew",
@@ -55,6 +58,8 @@ PARTITION_NAMES: tuple[str, ...] = (
 # Outer re-draw budget for dirichlet: flwr's DirichletPartitioner gives up
 # after 11 draws; we restart it with fresh sub-seeds up to this many times.
 _DIRICHLET_MAX_RESTARTS = 30
+# and for dirichlet-niid-bench (NIID-Bench itself loops without a bound)
+_NIID_BENCH_MAX_DRAWS = 1000
 
 
 # --------------------------------------------------------------------------- #
@@ -78,7 +83,7 @@ def partition_indices(
 
     ``labels`` is a 1-D array of non-negative integer class ids.  Only the
     keyword arguments of the chosen ``scheme`` are used (and validated):
-    ``dirichlet``: alpha, min_size; ``classes``: classes_per_partition;
+    ``dirichlet``, ``dirichlet-niid-bench``: alpha, min_size; ``classes``: classes_per_partition;
     ``shards``: shards_per_partition, shard_size; ``quantity-skew``: sigma;
     ``natural``: natural_ids.  Invalid arguments raise ``ValueError``.
     """
@@ -97,6 +102,8 @@ def partition_indices(
         parts = _iid(labels, k, seed)
     elif scheme == "dirichlet":
         parts = _dirichlet(labels, k, seed, alpha, min_size)
+    elif scheme == "dirichlet-niid-bench":
+        parts = _dirichlet_niid_bench(labels, k, seed, alpha, min_size)
     elif scheme == "classes":
         parts = _classes(labels, k, seed, classes_per_partition)
     elif scheme == "shards":
@@ -257,6 +264,18 @@ def _iid(labels: np.ndarray, k: int, seed: int) -> list[np.ndarray]:
     return np.array_split(perm, k)
 
 
+def _check_dirichlet_args(labels: np.ndarray, k: int, alpha: Any, min_size: Any) -> None:
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float, np.integer, np.floating)) \
+            or not math.isfinite(float(alpha)) or float(alpha) <= 0:
+        raise ValueError(f"dirichlet-alpha must be > 0, got {alpha!r}")
+    _check_int("min_size", min_size, 0)
+    if min_size * k > labels.size:
+        raise ValueError(
+            f"min_size must be <= number of samples / num_partitions "
+            f"({labels.size} / {k} = {labels.size // k}), got {min_size}"
+        )
+
+
 def _dirichlet(labels: np.ndarray, k: int, seed: int, alpha: float, min_size: int) -> list[np.ndarray]:
     """hetero-dir via flwr_datasets.partitioner.DirichletPartitioner.
 
@@ -272,16 +291,8 @@ def _dirichlet(labels: np.ndarray, k: int, seed: int, alpha: float, min_size: in
     """
     from flwr_datasets.partitioner import DirichletPartitioner
 
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float, np.integer, np.floating)) \
-            or not math.isfinite(float(alpha)) or float(alpha) <= 0:
-        raise ValueError(f"dirichlet-alpha must be > 0, got {alpha!r}")
-    _check_int("min_size", min_size, 0)
+    _check_dirichlet_args(labels, k, alpha, min_size)
     n = labels.size
-    if min_size * k > n:
-        raise ValueError(
-            f"min_size must be <= number of samples / num_partitions "
-            f"({n} / {k} = {n // k}), got {min_size}"
-        )
     rng = np.random.default_rng(seed)
     order = rng.permutation(n)
     for _ in range(_DIRICHLET_MAX_RESTARTS):
@@ -302,6 +313,41 @@ def _dirichlet(labels: np.ndarray, k: int, seed: int, alpha: float, min_size: in
     raise ValueError(
         f"min_size={min_size} could not be met with dirichlet-alpha={alpha} and "
         f"num_partitions={k} after {11 * _DIRICHLET_MAX_RESTARTS} Dirichlet draws; "
+        f"lower min_size or raise alpha"
+    )
+
+
+def _dirichlet_niid_bench(labels: np.ndarray, k: int, seed: int, alpha: float,
+                          min_size: int) -> list[np.ndarray]:
+    """hetero-dir drawn as NIID-Bench's ``partition_data`` ("noniid-labeldir") draws it
+    (Li et al., ICDE 2022, Sec. IV-A: p_k ~ Dir_N(beta) per label), step for step on one
+    numpy ``RandomState(seed)``: per label, shuffle its indices, draw the proportions,
+    zero those of parties already holding >= N / parties, renormalise, split at
+    ``(cumsum(p) * n_label).astype(int)[:-1]``; redraw everything until every party has
+    >= ``min_size``. NIID-Bench's code of its tables seeded numpy with 2020 right before
+    this draw, whatever the trial (until its commit 27886d9), so ``seed=2020`` with the
+    labels in the dataset's file order gives that partition."""
+    _check_dirichlet_args(labels, k, alpha, min_size)
+    if seed >= 2**32:
+        raise ValueError(f"dirichlet-niid-bench needs a seed < 2**32 (numpy's RandomState), "
+                         f"got {seed}")
+    rng = np.random.RandomState(seed)
+    n = labels.size
+    for _ in range(_NIID_BENCH_MAX_DRAWS):
+        parts: list[list[int]] = [[] for _ in range(k)]
+        for label in range(int(labels.max()) + 1):
+            idx = np.where(labels == label)[0]
+            rng.shuffle(idx)
+            p = rng.dirichlet(np.repeat(float(alpha), k))
+            p = np.array([share * (len(part) < n / k) for share, part in zip(p, parts)])
+            p = p / p.sum()
+            cuts = (np.cumsum(p) * len(idx)).astype(int)[:-1]
+            parts = [part + chunk.tolist() for part, chunk in zip(parts, np.split(idx, cuts))]
+        if min(len(part) for part in parts) >= min_size:
+            return [np.asarray(part, dtype=np.int64) for part in parts]
+    raise ValueError(
+        f"min_size={min_size} could not be met with dirichlet-alpha={alpha} and "
+        f"num_partitions={k} after {_NIID_BENCH_MAX_DRAWS} Dirichlet draws; "
         f"lower min_size or raise alpha"
     )
 

@@ -136,6 +136,7 @@ BAD_VALUES = [
     ("device", "tpu", ["auto", "cpu", "cuda", "cuda:N"]),
     ("device", "", ["auto", "cpu", "cuda", "cuda:N"]),
     ("seed", -1, ["[0, ", "negative"]),
+    ("partition-seed", -2, ["-1 (the run's seed)"]),
 ]
 
 
@@ -322,3 +323,17 @@ def test_build_strategy_returns_fresh_config():
     first[C.LR] = 123.0
     _, second = build_strategy(cfg)
     assert second[C.LR] == cfg.lr
+
+
+def test_partition_seed_defaults_to_the_run_seed_and_can_fix_the_partition():
+    assert RunConfig.from_user_config({"seed": 7}).partition_data_seed == 7
+    fixed = RunConfig.from_user_config({"seed": 7, "partition-seed": 2020})
+    assert fixed.partition_data_seed == 2020 and fixed.seed == 7
+
+
+@pytest.mark.parametrize("user, key", [({"partition-seed": 2**32}, "partition-seed"),
+                                       ({"seed": 2**32}, "seed")])
+def test_dirichlet_niid_bench_names_the_seed_that_is_too_large(user, key):
+    msg = assert_config_error({"partition": "dirichlet-niid-bench", **user},
+                              f"{key}={2**32!r}", "below 2**32", "2020")
+    assert "--run-config" in msg

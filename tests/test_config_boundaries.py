@@ -97,6 +97,7 @@ CASES: dict[str, tuple[dict, list, list]] = {
     "classes-per-partition": ({}, [1], [0]),
     "shards-per-partition": ({}, [1], [0]),
     "quantity-sigma": ({}, [0.0], [-0.5]),
+    "partition-seed": ({}, [-1, 0, 2020, 2**63 - 1], [-2]),
     "model": ({}, list(MODEL_NAMES), ["vgg99", ""]),
     "local-epochs": ({}, [1e-9, 1.0, 2.5], [0.0, -1.0]),
     "local-steps": ({}, [0, 1], [-1]),

@@ -28,6 +28,7 @@ NATURAL_IDS = np.random.default_rng(7).integers(0, 40, size=N)  # 40 "writers"
 CASES = {
     "iid": (10, {}, True),
     "dirichlet": (10, {"alpha": 0.5}, True),
+    "dirichlet-niid-bench": (10, {"alpha": 0.5}, True),
     "classes": (20, {"classes_per_partition": 2}, True),
     "shards": (10, {"shards_per_partition": 2}, True),
     "quantity-skew": (10, {"sigma": 1.0}, True),
@@ -60,7 +61,7 @@ def entropy_rows(hist):
 
 def test_names_cover_cases():
     assert PARTITION_NAMES == (
-        "iid", "dirichlet", "classes", "shards", "quantity-skew",
+        "iid", "dirichlet", "dirichlet-niid-bench", "classes", "shards", "quantity-skew",
         "fedveca-case1", "fedveca-case2", "fedveca-case3", "natural",
     )
     assert set(CASES) == set(PARTITION_NAMES)
@@ -112,6 +113,55 @@ def test_dirichlet_respects_min_size(alpha, min_size):
 def test_dirichlet_min_size_zero_allowed():
     parts = partition_indices(LABELS, 10, "dirichlet", alpha=0.05, min_size=0, seed=0)
     assert_partition(parts, N, 10)
+
+
+# ----------------------------------------------------------------- dirichlet-niid-bench
+# Label counts per party (rows) of NIID-Bench's Dir(0.5) partition of Fashion-MNIST's training
+# labels over 10 parties, numpy seeded with 2020: the output of NIID-Bench's own loop
+# (utils.partition_data, "noniid-labeldir", before its commit 27886d9, where it seeds 2020),
+# run once beside ours on the same labels; the index sets were identical.
+NIID_BENCH_FMNIST_DIR05_2020 = [
+    [0, 2359, 0, 36, 687, 560, 1133, 254, 93, 894],
+    [117, 1697, 140, 551, 42, 79, 1361, 383, 256, 565],
+    [571, 305, 778, 160, 2009, 1729, 153, 2009, 0, 0],
+    [420, 208, 1902, 266, 154, 684, 449, 645, 21, 1152],
+    [82, 114, 596, 845, 2134, 313, 1304, 0, 623, 0],
+    [1046, 27, 1087, 93, 36, 40, 329, 188, 2761, 353],
+    [318, 160, 276, 20, 189, 74, 39, 1515, 593, 2891],
+    [353, 278, 232, 1012, 221, 1101, 789, 71, 51, 102],
+    [1063, 780, 58, 2357, 38, 1012, 371, 3, 241, 43],
+    [2030, 72, 931, 660, 490, 408, 72, 932, 1361, 0],
+]
+FMNIST_TRAIN_LABELS = "/usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz"
+
+
+def test_dirichlet_niid_bench_gives_niid_bench_fashion_mnist_partition():
+    import gzip  # noqa: PLC0415
+
+    with gzip.open(FMNIST_TRAIN_LABELS) as f:  # file order, as NIID-Bench's torchvision loader
+        labels = np.frombuffer(f.read(), np.uint8, offset=8).astype(np.int64)
+    parts = partition_indices(labels, 10, "dirichlet-niid-bench", seed=2020, alpha=0.5,
+                              min_size=10)
+    assert_partition(parts, labels.size, 10)
+    assert label_histogram(labels, parts, 10).tolist() == NIID_BENCH_FMNIST_DIR05_2020
+
+
+def test_dirichlet_niid_bench_stops_a_party_at_n_over_k():
+    """Once a party holds >= N / parties it gets no share of the later labels."""
+    labels = np.repeat(np.arange(10), 100)  # labels in order: the loop sees 0, 1, ..., 9
+    parts = partition_indices(labels, 4, "dirichlet-niid-bench", seed=5, alpha=0.05,
+                              min_size=0)
+    for part in parts:
+        held = 0
+        for label in range(10):
+            got = int(np.sum(labels[part] == label))
+            assert not (held >= labels.size / 4 and got > 0)
+            held += got
+
+
+def test_dirichlet_niid_bench_seed_below_2_pow_32():
+    with pytest.raises(ValueError, match=r"dirichlet-niid-bench needs a seed < 2\*\*32"):
+        partition_indices(LABELS, 10, "dirichlet-niid-bench", seed=2**32)
 
 
 # ----------------------------------------------------------------- classes

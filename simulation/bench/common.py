@@ -33,7 +33,7 @@ def bare_torch_round_seconds(workload: dict, num_clients: int, rounds: int) -> l
     """Sequential local SGD of every client, one process: seconds per round."""
     cfg = RunConfig.from_user_config(workload)
     dataset = load_dataset(cfg.dataset)
-    spec = PartitionSpec(scheme=cfg.partition, seed=cfg.seed)
+    spec = PartitionSpec(scheme=cfg.partition, seed=cfg.partition_data_seed)
     parts = [client_data(dataset, spec, pid, num_clients) for pid in range(num_clients)]
     torch.manual_seed(cfg.seed)
     global_model = build_model(cfg.model, dataset.input_shape, dataset.num_classes)
@@ -136,7 +136,7 @@ def bare_client_seconds(
     try:
         cfg = RunConfig.from_user_config(workload)
         dataset = load_dataset(cfg.dataset)
-        spec = PartitionSpec(scheme=cfg.partition, seed=cfg.seed)
+        spec = PartitionSpec(scheme=cfg.partition, seed=cfg.partition_data_seed)
         pids = list(range(num_clients)) if clients is None else clients
         parts = {pid: client_data(dataset, spec, pid, num_clients) for pid in pids}
         torch.manual_seed(cfg.seed)
