@@ -132,14 +132,13 @@ NIID_BENCH_FMNIST_DIR05_2020 = [
     [1063, 780, 58, 2357, 38, 1012, 371, 3, 241, 43],
     [2030, 72, 931, 660, 490, 408, 72, 932, 1361, 0],
 ]
-FMNIST_TRAIN_LABELS = "/usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz"
 
 
 def test_dirichlet_niid_bench_gives_niid_bench_fashion_mnist_partition():
-    import gzip  # noqa: PLC0415
+    from task.data import IDX_FILES, SYSTEM_FASHION_MNIST, _idx_path, read_idx  # noqa: PLC0415
 
-    with gzip.open(FMNIST_TRAIN_LABELS) as f:  # file order, as NIID-Bench's torchvision loader
-        labels = np.frombuffer(f.read(), np.uint8, offset=8).astype(np.int64)
+    # the labels in file order, as NIID-Bench's torchvision loader reads them
+    labels = read_idx(_idx_path(SYSTEM_FASHION_MNIST, IDX_FILES["y_train"])).astype(np.int64)
     parts = partition_indices(labels, 10, "dirichlet-niid-bench", seed=2020, alpha=0.5,
                               min_size=10)
     assert_partition(parts, labels.size, 10)
