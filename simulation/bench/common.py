@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from pathlib import Path
 
@@ -107,18 +108,28 @@ def bare_app_peak_mb(model: str, num_clients: int, cpus_per_client: float,
     return float(run_bare_app(num_clients, 2, federation, model=model)["max-rss-mb"])
 
 
-def torch_import_mb() -> float:
-    """Peak resident MB of a fresh Python process after ``import torch`` (Linux's VmHWM:
-    ``ru_maxrss`` would keep this large process's mark across the child's exec)."""
-    code = ("import resource, torch\n"
-            "try:\n"
-            "    print(next(int(line.split()[1]) for line in open('/proc/self/status')"
-            " if line.startswith('VmHWM:')) / 1024)\n"
-            "except OSError:\n"
-            "    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)\n")
+def torch_import_mb() -> dict[str, float]:
+    """Resident MB of a fresh Python process after ``import torch``: ``peak`` (Linux's
+    VmHWM: ``ru_maxrss`` would keep this large process's mark across the child's exec),
+    and of what is resident then, ``anonymous`` (the process's own) and ``file`` (pages
+    of mapped files, torch's shared libraries); the split is NaN off Linux."""
+    code = textwrap.dedent("""
+        import json, resource, torch
+        keys = {"VmHWM:": "peak", "RssAnon:": "anonymous", "RssFile:": "file"}
+        kb = {"peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+              "anonymous": float("nan"), "file": float("nan")}
+        try:
+            with open("/proc/self/status") as status:
+                for fields in map(str.split, status):
+                    if fields and fields[0] in keys:
+                        kb[keys[fields[0]]] = int(fields[1])
+        except OSError:
+            pass
+        print(json.dumps({name: value / 1024 for name, value in kb.items()}))
+    """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=300)
-    return float(out.stdout.strip().splitlines()[-1])
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def bare_client_seconds(
