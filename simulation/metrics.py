@@ -1,5 +1,5 @@
-"""Run-log metrics for reports: best-so-far curves and rounds / bytes / simulated seconds to a
-target accuracy."""
+"""Run-log metrics for reports: best-so-far curves, rounds / bytes / simulated seconds to a
+target accuracy, and accuracy over seeds as the tables print it."""
 
 from __future__ import annotations
 
@@ -83,3 +83,10 @@ def sim_seconds_to_target(records: list[dict], target: float) -> float | None:
         return None
     scored = evaluated(records)
     return crossing(sim_elapsed(scored), [r[C.LOG_ACCURACY] for r in scored], target)
+
+
+def percent_over_seeds(row: dict, name: str) -> str:
+    """A summary row's ``<name>-mean`` in percent, ``± <name>-std`` when two or more seeds
+    ran (``row["seeds"]``): "87.87 ± 0.12"; one seed has no spread to print: "87.87"."""
+    mean = f"{100 * row[f'{name}-mean']:.2f}"
+    return mean if int(row["seeds"]) < 2 else f"{mean} ± {100 * row[f'{name}-std']:.2f}"

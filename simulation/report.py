@@ -40,7 +40,7 @@ from fedapp.run_log import read_rounds
 from strategies import contract as C
 
 from .metrics import (bytes_to_target, cumulative_bytes, evaluated, evaluated_bytes, has_clock,
-                      rounds_to_target, sim_elapsed, sim_seconds_to_target)
+                      percent_over_seeds, rounds_to_target, sim_elapsed, sim_seconds_to_target)
 
 
 def collect(folder: Path) -> dict[str, list[tuple[Path, list[dict]]]]:
@@ -105,9 +105,8 @@ def markdown(rows: list[dict], targets: list[float]) -> str:
     lines = [head, rule]
     for row in rows:
         line = (
-            f"| {row['variant']} | {row['seeds']} | {100 * row['final-mean']:.2f} ± "
-            f"{100 * row['final-std']:.2f} "
-            f"| {100 * row['best-mean']:.2f} ± {100 * row['best-std']:.2f} |"
+            f"| {row['variant']} | {row['seeds']} | {percent_over_seeds(row, 'final')} "
+            f"| {percent_over_seeds(row, 'best')} |"
         )
         for target in targets:
             rounds, mb, reached = (
@@ -187,9 +186,8 @@ def published_markdown(rows: list[dict]) -> str:
     for row in rows:
         paper, diff = row["published"], row["final-minus-published"]
         lines.append(
-            f"| {row['variant']} | {row['seeds']} | {100 * row['final-mean']:.2f} ± "
-            f"{100 * row['final-std']:.2f} | {100 * row['best-mean']:.2f} ± "
-            f"{100 * row['best-std']:.2f} | {'-' if paper is None else f'{100 * paper:.1f}'} | "
+            f"| {row['variant']} | {row['seeds']} | {percent_over_seeds(row, 'final')} | "
+            f"{percent_over_seeds(row, 'best')} | {'-' if paper is None else f'{100 * paper:.1f}'} | "
             f"{'-' if diff is None else f'{100 * diff:+.1f}'} | {row['verdict']} |")
     return "\n".join(lines)
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from fedapp.run_log import read_rounds
 from strategies import contract as C
 
-from .metrics import evaluated
+from .metrics import evaluated, percent_over_seeds
 from .progress import SweepProgress
 from .runtime import run_app
 
@@ -193,9 +193,8 @@ def write_summary(rows: list[dict], out: Path, spec: dict) -> str:
     lines = ["| variant | seeds | final accuracy | best accuracy |", "|---|---|---|---|"]
     for row in rows:
         lines.append(
-            f"| {row['variant']} | {row['seeds']} | {100 * row['final-mean']:.2f} ± "
-            f"{100 * row['final-std']:.2f} | {100 * row['best-mean']:.2f} ± "
-            f"{100 * row['best-std']:.2f} |"
+            f"| {row['variant']} | {row['seeds']} | {percent_over_seeds(row, 'final')} | "
+            f"{percent_over_seeds(row, 'best')} |"
         )
     table = "\n".join(lines)
     header = f"# {spec.get('title', 'sweep')}\n\n{spec.get('claim', '')}\n\n"

@@ -68,7 +68,7 @@ def test_report_tables_and_plots(tmp_path):
     # a: final 0.7, 0.5 -> 60.00 ± 14.14; best the same; 0.6 reached by seed 0 only at round 1.5
     assert lines[2] == "| a | 2 | 60.00 ± 14.14 | 60.00 ± 14.14 | 1.5 (1/2) | 0.0 |"
     # b: final 0.6, best 0.8; 0.6 at round 0.714... (0.1 -> 0.8)
-    assert lines[3].startswith("| b | 1 | 60.00 ± 0.00 | 80.00 ± 0.00 | 0.7 (1/1) |")
+    assert lines[3].startswith("| b | 1 | 60.00 | 80.00 | 0.7 (1/1) |")
     for name in ("report.md", "report.csv", "accuracy_vs_round.png", "accuracy_vs_bytes.png"):
         assert (tmp_path / "out" / name).stat().st_size > 0
     assert np.isclose(
@@ -169,9 +169,9 @@ def test_published_numbers_get_a_verdict_per_variant(tmp_path):
     assert "(Table III; final accuracy" in table
     assert ("| dir-a | 2 | 85.50 ± 0.71 | 85.50 ± 0.71 | 86.1 | -0.6 | agrees (within 1.5 "
             "points) |") in table
-    assert "| dir-b | 1 | 80.00 ± 0.00 | 80.00 ± 0.00 | 86.6 | -6.6 | below by 6.6 points |" in table
-    assert "| dir-c | 1 | 90.00 ± 0.00 | 90.00 ± 0.00 | 86.8 | +3.2 | above by 3.2 points |" in table
-    assert "| dir-d | 1 | 50.00 ± 0.00 | 50.00 ± 0.00 | - | - | no published number |" in table
+    assert "| dir-b | 1 | 80.00 | 80.00 | 86.6 | -6.6 | below by 6.6 points |" in table
+    assert "| dir-c | 1 | 90.00 | 90.00 | 86.8 | +3.2 | above by 3.2 points |" in table
+    assert "| dir-d | 1 | 50.00 | 50.00 | - | - | no published number |" in table
     import csv  # noqa: PLC0415
 
     with (tmp_path / "out" / "report.csv").open() as handle:
