@@ -91,3 +91,22 @@ def test_state_round_trip_across_messages():
     assert load_meta(state, "scaffold-c") == {"round": 4}
     save_arrays(state, "scaffold-c", {})  # nothing to keep: forgotten
     assert load_arrays(state, "scaffold-c") is None and load_meta(state, "scaffold-c") is None
+
+
+def test_writable_tensor_copies_read_only_arrays_only():
+    import warnings  # noqa: PLC0415
+
+    from strategies.client.data import writable_tensor  # noqa: PLC0415
+
+    read_only = np.frombuffer(np.arange(4, dtype=np.float32).tobytes(), dtype=np.float32)
+    assert not read_only.flags.writeable
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch's "not writable" UserWarning would raise
+        tensor = writable_tensor(read_only)
+    assert tensor.tolist() == [0.0, 1.0, 2.0, 3.0]
+    writable = np.ones(3, dtype=np.float32)
+    shared = writable_tensor(writable)
+    shared[0] = 5.0
+    assert writable[0] == 5.0  # a writable array is shared, not copied
+    already = torch.zeros(2)
+    assert writable_tensor(already) is already

@@ -6,7 +6,8 @@ written like Flower's PyTorch template holds a ``DataLoader`` whose batches are 
 (``{"img": ..., "label": ...}``) or ``(x, y)`` pairs; :func:`as_tensors` turns either into
 the two tensors, in the dataset's own order (never the loader's shuffled order, so that
 every call sees the same indices). Convert once per process and keep the result when
-a round has many messages (DynamicFL sends one per chunk).
+a round has many messages (DynamicFL sends one per chunk). :func:`writable_tensor` turns
+one array of a message (often a read-only view of its buffer) into a tensor.
 """
 
 from __future__ import annotations
@@ -88,3 +89,13 @@ def tensors_for(model: Any, data: Any) -> tuple[Any, Any]:
     x, y = as_tensors(data)
     device = model_device(model)
     return (x, y) if device is None else (x.to(device), y.to(device))
+
+
+def writable_tensor(array: Any) -> Any:
+    """``torch.as_tensor(array)``, copying a read-only numpy array first (the arrays of a
+    Flower message are often views of its read-only buffer, which torch warns it cannot
+    share safely); writable arrays and tensors are shared, not copied."""
+    import torch  # noqa: PLC0415
+
+    flags = getattr(array, "flags", None)
+    return torch.as_tensor(array.copy() if flags is not None and not flags.writeable else array)

@@ -35,6 +35,7 @@ from .. import contract as C
 from .. import feddyn_math as fm
 from ..client_state import state_digest
 from ..records import to_numpy
+from .data import writable_tensor
 from .state import resolve_state, save_state
 
 STATE_KEY = "feddyn-linear-term"  # Context.state: grad L_k(theta_k^{t-1})
@@ -106,8 +107,6 @@ class FedDynClient:
         self.steps += 1
 
     def _torch_terms(self, model: Any) -> dict[str, tuple[Any, Any]]:
-        import torch  # noqa: PLC0415
-
         params = dict(model.named_parameters())
         buffers = [name for name, value in model.state_dict().items()
                    if name not in params and value.is_floating_point()]
@@ -116,8 +115,8 @@ class FedDynClient:
                              f"which have no gradient; the server's theta^t = average - "
                              f"h / alpha would move them like parameters. Use GroupNorm or "
                              f"LayerNorm instead of BatchNorm")
-        return {name: (torch.as_tensor(self.global_model[name]).to(p.device, p.dtype),
-                       torch.as_tensor(self.linear_term[name]).to(p.device, p.dtype))
+        return {name: (writable_tensor(self.global_model[name]).to(p.device, p.dtype),
+                       writable_tensor(self.linear_term[name]).to(p.device, p.dtype))
                 for name, p in params.items() if p.requires_grad and name in self.linear_term}
 
     def finish(self, model: Any, metrics: Mapping[str, Any]) -> RecordDict:

@@ -46,6 +46,7 @@ from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 from .. import contract as C
 from ..client_state import state_digest
 from ..records import to_numpy
+from .data import writable_tensor
 from .state import resolve_state, save_state
 
 STATE_KEY = "moon-previous-model"  # Context.state: w_i^{t-1}, the model after local training
@@ -184,10 +185,8 @@ class MoonClient:
 
 def frozen_copy(model: Any, arrays: Mapping[str, Any]) -> Any:
     """A copy of ``model`` holding ``arrays``, in eval mode, without gradients."""
-    import torch  # noqa: PLC0415
-
     clone = copy.deepcopy(model)
-    clone.load_state_dict({k: torch.as_tensor(v) for k, v in arrays.items()})
+    clone.load_state_dict({k: writable_tensor(v) for k, v in arrays.items()})
     clone.eval()
     for p in clone.parameters():
         p.grad = None
