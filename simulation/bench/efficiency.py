@@ -8,7 +8,8 @@ a bare Flower FedAvg app's (``simulation/bench/bare_app``, same model and client
 ``import torch`` alone. As a profile, the same bare SGD also runs split over that many
 processes at once: the ideal's parallelism measured (shared caches and memory bandwidth
 included), so the remaining gap is the simulation's own (Ray, Flower's messaging, our
-ClientApp). Targets (issue #19): efficiency >= 0.92, ServerApp memory <= 700 MB."""
+ClientApp). It also prints the bound the server's evaluation sets when every core trains
+(:func:`evaluation_bound`). Targets (issue #19): efficiency >= 0.92, ServerApp memory <= 700 MB."""
 
 from __future__ import annotations
 
