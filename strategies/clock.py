@@ -36,6 +36,7 @@ from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from . import devices
+from .sampling import num_to_sample
 from .devices import DeviceProfile, Fleet
 
 _FIT_TOLERANCE = 1e-9  # a deadline met exactly counts as met
@@ -221,6 +222,14 @@ class RoundTimer:
         self.wait = devices.wait_for_window(profiles, self.elapsed)
         return devices.online_mask(profiles, partition_ids, self.seed, server_round,
                                    self.elapsed + self.wait)
+
+    def online_nodes(self, server_round: int, nodes: Sequence[int],
+                     partition_ids: Sequence[int], fraction: float) -> tuple[list[int], int]:
+        """The ``nodes`` online this round (:meth:`start_round`; ``partition_ids`` theirs, in
+        order) and m, how many of them to sample: max(floor(fraction K), 1) of all K nodes,
+        at most the online ones."""
+        online = [n for n, up in zip(nodes, self.start_round(server_round, partition_ids)) if up]
+        return online, min(num_to_sample(fraction, max(len(nodes), 1)), len(online))
 
     def client_seconds(self, partition_id: int, steps: int, examples_per_step: int,
                        bytes_down: float, bytes_up: float, extra_examples: int = 0) -> float:

@@ -354,21 +354,14 @@ drift_diagnostics
     # ------------------------------------------------------------------ simulated clock
     def partition_of(self, node: int) -> int:
         """The node's partition id (the clock's profiles are keyed by it)."""
-        pid = self.clients.get(node, ClientInfo()).partition_id
-        if pid is None:
-            raise ValueError(f"DynamicFL: node {node} reported no '{C.PARTITION_ID}', which "
-                             f"the simulated clock keys device profiles by; register "
-                             f"{records.QUERY_HELPER} in the ClientApp's @app.query()")
-        return pid
+        return records.clock_partition_id("DynamicFL", self.clients, node)
 
     def online_nodes(self, server_round: int, ordered: list[int]) -> tuple[list[int], int | None]:
         """As :meth:`strategies.FedAvg.online_nodes`: the sampleable nodes and m."""
         if self.timer is None:
             return ordered, None
-        pids = [self.partition_of(n) for n in ordered]
-        online = [n for n, up in zip(ordered, self.timer.start_round(server_round, pids)) if up]
-        m = min(sampling.num_to_sample(self.fraction_train, max(len(ordered), 1)), len(online))
-        return online, m
+        return self.timer.online_nodes(server_round, ordered,
+                                       [self.partition_of(n) for n in ordered], self.fraction_train)
 
     def record_round_time(self, server_round: int, synced: list[list[tuple[int, int]]],
                           config: ConfigRecord, model_bytes: int) -> None:

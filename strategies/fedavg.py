@@ -352,23 +352,16 @@ class FedAvg(FlowerFedAvg):
     # ------------------------------------------------------------------ simulated clock
     def online_nodes(self, server_round: int, ordered: list[int]) -> tuple[list[int], int | None]:
         """The nodes that can be sampled this round and m: all of them and None (m =
-        max(floor(C K), 1)) without a clock; with one, the online ones and m of all K."""
+        max(floor(C K), 1)) without a clock; with one, :meth:`strategies.clock.RoundTimer.
+        online_nodes`."""
         if self.timer is None:
             return ordered, None
-        pids = [self.partition_of(n) for n in ordered]
-        online = [n for n, up in zip(ordered, self.timer.start_round(server_round, pids)) if up]
-        m = min(sampling.num_to_sample(self.fraction_train, max(len(ordered), 1)), len(online))
-        return online, m
+        return self.timer.online_nodes(server_round, ordered,
+                                       [self.partition_of(n) for n in ordered], self.fraction_train)
 
     def partition_of(self, node_id: int) -> int:
         """The node's partition id (the clock's profiles are keyed by it)."""
-        pid = self.clients.get(node_id, ClientInfo()).partition_id
-        if pid is None:
-            raise ValueError(f"{type(self).__name__}: node {node_id} reported no '"
-                             f"{C.PARTITION_ID}', which the simulated clock keys device "
-                             f"profiles by; register {records.QUERY_HELPER} in the ClientApp's "
-                             f"@app.query()")
-        return pid
+        return records.clock_partition_id(type(self).__name__, self.clients, node_id)
 
     def expected_bytes(self, arrays: ArrayRecord) -> tuple[int, int]:
         """Bytes down and up per client this round, as the clock plans them: the model each

@@ -219,6 +219,17 @@ def replies_in_order(replies: Iterable[Message], clients: Mapping[int, ClientInf
     return [r for node in partition_order(by_node, clients) for r in by_node[node]]
 
 
+def clock_partition_id(strategy: str, clients: Mapping[int, ClientInfo], node_id: int) -> int:
+    """The node's partition id, which the simulated clock keys device profiles by; an error
+    that names the query helper when the node reported none."""
+    pid = clients.get(node_id, ClientInfo()).partition_id
+    if pid is None:
+        raise ValueError(f"{strategy}: node {node_id} reported no '{C.PARTITION_ID}', which the "
+                         f"simulated clock keys device profiles by; register {QUERY_HELPER} in "
+                         f"the ClientApp's @app.query()")
+    return pid
+
+
 def warn_no_query(strategy: str) -> None:
     """The one WARNING of a strategy that does not query its clients."""
     log(WARNING, "%s: client-info query off (query_client_info=False): clients are sampled in "

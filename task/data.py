@@ -112,7 +112,7 @@ def source_files(source: DataSource) -> list[Path] | None:
     if source.name == "synthetic":
         return []
     if source.name == "fashion-mnist" and (folder := fashion_mnist_folder(source.data_dir)):
-        return [_idx_path(folder, stem) for stem in IDX_FILES.values()]
+        return [idx_path(folder, stem) for stem in IDX_FILES.values()]
     if source.name in TORCHVISION_FOLDERS and (source.name != "fashion-mnist"
                                                or source.allow_download):
         root = Path(source.data_dir) if source.data_dir else default_cache_dir()
@@ -227,7 +227,7 @@ def _fashion_mnist(data_dir: str, allow_download: bool, normalize: bool = True,
                    with_train: bool = True) -> TensorDataset:
     folder = fashion_mnist_folder(data_dir)
     if folder is not None:
-        arrays = {key: read_idx(_idx_path(folder, stem)) for key, stem in IDX_FILES.items()}
+        arrays = {key: read_idx(idx_path(folder, stem)) for key, stem in IDX_FILES.items()}
         return _from_uint8("fashion-mnist", arrays, 10, source=str(folder), normalize=normalize,
                            with_train=with_train)
     tried = [f"IDX files in {candidate}" for candidate in _fashion_mnist_candidates(data_dir)]
@@ -246,7 +246,8 @@ def _fashion_mnist(data_dir: str, allow_download: bool, normalize: bool = True,
     )
 
 
-def _idx_path(folder: Path, stem: str) -> Path:
+def idx_path(folder: Path, stem: str) -> Path:
+    """The IDX file ``stem`` in ``folder``: as is or gzipped (``<stem>.gz``), whichever exists."""
     for candidate in (folder / stem, folder / f"{stem}.gz"):
         if candidate.is_file():
             return candidate
@@ -254,7 +255,7 @@ def _idx_path(folder: Path, stem: str) -> Path:
 
 
 def _idx_folder_complete(folder: Path) -> bool:
-    return all(_idx_path(folder, stem).is_file() for stem in IDX_FILES.values())
+    return all(idx_path(folder, stem).is_file() for stem in IDX_FILES.values())
 
 
 def read_idx(path: Path) -> np.ndarray:

@@ -119,6 +119,27 @@ def test_round_timer_waits_for_a_window():
     assert timer.finish_round([10.0]) == 3610.0 and timer.elapsed == 3610.0
 
 
+def test_round_timer_online_nodes_and_m_of_all_nodes():
+    # node 10 holds partition 0 (always on), node 11 partition 1 (window closed at t = 0)
+    closed = DeviceProfile(windows=((10.0, 20.0),))
+    fleet = dv.TraceFleet({0: DeviceProfile(), 1: closed, 2: DeviceProfile()})
+    timer = ck.RoundTimer(ck.SimClock(fleet, 1e-3), seed=0)
+    # m = max(floor(0.5 * 3), 1) = 1 of the 3 nodes, at most the 2 online ones
+    assert timer.online_nodes(1, [10, 11, 12], [0, 1, 2], 0.5) == ([10, 12], 1)
+    # m = floor(1.0 * 3) = 3, capped at the 2 online
+    assert timer.online_nodes(2, [10, 11, 12], [0, 1, 2], 1.0) == ([10, 12], 2)
+
+
+def test_clock_partition_id_names_the_query_helper():
+    from strategies.records import QUERY_HELPER, ClientInfo, clock_partition_id  # noqa: PLC0415
+
+    clients = {7: ClientInfo(partition_id=3), 8: ClientInfo()}
+    assert clock_partition_id("FedAvg", clients, 7) == 3
+    for node in (8, 9):  # a node that reported no partition id, and one never seen
+        with pytest.raises(ValueError, match=f"FedAvg: node {node} reported no .*{QUERY_HELPER}"):
+            clock_partition_id("FedAvg", clients, node)
+
+
 def test_uncalibrated_clock_says_how_to_calibrate():
     timer = ck.RoundTimer(ck.SimClock(dv.TraceFleet({0: SLOW})), seed=0)
     with pytest.raises(ValueError, match="seconds_per_example"):

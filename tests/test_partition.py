@@ -135,10 +135,10 @@ NIID_BENCH_FMNIST_DIR05_2020 = [
 
 
 def test_dirichlet_niid_bench_gives_niid_bench_fashion_mnist_partition():
-    from task.data import IDX_FILES, SYSTEM_FASHION_MNIST, _idx_path, read_idx  # noqa: PLC0415
+    from task.data import IDX_FILES, SYSTEM_FASHION_MNIST, idx_path, read_idx  # noqa: PLC0415
 
     # the labels in file order, as NIID-Bench's torchvision loader reads them
-    labels = read_idx(_idx_path(SYSTEM_FASHION_MNIST, IDX_FILES["y_train"])).astype(np.int64)
+    labels = read_idx(idx_path(SYSTEM_FASHION_MNIST, IDX_FILES["y_train"])).astype(np.int64)
     parts = partition_indices(labels, 10, "dirichlet-niid-bench", seed=2020, alpha=0.5,
                               min_size=10)
     assert_partition(parts, labels.size, 10)
