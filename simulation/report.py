@@ -304,7 +304,8 @@ def plot_curves(
             else:
                 xs = np.array([x[C.LOG_ROUND] for x in evaluated(items[0][1])[:length]])
             style = {"color": f"C{number % 10}", "linestyle": "-" if number < 10 else "--"}
-            ax.plot(xs, acc.mean(axis=0), label=f"{variant} ({len(items)} seeds)", **style)
+            seeds = f"{len(items)} seed" + ("s" if len(items) > 1 else "")
+            ax.plot(xs, acc.mean(axis=0), label=f"{variant} ({seeds})", **style)
             ax.fill_between(xs, acc.min(axis=0), acc.max(axis=0), alpha=0.15, color=style["color"])
         if by_bytes and not by_sim_time:
             ax.set_xscale("symlog", linthresh=10.0)
