@@ -1,13 +1,17 @@
-"""The arithmetic behind two figures ``python -m simulation bench efficiency`` prints."""
+"""The figures ``python -m simulation bench efficiency`` prints besides the run itself: the
+evaluation bound, the bare evaluation time, the CPU by kind of process, torch's memory."""
 
 from __future__ import annotations
 
 import math
+import subprocess
 import sys
+import time
 
 import pytest
 
-from simulation.bench.common import torch_import_mb
+from simulation.bench import cpu_accounting as A
+from simulation.bench.common import bare_evaluation_seconds, torch_import_mb
 from simulation.bench.efficiency import evaluation_bound
 
 
@@ -29,3 +33,66 @@ def test_torch_import_memory_is_measured_in_a_fresh_process():
         assert measured["anonymous"] + measured["file"] <= measured["peak"] + 1
     else:
         assert math.isnan(measured["anonymous"])
+
+
+@pytest.mark.parametrize("cmdline, kind", [
+    ("ray::ClientAppActor.run", A.CLIENT_ACTORS),
+    ("ray::IDLE", A.CLIENT_ACTORS),
+    ("/venv/bin/python /venv/bin/flwr-simulation --insecure --serverappio-api-address x",
+     A.SERVER_PROCESS),
+    ("/venv/bin/python /venv/bin/flower-superlink --insecure", A.EVERYTHING_ELSE),
+    ("/venv/lib/python3.12/site-packages/ray/core/src/ray/raylet/raylet --x", A.EVERYTHING_ELSE),
+])
+def test_processes_are_told_apart_by_their_command_line(cmdline, kind):
+    assert A.process_kind(cmdline) == kind
+
+
+def test_cpu_by_kind_is_the_window_before_the_last_record_by_hand(tmp_path):
+    sampler = A.CpuSampler(tmp_path)
+    actor, server, superlink, brief = (A.CLIENT_ACTORS, A.SERVER_PROCESS, A.EVERYTHING_ELSE,
+                                       A.EVERYTHING_ELSE)
+    sampler.samples = [  # (time, run-log records, {pid: (kind, cpu seconds so far)})
+        (0.0, 1, {1: (actor, 0.0), 2: (server, 1.0)}),
+        (5.0, 2, {1: (actor, 4.0), 2: (server, 1.5), 3: (superlink, 0.2)}),
+        (10.0, 3, {1: (actor, 8.0), 2: (server, 2.5), 3: (superlink, 0.4), 4: (brief, 0.3)}),
+        (15.0, 4, {1: (actor, 12.0), 2: (server, 3.0), 3: (superlink, 0.6)}),  # 4 ended
+        (20.0, 5, {1: (actor, 16.0), 2: (server, 4.0), 3: (superlink, 0.8)}),
+    ]
+    # the 10 s before the 4th record: samples at t = 5 .. 15, 2 CPUs -> 20 CPU-seconds
+    totals = A.CpuSampler.by_kind(sampler, 4, 10.0, 2)
+    assert totals == pytest.approx({actor: 8.0, server: 1.5, superlink: 0.4 + 0.3,
+                                    A.IDLE: 20.0 - 8.0 - 1.5 - 0.7})
+    assert sampler.by_kind(6, 10.0, 2) is None  # the run log never had 6 records
+    assert sampler.by_kind(2, 10.0, 2) is None  # the window starts before the first sample
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads Linux's /proc")
+def test_the_sampler_sees_a_busy_process_until_the_run_log_is_complete(tmp_path):
+    log = tmp_path / "run" / "rounds.jsonl"
+    log.parent.mkdir()
+    busy = subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 1.5\n"
+                             "while time.time() < end: pass"])
+    with A.CpuSampler(tmp_path, interval=0.1) as sampler:
+        busy.wait(timeout=60)
+        log.write_text('{"round": 0}\n')
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not any(n for _, n, _ in sampler.samples):
+            time.sleep(0.05)
+    totals = sampler.by_kind(1, sampler.samples[-1][0] - sampler.samples[0][0], 1)
+    assert totals is not None
+    assert totals[A.EVERYTHING_ELSE] > 0.5  # ~1.5 s of a busy loop that ended in the window
+    assert all(seconds >= 0 for seconds in totals.values())
+
+
+def test_bare_evaluation_seconds_times_real_test_set_evaluations():
+    pytest.importorskip("torch")
+    from task.data import DataNotFoundError, load_dataset
+
+    try:
+        load_dataset("fashion-mnist")
+    except DataNotFoundError as err:
+        pytest.skip(str(err))
+    workload = {"model": "mlp-2nn", "dataset": "fashion-mnist"}
+    one, three = bare_evaluation_seconds(workload, 1), bare_evaluation_seconds(workload, 3)
+    assert 0 < one < three
+    assert bare_evaluation_seconds(workload, 0) < one

@@ -101,12 +101,11 @@ def test_the_background_evaluation_thread_uses_one_torch_thread_and_the_same_num
     from concurrent.futures import ThreadPoolExecutor
 
     from fedapp.server_app import background_evaluation_thread
-    from task.evaluate import evaluate
+    from task.evaluate import evaluate, inference_layout
     from task.models import build_model
 
     torch.manual_seed(0)
-    model = build_model(name, (1, 28, 28), 10).to(memory_format=torch.channels_last)
-    x = torch.rand(600, 1, 28, 28).contiguous(memory_format=torch.channels_last)
+    model, x = inference_layout(build_model(name, (1, 28, 28), 10), torch.rand(600, 1, 28, 28))
     y = torch.randint(0, 10, (600,))
     torch.set_num_threads(2)  # restored to 1 by the module's fixture, then to the caller's
     with_two = evaluate(model, x, y, 200)

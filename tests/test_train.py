@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from task.evaluate import EvalResult, evaluate
+from task.evaluate import EvalResult, evaluate, inference_layout
 from task.models import ClassifierModule, build_model
 from task.train import LocalResult, batch_indices, client_seed, local_sgd, steps_for_epochs
 
@@ -326,3 +326,14 @@ def test_evaluate_does_not_change_weights():
     before = params(model)
     evaluate(model, x, y)
     assert all_equal(before, params(model))
+
+
+def test_inference_layout_is_channels_last_for_convolutions_on_images_only():
+    conv, images = build_model("cnn-small", (3, 28, 28), 10), torch.rand(8, 3, 28, 28)
+    model, x = inference_layout(conv, images)
+    assert x.is_contiguous(memory_format=torch.channels_last) and not images.is_contiguous(
+        memory_format=torch.channels_last)
+    first_conv = next(m for m in model.modules() if isinstance(m, nn.Conv2d))
+    assert first_conv.weight.is_contiguous(memory_format=torch.channels_last)
+    mlp, flat = tiny_model(), torch.rand(8, *SHAPE)
+    assert inference_layout(mlp, flat) == (mlp, flat)

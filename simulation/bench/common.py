@@ -3,6 +3,7 @@ the run log, and the bare torch time of the same local SGD (one process or sever
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import torch
 from fedapp.config import RunConfig
 from strategies import contract as C
 from task.data import PartitionSpec, client_data, load_dataset
+from task.evaluate import evaluate, inference_layout
 from task.models import build_model
 from task.train import client_seed, local_sgd
 
@@ -51,8 +53,10 @@ def bare_torch_round_seconds(workload: dict, num_clients: int, rounds: int) -> l
 
 
 def simulation_round_seconds(workload: dict, num_clients: int, cpus_per_client: float,
-                             federation: dict | None = None, keep_records: bool = False) -> list:
-    """Per-round wall seconds (or the whole records) of a real ``flwr run``, from the run log."""
+                             federation: dict | None = None, keep_records: bool = False,
+                             observer=None) -> list:
+    """Per-round wall seconds (or the whole records) of a real ``flwr run``, from the run log;
+    ``observer(output_dir)``, if given, is a context manager held around the run."""
     federation = {
         "client-resources-num-cpus": cpus_per_client,
         **(federation or {}),
@@ -60,14 +64,15 @@ def simulation_round_seconds(workload: dict, num_clients: int, cpus_per_client: 
     }
     with tempfile.TemporaryDirectory(prefix="fedhetero-bench-") as tmp:
         out = Path(tmp) / "runs"
-        result = run_app(
-            {**workload, "output-dir": str(out)},
-            federation,
-            flwr_home=Path(tmp) / "flwr-home",
-            isolate_ports=True,
-            capture=True,
-            timeout=1800,
-        )
+        with observer(out) if observer is not None else contextlib.nullcontext():
+            result = run_app(
+                {**workload, "output-dir": str(out)},
+                federation,
+                flwr_home=Path(tmp) / "flwr-home",
+                isolate_ports=True,
+                capture=True,
+                timeout=1800,
+            )
         runs = list(out.glob("*/rounds.jsonl"))
         if result.returncode != 0 or not runs:
             raise RuntimeError(f"flwr run ended {result.status}:\n{result.output[-3000:]}")
@@ -173,6 +178,27 @@ def bare_client_seconds(
                 total += time.perf_counter() - start
             totals.append(total)
         return totals
+    finally:
+        torch.set_num_threads(previous)
+
+
+def bare_evaluation_seconds(workload: dict, evaluations: int) -> float:
+    """Seconds of ``evaluations`` test-set evaluations of the workload's model, as the
+    ServerApp's background thread runs them (one torch thread, channels-last, the run's
+    eval batch size) on an otherwise idle core: the CPU the overlapped evaluations cost."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        cfg = RunConfig.from_user_config(workload)
+        dataset = load_dataset(cfg.dataset)
+        torch.manual_seed(cfg.seed)
+        model, x = inference_layout(
+            build_model(cfg.model, dataset.input_shape, dataset.num_classes), dataset.x_test)
+        evaluate(model, x, dataset.y_test, cfg.eval_batch_size)  # oneDNN's first-call set-up
+        start = time.perf_counter()
+        for _ in range(evaluations):
+            evaluate(model, x, dataset.y_test, cfg.eval_batch_size)
+        return time.perf_counter() - start
     finally:
         torch.set_num_threads(previous)
 

@@ -9,7 +9,9 @@ a bare Flower FedAvg app's (``simulation/bench/bare_app``, same model and client
 processes at once: the ideal's parallelism measured (shared caches and memory bandwidth
 included), so the remaining gap is the simulation's own (Ray, Flower's messaging, our
 ClientApp). It also prints the bound the server's evaluation sets when every core trains
-(:func:`evaluation_bound`). Targets (issue #19): efficiency >= 0.92, ServerApp memory <= 700 MB."""
+(:func:`evaluation_bound`, from the evaluations timed alone on an idle thread: the
+background ones' wall time is stretched by nice 19) and where the timed rounds' CPU went,
+by kind of process (:mod:`.cpu_accounting`). Targets (issue #19): efficiency >= 0.92, ServerApp memory <= 700 MB."""
 
 from __future__ import annotations
 
@@ -19,8 +21,9 @@ import torch
 
 from strategies import contract as C
 
-from .common import (bare_app_peak_mb, bare_client_seconds, bare_parallel_seconds,
-                     simulation_round_seconds, torch_import_mb, workload)
+from .common import (bare_app_peak_mb, bare_client_seconds, bare_evaluation_seconds,
+                     bare_parallel_seconds, simulation_round_seconds, torch_import_mb, workload)
+from .cpu_accounting import CLIENT_ACTORS, SERVER_PROCESS, CpuSampler
 
 HELP = "simulation efficiency vs ideal parallel bare torch; server memory"
 
@@ -43,6 +46,24 @@ def evaluation_bound(ideal: float, eval_seconds: float, workers: int) -> float:
     return ideal / (ideal + eval_seconds / workers)
 
 
+def print_cpu_accounting(sampler: CpuSampler, records: int, ours: float, cpus: int,
+                         bare_sgd: float, eval_cpu: float) -> None:
+    """Section (b): the timed rounds' CPU by kind of process, next to what the bare
+    measurements say each kind needs."""
+    totals = sampler.by_kind(records, ours, cpus) if sampler.available else None
+    if totals is None:
+        print("\n(b) where the CPU went: not measured (needs Linux's /proc, sampled during the run)")
+        return
+    capacity = sum(totals.values())
+    needs = {CLIENT_ACTORS: f"bare SGD of the same steps {bare_sgd:.1f} s",
+             SERVER_PROCESS: f"its evaluations alone {eval_cpu:.1f} s"}
+    print(f"\n(b) where the CPU went in those rounds ({capacity:.1f} CPU-seconds: {cpus} CPUs "
+          f"over about {ours:.1f} s; /proc, sampled twice a second)")
+    for kind, seconds in totals.items():
+        print(f"    {kind:<72} {seconds:6.1f} s ({seconds / capacity:4.0%})"
+              + (f"; {needs[kind]}" if kind in needs else ""))
+
+
 def run(args) -> None:
     import os  # noqa: PLC0415
 
@@ -63,12 +84,21 @@ def run(args) -> None:
     federation = {"client-resources-num-cpus": args.cpus_per_client}
     if gpu:
         federation["client-resources-num-gpus"] = args.gpus_per_client
+    samplers: list[CpuSampler] = []
+
+    def observe(output_dir):
+        samplers.append(CpuSampler(output_dir))
+        return samplers[-1]
+
     sim = simulation_round_seconds(
-        work, args.clients, args.cpus_per_client, federation, keep_records=True
+        work, args.clients, args.cpus_per_client, federation, keep_records=True,
+        observer=observe,
     )
     warm = [r for r in sim if r[C.LOG_ROUND] >= 2]
     ours = sum(r[C.LOG_WALL_SECONDS] for r in warm)
     evals = sum(r.get(C.LOG_EVAL_SECONDS, 0.0) for r in warm)
+    evaluated = sum(1 for r in warm if C.LOG_EVAL_SECONDS in r)
+    eval_cpu = bare_evaluation_seconds(work, evaluated)
     bare = bare_client_seconds(
         work,
         args.clients,
@@ -97,14 +127,15 @@ def run(args) -> None:
     )
     print(f"    our wall time (flwr run, Ray backend):            {ours:.1f} s")
     print(
-        f"      the ServerApp's test-set evaluations (10k images after every round) took "
-        f"{evals:.1f} s of their own, in the background while the next round trained"
+        f"      the ServerApp's {evaluated} test-set evaluations (10k images each) took "
+        f"{evals:.1f} s of wall time, in the background at nice 19 while the next round trained;"
     )
+    print(f"      the same {evaluated} evaluations alone on one idle thread: {eval_cpu:.1f} s")
     print(f"    efficiency = ideal / ours = {ideal / ours:.2f}   (target >= 0.92)")
     print(
-        f"    bound: the evaluations' CPU time shared by the same {workers} workers, nothing "
-        f"else added: ideal / (ideal + {evals:.1f} / {workers}) = "
-        f"{evaluation_bound(ideal, evals, workers):.2f}"
+        f"    bound: the evaluations' CPU shared by the same {workers} workers, nothing "
+        f"else added: ideal / (ideal + {eval_cpu:.1f} / {workers}) = "
+        f"{evaluation_bound(ideal, eval_cpu, workers):.2f}"
     )
     if parallel is not None:
         print(
@@ -117,6 +148,7 @@ def run(args) -> None:
             f"{parallel / ours:.2f} (Ray, Flower's messaging, our ClientApp, aggregation and "
             "the overlapped evaluation)"
         )
+    print_cpu_accounting(samplers[0], len(sim), ours, cpus, sum(bare), eval_cpu)
     peak = max(r[C.LOG_SERVER_MAX_RSS_MB] for r in sim)
     bare_peak = bare_app_peak_mb(args.model, args.clients, args.cpus_per_client, federation)
     print(f"\n(c) ServerApp peak memory (max RSS): {peak:.0f} MB   (target <= 700)")
