@@ -59,7 +59,7 @@ def test_cpu_by_kind_is_the_window_before_the_last_record_by_hand(tmp_path):
         (20.0, 5, {1: (actor, 16.0), 2: (server, 4.0), 3: (superlink, 0.8)}),
     ]
     # the 10 s before the 4th record: samples at t = 5 .. 15, 2 CPUs -> 20 CPU-seconds
-    totals = A.CpuSampler.by_kind(sampler, 4, 10.0, 2)
+    totals = sampler.by_kind(4, 10.0, 2)
     assert totals == pytest.approx({actor: 8.0, server: 1.5, superlink: 0.4 + 0.3,
                                     A.IDLE: 20.0 - 8.0 - 1.5 - 0.7})
     assert sampler.by_kind(6, 10.0, 2) is None  # the run log never had 6 records
