@@ -96,6 +96,7 @@ def exit_with(pid: int, interval: float = 0.2, at_once: bool = False) -> None:
             os.write(2, f"flwr-clientapp (forked): its SuperExec {pid} is gone; "
                         "exiting\n".encode())
             os._exit(1)
+        log(INFO, "SuperExec: its SuperNode %d is gone; exiting", pid)
         signal.raise_signal(signal.SIGINT)
 
     threading.Thread(target=watch, name=f"exit-with-{pid}", daemon=True).start()
@@ -217,7 +218,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m deploy.warm_superexec", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
-    return run(parser.parse_args(argv))
+    try:
+        return run(parser.parse_args(argv))
+    except KeyboardInterrupt:  # SIGINT before Flower's loop installed its handlers
+        return 130
 
 
 if __name__ == "__main__":  # run as a module: imports flwr and the preloads, not the app

@@ -122,6 +122,21 @@ def test_a_dead_unreaped_parent_counts_as_gone():
     assert warm_superexec.process_gone(running.pid)
 
 
+def test_a_superexec_whose_supernode_is_already_gone_exits_without_a_traceback():
+    """A SuperNode refused by the SuperLink exits within a second of starting its SuperExec;
+    the SIGINT that follows lands before Flower's loop installs its handlers and must not
+    print a traceback into the SuperNode's log (it once pushed the refusal out of view)."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait(timeout=30)
+    done = subprocess.run(
+        [sys.executable, "-m", "deploy.warm_superexec", "--runtime-api-address", "127.0.0.1:9",
+         "--insecure", "--parent-pid", str(gone.pid)],
+        cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=120)
+    assert f"its SuperNode {gone.pid} is gone; exiting" in done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.returncode in (0, 130)
+
+
 def test_the_superexec_without_tls_or_insecure_says_which_flag(capsys):
     with pytest.raises(SystemExit, match="--root-certificates CA_CERT.*--insecure"):
         warm_superexec.main(["--runtime-api-address", "127.0.0.1:9094"])
