@@ -4,10 +4,14 @@
 Every launch gets an explicit ``FLWR_HOME`` (by default the project-local ``.flwr/``,
 never the user's ``~/.flwr``), runs offline, and afterwards the SuperLink this launch
 started is stopped by PID: the process whose command line carries this FLWR_HOME's log.
+That SuperLink keeps its state in ``FLWR_HOME/local-superlink/state.db``; a run still
+unfinished there when its launch was stopped would start again beside the next launch's
+run, so the next launch marks such runs stopped first (:func:`stop_stale_runs`).
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -15,9 +19,14 @@ from .flwr_cli import PROJECT_ROOT, AppRun, flwr_env, flwr_run_command, submit_r
 from .processes import process_tree, stop_pids
 
 
+def local_superlink_dir(flwr_home: Path) -> Path:
+    """Where ``flwr`` keeps this FLWR_HOME's managed SuperLink: its log and state.db."""
+    return Path(flwr_home) / "local-superlink"
+
+
 def local_superlink_pids(flwr_home: Path) -> list[int]:
     """PIDs of managed local SuperLinks whose log file lies in this FLWR_HOME."""
-    marker = str(Path(flwr_home) / "local-superlink" / "superlink.log")
+    marker = str(local_superlink_dir(flwr_home) / "superlink.log")
     pids = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
@@ -40,6 +49,31 @@ def stop_local_superlink(flwr_home: Path, timeout: float = 15.0) -> list[int]:
     return roots
 
 
+def stop_stale_runs(flwr_home: Path) -> list[int]:
+    """Mark stopped, in this FLWR_HOME's SuperLink state, every run left pending, starting or
+    running by a launch that was stopped (its SuperLink with it); returns their run IDs.
+
+    Call it only while no SuperLink of this FLWR_HOME runs. Flower's SuperLink would
+    otherwise start a run left pending as soon as it comes up again, in parallel with the
+    new one. Uses Flower's own state classes on the same database file."""
+    database = local_superlink_dir(flwr_home) / "state.db"
+    if not database.exists():
+        return []
+    from flwr.common.constant import Status, SubStatus  # noqa: PLC0415 - only when needed
+    from flwr.server.superlink.linkstate import LinkStateFactory  # noqa: PLC0415
+    from flwr.supercore.object_store import ObjectStoreFactory  # noqa: PLC0415
+    from flwr.superlink.federation import NoOpFederationManager  # noqa: PLC0415
+
+    state = LinkStateFactory(str(database), NoOpFederationManager(simulation=True),
+                             ObjectStoreFactory()).state()
+    stale = state.get_tasks(statuses=[Status.PENDING, Status.STARTING, Status.RUNNING])
+    for task in stale:
+        state.finish_task(task.task_id, SubStatus.STOPPED,
+                          "left unfinished by a launch that was stopped; stopped before the "
+                          "next launch so that it does not start again")
+    return sorted({task.run_id for task in stale})
+
+
 def run_app(run_config: Mapping[str, object] | None = None,
             federation_config: Mapping[str, object] | None = None,
             flwr_home: Path | None = None, timeout: float | None = None,
@@ -55,6 +89,11 @@ def run_app(run_config: Mapping[str, object] | None = None,
     env = flwr_env(flwr_home, isolate_ports=isolate_ports, ray_address=ray_address)
     cmd = flwr_run_command(run_config, federation_config, app_dir=Path(app_dir))
     already_running = set(local_superlink_pids(flwr_home))
+    if not already_running:
+        for run_id in stop_stale_runs(flwr_home):
+            print(f"run {run_id} in {flwr_home} was left unfinished by an earlier launch that "
+                  f"was stopped; marked stopped so that it does not start again beside this one",
+                  file=sys.stderr, flush=True)
     try:
         return submit_run(cmd, env, PROJECT_ROOT, timeout, capture, on_line)
     finally:
