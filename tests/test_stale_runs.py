@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from simulation.runtime import local_superlink_pids, run_app
+from simulation.runtime import local_superlink
 from simulation.runtime.local_superlink import local_superlink_dir
 
 pytest.importorskip("flwr")
@@ -55,3 +56,16 @@ def test_a_run_left_pending_by_a_stopped_launch_is_marked_stopped_not_started(tm
     assert len(list(out.iterdir())) == 2  # the two launches' runs, no third
     assert f"run {stale} in {home.resolve()} was left unfinished" in capfd.readouterr().err
     assert local_superlink_pids(home) == []
+
+
+def test_an_unreadable_state_file_is_named_and_the_run_goes_ahead(tmp_path, capfd, monkeypatch):
+    home = tmp_path / "flwr-home"
+    local_superlink_dir(home).mkdir(parents=True)
+    (local_superlink_dir(home) / "state.db").write_bytes(b"not a database")
+    submitted = []
+    monkeypatch.setattr(local_superlink, "submit_run", lambda cmd, *a, **k: submitted.append(cmd))
+    run_app(TINY, FEDERATION, flwr_home=home, capture=True)
+    assert submitted  # the run still goes to `flwr run`
+    err = capfd.readouterr().err
+    assert f"could not read {local_superlink_dir(home.resolve()) / 'state.db'}" in err
+    assert "delete that file" in err

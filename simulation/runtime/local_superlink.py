@@ -90,7 +90,15 @@ def run_app(run_config: Mapping[str, object] | None = None,
     cmd = flwr_run_command(run_config, federation_config, app_dir=Path(app_dir))
     already_running = set(local_superlink_pids(flwr_home))
     if not already_running:
-        for run_id in stop_stale_runs(flwr_home):
+        try:
+            stale = stop_stale_runs(flwr_home)
+        except Exception as err:  # noqa: BLE001 - the run itself can still go ahead
+            stale = []
+            print(f"warning: could not read {local_superlink_dir(flwr_home) / 'state.db'} "
+                  f"({err!r}); a run an earlier, stopped launch left there may start again "
+                  f"beside this one (delete that file and its -wal/-shm if none of its runs "
+                  f"matters)", file=sys.stderr, flush=True)
+        for run_id in stale:
             print(f"run {run_id} in {flwr_home} was left unfinished by an earlier launch that "
                   f"was stopped; marked stopped so that it does not start again beside this one",
                   file=sys.stderr, flush=True)
