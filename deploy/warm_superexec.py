@@ -83,12 +83,14 @@ def process_gone(pid: int) -> bool:
     return state in ("Z", "X")
 
 
-def exit_with(pid: int, interval: float = 0.2, at_once: bool = False) -> None:
-    """Once ``pid`` is gone: SIGINT this process (Flower's handlers then exit it cleanly),
-    or with ``at_once`` end it on the spot (``os._exit``). A forked ClientApp needs the
-    latter: it inherited the SuperExec's handlers and the locks of threads it does not
-    have, and a clean exit there was seen to wait forever (its SuperNode is gone, so its
-    reply has nowhere to go anyway)."""
+def exit_with(pid: int, interval: float = 0.2, at_once: bool = False,
+              grace: float = 15.0) -> None:
+    """Once ``pid`` is gone: SIGINT this process (Flower's handlers then exit it cleanly;
+    before its loop installs them, :func:`main` ends on the KeyboardInterrupt), and if it
+    still runs ``grace`` seconds later, end it on the spot (``os._exit``). With ``at_once``
+    end it on the spot at once: a forked ClientApp needs that, as it inherited the
+    SuperExec's handlers and the locks of threads it does not have, and a clean exit there
+    was seen to wait forever (its SuperNode is gone, so its reply has nowhere to go)."""
     def watch() -> None:
         while not process_gone(pid):
             time.sleep(interval)
@@ -98,6 +100,9 @@ def exit_with(pid: int, interval: float = 0.2, at_once: bool = False) -> None:
             os._exit(1)
         log(INFO, "SuperExec: its SuperNode %d is gone; exiting", pid)
         signal.raise_signal(signal.SIGINT)
+        time.sleep(grace)
+        os.write(2, f"SuperExec: still running {grace:.0f} s after SIGINT; exiting now\n".encode())
+        os._exit(1)
 
     threading.Thread(target=watch, name=f"exit-with-{pid}", daemon=True).start()
 
@@ -218,6 +223,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m deploy.warm_superexec", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
+    # A SuperNode started in the background by a shell script passes SIGINT on ignored;
+    # exit_with relies on it (Flower's own handlers replace this one once its loop runs).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         return run(parser.parse_args(argv))
     except KeyboardInterrupt:  # SIGINT before Flower's loop installed its handlers

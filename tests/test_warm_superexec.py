@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -122,16 +123,24 @@ def test_a_dead_unreaped_parent_counts_as_gone():
     assert warm_superexec.process_gone(running.pid)
 
 
-def test_a_superexec_whose_supernode_is_already_gone_exits_without_a_traceback():
+def ignore_sigint() -> None:
+    """What a shell script's ``cmd &`` does to the command's SIGINT."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize("sigint", ["default", "ignored by the starter"])
+def test_a_superexec_whose_supernode_is_already_gone_exits_without_a_traceback(sigint):
     """A SuperNode refused by the SuperLink exits within a second of starting its SuperExec;
     the SIGINT that follows lands before Flower's loop installs its handlers and must not
-    print a traceback into the SuperNode's log (it once pushed the refusal out of view)."""
+    print a traceback into the SuperNode's log (it once pushed the refusal out of view), nor
+    be lost where the SuperNode's starter ignored SIGINT (it once left the SuperExec running)."""
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait(timeout=30)
     done = subprocess.run(
         [sys.executable, "-m", "deploy.warm_superexec", "--runtime-api-address", "127.0.0.1:9",
          "--insecure", "--parent-pid", str(gone.pid)],
-        cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=120)
+        cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=120,
+        preexec_fn=ignore_sigint if sigint != "default" else None)
     assert f"its SuperNode {gone.pid} is gone; exiting" in done.stderr
     assert "Traceback" not in done.stderr, done.stderr
     assert done.returncode in (0, 130)
