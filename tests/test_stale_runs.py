@@ -17,6 +17,9 @@ from flwr.server.superlink.linkstate import LinkStateFactory  # noqa: E402
 from flwr.supercore.object_store import ObjectStoreFactory  # noqa: E402
 from flwr.superlink.federation import NoOpFederationManager  # noqa: E402
 
+# Flower's state classes run alembic, whose config Flower has not updated (not ours to fix)
+pytestmark = pytest.mark.filterwarnings("ignore:No path_separator found:DeprecationWarning")
+
 TINY = {"num-server-rounds": 1, "dataset": "synthetic", "model": "mlp-2nn", "local-steps": 1}
 FEDERATION = {"num-supernodes": 2, "client-resources-num-cpus": 1}
 
