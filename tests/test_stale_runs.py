@@ -8,14 +8,11 @@ import pytest
 
 from simulation.runtime import local_superlink_pids, run_app
 from simulation.runtime import local_superlink
-from simulation.runtime.local_superlink import local_superlink_dir
+from simulation.runtime.local_superlink import local_superlink_dir, superlink_state
 
 pytest.importorskip("flwr")
 
 from flwr.common.constant import Status, SubStatus  # noqa: E402
-from flwr.server.superlink.linkstate import LinkStateFactory  # noqa: E402
-from flwr.supercore.object_store import ObjectStoreFactory  # noqa: E402
-from flwr.superlink.federation import NoOpFederationManager  # noqa: E402
 
 # Flower's state classes run alembic, whose config Flower has not updated (not ours to fix)
 pytestmark = pytest.mark.filterwarnings("ignore:No path_separator found:DeprecationWarning")
@@ -24,16 +21,10 @@ TINY = {"num-server-rounds": 1, "dataset": "synthetic", "model": "mlp-2nn", "loc
 FEDERATION = {"num-supernodes": 2, "client-resources-num-cpus": 1}
 
 
-def link_state(flwr_home):
-    """Flower's own state classes on the managed SuperLink's database file."""
-    return LinkStateFactory(str(local_superlink_dir(flwr_home) / "state.db"),
-                            NoOpFederationManager(simulation=True), ObjectStoreFactory()).state()
-
-
 def leave_a_pending_copy(flwr_home, run_id: int) -> int:
     """What a launch stopped right after ``flwr run`` created its run leaves behind: the same
     run created again through Flower's ``create_run`` (as its Control API does), never started."""
-    state = link_state(flwr_home)
+    state = superlink_state(flwr_home)
     run = state.get_run_info(run_ids=[run_id])[0]
     return state.create_run(run.fab_id, run.fab_version, run.fab_hash, run.override_config,
                             run.federation_id, state.get_federation_config(run_id),
@@ -47,12 +38,13 @@ def test_a_run_left_pending_by_a_stopped_launch_is_marked_stopped_not_started(tm
                     capture=True)
     assert first.status == "finished:completed", first.output[-4000:]
     stale = leave_a_pending_copy(home, first.run_id)
-    assert [t.run_id for t in link_state(home).get_tasks(statuses=[Status.PENDING])] == [stale]
+    pending = superlink_state(home).get_tasks(statuses=[Status.PENDING])
+    assert [t.run_id for t in pending] == [stale]
 
     second = run_app(config, FEDERATION, flwr_home=home, timeout=300, isolate_ports=True,
                      capture=True)
     assert second.status == "finished:completed", second.output[-4000:]
-    state = link_state(home)
+    state = superlink_state(home)
     status = state.get_run_status({stale})[stale]
     assert (status.status, status.sub_status) == (Status.FINISHED, SubStatus.STOPPED)
     assert not state.get_run_info(run_ids=[stale])[0].starting_at  # it never started

@@ -49,6 +49,17 @@ def stop_local_superlink(flwr_home: Path, timeout: float = 15.0) -> list[int]:
     return roots
 
 
+def superlink_state(flwr_home: Path):
+    """Flower's own state classes (its SQL LinkState) on this FLWR_HOME's managed
+    SuperLink's state.db, as the SuperLink opens it."""
+    from flwr.server.superlink.linkstate import LinkStateFactory  # noqa: PLC0415
+    from flwr.supercore.object_store import ObjectStoreFactory  # noqa: PLC0415
+    from flwr.superlink.federation import NoOpFederationManager  # noqa: PLC0415
+
+    return LinkStateFactory(str(local_superlink_dir(flwr_home) / "state.db"),
+                            NoOpFederationManager(simulation=True), ObjectStoreFactory()).state()
+
+
 def stop_stale_runs(flwr_home: Path) -> list[int]:
     """Mark stopped, in this FLWR_HOME's SuperLink state, every run left pending, starting or
     running by a launch that was stopped (its SuperLink with it); returns their run IDs.
@@ -56,16 +67,11 @@ def stop_stale_runs(flwr_home: Path) -> list[int]:
     Call it only while no SuperLink of this FLWR_HOME runs. Flower's SuperLink would
     otherwise start a run left pending as soon as it comes up again, in parallel with the
     new one. Uses Flower's own state classes on the same database file."""
-    database = local_superlink_dir(flwr_home) / "state.db"
-    if not database.exists():
+    if not (local_superlink_dir(flwr_home) / "state.db").exists():
         return []
     from flwr.common.constant import Status, SubStatus  # noqa: PLC0415 - only when needed
-    from flwr.server.superlink.linkstate import LinkStateFactory  # noqa: PLC0415
-    from flwr.supercore.object_store import ObjectStoreFactory  # noqa: PLC0415
-    from flwr.superlink.federation import NoOpFederationManager  # noqa: PLC0415
 
-    state = LinkStateFactory(str(database), NoOpFederationManager(simulation=True),
-                             ObjectStoreFactory()).state()
+    state = superlink_state(flwr_home)
     stale = state.get_tasks(statuses=[Status.PENDING, Status.STARTING, Status.RUNNING])
     for task in stale:
         state.finish_task(task.task_id, SubStatus.STOPPED,
