@@ -277,7 +277,7 @@ drift_diagnostics
     def update_clients(self, grid: Grid) -> list[int]:
         """Connected nodes; new ones are queried (partition id, size, label counts, byte
         budget) when ``query_client_info`` is on."""
-        known = set(self.clients)
+        known = {n for n, info in self.clients.items() if not info.unreached}
         nodes, self._warned_query = records.update_clients(
             grid, self.clients, min_nodes=self.min_available_nodes, query=self.query_client_info,
             timeout=self.query_timeout, owner=type(self).__name__, warned=self._warned_query)

@@ -18,7 +18,7 @@ from logging import INFO, WARNING
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
-from flwr.common.constant import SType
+from flwr.common.constant import ErrorCode, SType
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
@@ -120,6 +120,14 @@ class ClientInfo:
     num_examples: int | None = None
     label_counts: list[int] | None = None
     comm_budget: float | None = None
+    unreached: bool = False  # the query never reached the node: ask again next round
+
+
+# error codes of a query that never reached the ClientApp (Flower's SuperLink answers a
+# message to a node that missed its heartbeats with NODE_UNAVAILABLE); any other error is
+# the ClientApp's own answer (no query handler, its data missing) and is not asked again
+UNREACHED = (ErrorCode.NODE_UNAVAILABLE, ErrorCode.MESSAGE_UNAVAILABLE,
+             ErrorCode.REPLY_MESSAGE_UNAVAILABLE)
 
 
 def wait_for_nodes(grid: Grid, min_nodes: int) -> list[int]:
@@ -136,20 +144,23 @@ def wait_for_nodes(grid: Grid, min_nodes: int) -> list[int]:
 def query_client_info(grid: Grid, node_ids: list[int], timeout: float) -> dict[int, ClientInfo]:
     """Ask each node for its ``partition-id``, ``num-examples``, ``label-counts`` and
     ``comm-budget`` (a ``query`` message; see :data:`QUERY_HELPER`). A node that does
-    not answer gets an empty :class:`ClientInfo`."""
+    not answer gets an empty :class:`ClientInfo`, marked ``unreached`` when the query
+    never got to its ClientApp (no reply, or an :data:`UNREACHED` error)."""
     content = RecordDict({C.CONFIG: ConfigRecord({C.QUERY: C.QUERY_CLIENT_INFO})})
     messages = [Message(content=content, message_type=MessageType.QUERY, dst_node_id=n)
                 for n in node_ids]
-    table = {n: ClientInfo() for n in node_ids}
+    table = {n: ClientInfo(unreached=True) for n in node_ids}
     for reply in grid.send_and_receive(messages, timeout=timeout):
+        node = reply.metadata.src_node_id
         if reply.has_error():  # e.g. the node's data is missing: its reason says why
             log(WARNING, "Node %s could not answer the '%s' query: %s",
-                reply.metadata.src_node_id, C.QUERY_CLIENT_INFO, reply.error.reason)
+                node, C.QUERY_CLIENT_INFO, reply.error.reason)
+            table[node] = ClientInfo(unreached=reply.error.code in UNREACHED)
             continue
+        info = table[node] = ClientInfo()
         if C.METRICS not in reply.content:
             continue
         metrics = reply.content[C.METRICS]
-        info = table.setdefault(reply.metadata.src_node_id, ClientInfo())
         if C.PARTITION_ID in metrics:
             info.partition_id = int(metrics[C.PARTITION_ID])
         if C.NUM_EXAMPLES in metrics:
@@ -164,13 +175,15 @@ def query_client_info(grid: Grid, node_ids: list[int], timeout: float) -> dict[i
 def update_clients(grid: Grid, clients: dict[int, ClientInfo], *, min_nodes: int, query: bool,
                    timeout: float, owner: str, warned: bool) -> tuple[list[int], bool]:
     """Wait for ``min_nodes`` connected nodes and enter new ones in ``clients`` (in place):
-    with ``query``, what :func:`query_client_info` returns, else empty facts.
+    with ``query``, what :func:`query_client_info` returns, else empty facts. A node the
+    query did not reach (e.g. a SuperNode still reconnecting after a SuperLink restart) is
+    asked again at the next call, so its partition id still orders it once it is back.
 
     Logs one WARNING per run (``warned`` says whether it was logged before) when facts are
     missing. Returns the connected node ids, sorted, and the new ``warned``.
     """
     nodes = wait_for_nodes(grid, min_nodes)
-    unknown = [n for n in nodes if n not in clients]
+    unknown = [n for n in nodes if n not in clients or (query and clients[n].unreached)]
     if not unknown:
         return nodes, warned
     if not query:
@@ -179,7 +192,11 @@ def update_clients(grid: Grid, clients: dict[int, ClientInfo], *, min_nodes: int
             warn_no_query(owner)
         return nodes, True
     clients.update(query_client_info(grid, unknown, timeout))
-    silent = [n for n in unknown if clients[n].partition_id is None]
+    unreached = [n for n in unknown if clients[n].unreached]
+    if unreached:
+        log(INFO, "%s: the '%s' query did not reach node(s) %s; asking again next round",
+            owner, C.QUERY_CLIENT_INFO, ", ".join(map(str, unreached)))
+    silent = [n for n in unknown if clients[n].partition_id is None and not clients[n].unreached]
     if silent and not warned:
         log(WARNING, "%s: %d node(s) did not answer the '%s' query with '%s': they are sampled "
             "in node-id order, which is not reproducible across runs (register %s in their "

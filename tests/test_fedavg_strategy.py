@@ -25,6 +25,7 @@ from flwr.app import (
     RecordDict,
 )
 from flwr.clientapp import ClientApp
+from flwr.common.constant import ErrorCode
 from flwr.supercore.task_identity import TaskIdentity
 
 from strategies import WEIGHTINGS, FedAvg
@@ -408,6 +409,40 @@ def test_query_sent_once_per_node():
         list(strategy.configure_train(r, record({"w": np.zeros(1)}), ConfigRecord(), grid))
     queries = [node for node, kind in grid.calls if kind == MessageType.QUERY]
     assert sorted(queries) == sorted(grid.node_ids)
+
+
+def test_query_that_did_not_reach_a_node_is_sent_again_next_round():
+    """A SuperNode still reconnecting (its heartbeats missed) gets Flower's NODE_UNAVAILABLE
+    error reply; asked again next round, it is ordered by its partition id from then on.
+    A ClientApp's own error (no query handler, missing data) is not asked again."""
+    unreachable = {"round": 1}
+
+    def hook(msg, reply, context):
+        pid = int(context.node_config["partition-id"])
+        if msg.metadata.message_type == MessageType.QUERY and unreachable["round"] == 1:
+            if pid == 0:
+                return Message(Error(code=ErrorCode.NODE_UNAVAILABLE, reason="node_unavail"),
+                               reply_to=msg)
+            if pid == 1:
+                return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION,
+                                     reason="no query handler"), reply_to=msg)
+        return reply
+
+    node_ids = [30, 20, 10]  # partition 0 has the largest node id
+    grid = InProcessGrid(fake_app, 3, {}, node_ids=node_ids)
+    grid.reply_hook = hook
+    strategy = FedAvg(query_client_info=True, fraction_train=1.0)
+    list(strategy.configure_train(1, record({"w": np.zeros(1)}), ConfigRecord(), grid))
+    assert strategy.clients[30].unreached and strategy.clients[30].partition_id is None
+    assert not strategy.clients[20].unreached and strategy.clients[20].partition_id is None
+    assert strategy.ordered_nodes(node_ids) == [10, 20, 30]  # unknown ones last, by node id
+    unreachable["round"] = 2
+    for r in (2, 3):
+        list(strategy.configure_train(r, record({"w": np.zeros(1)}), ConfigRecord(), grid))
+    queries = [node for node, kind in grid.calls if kind == MessageType.QUERY]
+    assert sorted(queries) == [10, 20, 30, 30]  # only the unreached node, once more
+    assert strategy.clients[30].partition_id == 0 and not strategy.clients[30].unreached
+    assert strategy.ordered_nodes(node_ids) == [30, 10, 20]  # partition 0, 2, then unknown
 
 
 def test_full_run_with_fake_client_app():
