@@ -1,5 +1,6 @@
 """What the benchmarks share: the standard workload, real ``flwr run`` round times from
-the run log, and the bare torch time of the same local SGD (one process or several)."""
+the run log, and the bare torch time of the same local SGD (one process or several), on the
+device the ClientApps and the ServerApp use (``device = "auto"``: CUDA when present)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from strategies import contract as C
 from task.data import PartitionSpec, client_data, load_dataset
 from task.evaluate import evaluate, inference_layout
 from task.models import build_model
-from task.train import client_seed, local_sgd
+from task.train import client_seed, local_sgd, resolve_device
 
 from ..runtime import run_app
 
@@ -32,17 +33,31 @@ def workload(args) -> dict:
     }
 
 
+def bench_device(cfg: RunConfig) -> torch.device:
+    """The device the run's ClientApps and ServerApp train and evaluate on."""
+    return resolve_device(cfg.device)
+
+
+def settled(device: torch.device) -> None:
+    """Wait for the device's queued work, so a timer read next measures it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def bare_torch_round_seconds(workload: dict, num_clients: int, rounds: int) -> list[float]:
     """Sequential local SGD of every client, one process: seconds per round."""
     cfg = RunConfig.from_user_config(workload)
+    device = bench_device(cfg)
     dataset = load_dataset(cfg.dataset)
     spec = PartitionSpec(scheme=cfg.partition, seed=cfg.partition_data_seed)
-    parts = [client_data(dataset, spec, pid, num_clients) for pid in range(num_clients)]
+    parts = [tuple(t.to(device) for t in client_data(dataset, spec, pid, num_clients))
+             for pid in range(num_clients)]
     torch.manual_seed(cfg.seed)
-    global_model = build_model(cfg.model, dataset.input_shape, dataset.num_classes)
-    model = build_model(cfg.model, dataset.input_shape, dataset.num_classes)
+    global_model = build_model(cfg.model, dataset.input_shape, dataset.num_classes).to(device)
+    model = build_model(cfg.model, dataset.input_shape, dataset.num_classes).to(device)
     times = []
     for server_round in range(1, rounds + 1):
+        settled(device)
         start = time.perf_counter()
         for pid, (x, y) in enumerate(parts):
             model.load_state_dict(global_model.state_dict())
@@ -151,13 +166,15 @@ def bare_client_seconds(
     torch.set_num_threads(threads)
     try:
         cfg = RunConfig.from_user_config(workload)
+        device = bench_device(cfg)
         dataset = load_dataset(cfg.dataset)
         spec = PartitionSpec(scheme=cfg.partition, seed=cfg.partition_data_seed)
         pids = list(range(num_clients)) if clients is None else clients
-        parts = {pid: client_data(dataset, spec, pid, num_clients) for pid in pids}
+        parts = {pid: tuple(t.to(device) for t in client_data(dataset, spec, pid, num_clients))
+                 for pid in pids}
         torch.manual_seed(cfg.seed)
-        start_model = build_model(cfg.model, dataset.input_shape, dataset.num_classes)
-        model = build_model(cfg.model, dataset.input_shape, dataset.num_classes)
+        start_model = build_model(cfg.model, dataset.input_shape, dataset.num_classes).to(device)
+        model = build_model(cfg.model, dataset.input_shape, dataset.num_classes).to(device)
         if ready is not None:
             ready.wait()
         totals = []
@@ -165,6 +182,7 @@ def bare_client_seconds(
             total = 0.0
             for pid, (x, y) in parts.items():
                 model.load_state_dict(start_model.state_dict())
+                settled(device)
                 start = time.perf_counter()
                 local_sgd(
                     model,
@@ -185,19 +203,25 @@ def bare_client_seconds(
 def bare_evaluation_seconds(workload: dict, evaluations: int) -> float:
     """Seconds of ``evaluations`` test-set evaluations of the workload's model, as the
     ServerApp's background thread runs them (one torch thread, channels-last, the run's
-    eval batch size) on an otherwise idle core: the CPU the overlapped evaluations cost."""
+    eval batch size, the run's device) on an otherwise idle core: the CPU (or GPU) time the
+    overlapped evaluations cost."""
     previous = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         cfg = RunConfig.from_user_config(workload)
+        device = bench_device(cfg)
         dataset = load_dataset(cfg.dataset)
         torch.manual_seed(cfg.seed)
         model, x = inference_layout(
-            build_model(cfg.model, dataset.input_shape, dataset.num_classes), dataset.x_test)
-        evaluate(model, x, dataset.y_test, cfg.eval_batch_size)  # oneDNN's first-call set-up
+            build_model(cfg.model, dataset.input_shape, dataset.num_classes).to(device),
+            dataset.x_test.to(device))
+        y = dataset.y_test.to(device)
+        evaluate(model, x, y, cfg.eval_batch_size)  # oneDNN's (or cuDNN's) first-call set-up
+        settled(device)
         start = time.perf_counter()
         for _ in range(evaluations):
-            evaluate(model, x, dataset.y_test, cfg.eval_batch_size)
+            evaluate(model, x, y, cfg.eval_batch_size)
+        settled(device)
         return time.perf_counter() - start
     finally:
         torch.set_num_threads(previous)

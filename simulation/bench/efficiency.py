@@ -132,7 +132,8 @@ def run(args) -> None:
         f"{sim[1][C.LOG_WALL_SECONDS]:.1f} s, excluded)"
     )
     print(
-        f"    bare torch local SGD, all clients, 1 thread each: {sum(bare):.1f} s -> ideal with "
+        f"    bare torch local SGD, all clients, 1 thread each{' on the GPU' if gpu else ''}: "
+        f"{sum(bare):.1f} s -> ideal with "
         f"{workers} workers {ideal:.1f} s"
     )
     print(f"    our wall time (flwr run, Ray backend):            {ours:.1f} s")
@@ -142,7 +143,8 @@ def run(args) -> None:
         + (", in the background at nice 19 while the next round trained (the last between rounds);"
            if args.eval_overlap else ", between rounds;")
     )
-    print(f"      the same {evaluated} evaluations alone on one idle thread: {eval_cpu:.1f} s")
+    print(f"      the same {evaluated} evaluations alone on "
+          f"{'the GPU' if gpu else 'one idle thread'}: {eval_cpu:.1f} s")
     print(f"    efficiency = ideal / ours = {ideal / ours:.2f}   (target >= 0.92)")
     print(
         f"    bound: the evaluations' CPU shared by the same {workers} workers, nothing "
