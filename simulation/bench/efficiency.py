@@ -124,7 +124,7 @@ def run(args) -> None:
             max(1, int(args.cpus_per_client)),
             workers,
         )
-        if workers > 1 and not gpu
+        if workers > 1
         else None
     )
     print(
@@ -152,10 +152,11 @@ def run(args) -> None:
         f"{evaluation_bound(ideal, eval_cpu, workers):.2f}"
     )
     if parallel is not None:
+        shared = "the processes share one GPU" if gpu else "cores share caches and memory bandwidth"
         print(
             f"    profile: the same bare torch SGD in {workers} processes at once takes "
             f"{parallel:.1f} s "
-            f"({parallel / ideal:.2f}x the ideal: cores share caches and memory bandwidth);"
+            f"({parallel / ideal:.2f}x the ideal: {shared});"
         )
         print(
             f"      against that measured parallel baseline, our rounds run at "
