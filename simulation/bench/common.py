@@ -33,33 +33,36 @@ def workload(args) -> dict:
     }
 
 
-def bench_device(cfg: RunConfig) -> torch.device:
-    """The device the run's ClientApps and ServerApp train and evaluate on."""
-    return resolve_device(cfg.device)
-
-
 def settled(device: torch.device) -> None:
     """Wait for the device's queued work, so a timer read next measures it."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
-def bare_torch_round_seconds(workload: dict, num_clients: int, rounds: int) -> list[float]:
-    """Sequential local SGD of every client, one process: seconds per round."""
+def bare_setup(workload: dict, num_clients: int, pids: list[int]):
+    """(config, device, {pid: (x, y)}, start model, working model) of a bare-torch baseline,
+    on the run's device (``device = "auto"``: CUDA when present)."""
     cfg = RunConfig.from_user_config(workload)
-    device = bench_device(cfg)
+    device = resolve_device(cfg.device)
     dataset = load_dataset(cfg.dataset)
     spec = PartitionSpec(scheme=cfg.partition, seed=cfg.partition_data_seed)
-    parts = [tuple(t.to(device) for t in client_data(dataset, spec, pid, num_clients))
-             for pid in range(num_clients)]
+    parts = {pid: tuple(t.to(device) for t in client_data(dataset, spec, pid, num_clients))
+             for pid in pids}
     torch.manual_seed(cfg.seed)
-    global_model = build_model(cfg.model, dataset.input_shape, dataset.num_classes).to(device)
+    start_model = build_model(cfg.model, dataset.input_shape, dataset.num_classes).to(device)
     model = build_model(cfg.model, dataset.input_shape, dataset.num_classes).to(device)
+    return cfg, device, parts, start_model, model
+
+
+def bare_torch_round_seconds(workload: dict, num_clients: int, rounds: int) -> list[float]:
+    """Sequential local SGD of every client, one process: seconds per round."""
+    cfg, device, parts, global_model, model = bare_setup(workload, num_clients,
+                                                         list(range(num_clients)))
     times = []
     for server_round in range(1, rounds + 1):
         settled(device)
         start = time.perf_counter()
-        for pid, (x, y) in enumerate(parts):
+        for pid, (x, y) in parts.items():
             model.load_state_dict(global_model.state_dict())
             local_sgd(model, x, y, lr=cfg.lr, batch_size=cfg.batch_size, epochs=cfg.local_epochs,
                       seed=client_seed(cfg.seed, server_round, pid))
@@ -165,16 +168,8 @@ def bare_client_seconds(
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        cfg = RunConfig.from_user_config(workload)
-        device = bench_device(cfg)
-        dataset = load_dataset(cfg.dataset)
-        spec = PartitionSpec(scheme=cfg.partition, seed=cfg.partition_data_seed)
         pids = list(range(num_clients)) if clients is None else clients
-        parts = {pid: tuple(t.to(device) for t in client_data(dataset, spec, pid, num_clients))
-                 for pid in pids}
-        torch.manual_seed(cfg.seed)
-        start_model = build_model(cfg.model, dataset.input_shape, dataset.num_classes).to(device)
-        model = build_model(cfg.model, dataset.input_shape, dataset.num_classes).to(device)
+        cfg, device, parts, start_model, model = bare_setup(workload, num_clients, pids)
         if ready is not None:
             ready.wait()
         totals = []
@@ -209,7 +204,7 @@ def bare_evaluation_seconds(workload: dict, evaluations: int) -> float:
     torch.set_num_threads(1)
     try:
         cfg = RunConfig.from_user_config(workload)
-        device = bench_device(cfg)
+        device = resolve_device(cfg.device)
         dataset = load_dataset(cfg.dataset)
         torch.manual_seed(cfg.seed)
         model, x = inference_layout(
