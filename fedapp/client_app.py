@@ -171,10 +171,12 @@ def clear_caches() -> None:
 
 @functools.lru_cache(maxsize=4)
 def _model(name: str, input_shape: tuple, num_classes: int, device: str) -> torch.nn.Module:
-    """One model object per process; every call loads the received weights into it."""
+    """One model object per process; every call loads the received weights into it. On the
+    CPU a convolutional model keeps channels-last weights (:func:`task.layout.training_layout`)."""
+    from task.layout import training_layout  # noqa: PLC0415
     from task.models import build_model  # noqa: PLC0415
 
-    return build_model(name, input_shape, num_classes).to(device)
+    return training_layout(build_model(name, input_shape, num_classes).to(device), input_shape)
 
 
 def received_model(msg: Message, cfg: RunConfig, part: Partition) -> torch.nn.Module:

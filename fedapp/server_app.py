@@ -26,7 +26,8 @@ from strategies.devices import write_trace
 from task.data import DataNotFoundError, load_dataset
 from task.devices import plot_device_profiles, seconds_per_example
 from task.partition import plot_label_histogram
-from task.evaluate import evaluate, inference_layout
+from task.evaluate import evaluate
+from task.layout import inference_layout
 from task.models import build_model
 from task.train import resolve_device
 

@@ -101,7 +101,8 @@ def test_the_background_evaluation_thread_uses_one_torch_thread_and_the_same_num
     from concurrent.futures import ThreadPoolExecutor
 
     from fedapp.server_app import background_evaluation_thread
-    from task.evaluate import evaluate, inference_layout
+    from task.evaluate import evaluate
+    from task.layout import inference_layout
     from task.models import build_model
 
     torch.manual_seed(0)

@@ -9,7 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from task.evaluate import EvalResult, evaluate, inference_layout
+from task.evaluate import EvalResult, evaluate
+from task.layout import inference_layout, training_layout
 from task.models import ClassifierModule, build_model
 from task.train import LocalResult, batch_indices, client_seed, local_sgd, steps_for_epochs
 
@@ -337,3 +338,42 @@ def test_inference_layout_is_channels_last_for_convolutions_on_images_only():
     assert first_conv.weight.is_contiguous(memory_format=torch.channels_last)
     mlp, flat = tiny_model(), torch.rand(8, *SHAPE)
     assert inference_layout(mlp, flat) == (mlp, flat)
+
+
+def conv_weight(model: nn.Module) -> torch.Tensor:
+    """The weight of the model's second convolution (its first has one input channel, whose
+    weight is both contiguous and channels-last)."""
+    return [m for m in model.modules() if isinstance(m, nn.Conv2d)][1].weight
+
+
+def test_training_layout_is_channels_last_for_convolutions_on_images_only():
+    torch.manual_seed(0)
+    conv = build_model("cnn-small", (1, 28, 28), 10)
+    assert training_layout(conv, (1, 28, 28)) is conv
+    assert conv_weight(conv).is_contiguous(memory_format=torch.channels_last)
+    assert not conv_weight(conv).is_contiguous()
+    mlp = tiny_model()
+    before = [p.data_ptr() for p in mlp.parameters()]
+    assert training_layout(mlp, SHAPE) is mlp and [p.data_ptr() for p in mlp.parameters()] == before
+
+
+def test_received_weights_keep_the_training_layout():
+    torch.manual_seed(0)
+    model = training_layout(build_model("cnn-small", (1, 28, 28), 10), (1, 28, 28))
+    received = {k: torch.randn_like(v).contiguous() for k, v in model.state_dict().items()}
+    model.load_state_dict(received)
+    assert conv_weight(model).is_contiguous(memory_format=torch.channels_last)
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in received.items())
+
+
+def test_local_sgd_in_the_training_layout_agrees_with_the_default_layout_to_float_rounding():
+    torch.manual_seed(0)
+    plain = build_model("cnn-small", (1, 28, 28), 10)
+    fast = training_layout(copy.deepcopy(plain), (1, 28, 28))
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.rand(64, 1, 28, 28, generator=g), torch.randint(0, 10, (64,), generator=g)
+    results = [local_sgd(m, x, y, lr=0.05, batch_size=16, steps=8, seed=2) for m in (plain, fast)]
+    assert results[0].local_steps == results[1].local_steps == 8
+    assert results[0].train_loss == pytest.approx(results[1].train_loss, rel=1e-5)
+    for a, b in zip(plain.parameters(), fast.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

@@ -18,7 +18,8 @@ import torch
 from fedapp.config import RunConfig
 from strategies import contract as C
 from task.data import PartitionSpec, client_data, load_dataset
-from task.evaluate import evaluate, inference_layout
+from task.evaluate import evaluate
+from task.layout import inference_layout, training_layout
 from task.models import build_model
 from task.train import client_seed, local_sgd, resolve_device
 
@@ -51,7 +52,8 @@ def bare_setup(workload: dict, num_clients: int, pids: list[int]):
     torch.manual_seed(cfg.seed)
     start_model = build_model(cfg.model, dataset.input_shape, dataset.num_classes).to(device)
     model = build_model(cfg.model, dataset.input_shape, dataset.num_classes).to(device)
-    return cfg, device, parts, start_model, model
+    # the ClientApp's layout (fedapp.client_app._model): the same local SGD, float for float
+    return cfg, device, parts, start_model, training_layout(model, dataset.input_shape)
 
 
 def bare_torch_round_seconds(workload: dict, num_clients: int, rounds: int) -> list[float]:

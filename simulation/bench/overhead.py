@@ -8,6 +8,7 @@ lookup, reply building), measured in-process."""
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import time
 
@@ -17,6 +18,7 @@ from fedapp.config import RunConfig
 from fedapp.registry import train_config
 from strategies import contract as C
 from task.data import PartitionSpec, client_data, load_dataset
+from task.layout import training_layout
 from task.models import build_model
 from task.train import local_sgd
 
@@ -54,6 +56,7 @@ def client_overhead_ms(repeats: int = 30) -> tuple[float, float, float]:
     )
     dataset = load_dataset(cfg.dataset)
     model = build_model(cfg.model, dataset.input_shape, dataset.num_classes)
+    sgd_model = training_layout(copy.deepcopy(model), dataset.input_shape)  # the ClientApp's layout
     config = ConfigRecord({**train_config(cfg), C.SERVER_ROUND: 1})
     message = Message(
         RecordDict({C.ARRAYS: ArrayRecord(model.state_dict()), C.CONFIG: config}),
@@ -72,7 +75,7 @@ def client_overhead_ms(repeats: int = 30) -> tuple[float, float, float]:
         return statistics.median(samples) * 1e3
 
     call = timed(lambda: app(message, context))
-    sgd = timed(lambda: local_sgd(model, x, y, lr=0.05, batch_size=cfg.batch_size, steps=1, seed=1))
+    sgd = timed(lambda: local_sgd(sgd_model, x, y, lr=0.05, batch_size=cfg.batch_size, steps=1, seed=1))
     return call, sgd, call - sgd
 
 
