@@ -29,7 +29,7 @@ def inference_layout(model: torch.nn.Module, x: torch.Tensor) -> tuple[torch.nn.
 
 def training_layout(model: torch.nn.Module, input_shape: tuple[int, ...]) -> torch.nn.Module:
     """``model`` (in place) with channels-last weights when it convolves images of
-    ``input_shape`` (C, H, W) on the CPU, where oneDNN trains 1.03-1.26x faster so
+    ``input_shape`` (C, H, W) on the CPU, where oneDNN trains 1.03-1.27x faster so
     (cnn-mcmahan, cnn-small, lenet-gn, cnn-fedveca, cnn-small-moon; never slower); on
     CUDA it is left as it is (not measured there). Received weights loaded with
     ``load_state_dict`` keep the layout; images need not change (a convolution with
