@@ -26,6 +26,7 @@ from fedapp.run_log import RunLog, format_table, read_rounds
 from strategies import contract as C
 from task.data import PartitionSpec, client_data, load_dataset
 from task.evaluate import evaluate
+from task.layout import training_layout
 from task.models import build_model
 from task.train import batch_indices
 
@@ -115,7 +116,9 @@ def run_centralized(
     dataset = load_dataset(dataset_name, data_dir, False)
     x, y = union_data(dataset, partition, num_partitions, seed)
     torch.manual_seed(seed)  # the ServerApp's initial model for this seed
-    model = build_model(model_name, dataset.input_shape, dataset.num_classes)
+    # the ClientApps' layout (channels-last convolutions on the CPU): the same SGD as FedVeca's clients
+    model = training_layout(build_model(model_name, dataset.input_shape, dataset.num_classes),
+                            dataset.input_shape)
     config = {
         "run-config": {
             "strategy": "centralized",
@@ -174,7 +177,7 @@ def run_centralized(
         seed=seed,
         on_checkpoint=lambda k, steps, loss: record(k, steps, loss),
     )
-    log.save_model({k: v.detach().cpu() for k, v in model.state_dict().items()})
+    log.save_model({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()})
     if verbose:
         print(format_table(records[-3:]), flush=True)
     return log.directory
