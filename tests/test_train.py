@@ -377,3 +377,12 @@ def test_local_sgd_in_the_training_layout_agrees_with_the_default_layout_to_floa
     assert results[0].train_loss == pytest.approx(results[1].train_loss, rel=1e-5)
     for a, b in zip(plain.parameters(), fast.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_the_client_app_trains_its_model_in_the_training_layout():
+    """The ClientApp's per-process model is the one :func:`training_layout` returns."""
+    from fedapp.client_app import _model
+
+    model = _model("cnn-small", (1, 28, 28), 10, "cpu")
+    assert conv_weight(model).is_contiguous(memory_format=torch.channels_last)
+    assert not conv_weight(model).is_contiguous()
