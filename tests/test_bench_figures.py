@@ -96,3 +96,21 @@ def test_bare_evaluation_seconds_times_real_test_set_evaluations():
     one, three = bare_evaluation_seconds(workload, 1), bare_evaluation_seconds(workload, 3)
     assert 0 < one < three
     assert bare_evaluation_seconds(workload, 0) < one
+
+
+def test_the_bare_baseline_warms_up_with_two_untimed_steps_then_times_every_round():
+    torch = pytest.importorskip("torch")
+    from fedapp.config import RunConfig
+    from simulation.bench.common import bare_client_seconds, warm_up
+    from task.models import build_model
+
+    cfg = RunConfig.from_user_config({"model": "mlp-2nn", "batch-size": 4})
+    model = build_model("mlp-2nn", (1, 28, 28), 10)
+    before = [p.detach().clone() for p in model.parameters()]
+    x, y = torch.randn(100, 1, 28, 28), torch.randint(0, 10, (100,))
+    warm_up(model, {0: (x, y)}, cfg)
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+    workload = {"model": "mlp-2nn", "dataset": "synthetic", "batch-size": 8}
+    per_round = bare_client_seconds(workload, 4, [2, 3], threads=1, clients=[0, 1])
+    assert len(per_round) == 2 and all(seconds > 0 for seconds in per_round)

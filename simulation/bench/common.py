@@ -157,6 +157,17 @@ def torch_import_mb() -> dict[str, float]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def warm_up(model: torch.nn.Module, parts: dict, cfg: RunConfig) -> None:
+    """Two untimed SGD steps of the first client: the process's one-time start-up (oneDNN
+    primitives; on CUDA the context, cuDNN and cuBLAS handles, kernel loading) is not
+    local SGD, and the simulation's round 1, which pays it in the ClientApps, is excluded
+    too. The timed rounds reload the start model, so they train as without it."""
+    x, y = next(iter(parts.values()))
+    local_sgd(model, x[: 2 * cfg.batch_size], y[: 2 * cfg.batch_size], lr=cfg.lr,
+              batch_size=cfg.batch_size, steps=2)
+    settled(next(model.parameters()).device)
+
+
 def bare_client_seconds(
     workload: dict,
     num_clients: int,
@@ -172,6 +183,7 @@ def bare_client_seconds(
     try:
         pids = list(range(num_clients)) if clients is None else clients
         cfg, device, parts, start_model, model = bare_setup(workload, num_clients, pids)
+        warm_up(model, parts, cfg)
         if ready is not None:
             ready.wait()
         totals = []
