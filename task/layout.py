@@ -2,8 +2,8 @@
 
 oneDNN, torch's CPU convolution library, runs channels-last convolutions without the
 reorders it needs for the default NCHW layout. Measured on this project's 2-core CPU
-machine (one torch thread, SGD steps of cnn-mcmahan, B = 32): 26.7-27.5 ms per step
-channels-last against 32.9-35.1 ms contiguous; the test-set evaluation about 1.6x faster.
+machine (one torch thread, SGD steps of cnn-mcmahan, B = 32): 26.4-27.5 ms per step
+channels-last against 31.6-35.1 ms contiguous; the test-set evaluation about 1.6x faster.
 The layout changes the order of float operations inside a convolution, not the model: the
 numbers agree to float rounding, and one layout gives the same bits on every runtime.
 """
@@ -29,11 +29,12 @@ def inference_layout(model: torch.nn.Module, x: torch.Tensor) -> tuple[torch.nn.
 
 def training_layout(model: torch.nn.Module, input_shape: tuple[int, ...]) -> torch.nn.Module:
     """``model`` (in place) with channels-last weights when it convolves images of
-    ``input_shape`` (C, H, W) on the CPU, where oneDNN trains 1.03-1.27x faster so
+    ``input_shape`` (C, H, W) on the CPU, where oneDNN trains 1.03-1.35x faster so
     (cnn-mcmahan, cnn-small, lenet-gn, cnn-fedveca, cnn-small-moon; never slower); on
-    CUDA it is left as it is (not measured there). Received weights loaded with
-    ``load_state_dict`` keep the layout; images need not change (a convolution with
-    channels-last weights takes either layout)."""
+    CUDA it is left as it is: there channels-last steps were 0.85-1.03x as fast (an H200;
+    ``python -m simulation bench layout`` measures both on the device at hand). Received
+    weights loaded with ``load_state_dict`` keep the layout; images need not change (a
+    convolution with channels-last weights takes either layout)."""
     on_cpu = all(p.device.type == "cpu" for p in model.parameters())
     if on_cpu and convolves_images(model, len(input_shape) + 1):
         model.to(memory_format=torch.channels_last)

@@ -114,3 +114,23 @@ def test_the_bare_baseline_warms_up_with_two_untimed_steps_then_times_every_roun
     workload = {"model": "mlp-2nn", "dataset": "synthetic", "batch-size": 8}
     per_round = bare_client_seconds(workload, 4, [2, 3], threads=1, clients=[0, 1])
     assert len(per_round) == 2 and all(seconds > 0 for seconds in per_round)
+
+
+def test_the_layout_bench_times_both_layouts_and_prints_what_training_layout_picks(capsys):
+    pytest.importorskip("torch")
+    import argparse
+
+    from simulation.bench import add_arguments, run
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    run(parser.parse_args(["layout", "--steps", "2", "--repeats", "1", "--device", "cpu",
+                           "--eval-images", "256", "--model", "cnn-small"]))
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("cnn-small")]
+    assert len(rows) == 2  # the two cnn-small cases, nothing else
+    assert all(row.endswith("channels-last") for row in rows)  # the CPU's pick, from layout.py
+    assert "evaluation, cnn-mcmahan, 256 images" in out
+    assert "channels-last SGD speed-up on cpu:" in out.splitlines()[-1]
+    with pytest.raises(SystemExit, match="--model mlp-2nn: not a convolutional model"):
+        run(parser.parse_args(["layout", "--model", "mlp-2nn"]))

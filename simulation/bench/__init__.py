@@ -14,7 +14,8 @@ aggregation's peak extra memory (from (b)).
 * ``import``: ``import strategies`` against ``import flwr.serverapp.strategy``;
 * ``sync-events``: DynamicFL's seconds per sync event against the active clients;
 * ``scale``: per-round time at 10, 100, 1,000 clients against a bare Flower FedAvg app;
-* ``deploy``: a warm round on the deployment runtime against the simulation engine.
+* ``deploy``: a warm round on the deployment runtime against the simulation engine;
+* ``layout``: SGD step and evaluation times, channels-last against contiguous, on this device.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ BENCHES = {
     "sync-events": "sync_events",
     "scale": "scale",
     "deploy": "deploy",
+    "layout": "layout",
 }
 STANDARD = ("efficiency", "aggregation")  # what a plain `bench` runs, in this order
 
