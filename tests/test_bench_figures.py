@@ -117,7 +117,7 @@ def test_the_bare_baseline_warms_up_with_two_untimed_steps_then_times_every_roun
 
 
 def test_the_layout_bench_times_both_layouts_and_prints_what_training_layout_picks(capsys):
-    pytest.importorskip("torch")
+    torch = pytest.importorskip("torch")
     import argparse
 
     from simulation.bench import add_arguments, run
@@ -134,3 +134,6 @@ def test_the_layout_bench_times_both_layouts_and_prints_what_training_layout_pic
     assert "channels-last SGD speed-up on cpu:" in out.splitlines()[-1]
     with pytest.raises(SystemExit, match="--model mlp-2nn: not a convolutional model"):
         run(parser.parse_args(["layout", "--model", "mlp-2nn"]))
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit, match="--device cuda: torch sees no CUDA device"):
+            run(parser.parse_args(["layout", "--device", "cuda"]))

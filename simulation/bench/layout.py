@@ -3,8 +3,9 @@ contiguous (NCHW) weights against channels-last (NHWC) weights, on the run's dev
 torch thread on the CPU, as each ClientApp gets), and the 10k-image test-set evaluation in
 both layouts; next to each, the layout :func:`task.layout.training_layout` picks on this
 device. These figures are why it picks channels-last on the CPU and leaves CUDA as it is
-(docs/results/README.md, "Channels-last training"). Random images: a convolution's cost does not depend on the pixel
-values. The two layouts alternate, best of ``--repeats`` after one untimed warm-up each."""
+(docs/results/README.md, "Channels-last training"). Random images: a convolution's cost
+does not depend on the pixel values. The two layouts alternate, best of ``--repeats``
+after one untimed warm-up each."""
 
 from __future__ import annotations
 
@@ -39,7 +40,8 @@ CASES = (
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=100, help="SGD steps per timing (default 100)")
     p.add_argument("--repeats", type=int, default=3, help="timings per layout (default 3)")
-    p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                   help="auto (CUDA when present; default), cpu or cuda")
     p.add_argument("--eval-images", type=int, default=10_000,
                    help="images in the evaluation timing (default: Fashion-MNIST's 10k test set)")
     p.add_argument("--model", nargs="*", default=None, metavar="NAME",
@@ -113,6 +115,9 @@ def run(args) -> None:
     if unknown:
         raise SystemExit(f"--model {' '.join(unknown)}: not a convolutional model here; "
                          f"choose from {', '.join(known)}")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: torch sees no CUDA device here; use --device auto "
+                         "or cpu")
     device = resolve_device(args.device)
     previous = torch.get_num_threads()
     if device.type == "cpu":
