@@ -4,18 +4,19 @@ torch thread on the CPU, as each ClientApp gets), and the 10k-image test-set eva
 both layouts; next to each, the layout :func:`task.layout.training_layout` picks on this
 device. These figures are why it picks channels-last on the CPU and leaves CUDA as it is
 (docs/results/README.md, "Channels-last training"). Random images: a convolution's cost
-does not depend on the pixel values. The two layouts alternate, best of ``--repeats``
-after one untimed warm-up each."""
+does not depend on the pixel values. Each layout is warmed up once, then the two alternate,
+best of ``--repeats``."""
 
 from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
 
 import torch
 
 from task.evaluate import evaluate
-from task.layout import training_layout
+from task.layout import inference_layout, training_layout
 from task.models import build_model
 from task.train import local_sgd, resolve_device
 
@@ -56,54 +57,52 @@ def is_channels_last(model: torch.nn.Module) -> bool:
             and any(not w.is_contiguous() for w in weights))
 
 
-def _best_ms(run_once, repeats: int, device: torch.device, per: int) -> float:
-    best = float("inf")
-    for repeat in range(repeats + 1):
-        settled(device)
-        start = time.perf_counter()
+def alternate_best_ms(runs: dict[bool, Callable[[], object]], repeats: int, device: torch.device,
+                      per: int) -> dict[bool, float]:
+    """{channels_last: best ms per ``per`` units} of the two runs, each warmed up once
+    (oneDNN primitives, cuDNN plans, the allocator), then timed alternately."""
+    for run_once in runs.values():
         run_once()
-        settled(device)
-        if repeat:  # repeat 0 warms up (oneDNN primitives, cuDNN plans, the allocator)
-            best = min(best, time.perf_counter() - start)
-    return best / per * 1e3
+    best = dict.fromkeys(runs, float("inf"))
+    for _ in range(repeats):
+        for channels_last, run_once in runs.items():
+            settled(device)
+            start = time.perf_counter()
+            run_once()
+            settled(device)
+            best[channels_last] = min(best[channels_last], time.perf_counter() - start)
+    return {channels_last: seconds / per * 1e3 for channels_last, seconds in best.items()}
 
 
 def sgd_step_ms(name: str, shape: tuple[int, int, int], batch: int, device: torch.device,
                 steps: int, repeats: int) -> dict[bool, float]:
-    """{channels_last: best ms per SGD step} for ``name`` on ``device``, layouts alternated."""
+    """{channels_last: best ms per SGD step} for ``name`` on ``device``."""
     x = torch.randn(steps * batch, *shape, device=device)
     y = torch.randint(0, 10, (steps * batch,), device=device)
-    models = {}
+    runs = {}
     for channels_last in (False, True):
         torch.manual_seed(0)
         model = build_model(name, shape, 10).to(device)
-        models[channels_last] = (model.to(memory_format=torch.channels_last)
-                                 if channels_last else model)
-    best = {False: float("inf"), True: float("inf")}
-    for _ in range(repeats):
-        for channels_last, model in models.items():
-            best[channels_last] = min(best[channels_last], _best_ms(
-                lambda m=model: local_sgd(m, x, y, lr=0.01, batch_size=batch, steps=steps),
-                1, device, steps))
-    return best
+        if channels_last:
+            model.to(memory_format=torch.channels_last)
+        runs[channels_last] = (lambda m=model: local_sgd(m, x, y, lr=0.01, batch_size=batch,
+                                                         steps=steps))
+    return alternate_best_ms(runs, repeats, device, steps)
 
 
-def evaluation_ms(device: torch.device, images: int, repeats: int) -> dict[bool, float]:
-    """{channels_last: best ms} of evaluating cnn-mcmahan on ``images`` images (batches of
-    128, as the server's evaluation)."""
+def evaluation_ms(device: torch.device, images: int,
+                  repeats: int) -> tuple[dict[bool, float], bool]:
+    """({channels_last: best ms} of evaluating cnn-mcmahan on ``images`` images in batches
+    of 128 as the server does, whether :func:`task.layout.inference_layout` picked
+    channels-last): the server's own layout function makes the second variant."""
     x = torch.randn(images, 1, 28, 28, device=device)
     y = torch.randint(0, 10, (images,), device=device)
     model = build_model("cnn-mcmahan", (1, 28, 28), 10).to(device)
-    inputs = {False: (model, x), True: (
-        build_model("cnn-mcmahan", (1, 28, 28), 10).to(device).to(
-            memory_format=torch.channels_last),
-        x.contiguous(memory_format=torch.channels_last))}
-    best = {False: float("inf"), True: float("inf")}
-    for _ in range(repeats):
-        for channels_last, (m, images) in inputs.items():
-            best[channels_last] = min(best[channels_last], _best_ms(
-                lambda m=m, images=images: evaluate(m, images, y), 1, device, 1))
-    return best
+    served_model, served_x = inference_layout(
+        build_model("cnn-mcmahan", (1, 28, 28), 10).to(device), x)
+    runs = {False: lambda: evaluate(model, x, y),
+            True: lambda: evaluate(served_model, served_x, y)}
+    return alternate_best_ms(runs, repeats, device, 1), is_channels_last(served_model)
 
 
 def run(args) -> None:
@@ -138,10 +137,11 @@ def run(args) -> None:
             print(f"{name:15s} {str(shape):12s} {batch:3d} {ms[False]:8.3f} ms {ms[True]:11.3f} ms "
                   f"{ratios[-1]:7.2f}x  "
                   f"{'channels-last' if is_channels_last(picked) else 'contiguous'}", flush=True)
-        ev = evaluation_ms(device, args.eval_images, args.repeats)
+        ev, served_channels_last = evaluation_ms(device, args.eval_images, args.repeats)
         print(f"evaluation, cnn-mcmahan, {args.eval_images} images, B=128: contiguous "
               f"{ev[False]:.1f} ms, channels-last {ev[True]:.1f} ms "
-              f"({ev[False] / ev[True]:.2f}x; inference_layout picks channels-last)")
+              f"({ev[False] / ev[True]:.2f}x; inference_layout picks "
+              f"{'channels-last' if served_channels_last else 'contiguous'})")
         print(f"channels-last SGD speed-up on {device.type}: "
               f"{min(ratios):.2f}x to {max(ratios):.2f}x")
     finally:
