@@ -172,8 +172,12 @@ def clear_caches() -> None:
 @functools.lru_cache(maxsize=4)
 def _model(name: str, input_shape: tuple, num_classes: int, device: str) -> torch.nn.Module:
     """One model object per process; every call loads the received weights into it. On the
-    CPU a convolutional model keeps channels-last weights (:func:`task.layout.training_layout`)."""
+    CPU a convolutional model keeps channels-last weights (:func:`task.layout.training_layout`);
+    the process keeps one SGD step's memory for the next (:func:`task.heap.keep_step_memory`)."""
+    from task.heap import keep_step_memory  # noqa: PLC0415
     from task.layout import training_layout  # noqa: PLC0415
+
+    keep_step_memory()
     from task.models import build_model  # noqa: PLC0415
 
     return training_layout(build_model(name, input_shape, num_classes).to(device), input_shape)

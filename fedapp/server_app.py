@@ -27,6 +27,7 @@ from task.data import DataNotFoundError, load_dataset
 from task.devices import plot_device_profiles, seconds_per_example
 from task.partition import plot_label_histogram
 from task.evaluate import evaluate
+from task.heap import keep_step_memory
 from task.layout import inference_layout
 from task.models import build_model
 from task.train import resolve_device
@@ -97,6 +98,7 @@ class ServerEvaluator:
     def __init__(self, model, dataset, device, strategy, run_log: RunLog, batch_size: int, *,
                  eval_every: int = 1, last_round: int | None = None,
                  overlap: bool = False) -> None:
+        keep_step_memory()  # each evaluation batch reuses the last one's memory
         self.model, self.x_test = inference_layout(model.to(device), dataset.x_test.to(device))
         self.y_test = dataset.y_test.to(device)
         self.strategy = strategy

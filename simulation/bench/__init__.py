@@ -15,7 +15,8 @@ aggregation's peak extra memory (from (b)).
 * ``sync-events``: DynamicFL's seconds per sync event against the active clients;
 * ``scale``: per-round time at 10, 100, 1,000 clients against a bare Flower FedAvg app;
 * ``deploy``: a warm round on the deployment runtime against the simulation engine;
-* ``layout``: SGD step and evaluation times, channels-last against contiguous, on this device.
+* ``layout``: SGD step and evaluation times, channels-last against contiguous, on this device;
+* ``heap``: SGD step time with glibc's malloc thresholds against fixed ones (CPU).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ BENCHES = {
     "scale": "scale",
     "deploy": "deploy",
     "layout": "layout",
+    "heap": "heap",
 }
 STANDARD = ("efficiency", "aggregation")  # what a plain `bench` runs, in this order
 

@@ -19,6 +19,7 @@ from fedapp.config import RunConfig
 from strategies import contract as C
 from task.data import PartitionSpec, client_data, load_dataset
 from task.evaluate import evaluate
+from task.heap import keep_step_memory
 from task.layout import inference_layout, training_layout
 from task.models import build_model
 from task.train import client_seed, local_sgd, resolve_device
@@ -43,6 +44,7 @@ def settled(device: torch.device) -> None:
 def bare_setup(workload: dict, num_clients: int, pids: list[int]):
     """(config, device, {pid: (x, y)}, start model, working model) of a bare-torch baseline,
     on the run's device (``device = "auto"``: CUDA when present)."""
+    keep_step_memory()  # as the ClientApp's process (fedapp.client_app._model)
     cfg = RunConfig.from_user_config(workload)
     device = resolve_device(cfg.device)
     dataset = load_dataset(cfg.dataset)
@@ -217,6 +219,7 @@ def bare_evaluation_seconds(workload: dict, evaluations: int) -> float:
     previous = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
+        keep_step_memory()  # as the ServerApp's evaluation (fedapp.server_app)
         cfg = RunConfig.from_user_config(workload)
         device = resolve_device(cfg.device)
         dataset = load_dataset(cfg.dataset)

@@ -16,6 +16,7 @@ from collections.abc import Callable
 import torch
 
 from task.evaluate import evaluate
+from task.heap import keep_step_memory
 from task.layout import inference_layout, training_layout
 from task.models import build_model
 from task.train import local_sgd, resolve_device
@@ -118,6 +119,7 @@ def run(args) -> None:
         raise SystemExit("--device cuda: torch sees no CUDA device here; use --device auto "
                          "or cpu")
     device = resolve_device(args.device)
+    keep_step_memory()  # as the ClientApps and the ServerApp: one step's memory kept
     previous = torch.get_num_threads()
     if device.type == "cpu":
         torch.set_num_threads(1)  # one thread per ClientApp, as the simulation gives

@@ -26,6 +26,7 @@ from fedapp.run_log import RunLog, format_table, read_rounds
 from strategies import contract as C
 from task.data import PartitionSpec, client_data, load_dataset
 from task.evaluate import evaluate
+from task.heap import keep_step_memory
 from task.layout import training_layout
 from task.models import build_model
 from task.train import batch_indices
@@ -116,7 +117,9 @@ def run_centralized(
     dataset = load_dataset(dataset_name, data_dir, False)
     x, y = union_data(dataset, partition, num_partitions, seed)
     torch.manual_seed(seed)  # the ServerApp's initial model for this seed
-    # the ClientApps' layout (channels-last convolutions on the CPU): the same SGD as FedVeca's clients
+    # the ClientApps' layout (channels-last convolutions on the CPU) and heap thresholds:
+    # the same SGD as FedVeca's clients
+    keep_step_memory()
     model = training_layout(build_model(model_name, dataset.input_shape, dataset.num_classes),
                             dataset.input_shape)
     config = {
