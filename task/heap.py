@@ -7,10 +7,12 @@ fresh ``mmap`` pages; it moves both with the largest ``mmap`` chunk the process 
 so far. Whether a process hands its step's memory back and faults it in again on the next
 step (a ``brk`` shrink and regrow per step, page zeroing, cold caches) thus depends on what
 it happened to allocate before: a ClientApp's Ray actor did, at 2,500-10,000 minor page
-faults per CPU-second, where a bare process training the same model did not; one torch
-thread training the McMahan CNN ran 9-28 % slower so than with the thresholds fixed
-(``python -m simulation bench heap`` measures it). Fixed thresholds make every such
-process keep one step's memory for the next; the memory kept is at most what a step uses.
+faults per CPU-second, where a bare process training the same model did not. Even the same
+steps in a fresh process trim in some runs and not in others: one torch thread training the
+McMahan CNN (B = 32) took 28.3-35.5 ms per step with glibc's thresholds (median 32.4, up to
+4,070 faults per step) and 27.1-30.9 ms with fixed ones (median 27.5, 3-8 faults per step;
+``python -m simulation bench heap``). Fixed thresholds make every such process keep one
+step's memory for the next; the memory kept is at most what a step uses.
 """
 
 from __future__ import annotations

@@ -72,9 +72,9 @@ def test_the_heap_bench_compares_both_settings_in_fresh_processes(capsys):
     add_arguments(parser)
     run(parser.parse_args(["heap", "--model", "cnn-small", "--steps", "3", "--repeats", "1"]))
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("cnn-small, B = 32, 3 SGD steps")
+    assert lines[0].startswith("cnn-small, B = 32, 3 SGD steps, CPU, 1 thread, 1 fresh")
     assert "glibc's thresholds" in lines[1] and "keep_step_memory" in lines[2]
-    assert lines[-1].startswith("speed-up with fixed thresholds = ")
+    assert lines[-1].startswith("median speed-up with fixed thresholds = ")
     with pytest.raises(SystemExit, match="--model nope: unknown; choose from mlp-2nn"):
         run(parser.parse_args(["heap", "--model", "nope"]))
     with pytest.raises(SystemExit, match="--steps 0 .*give integers >= 1"):

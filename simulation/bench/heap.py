@@ -2,12 +2,15 @@
 thresholds against :func:`task.heap.keep_step_memory`'s fixed ones, one torch thread, on
 the CPU. Each measurement is a freshly spawned process (glibc's thresholds move with what a
 process has allocated before, so a fresh one starts from glibc's defaults), the two
-settings alternated ``--repeats`` times; the best of each is printed with the ratio."""
+settings alternated ``--repeats`` times. With glibc's own thresholds the same steps in
+the same fresh process trim the heap in some runs and not in others, so the median and
+the range of each setting are printed, and the ratio of the medians."""
 
 from __future__ import annotations
 
 import argparse
 import multiprocessing
+import statistics
 import time
 
 from task.model_names import MODEL_NAMES
@@ -21,8 +24,8 @@ INPUT_SHAPE = {name: shape for name, shape, _ in reversed(CASES)}  # each model'
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="cnn-mcmahan")
     p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--steps", type=int, default=300, help="timed SGD steps per measurement")
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--steps", type=int, default=200, help="timed SGD steps per measurement")
+    p.add_argument("--repeats", type=int, default=5, help="fresh processes per setting")
 
 
 def minor_faults() -> int:
@@ -67,20 +70,22 @@ def run(args) -> None:
     if args.model not in MODEL_NAMES:
         raise SystemExit(f"--model {args.model}: unknown; choose from {', '.join(MODEL_NAMES)}")
     context = multiprocessing.get_context("spawn")
-    best: dict[bool, tuple[float, int]] = {}
+    runs: dict[bool, list[tuple[float, int]]] = {False: [], True: []}
     with context.Pool(1, maxtasksperchild=1) as pool:  # a fresh process per measurement
         if not pool.apply(keep_step_memory):
             print("glibc's malloc is not this platform's: nothing to compare")
             return
         for _ in range(args.repeats):
             for keep in (False, True):
-                seconds, faults = pool.apply(sgd_steps, ((keep, args.model, args.batch_size,
-                                                          args.steps),))
-                best[keep] = min(best.get(keep, (seconds, faults)), (seconds, faults))
+                runs[keep].append(pool.apply(sgd_steps, ((keep, args.model, args.batch_size,
+                                                          args.steps),)))
     print(f"{args.model}, B = {args.batch_size}, {args.steps} SGD steps, CPU, 1 thread, "
-          f"best of {args.repeats} fresh processes each:")
+          f"{args.repeats} fresh processes per setting:")
+    median = {}
     for keep, label in ((False, "glibc's thresholds"), (True, "keep_step_memory")):
-        seconds, faults = best[keep]
-        print(f"  {label:20s} {1000 * seconds / args.steps:8.2f} ms/step  "
-              f"{faults / args.steps:9.0f} minor faults/step")
-    print(f"speed-up with fixed thresholds = {best[False][0] / best[True][0]:.2f}x")
+        ms = [1000 * seconds / args.steps for seconds, _ in runs[keep]]
+        faults = [count / args.steps for _, count in runs[keep]]
+        median[keep] = statistics.median(ms)
+        print(f"  {label:20s} ms/step median {median[keep]:7.2f} ({min(ms):.2f}-{max(ms):.2f})"
+              f"   minor faults/step {min(faults):.0f}-{max(faults):.0f}")
+    print(f"median speed-up with fixed thresholds = {median[False] / median[True]:.2f}x")
