@@ -176,10 +176,9 @@ def _model(name: str, input_shape: tuple, num_classes: int, device: str) -> torc
     the process keeps one SGD step's memory for the next (:func:`task.heap.keep_step_memory`)."""
     from task.heap import keep_step_memory  # noqa: PLC0415
     from task.layout import training_layout  # noqa: PLC0415
-
-    keep_step_memory()
     from task.models import build_model  # noqa: PLC0415
 
+    keep_step_memory()
     return training_layout(build_model(name, input_shape, num_classes).to(device), input_shape)
 
 

@@ -26,6 +26,13 @@ def process_kind(cmdline: str) -> str:
     return EVERYTHING_ELSE
 
 
+def stat_fields(pid: int | str = "self") -> list[str]:
+    """The fields of ``/proc/<pid>/stat`` after the command name (``[7]`` minor faults,
+    ``[11]`` user and ``[12]`` system clock ticks); OSError where there is none."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()
+
+
 def cpu_seconds_by_pid(exclude: int) -> dict[int, tuple[str, float]]:
     """{pid: (kind, user + system CPU seconds so far)} of every process but ``exclude``."""
     tick = os.sysconf("SC_CLK_TCK")
@@ -34,8 +41,7 @@ def cpu_seconds_by_pid(exclude: int) -> dict[int, tuple[str, float]]:
         if not entry.name.isdigit() or int(entry.name) == exclude:
             continue
         try:
-            with open(f"/proc/{entry.name}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
+            fields = stat_fields(entry.name)
             with open(f"/proc/{entry.name}/cmdline") as f:
                 cmdline = f.read().replace("\0", " ")
         except OSError:  # the process ended between the listing and the read

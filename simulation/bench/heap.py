@@ -15,6 +15,7 @@ import time
 
 from task.model_names import MODEL_NAMES
 
+from .cpu_accounting import stat_fields
 from .layout import CASES
 
 HELP = "SGD step time with glibc's malloc thresholds against fixed ones (CPU)"
@@ -31,8 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def minor_faults() -> int:
     """This process's minor page faults so far (Linux's /proc; -1 elsewhere)."""
     try:
-        with open("/proc/self/stat") as stat:
-            return int(stat.read().rsplit(")", 1)[1].split()[7])
+        return int(stat_fields()[7])
     except OSError:
         return -1
 
@@ -73,7 +73,7 @@ def run(args) -> None:
     runs: dict[bool, list[tuple[float, int]]] = {False: [], True: []}
     with context.Pool(1, maxtasksperchild=1) as pool:  # a fresh process per measurement
         if not pool.apply(keep_step_memory):
-            print("glibc's malloc is not this platform's: nothing to compare")
+            print("this platform's C library is not glibc: no malloc thresholds to compare")
             return
         for _ in range(args.repeats):
             for keep in (False, True):
