@@ -8,7 +8,8 @@ checkpoint intact). It holds, at the end of round r:
 * the strategy's cross-round state (``strategy.state_dict()``: FedNova's momentum
   buffer, FedVeca's tau table / L / previous gradient, DynamicFL's L / rich set / budgets,
   SCAFFOLD's c and its copy of every client's c_i, Flower's FedAvgM / FedOpt moments);
-* the server's RNG states (torch, numpy, Python ``random``);
+* the server's RNG states (numpy, Python ``random``; the ServerApp draws from no torch RNG:
+  its torch side is a child process, fedapp.evaluation_process);
 * the run-log records of rounds 0..r and the elapsed seconds;
 * the resolved run config, to refuse resuming a different experiment.
 
@@ -39,7 +40,6 @@ from logging import INFO
 from pathlib import Path
 
 import numpy as np
-import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
@@ -113,12 +113,12 @@ def check_compatible(payload: dict, run_config: dict) -> None:
 
 # ----------------------------------------------------------------- payload
 def rng_state() -> dict:
-    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
-            "python": random.getstate()}
+    return {"numpy": np.random.get_state(), "python": random.getstate()}
 
 
 def restore_rng(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
+    """The server's RNGs as ``rng_state`` took them (a "torch" entry, which checkpoints
+    written before the ServerApp's torch side moved out of its process hold, is not used)."""
     np.random.set_state(state["numpy"])
     random.setstate(state["python"])
 

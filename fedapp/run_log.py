@@ -16,7 +16,6 @@ import json
 import time
 from pathlib import Path
 
-import torch
 from flwr.app import ArrayRecord
 
 from strategies import contract as C
@@ -79,12 +78,15 @@ class RunLog:
         path.write_text(json.dumps(payload, indent=1) + "\n")
         return path
 
+    @property
+    def model_path(self) -> Path:
+        """Where the final model goes (a torch state dict: ``task.models.save_state_dict``)."""
+        return self.directory / "final_model.pt"
+
     def save_model(self, state_dict: dict) -> Path:
-        path = self.directory / "final_model.pt"
-        tmp = path.with_suffix(".pt.tmp")
-        torch.save(state_dict, tmp)
-        tmp.replace(path)
-        return path
+        from task.models import save_state_dict  # noqa: PLC0415 - torch only where a model is
+
+        return save_state_dict(state_dict, self.model_path)
 
 
 def model_sha256(arrays: ArrayRecord) -> str:

@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import os
 import platform
 import random
-import resource
 import shutil
-import sys
-import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from logging import ERROR, INFO
@@ -16,25 +12,20 @@ from pathlib import Path
 
 import flwr
 import numpy as np
-import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
 from strategies import contract as C
 from strategies.devices import write_trace
-from task.data import DataNotFoundError, load_dataset
-from task.devices import plot_device_profiles, seconds_per_example
+from task.data import DataNotFoundError
+from task.device_plot import plot_device_profiles
 from task.partition import plot_label_histogram
-from task.evaluate import evaluate
-from task.heap import keep_step_memory
-from task.layout import inference_layout
-from task.models import build_model
-from task.train import resolve_device
 
 from .checkpoint import (Checkpointer, arrays_of, check_compatible, load_checkpoint, restore_rng,
                          restore_strategy, run_rounds)
 from .config import ConfigError, RunConfig
+from .evaluation_process import EvaluationProcess, EvaluationResult, EvaluationSpec, peak_rss_mb
 from .grid import PullIntervalGrid
 from .registry import build_strategy
 from .run_log import RunLog, format_table, model_sha256, table_header, table_row
@@ -46,34 +37,6 @@ SERVER_DATA_NOTE = (" (the ServerApp evaluates every round's global model on the
                     "too: docs/deployment.md)")
 
 
-def peak_rss_mb() -> float:
-    """This process's peak resident memory in MB: Linux's VmHWM, which starts afresh at
-    exec (``ru_maxrss`` keeps the high-water mark of the process that forked this one, e.g.
-    a large parent's), else ``ru_maxrss``."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def background_evaluation_thread() -> None:
-    """Set up the thread that evaluates while the clients train: one torch thread (torch's
-    thread count is per thread, so the rest of the process keeps its own; one thread
-    contends least with the training that has the cores, and its losses are the same bits
-    as with more threads, checked on the CNNs), at nice 19 (per thread on Linux;
-    elsewhere the priority is left as it is)."""
-    torch.set_num_threads(1)
-    if sys.platform.startswith("linux"):
-        try:
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-        except OSError:
-            pass
-
-
 class ServerEvaluator:
     """``evaluate_fn`` for ``Strategy.start``: test-set evaluation and one run-log record per
     round.
@@ -82,9 +45,10 @@ class ServerEvaluator:
     r's record holds the strategy's diagnostics, the timings and, on the rounds that are
     evaluated (``eval_every`` k: rounds 0, k, 2k, ... and always the last), the test
     accuracy and loss; a record of a round that is not evaluated has no accuracy, loss or
-    eval-seconds. With ``overlap`` round r's model is evaluated in one background thread
-    (one torch thread, lowest CPU priority: it takes what the clients leave idle) while
-    round r + 1 trains: the end of round r + 1 waits for it, so the records (and
+    eval-seconds. The evaluations run in the ServerApp's evaluation process
+    (fedapp.evaluation_process), which holds the model and the test split. With ``overlap``
+    round r's model is evaluated there on one torch thread at the lowest CPU priority (it
+    takes what the clients leave idle) while round r + 1 trains: the end of round r + 1 waits for it, so the records (and
     checkpoints) stay in round order, and the last round's evaluation is waited for.
     The records are the same as without ``overlap``, apart from the timing keys.
 
@@ -92,25 +56,25 @@ class ServerEvaluator:
     the previous round to the end of this one, where a round ends when the server can go
     on (its update aggregated, an evaluation still running waited for, and its own
     evaluation done unless it runs in the background); the last round ends when its
-    record is written. ``eval-seconds`` is the evaluation's own time.
+    record is written. ``eval-seconds`` is the evaluation's own time; ``server-max-rss-mb``
+    and ``eval-max-rss-mb`` the peak memory of the ServerApp's process and of its evaluation
+    process.
     """
 
-    def __init__(self, model, dataset, device, strategy, run_log: RunLog, batch_size: int, *,
+    def __init__(self, process: EvaluationProcess, strategy, run_log: RunLog, *,
                  eval_every: int = 1, last_round: int | None = None,
                  overlap: bool = False) -> None:
-        keep_step_memory()  # each evaluation batch reuses the last one's memory
-        self.model, self.x_test = inference_layout(model.to(device), dataset.x_test.to(device))
-        self.y_test = dataset.y_test.to(device)
+        self.process = process
         self.strategy = strategy
         self.run_log = run_log
-        self.batch_size = batch_size
         self.eval_every = int(eval_every)
         self.last_round = last_round
         self.records: list[dict] = []
         self.started = self.last = time.perf_counter()
         self.checkpointer: Checkpointer | None = None  # checkpoint-every
-        self.worker = (ThreadPoolExecutor(1, thread_name_prefix="fedhetero-eval",
-                                          initializer=background_evaluation_thread) if overlap else None)
+        # waits for the evaluation process while round r + 1 trains, then writes round r
+        self.worker = (ThreadPoolExecutor(1, thread_name_prefix="fedhetero-eval")
+                       if overlap else None)
         self.pending: Future | None = None
 
     def evaluates(self, server_round: int) -> bool:
@@ -137,27 +101,26 @@ class ServerEvaluator:
         partitions = self.partition_counts() if server_round == 1 else None
         if background:
             self.pending = self.worker.submit(
-                lambda: self.finish(record, self.evaluate(arrays), checkpoint, partitions))
+                lambda: self.finish(record, self.evaluate(arrays, True), checkpoint, partitions))
             return None
         self.finish(record, result, checkpoint, partitions)
         return (None if result is None else
-                MetricRecord({C.LOG_ACCURACY: result[0].accuracy, C.LOG_LOSS: result[0].loss}))
+                MetricRecord({C.LOG_ACCURACY: result.accuracy, C.LOG_LOSS: result.loss}))
 
-    def evaluate(self, arrays: ArrayRecord) -> tuple[object, float]:
-        """(loss and accuracy of ``arrays`` on the test set, seconds it took); the evaluator's
+    def evaluate(self, arrays: ArrayRecord, background: bool = False) -> EvaluationResult:
+        """Loss and accuracy of ``arrays`` on the test set, by the evaluation process, whose
         model keeps ``arrays`` (the final model is saved from it)."""
-        began = time.perf_counter()
-        self.model.load_state_dict(arrays.to_torch_state_dict())
-        result = evaluate(self.model, self.x_test, self.y_test, self.batch_size)
-        return result, time.perf_counter() - began
+        return self.process.evaluate({key: array.numpy() for key, array in arrays.items()},
+                                     background)
 
-    def finish(self, record: dict, result: tuple[object, float] | None,
+    def finish(self, record: dict, result: EvaluationResult | None,
                checkpoint: dict | None, partitions: list | None) -> None:
         """Complete round r's record, append it to the run log, plot, checkpoint."""
         if result is not None:
-            record[C.LOG_ACCURACY] = result[0].accuracy
-            record[C.LOG_LOSS] = result[0].loss
-            record[C.LOG_EVAL_SECONDS] = result[1]
+            record[C.LOG_ACCURACY] = result.accuracy
+            record[C.LOG_LOSS] = result.loss
+            record[C.LOG_EVAL_SECONDS] = result.seconds
+            record[C.LOG_EVAL_MAX_RSS_MB] = result.peak_rss_mb
         record[C.LOG_SERVER_MAX_RSS_MB] = peak_rss_mb()
         self.records.append(record)
         self.run_log.append_round(record)
@@ -236,18 +199,36 @@ class ServerEvaluator:
         log(INFO, "Label distribution of the partitions: %s", path)
 
 
-def calibrate_clock(strategy, model, input_shape, reference_gflops: float) -> dict | None:
+def calibrate_clock(strategy, cost: float | None, reference_gflops: float) -> dict | None:
     """Give the strategy's simulated clock the model's training seconds per example (once per
-    model, from its FLOPs: task.devices); what it used, for config.json."""
+    model, from its FLOPs: task.devices, counted by the evaluation process); what it used,
+    for config.json."""
     timer = getattr(strategy, "timer", None)
     if timer is None:
         return None
-    cost = seconds_per_example(model, input_shape, reference_gflops)
     timer.calibrate(cost)
     log(INFO, "Simulated clock: %.4g s per training example on the reference device "
         "(%g GFLOP/s)", cost, reference_gflops)
     return {"seconds-per-example": cost, "reference-gflops": reference_gflops,
             "deadline": timer.deadline}
+
+
+def evaluation_spec(cfg: RunConfig, strategy) -> EvaluationSpec:
+    """What the evaluation process needs from the run config."""
+    clocked = getattr(strategy, "timer", None) is not None
+    return EvaluationSpec(
+        dataset=cfg.dataset, data_dir=cfg.data_dir, allow_download=cfg.allow_download,
+        synthetic_alpha=cfg.synthetic_alpha, synthetic_beta=cfg.synthetic_beta,
+        normalize=cfg.normalize, model=cfg.model, seed=cfg.seed, device=cfg.device,
+        batch_size=cfg.eval_batch_size,
+        reference_gflops=cfg.device_reference_gflops if clocked else None)
+
+
+def stopped_before_training(exc: Exception) -> RuntimeError:
+    """The one line a user needs (logged; Flower then marks the run failed)."""
+    text = f"{exc}{SERVER_DATA_NOTE if isinstance(exc, DataNotFoundError) else ''}"
+    log(ERROR, "%s", text)
+    return RuntimeError(f"fedhetero stopped before training: {text}")
 
 
 @app.main()
@@ -257,45 +238,49 @@ def main(grid: Grid, context: Context) -> None:
         cfg = RunConfig.from_user_config(context.run_config)
         check_installed(cfg.tracking)  # tensorboard / mlflow, before any training
         strategy, train_config = build_strategy(cfg)
-        dataset = load_dataset(cfg.dataset, cfg.data_dir, cfg.allow_download,
-                               cfg.synthetic_alpha, cfg.synthetic_beta, cfg.normalize,
-                               with_train=False)  # the server evaluates on the test split only
         checkpoint = load_checkpoint(cfg.resume_from) if cfg.resume_from else None  # resume-from
         if checkpoint is not None:
             check_compatible(checkpoint, cfg.to_dict())
             restore_strategy(strategy, checkpoint)
-    except (ConfigError, DataNotFoundError, ValueError) as exc:
-        text = f"{exc}{SERVER_DATA_NOTE if isinstance(exc, DataNotFoundError) else ''}"
-        log(ERROR, "%s", text)  # the one line a user needs; Flower then marks the run failed
-        raise RuntimeError(f"fedhetero stopped before training: {text}") from None
-
-    torch.manual_seed(cfg.seed)
+    except (ConfigError, ValueError) as exc:
+        raise stopped_before_training(exc) from None
     random.seed(cfg.seed)  # Flower's own strategies sample with Python's random (fedavgm, ...)
-    model = build_model(cfg.model, dataset.input_shape, dataset.num_classes)
-    device = resolve_device(cfg.device)
-    clock = calibrate_clock(strategy, model, dataset.input_shape, cfg.device_reference_gflops)
+    try:  # the test split, the seeded initial model (and its FLOPs): in a process of its own
+        process = EvaluationProcess(evaluation_spec(cfg, strategy))
+    except (DataNotFoundError, ValueError) as exc:
+        raise stopped_before_training(exc) from None
+    try:
+        run(cfg, grid, context, strategy, train_config, checkpoint, process)
+    finally:
+        process.close()
+
+
+def run(cfg: RunConfig, grid: Grid, context: Context, strategy, train_config: dict, checkpoint: dict | None,
+        process: EvaluationProcess) -> None:
+    """The rounds, with the run log, the evaluations and the final model."""
+    info = process.info
+    clock = calibrate_clock(strategy, info["seconds-per-example"], cfg.device_reference_gflops)
     config_dump = {
         "run-config": cfg.to_dict(),
         "run-id": context.run_id,
         "train-config": train_config,
-        "dataset-source": dataset.source,
+        "dataset-source": info["source"],
         "resumed-from": ({"run-dir": cfg.resume_from, "round": checkpoint["round"]}
                          if checkpoint else None),
-        "device": str(device),
+        "device": info["device"],
         "clock": clock,
-        "versions": {"flwr": flwr.__version__, "torch": torch.__version__,
+        "versions": {"flwr": flwr.__version__, "torch": info["torch"],
                      "python": platform.python_version()},
     }
     run_log = RunLog.create(cfg.resolved_output_dir(), cfg.strategy, context.run_id, config_dump,
                             cfg.tracking, cfg.tracking_dir)
     log(INFO, "fedhetero: %s on %s (%s, %s), model %s, run directory %s",
-        cfg.strategy, cfg.dataset, cfg.partition, dataset.source, cfg.model, run_log.directory)
-    evaluator = ServerEvaluator(model, dataset, device, strategy, run_log, cfg.eval_batch_size,
-                                eval_every=cfg.eval_every, last_round=cfg.num_server_rounds,
-                                overlap=cfg.eval_overlap)
+        cfg.strategy, cfg.dataset, cfg.partition, info["source"], cfg.model, run_log.directory)
+    evaluator = ServerEvaluator(process, strategy, run_log, eval_every=cfg.eval_every,
+                                last_round=cfg.num_server_rounds, overlap=cfg.eval_overlap)
     evaluator.checkpointer = Checkpointer(run_log.directory, cfg.checkpoint_every, strategy,
                                           cfg.to_dict())
-    initial_arrays, first_round = ArrayRecord(model.state_dict()), 1
+    initial_arrays, first_round = arrays_of(info), 1
     if checkpoint is not None:
         initial_arrays, first_round = arrays_of(checkpoint), checkpoint["round"] + 1
         evaluator.resume(checkpoint, cfg.resume_from)
@@ -314,11 +299,10 @@ def main(grid: Grid, context: Context) -> None:
         )
     finally:
         evaluator.close()
-    del result  # the evaluator's model holds the final global model (the last round is evaluated)
+    del result  # the evaluation process holds the final global model (the last round is evaluated)
     evaluator.plot_partitions()
     evaluator.list_devices()  # the simulated clock's fleet, when the run has one
-    final = {k: v.cpu().contiguous() for k, v in evaluator.model.state_dict().items()}
-    path = run_log.save_model(final)
+    path = process.save_model(run_log.model_path)
     run_log.close()
     log(INFO, "Final model: %s", path)
     log(INFO, "Per-round results:\n%s", format_table(evaluator.records))

@@ -102,7 +102,8 @@ LOG_LOSS = "loss"  # float, centralised test loss of the round's global model
 LOG_WALL_SECONDS = "wall-seconds"  # float, the round's seconds on the server's critical path
 LOG_ELAPSED_SECONDS = "elapsed-seconds"  # float, seconds since the run started
 LOG_EVAL_SECONDS = "eval-seconds"  # float, seconds of the centralised evaluation
-LOG_SERVER_MAX_RSS_MB = "server-max-rss-mb"  # float, peak resident memory of the server
+LOG_SERVER_MAX_RSS_MB = "server-max-rss-mb"  # float, peak resident MB of the ServerApp
+LOG_EVAL_MAX_RSS_MB = "eval-max-rss-mb"  # float, peak resident MB of its evaluation process
 # str, sha256 of the round's global model (sorted keys; key|dtype|shape| then the bytes):
 # two runs agree bit for bit in round r exactly when their digests of round r agree
 LOG_MODEL_SHA256 = "model-sha256"
@@ -187,4 +188,5 @@ LOG_SIM_SECONDS_PER_EVENT = "sim-seconds-per-event"  # float, DynamicFL: sim-sec
 # Keys whose values depend on the machine, not on the run's seed (ignored by
 # bit-identity comparisons of run logs).
 LOG_TIMING_KEYS = frozenset({LOG_WALL_SECONDS, LOG_ELAPSED_SECONDS, LOG_EVAL_SECONDS,
-                             LOG_SERVER_MAX_RSS_MB, LOG_SECONDS_PER_EVENT})
+                             LOG_SERVER_MAX_RSS_MB, LOG_EVAL_MAX_RSS_MB,
+                             LOG_SECONDS_PER_EVENT})

@@ -1,4 +1,5 @@
-"""The model's side of the simulated clock: training cost per example, and a fleet's plot.
+"""The model's side of the simulated clock: training cost per example (a fleet's plot:
+task.device_plot).
 
 ``strategies.clock`` needs c, the training seconds per example on the reference device
 (eq. 1 there). It is calibrated once per model, without timing anything, so simulation
@@ -19,13 +20,10 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Mapping, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 
 import torch
 from torch import nn
-
-from strategies.devices import DeviceProfile
 
 FLOPS_PER_MAC = 2
 TRAINING_PASSES = 3  # forward + backward ~ 3 forward passes
@@ -72,29 +70,3 @@ def seconds_per_example(model: nn.Module, input_shape: Sequence[int],
     if not (math.isfinite(reference_gflops) and reference_gflops > 0):
         raise ValueError(f"reference_gflops must be a finite number > 0, got {reference_gflops}")
     return training_flops_per_example(model, input_shape) / (reference_gflops * 1e9)
-
-
-def plot_device_profiles(devices: Mapping[int, DeviceProfile], path: Path, title: str) -> Path:
-    """Per partition: compute speed, downlink and uplink (log scale), and availability."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415
-    from matplotlib.figure import Figure  # noqa: PLC0415
-
-    pids = sorted(devices)
-    panels = (("speed (x reference)", [devices[p].speed for p in pids], True),
-              ("downlink (Mbit/s)", [devices[p].downlink_mbps for p in pids], True),
-              ("uplink (Mbit/s)", [devices[p].uplink_mbps for p in pids], True),
-              ("availability", [devices[p].availability for p in pids], False))
-    fig = Figure(figsize=(12, 3.2))
-    FigureCanvasAgg(fig)
-    for index, (label, values, log_scale) in enumerate(panels):
-        ax = fig.add_subplot(1, len(panels), index + 1)
-        ax.bar(pids, values, width=1.0, color=f"C{index}")
-        if log_scale:
-            ax.set_yscale("log")
-        ax.set_xlabel("partition id")
-        ax.set_ylabel(label)
-        ax.grid(alpha=0.3, axis="y")
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    return path

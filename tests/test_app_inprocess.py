@@ -8,7 +8,6 @@ import pytest
 import torch
 from flwr.app import Context, RecordDict
 
-import task.data
 from fedapp.client_app import app as client_app
 from fedapp.run_log import read_rounds
 from fedapp.server_app import app as server_app
@@ -90,20 +89,17 @@ def test_bad_config_stops_before_any_training(tmp_path, key, value, strategy):
     assert list(tmp_path.iterdir()) == []  # no run directory either
 
 
-def test_missing_data_stops_before_any_training(tmp_path, monkeypatch):
-    monkeypatch.setattr(task.data, "SYSTEM_FASHION_MNIST", tmp_path / "nowhere")
-    task.data.load_dataset.cache_clear()
+def test_missing_data_stops_before_any_training(tmp_path):
+    """The evaluation process finds no test split: the ServerApp stops with the data error
+    (and where the data must be) before any client is asked to train."""
     empty = tmp_path / "empty"
     empty.mkdir()
-    rc = {"num-server-rounds": 1, "output-dir": str(tmp_path / "out"), "data-dir": str(empty),
-          "allow-download": False}
+    rc = {"num-server-rounds": 1, "output-dir": str(tmp_path / "out"), "dataset": "mnist",
+          "data-dir": str(empty), "allow-download": False}
     grid = InProcessGrid(client_app, 2, rc)
     context = Context(run_id=7, node_id=0, node_config={}, state=RecordDict(), run_config=rc)
-    try:
-        with pytest.raises(RuntimeError, match="dataset-fashion-mnist"):
-            server_app(grid, context)
-    finally:
-        task.data.load_dataset.cache_clear()
+    with pytest.raises(RuntimeError, match=r"mnist not found under .*docs/deployment\.md"):
+        server_app(grid, context)
     assert grid.calls == []
 
 

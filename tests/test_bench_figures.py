@@ -40,6 +40,7 @@ def test_torch_import_memory_is_measured_in_a_fresh_process():
     ("ray::IDLE", A.CLIENT_ACTORS),
     ("/venv/bin/python /venv/bin/flwr-simulation --insecure --serverappio-api-address x",
      A.SERVER_PROCESS),
+    ("/venv/bin/python -m fedapp.evaluation_process 7", A.SERVER_PROCESS),
     ("/venv/bin/python /venv/bin/flower-superlink --insecure", A.EVERYTHING_ELSE),
     ("/venv/lib/python3.12/site-packages/ray/core/src/ray/raylet/raylet --x", A.EVERYTHING_ELSE),
 ])

@@ -50,6 +50,8 @@ def test_overlapped_evaluation_writes_the_same_run_log(tmp_path):
     assert model_a == model_b
     for record in overlapped:  # each round's own model was evaluated, every round
         assert 0.0 <= record[C.LOG_ACCURACY] <= 1.0 and record[C.LOG_EVAL_SECONDS] > 0
+        # the ServerApp's memory and that of its evaluation process (torch, the test split)
+        assert record[C.LOG_SERVER_MAX_RSS_MB] > 0 and record[C.LOG_EVAL_MAX_RSS_MB] > 0
     # the timing keys are there, and the rounds' wall seconds add up to the elapsed time
     assert overlapped[-1][C.LOG_ELAPSED_SECONDS] == pytest.approx(
         sum(r[C.LOG_WALL_SECONDS] for r in overlapped), rel=1e-9)
@@ -80,16 +82,16 @@ def test_a_checkpoint_holds_the_records_up_to_its_round(tmp_path):
 
 
 def test_a_failed_background_evaluation_stops_the_run(tmp_path, monkeypatch):
-    import fedapp.server_app  # noqa: PLC0415
+    from fedapp.evaluation_process import EvaluationProcess  # noqa: PLC0415
 
-    real = fedapp.server_app.evaluate
+    real = EvaluationProcess.evaluate
 
-    def failing(model, x, y, batch_size):
-        if threading.current_thread() is not threading.main_thread():
+    def failing(self, arrays, background=False):
+        if background:
             raise RuntimeError("evaluation failed in the background")
-        return real(model, x, y, batch_size)
+        return real(self, arrays, background)
 
-    monkeypatch.setattr(fedapp.server_app, "evaluate", failing)
+    monkeypatch.setattr(EvaluationProcess, "evaluate", failing)
     with pytest.raises(RuntimeError, match="evaluation failed in the background"):
         run(tmp_path, **{"num-server-rounds": 2})
 
@@ -100,7 +102,7 @@ def test_the_background_evaluation_thread_uses_one_torch_thread_and_the_same_num
     the caller keeps its thread count, and the test loss is the same bits as with two."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from fedapp.server_app import background_evaluation_thread
+    from fedapp.evaluation_process import background_evaluation_thread
     from task.evaluate import evaluate
     from task.layout import inference_layout
     from task.models import build_model

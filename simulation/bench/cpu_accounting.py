@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 CLIENT_ACTORS = "client actors (Ray workers running the ClientApps)"
-SERVER_PROCESS = "ServerApp process (strategy, evaluation, Flower's engine, Ray driver)"
+SERVER_PROCESS = "ServerApp (strategy, Flower's engine, Ray driver) + its evaluation process"
 EVERYTHING_ELSE = "everything else (SuperLink, Ray's daemons, flwr CLI, the OS)"
 IDLE = "idle"
 
@@ -21,7 +21,7 @@ def process_kind(cmdline: str) -> str:
     """The kind of a process, from its command line."""
     if cmdline.startswith("ray::"):
         return CLIENT_ACTORS
-    if "flwr-simulation" in cmdline:
+    if "flwr-simulation" in cmdline or "fedapp.evaluation_process" in cmdline:
         return SERVER_PROCESS
     return EVERYTHING_ELSE
 

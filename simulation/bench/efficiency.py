@@ -4,11 +4,11 @@ the 10k test images after every round, overlapped with the next round: ``eval-ov
 where the ideal is the bare torch time of the same local SGD (one thread per client, as
 the Ray actors get) divided by the number of parallel workers; round 1 (Ray and actor
 start-up, data decoding) is excluded; plus the ServerApp's peak memory (max RSS) next to
-a bare Flower FedAvg app's (``simulation/bench/bare_app``, same model and clients) and
-``import torch`` alone. As a profile, the same bare SGD also runs split over that many
-processes at once: the ideal's parallelism measured (shared caches and memory bandwidth
-included), so the remaining gap is the simulation's own (Ray, Flower's messaging, our
-ClientApp). It also prints the bound the server's evaluation sets when every core trains
+its evaluation process's (which holds torch, the model and the test split), a bare Flower
+FedAvg app's (``simulation/bench/bare_app``, same model and clients) and ``import torch``
+alone. As a profile, the same bare SGD also runs split over that many processes at once:
+the ideal's parallelism measured (shared caches and memory bandwidth included), so the
+remaining gap is the simulation's own (Ray, Flower's messaging, our ClientApp). It also prints the bound the server's evaluation sets when every core trains
 (:func:`evaluation_bound`, from the evaluations timed alone on an idle thread: the
 background ones' wall time is stretched by nice 19) and where the timed rounds' CPU went,
 by kind of process (:mod:`.cpu_accounting`). Targets (issue #19): efficiency >= 0.92, ServerApp memory <= 700 MB."""
@@ -65,7 +65,7 @@ def print_cpu_accounting(sampler: CpuSampler, records: int, ours: float, cpus: i
     print(f"\n(b) where the CPU went in those rounds ({capacity:.1f} CPU-seconds: {cpus} CPUs "
           f"over about {ours:.1f} s; /proc, sampled twice a second)")
     for kind, seconds in totals.items():
-        print(f"    {kind:<72} {seconds:6.1f} s ({seconds / capacity:4.0%})"
+        print(f"    {kind:<76} {seconds:6.1f} s ({seconds / capacity:4.0%})"
               + (f"; {needs[kind]}" if kind in needs else ""))
 
 
@@ -165,10 +165,13 @@ def run(args) -> None:
         )
     print_cpu_accounting(samplers[0], len(sim), ours, cpus, sum(bare), eval_cpu)
     peak = max(r[C.LOG_SERVER_MAX_RSS_MB] for r in sim)
+    eval_peak = max(r.get(C.LOG_EVAL_MAX_RSS_MB, 0.0) for r in sim)
     bare_peak = bare_app_peak_mb(args.model, args.clients, args.cpus_per_client, federation)
     print(f"\n(c) ServerApp peak memory (max RSS): {peak:.0f} MB   (target <= 700)")
+    print(f"    its evaluation process (torch, the model, the test split): {eval_peak:.0f} MB; "
+          f"the sum of the two peaks {peak + eval_peak:.0f} MB")
     print(f"    a bare Flower FedAvg app, same model and {args.clients} clients (2 rounds of one "
-          f"SGD step): {bare_peak:.0f} MB")
+          f"SGD step; torch and the evaluation in its ServerApp): {bare_peak:.0f} MB")
     torch_mb = torch_import_mb()
     print(f"    import torch alone, in a fresh process: {torch_mb['peak']:.0f} MB "
           f"({torch_mb['anonymous']:.0f} MB anonymous, {torch_mb['file']:.0f} MB mapped "

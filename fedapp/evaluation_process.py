@@ -1,0 +1,265 @@
+"""The ServerApp's torch side, in a process of its own: initial model, test-set evaluation,
+final model file.
+
+The ServerApp aggregates with numpy only (the strategies need flwr + numpy) and so does not
+import torch, whose import alone is about 500 MB resident: this child process, started once
+per run, builds the seeded initial model, evaluates each evaluated round's model on the test
+split and writes ``final_model.pt``. It also runs the evaluation beside the next round's
+training without sharing the ServerApp's interpreter (docs/results/README.md, "ServerApp
+memory").
+
+The child is ``python -m fedapp.evaluation_process FD`` with the ServerApp's ``sys.path``;
+requests and replies are pickled over a socket pair (``multiprocessing.connection``). It
+imports neither flwr nor the strategies, and stops when asked or when the ServerApp's end of
+the socket closes (the ServerApp ended, however it ended).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+import numpy as np
+
+from task.data import DataNotFoundError
+
+START_TIMEOUT_S = 600  # reading and decoding a dataset the first time (CIFAR-100) can be slow
+
+
+@dataclass(frozen=True)
+class EvaluationSpec:
+    """What the child needs from the run config (picklable, no flwr)."""
+
+    dataset: str
+    data_dir: str
+    allow_download: bool
+    synthetic_alpha: float
+    synthetic_beta: float
+    normalize: bool
+    model: str
+    seed: int
+    device: str
+    batch_size: int
+    reference_gflops: float | None  # the simulated clock's, when the strategy has one
+
+
+@dataclass(frozen=True)
+class EvaluationResult:
+    """One evaluation: test loss and accuracy, its seconds, the child's peak memory so far."""
+
+    loss: float
+    accuracy: float
+    seconds: float
+    peak_rss_mb: float
+
+
+class EvaluationProcess:
+    """The ServerApp's handle on the child; one request at a time (a lock serialises them).
+
+    ``info`` holds what the child reported once started: ``arrays`` (the seeded initial
+    model, key -> numpy array, the state dict's order), ``input-shape``, ``num-classes``,
+    ``source`` (where the data came from), ``device``, ``torch`` (its version) and
+    ``seconds-per-example`` (the simulated clock's cost, when ``reference_gflops`` is set).
+    """
+
+    def __init__(self, spec: EvaluationSpec) -> None:
+        ours, theirs = socket.socketpair()
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "fedapp.evaluation_process", str(theirs.fileno())],
+                pass_fds=(theirs.fileno(),), env=env)
+        finally:
+            theirs.close()
+        self.connection = Connection(ours.detach())
+        self.lock = threading.Lock()
+        try:
+            self.info = self._request(asdict(spec), START_TIMEOUT_S)
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def evaluate(self, arrays: dict[str, np.ndarray], background: bool = False) -> EvaluationResult:
+        """Loss and accuracy of ``arrays`` on the test set. ``background``: on one torch thread
+        at the lowest CPU priority (it runs while clients train); else on all torch threads."""
+        return EvaluationResult(**self._request(("evaluate", arrays, background)))
+
+    def save_model(self, path: Path) -> Path:
+        """Write the last evaluated model to ``path`` (torch state dict, atomically)."""
+        return Path(self._request(("save", str(path))))
+
+    def close(self) -> None:
+        """Ask the child to stop and wait for it (killed, by its PID, if it does not stop)."""
+        try:
+            self.connection.send(("stop",))
+        except OSError:
+            pass  # already gone
+        self.connection.close()
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+    def _request(self, message, timeout: float | None = None):
+        """Send ``message``, return the child's reply (its error raised here)."""
+        with self.lock:
+            try:
+                self.connection.send(message)
+                if timeout is not None and not self.connection.poll(timeout):
+                    raise RuntimeError(f"the ServerApp's evaluation process (pid {self.pid}) did "
+                                       f"not start within {timeout} s")
+                status, payload = self.connection.recv()
+            except (EOFError, OSError):
+                status, payload = "gone", None
+        if status == "gone":
+            code = self.process.wait(timeout=30)
+            raise RuntimeError(f"the ServerApp's evaluation process (pid {self.pid}) ended "
+                               f"unexpectedly (exit code {code}); its error, if any, is printed "
+                               "above") from None
+        if status == "ok":
+            return payload
+        kind, message, trace = payload
+        if kind == "DataNotFoundError":
+            raise DataNotFoundError(message)
+        if kind == "ValueError":
+            raise ValueError(message)
+        raise RuntimeError(f"the ServerApp's evaluation process failed: {kind}: {message}\n{trace}")
+
+
+# ------------------------------------------------------------------ the child
+def background_evaluation_thread() -> None:
+    """Set up the thread that evaluates while the clients train: one torch thread (torch's
+    thread count is per thread, so the rest of the process keeps its own; one thread
+    contends least with the training that has the cores, and its losses are the same bits
+    as with more threads, checked on the CNNs), at nice 19 (per thread on Linux;
+    elsewhere the priority is left as it is)."""
+    import torch  # noqa: PLC0415 - the child's side only
+
+    torch.set_num_threads(1)
+    if sys.platform.startswith("linux"):
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        except OSError:
+            pass
+
+
+class Evaluator:
+    """The child's state: the model, the test split on the device, the background thread."""
+
+    def __init__(self, spec: EvaluationSpec) -> None:
+        import torch  # noqa: PLC0415 - the child's side only
+
+        from task.data import load_dataset  # noqa: PLC0415
+        from task.devices import seconds_per_example  # noqa: PLC0415
+        from task.heap import keep_step_memory  # noqa: PLC0415
+        from task.layout import inference_layout  # noqa: PLC0415
+        from task.models import build_model  # noqa: PLC0415
+        from task.train import resolve_device  # noqa: PLC0415
+
+        keep_step_memory()  # each evaluation batch reuses the last one's memory
+        dataset = load_dataset(spec.dataset, spec.data_dir, spec.allow_download,
+                               spec.synthetic_alpha, spec.synthetic_beta, spec.normalize,
+                               with_train=False)  # the server evaluates on the test split only
+        torch.manual_seed(spec.seed)
+        model = build_model(spec.model, dataset.input_shape, dataset.num_classes)
+        device = resolve_device(spec.device)
+        self.info = {
+            "arrays": {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()},
+            "input-shape": tuple(dataset.input_shape),
+            "num-classes": dataset.num_classes,
+            "source": dataset.source,
+            "device": str(device),
+            "torch": torch.__version__,
+            "seconds-per-example": (None if spec.reference_gflops is None else
+                                    seconds_per_example(model, dataset.input_shape,
+                                                        spec.reference_gflops)),
+        }
+        self.model, self.x_test = inference_layout(model.to(device), dataset.x_test.to(device))
+        self.y_test = dataset.y_test.to(device)
+        self.batch_size = spec.batch_size
+        self.background = ThreadPoolExecutor(1, thread_name_prefix="fedhetero-eval",
+                                              initializer=background_evaluation_thread)
+
+    def evaluate(self, arrays: dict[str, np.ndarray], background: bool) -> dict:
+        if background:
+            return self.background.submit(self.evaluate, arrays, False).result()
+        import time  # noqa: PLC0415
+
+        import torch  # noqa: PLC0415
+
+        from task.evaluate import evaluate  # noqa: PLC0415
+
+        began = time.perf_counter()
+        self.model.load_state_dict({k: torch.from_numpy(v) for k, v in arrays.items()})
+        result = evaluate(self.model, self.x_test, self.y_test, self.batch_size)
+        return {"loss": result.loss, "accuracy": result.accuracy,
+                "seconds": time.perf_counter() - began, "peak_rss_mb": peak_rss_mb()}
+
+    def save_model(self, path: str) -> str:
+        from task.models import save_state_dict  # noqa: PLC0415
+
+        final = {k: v.cpu().contiguous() for k, v in self.model.state_dict().items()}
+        return str(save_state_dict(final, Path(path)))
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory in MB: Linux's VmHWM, which starts afresh at
+    exec (``ru_maxrss`` keeps the high-water mark of the process that forked this one, e.g.
+    a large parent's), else ``ru_maxrss``."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    import resource  # noqa: PLC0415 - POSIX only
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def serve(connection: Connection) -> None:
+    """The child's loop: the spec, then requests until "stop" or the socket closes."""
+
+    def failed(exc: BaseException) -> tuple[str, tuple[str, str, str]]:
+        return "error", (type(exc).__name__, str(exc), traceback.format_exc())
+
+    try:
+        evaluator = Evaluator(EvaluationSpec(**connection.recv()))
+    except EOFError:
+        return
+    except Exception as exc:  # noqa: BLE001 - reported to the ServerApp, which raises it
+        connection.send(failed(exc))
+        return
+    connection.send(("ok", evaluator.info))
+    while True:
+        try:
+            request = connection.recv()
+        except (EOFError, OSError):
+            return  # the ServerApp is gone
+        if request[0] == "stop":
+            return
+        try:
+            reply = (evaluator.evaluate(*request[1:]) if request[0] == "evaluate" else
+                     evaluator.save_model(*request[1:]))
+        except Exception as exc:  # noqa: BLE001 - reported to the ServerApp, which raises it
+            connection.send(failed(exc))
+            continue
+        connection.send(("ok", reply))
+
+
+if __name__ == "__main__":
+    serve(Connection(int(sys.argv[1])))
