@@ -178,11 +178,12 @@ class Evaluator:
         device = resolve_device(spec.device)
         self.info = {
             "arrays": {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()},
-            "input-shape": tuple(dataset.input_shape),
-            "num-classes": dataset.num_classes,
-            "source": dataset.source,
+            # plain Python values only: unpickling them must not import torch in the ServerApp
+            "input-shape": tuple(int(n) for n in dataset.input_shape),
+            "num-classes": int(dataset.num_classes),
+            "source": str(dataset.source),
             "device": str(device),
-            "torch": torch.__version__,
+            "torch": str(torch.__version__),  # not torch's TorchVersion
             "seconds-per-example": (None if spec.reference_gflops is None else
                                     seconds_per_example(model, dataset.input_shape,
                                                         spec.reference_gflops)),
@@ -205,7 +206,7 @@ class Evaluator:
         began = time.perf_counter()
         self.model.load_state_dict({k: torch.from_numpy(v) for k, v in arrays.items()})
         result = evaluate(self.model, self.x_test, self.y_test, self.batch_size)
-        return {"loss": result.loss, "accuracy": result.accuracy,
+        return {"loss": float(result.loss), "accuracy": float(result.accuracy),
                 "seconds": time.perf_counter() - began, "peak_rss_mb": peak_rss_mb()}
 
     def save_model(self, path: str) -> str:

@@ -32,7 +32,12 @@ def process():
 
 
 def test_the_server_app_imports_no_torch():
-    code = ("import sys, fedapp.server_app; "
+    """Not by its imports, nor by what its evaluation process sends back (a torch object in
+    a reply would import torch when unpickled here)."""
+    code = ("import sys, fedapp.server_app as s\n"
+            f"p = s.EvaluationProcess(s.EvaluationSpec(**{SPEC.__dict__!r}))\n"
+            "p.evaluate(p.info['arrays'])\n"
+            "p.close()\n"
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
