@@ -48,8 +48,9 @@ class ServerEvaluator:
     eval-seconds. The evaluations run in the ServerApp's evaluation process
     (fedapp.evaluation_process), which holds the model and the test split. With ``overlap``
     round r's model is evaluated there on one torch thread at the lowest CPU priority (it
-    takes what the clients leave idle) while round r + 1 trains: the end of round r + 1 waits for it, so the records (and
-    checkpoints) stay in round order, and the last round's evaluation is waited for.
+    takes what the clients leave idle) while round r + 1 trains: the end of round r + 1
+    waits for it, so the records (and checkpoints) stay in round order, and the last
+    round's evaluation is waited for.
     The records are the same as without ``overlap``, apart from the timing keys.
 
     ``wall-seconds`` is the round's time on the server's critical path: from the end of

@@ -12,7 +12,7 @@ import pytest
 
 from simulation.bench import cpu_accounting as A
 from simulation.bench.common import bare_evaluation_seconds, torch_import_mb
-from simulation.bench.efficiency import evaluation_bound
+from simulation.bench.efficiency import Measurement, evaluation_bound, repeats_summary
 
 
 def test_the_evaluation_bound_adds_the_evaluation_cpu_split_over_the_workers():
@@ -22,6 +22,30 @@ def test_the_evaluation_bound_adds_the_evaluation_cpu_split_over_the_workers():
     assert evaluation_bound(50.0, 0.0, 4) == 1.0
     # more workers share the same evaluation: the bound rises toward 1
     assert evaluation_bound(50.0, 10.0, 1) < evaluation_bound(50.0, 10.0, 8) < 1.0
+
+
+def test_repeats_print_each_efficiency_and_their_median_and_range():
+    def repeat(bare_total, ours, parallel):
+        return Measurement(sim=[], ours=ours, evals=0.0, evaluated=4, eval_cpu=10.0,
+                           bare=[bare_total / 2, bare_total / 2], ideal=bare_total / 2,
+                           parallel=parallel)
+
+    lines = repeats_summary([repeat(200.0, 125.0, 110.0),   # 0.80, profile 0.88
+                             repeat(220.0, 118.0, 112.0),   # 0.93, profile 0.95
+                             repeat(210.0, 120.0, 108.0)])  # 0.875, profile 0.90
+    assert lines[0] == ("    repeat 1: bare SGD 200.0 s, ideal 100.0 s, ours 125.0 s, "
+                        "efficiency 0.80, against the profile 0.88")
+    assert lines[3] == ("    efficiency over 3 repeats: median 0.88 (range 0.80-0.93)   "
+                        "(target >= 0.92)")
+    assert lines[4] == "    against the parallel profile: median 0.90 (range 0.88-0.95)"
+    alone = repeats_summary([repeat(200.0, 125.0, None)])  # one worker: no profile
+    assert len(alone) == 2 and "against" not in alone[0]
+
+
+def test_repeats_must_be_a_positive_integer():
+    out = subprocess.run([sys.executable, "-m", "simulation", "bench", "efficiency",
+                          "--repeats", "0"], capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "--repeats 0: give an integer >= 1" in out.stderr
 
 
 def test_torch_import_memory_is_measured_in_a_fresh_process():

@@ -16,6 +16,8 @@ by kind of process (:mod:`.cpu_accounting`). Targets (issue #19): efficiency >= 
 from __future__ import annotations
 
 import argparse
+import statistics
+from dataclasses import dataclass
 
 import torch
 
@@ -41,6 +43,70 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "target's workload; a K above --rounds leaves only the last)")
     p.add_argument("--no-eval-overlap", dest="eval_overlap", action="store_false",
                    help="evaluate between rounds, not in the background during the next")
+    p.add_argument("--repeats", type=int, default=1, metavar="N",
+                   help="measure (a) N times, each a simulation then its bare baselines, and "
+                        "print every repeat's efficiency with the median and range (a VM's "
+                        "speed can drift between runs by more than the ratio's margins)")
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One repeat of (a): the simulation's records and timed seconds, the bare baselines."""
+
+    sim: list[dict]
+    ours: float  # wall seconds of rounds 2..R
+    evals: float  # the evaluations' wall seconds in those rounds
+    evaluated: int  # evaluations in those rounds
+    eval_cpu: float  # the same evaluations alone, on one idle thread
+    bare: list[float]  # bare SGD seconds per client round
+    ideal: float
+    parallel: float | None  # the bare SGD over the workers at once (profile)
+
+    @property
+    def efficiency(self) -> float:
+        return self.ideal / self.ours
+
+
+def repeats_summary(measurements: list[Measurement]) -> list[str]:
+    """One line per repeat and the median / range of the efficiency (and of the ratio to the
+    parallel profile, where measured)."""
+    lines = []
+    for k, m in enumerate(measurements, 1):
+        against = "" if m.parallel is None else f", against the profile {m.parallel / m.ours:.2f}"
+        lines.append(f"    repeat {k}: bare SGD {sum(m.bare):.1f} s, ideal {m.ideal:.1f} s, ours "
+                     f"{m.ours:.1f} s, efficiency {m.efficiency:.2f}{against}")
+    effs = [m.efficiency for m in measurements]
+    lines.append(f"    efficiency over {len(effs)} repeats: median {statistics.median(effs):.2f} "
+                 f"(range {min(effs):.2f}-{max(effs):.2f})   (target >= 0.92)")
+    profiles = [m.parallel / m.ours for m in measurements if m.parallel is not None]
+    if len(profiles) == len(measurements):
+        lines.append(f"    against the parallel profile: median {statistics.median(profiles):.2f} "
+                     f"(range {min(profiles):.2f}-{max(profiles):.2f})")
+    return lines
+
+
+def measure(args, work: dict, federation: dict, workers: int, observer=None) -> Measurement:
+    """The simulation (rounds 2..R timed), then the same SGD bare, serial and in parallel."""
+    sim = simulation_round_seconds(
+        work, args.clients, args.cpus_per_client, federation, keep_records=True,
+        observer=observer,
+    )
+    warm = [r for r in sim if r[C.LOG_ROUND] >= 2]
+    evaluated = sum(1 for r in warm if C.LOG_EVAL_SECONDS in r)
+    rounds = list(range(2, args.rounds + 1))
+    threads = max(1, int(args.cpus_per_client))
+    bare = bare_client_seconds(work, args.clients, rounds, threads=threads)
+    return Measurement(
+        sim=sim,
+        ours=sum(r[C.LOG_WALL_SECONDS] for r in warm),
+        evals=sum(r.get(C.LOG_EVAL_SECONDS, 0.0) for r in warm),
+        evaluated=evaluated,
+        eval_cpu=bare_evaluation_seconds(work, evaluated),
+        bare=bare,
+        ideal=sum(bare) / workers,
+        parallel=(bare_parallel_seconds(work, args.clients, rounds, threads, workers)
+                  if workers > 1 else None),
+    )
 
 
 def evaluation_bound(ideal: float, eval_seconds: float, workers: int) -> float:
@@ -74,6 +140,8 @@ def run(args) -> None:
 
     if args.eval_every < 1:
         raise SystemExit(f"--eval-every {args.eval_every}: give an integer >= 1")
+    if args.repeats < 1:
+        raise SystemExit(f"--repeats {args.repeats}: give an integer >= 1")
     work = {**workload(args), "drift-diagnostics": False, "eval-every": args.eval_every,
             "eval-overlap": args.eval_overlap}
     cpus = os.cpu_count() or 1
@@ -100,33 +168,9 @@ def run(args) -> None:
         samplers.append(CpuSampler(output_dir))
         return samplers[-1]
 
-    sim = simulation_round_seconds(
-        work, args.clients, args.cpus_per_client, federation, keep_records=True,
-        observer=observe,
-    )
-    warm = [r for r in sim if r[C.LOG_ROUND] >= 2]
-    ours = sum(r[C.LOG_WALL_SECONDS] for r in warm)
-    evals = sum(r.get(C.LOG_EVAL_SECONDS, 0.0) for r in warm)
-    evaluated = sum(1 for r in warm if C.LOG_EVAL_SECONDS in r)
-    eval_cpu = bare_evaluation_seconds(work, evaluated)
-    bare = bare_client_seconds(
-        work,
-        args.clients,
-        list(range(2, args.rounds + 1)),
-        threads=max(1, int(args.cpus_per_client)),
-    )
-    ideal = sum(bare) / workers
-    parallel = (
-        bare_parallel_seconds(
-            work,
-            args.clients,
-            list(range(2, args.rounds + 1)),
-            max(1, int(args.cpus_per_client)),
-            workers,
-        )
-        if workers > 1
-        else None
-    )
+    first = measure(args, work, federation, workers, observe)
+    sim, ours, evals, evaluated = first.sim, first.ours, first.evals, first.evaluated
+    eval_cpu, bare, ideal, parallel = first.eval_cpu, first.bare, first.ideal, first.parallel
     print(
         f"\n(a) simulation efficiency, rounds 2..{args.rounds} (round 1 = start-up, "
         f"{sim[1][C.LOG_WALL_SECONDS]:.1f} s, excluded)"
@@ -164,6 +208,13 @@ def run(args) -> None:
             "the overlapped evaluation)"
         )
     print_cpu_accounting(samplers[0], len(sim), ours, cpus, sum(bare), eval_cpu)
+    if args.repeats > 1:
+        measurements = [first]
+        for k in range(2, args.repeats + 1):
+            print(f"\n    (a) again, repeat {k} of {args.repeats} ...", flush=True)
+            measurements.append(measure(args, work, federation, workers))
+        print(f"\n(a) over {args.repeats} repeats (each a simulation, then its bare baselines)")
+        print("\n".join(repeats_summary(measurements)))
     peak = max(r[C.LOG_SERVER_MAX_RSS_MB] for r in sim)
     eval_peak = max(r.get(C.LOG_EVAL_MAX_RSS_MB, 0.0) for r in sim)
     bare_peak = bare_app_peak_mb(args.model, args.clients, args.cpus_per_client, federation)
