@@ -21,6 +21,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -197,8 +198,6 @@ class Evaluator:
     def evaluate(self, arrays: dict[str, np.ndarray], background: bool) -> dict:
         if background:
             return self.background.submit(self.evaluate, arrays, False).result()
-        import time  # noqa: PLC0415
-
         import torch  # noqa: PLC0415
 
         from task.evaluate import evaluate  # noqa: PLC0415
