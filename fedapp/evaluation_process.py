@@ -10,12 +10,16 @@ memory").
 
 The child is ``python -m fedapp.evaluation_process FD`` with the ServerApp's ``sys.path``;
 requests and replies are pickled over a socket pair (``multiprocessing.connection``). It
-imports neither flwr nor the strategies, and stops when asked or when the ServerApp's end of
-the socket closes (the ServerApp ended, however it ended).
+imports neither flwr nor the strategies, holds no state a request depends on besides what
+its spec gave it, and stops when asked or when the ServerApp's end of the socket closes (the
+ServerApp's process ended, however it ended). A process that runs the ServerApp several
+times with the same spec (the in-process fault and resume tools, the tests) keeps one child
+for them all: :func:`evaluation_process`.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import socket
 import subprocess
@@ -92,14 +96,19 @@ class EvaluationProcess:
     def pid(self) -> int:
         return self.process.pid
 
+    @property
+    def alive(self) -> bool:
+        """Running, and no request of it was left without its reply."""
+        return not self.connection.closed and self.process.poll() is None
+
     def evaluate(self, arrays: dict[str, np.ndarray], background: bool = False) -> EvaluationResult:
         """Loss and accuracy of ``arrays`` on the test set. ``background``: on one torch thread
         at the lowest CPU priority (it runs while clients train); else on all torch threads."""
         return EvaluationResult(**self._request(("evaluate", arrays, background)))
 
-    def save_model(self, path: Path) -> Path:
-        """Write the last evaluated model to ``path`` (torch state dict, atomically)."""
-        return Path(self._request(("save", str(path))))
+    def save_model(self, arrays: dict[str, np.ndarray], path: Path) -> Path:
+        """Write ``arrays`` to ``path`` as a torch state dict of the model, atomically."""
+        return Path(self._request(("save", arrays, str(path))))
 
     def close(self) -> None:
         """Ask the child to stop and wait for it (killed, by its PID, if it does not stop)."""
@@ -125,6 +134,9 @@ class EvaluationProcess:
                 status, payload = self.connection.recv()
             except (EOFError, OSError):
                 status, payload = "gone", None
+            except BaseException:  # interrupted between request and reply: not to be reused
+                self.connection.close()
+                raise
         if status == "gone":
             code = self.process.wait(timeout=30)
             raise RuntimeError(f"the ServerApp's evaluation process (pid {self.pid}) ended "
@@ -138,6 +150,28 @@ class EvaluationProcess:
         if kind == "ValueError":
             raise ValueError(message)
         raise RuntimeError(f"the ServerApp's evaluation process failed: {kind}: {message}\n{trace}")
+
+
+_KEPT: dict[EvaluationSpec, EvaluationProcess] = {}
+
+
+def evaluation_process(spec: EvaluationSpec) -> EvaluationProcess:
+    """This process's evaluation process for ``spec``: started on first use, then kept for
+    later runs with the same spec (a new one if it died), stopped when this process exits."""
+    kept = _KEPT.get(spec)
+    if kept is not None and kept.alive:
+        return kept
+    if kept is not None:
+        kept.close()
+    _KEPT[spec] = EvaluationProcess(spec)
+    return _KEPT[spec]
+
+
+@atexit.register
+def _stop_kept() -> None:
+    for kept in _KEPT.values():
+        kept.close()
+    _KEPT.clear()
 
 
 # ------------------------------------------------------------------ the child
@@ -208,9 +242,12 @@ class Evaluator:
         return {"loss": float(result.loss), "accuracy": float(result.accuracy),
                 "seconds": time.perf_counter() - began, "peak_rss_mb": peak_rss_mb()}
 
-    def save_model(self, path: str) -> str:
+    def save_model(self, arrays: dict[str, np.ndarray], path: str) -> str:
+        import torch  # noqa: PLC0415
+
         from task.models import save_state_dict  # noqa: PLC0415
 
+        self.model.load_state_dict({k: torch.from_numpy(v) for k, v in arrays.items()})
         final = {k: v.cpu().contiguous() for k, v in self.model.state_dict().items()}
         return str(save_state_dict(final, Path(path)))
 

@@ -25,7 +25,8 @@ from task.partition import plot_label_histogram
 from .checkpoint import (Checkpointer, arrays_of, check_compatible, load_checkpoint, restore_rng,
                          restore_strategy, run_rounds)
 from .config import ConfigError, RunConfig
-from .evaluation_process import EvaluationProcess, EvaluationResult, EvaluationSpec, peak_rss_mb
+from .evaluation_process import (EvaluationProcess, EvaluationResult, EvaluationSpec,
+                                 evaluation_process, peak_rss_mb)
 from .grid import PullIntervalGrid
 from .registry import build_strategy
 from .run_log import RunLog, format_table, model_sha256, table_header, table_row
@@ -77,6 +78,7 @@ class ServerEvaluator:
         self.worker = (ThreadPoolExecutor(1, thread_name_prefix="fedhetero-eval")
                        if overlap else None)
         self.pending: Future | None = None
+        self.last_evaluated: ArrayRecord | None = None
 
     def evaluates(self, server_round: int) -> bool:
         """Round 0, every ``eval_every``-th round and the last round are evaluated."""
@@ -109,10 +111,17 @@ class ServerEvaluator:
                 MetricRecord({C.LOG_ACCURACY: result.accuracy, C.LOG_LOSS: result.loss}))
 
     def evaluate(self, arrays: ArrayRecord, background: bool = False) -> EvaluationResult:
-        """Loss and accuracy of ``arrays`` on the test set, by the evaluation process, whose
-        model keeps ``arrays`` (the final model is saved from it)."""
+        """Loss and accuracy of ``arrays`` on the test set, by the evaluation process; the
+        last evaluated model is the final one (the last round is always evaluated)."""
+        self.last_evaluated = arrays
         return self.process.evaluate({key: array.numpy() for key, array in arrays.items()},
                                      background)
+
+    def save_final_model(self) -> Path:
+        """final_model.pt: the last evaluated model, written by the evaluation process."""
+        arrays = self.last_evaluated
+        return self.process.save_model({key: array.numpy() for key, array in arrays.items()},
+                                       self.run_log.model_path)
 
     def finish(self, record: dict, result: EvaluationResult | None,
                checkpoint: dict | None, partitions: list | None) -> None:
@@ -247,13 +256,10 @@ def main(grid: Grid, context: Context) -> None:
         raise stopped_before_training(exc) from None
     random.seed(cfg.seed)  # Flower's own strategies sample with Python's random (fedavgm, ...)
     try:  # the test split, the seeded initial model (and its FLOPs): in a process of its own
-        process = EvaluationProcess(evaluation_spec(cfg, strategy))
+        process = evaluation_process(evaluation_spec(cfg, strategy))
     except (DataNotFoundError, ValueError) as exc:
         raise stopped_before_training(exc) from None
-    try:
-        run(cfg, grid, context, strategy, train_config, checkpoint, process)
-    finally:
-        process.close()
+    run(cfg, grid, context, strategy, train_config, checkpoint, process)
 
 
 def run(cfg: RunConfig, grid: Grid, context: Context, strategy, train_config: dict, checkpoint: dict | None,
@@ -300,10 +306,10 @@ def run(cfg: RunConfig, grid: Grid, context: Context, strategy, train_config: di
         )
     finally:
         evaluator.close()
-    del result  # the evaluation process holds the final global model (the last round is evaluated)
+    del result  # the final global model is the last evaluated one (the last round is evaluated)
     evaluator.plot_partitions()
     evaluator.list_devices()  # the simulated clock's fleet, when the run has one
-    path = process.save_model(run_log.model_path)
+    path = evaluator.save_final_model()
     run_log.close()
     log(INFO, "Final model: %s", path)
     log(INFO, "Per-round results:\n%s", format_table(evaluator.records))

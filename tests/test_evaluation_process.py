@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedapp.evaluation_process import EvaluationProcess, EvaluationSpec
+from fedapp.evaluation_process import EvaluationProcess, EvaluationSpec, evaluation_process
 from task.data import DataNotFoundError, load_dataset
 from task.evaluate import evaluate
 from task.models import build_model
@@ -67,10 +67,10 @@ def test_the_initial_model_and_the_losses_are_those_of_the_task_module(process):
     assert ours.seconds > 0 and ours.peak_rss_mb > 50
 
 
-def test_the_final_model_is_the_last_evaluated_one(process, tmp_path):
+def test_the_final_model_file_holds_the_arrays_given(process, tmp_path):
     arrays = {k: np.full_like(v, 0.5) for k, v in process.info["arrays"].items()}
-    process.evaluate(arrays)
-    path = process.save_model(tmp_path / "final_model.pt")
+    process.evaluate({k: np.zeros_like(v) for k, v in arrays.items()})  # no hidden state
+    path = process.save_model(arrays, tmp_path / "final_model.pt")
     saved = torch.load(path)
     assert list(saved) == list(arrays)
     assert all(np.array_equal(saved[k].numpy(), arrays[k]) for k in arrays)
@@ -120,3 +120,15 @@ def test_a_crashed_child_is_reported_with_its_pid():
             handle.evaluate(handle.info["arrays"])
     finally:
         handle.close()
+
+
+def test_one_child_serves_the_runs_of_one_spec_and_a_dead_one_is_replaced():
+    spec = EvaluationSpec(**{**SPEC.__dict__, "seed": 8})
+    first = evaluation_process(spec)
+    assert evaluation_process(spec) is first
+    os.kill(first.pid, signal.SIGKILL)
+    first.process.wait(timeout=60)
+    second = evaluation_process(spec)
+    assert second is not first and second.alive and second.pid != first.pid
+    second.connection.close()  # as a request interrupted before its reply: not reused
+    assert not second.alive and evaluation_process(spec) is not second
