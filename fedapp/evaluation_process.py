@@ -229,25 +229,27 @@ class Evaluator:
         self.background = ThreadPoolExecutor(1, thread_name_prefix="fedhetero-eval",
                                               initializer=background_evaluation_thread)
 
+    def load(self, arrays: dict[str, np.ndarray]) -> None:
+        """Give the model ``arrays`` (the ServerApp's round model, key -> numpy array)."""
+        import torch  # noqa: PLC0415
+
+        self.model.load_state_dict({k: torch.from_numpy(v) for k, v in arrays.items()})
+
     def evaluate(self, arrays: dict[str, np.ndarray], background: bool) -> dict:
         if background:
             return self.background.submit(self.evaluate, arrays, False).result()
-        import torch  # noqa: PLC0415
-
         from task.evaluate import evaluate  # noqa: PLC0415
 
         began = time.perf_counter()
-        self.model.load_state_dict({k: torch.from_numpy(v) for k, v in arrays.items()})
+        self.load(arrays)
         result = evaluate(self.model, self.x_test, self.y_test, self.batch_size)
         return {"loss": float(result.loss), "accuracy": float(result.accuracy),
                 "seconds": time.perf_counter() - began, "peak_rss_mb": peak_rss_mb()}
 
     def save_model(self, arrays: dict[str, np.ndarray], path: str) -> str:
-        import torch  # noqa: PLC0415
-
         from task.models import save_state_dict  # noqa: PLC0415
 
-        self.model.load_state_dict({k: torch.from_numpy(v) for k, v in arrays.items()})
+        self.load(arrays)
         final = {k: v.cpu().contiguous() for k, v in self.model.state_dict().items()}
         return str(save_state_dict(final, Path(path)))
 

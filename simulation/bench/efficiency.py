@@ -8,10 +8,13 @@ its evaluation process's (which holds torch, the model and the test split), a ba
 FedAvg app's (``simulation/bench/bare_app``, same model and clients) and ``import torch``
 alone. As a profile, the same bare SGD also runs split over that many processes at once:
 the ideal's parallelism measured (shared caches and memory bandwidth included), so the
-remaining gap is the simulation's own (Ray, Flower's messaging, our ClientApp). It also prints the bound the server's evaluation sets when every core trains
+remaining gap is the simulation's own (Ray, Flower's messaging, our ClientApp). It also
+prints the bound the server's evaluation sets when every core trains
 (:func:`evaluation_bound`, from the evaluations timed alone on an idle thread: the
 background ones' wall time is stretched by nice 19) and where the timed rounds' CPU went,
-by kind of process (:mod:`.cpu_accounting`). Targets (issue #19): efficiency >= 0.92, ServerApp memory <= 700 MB."""
+by kind of process (:mod:`.cpu_accounting`). ``--repeats N`` measures (a) N times and
+prints the median and range. Targets (issue #19): efficiency >= 0.92, ServerApp memory
+<= 700 MB."""
 
 from __future__ import annotations
 
@@ -189,7 +192,7 @@ def run(args) -> None:
     )
     print(f"      the same {evaluated} evaluations alone on "
           f"{'the GPU' if gpu else 'one idle thread'}: {eval_cpu:.1f} s")
-    print(f"    efficiency = ideal / ours = {ideal / ours:.2f}   (target >= 0.92)")
+    print(f"    efficiency = ideal / ours = {first.efficiency:.2f}   (target >= 0.92)")
     print(
         f"    bound: the evaluations' CPU shared by the same {workers} workers, nothing "
         f"else added: ideal / (ideal + {eval_cpu:.1f} / {workers}) = "
