@@ -1,15 +1,24 @@
-"""A Grid that pulls replies every 0.1 s, on the deployment runtime as in simulation.
+"""The ServerApp's Grid: replies pulled every 0.1 s on the deployment runtime as in
+simulation, and each exchange's replies let go once the next exchange starts.
 
 Flower 1.41's deployment Grid (``flwr.superlink.grid.http_grid.HttpGrid``) sleeps a
 hard-coded 3 s between two pulls in ``send_and_receive``, with no argument, attribute or
 environment variable to change it; the simulation's ``InMemoryGrid`` sleeps its
 ``pull_interval`` of 0.1 s. A reply that arrives just after a pull therefore waits up to
-3 s more on the deployment runtime, every round. :class:`PullIntervalGrid` wraps any Grid
+3 s more on the deployment runtime, every round. :class:`ServerAppGrid` wraps any Grid
 and runs Flower's own ``send_and_receive`` loop (push, then pull until every reply is in
 or ``timeout`` has passed) on the public ``push_messages`` / ``pull_messages`` with a
 short sleep; everything else goes to the wrapped Grid unchanged. The reply's arrays are
 pulled by Flower's ``pull_objects``, whose first retry comes after 1 s; it is shortened to
 0.05 s in this process (:mod:`fedapp.flower_pulls`).
+
+Flower's ``Strategy.start`` keeps round r's training replies in a local variable
+(``train_replies``) until ``send_and_receive`` returns round r + 1's, so the ServerApp held
+two rounds of model-sized replies at once: 40 copies of the model at 20 clients, about
+130 MB more than one round's for the 6.65 MB McMahan CNN. ``send_and_receive`` therefore
+empties the list it returned last time before it pushes the next messages; by then
+Flower's loop (and every strategy here) has aggregated them. A strategy that keeps the
+*list* across exchanges finds it empty; one that keeps the messages keeps them.
 """
 
 from __future__ import annotations
@@ -30,21 +39,25 @@ if TYPE_CHECKING:
 PULL_INTERVAL = 0.1  # seconds, InMemoryGrid's default pull_interval
 
 
-class PullIntervalGrid(Grid):
-    """``grid`` whose ``send_and_receive`` pulls every ``pull_interval`` seconds."""
+class ServerAppGrid(Grid):
+    """``grid`` whose ``send_and_receive`` pulls every ``pull_interval`` seconds and lets
+    go of the previous exchange's replies first."""
 
     def __init__(self, grid: Grid, pull_interval: float = PULL_INTERVAL) -> None:
         if not pull_interval > 0:
             raise ValueError(f"pull_interval={pull_interval} must be > 0 seconds")
         self.grid = grid
         self.pull_interval = float(pull_interval)
+        self.last_replies: list[Message] = []  # what send_and_receive returned last
         # the replies' arrays: first retry after 0.05 s, not Flower's 1 s (fedapp.flower_pulls)
         shorten_object_pulls()
 
     def send_and_receive(self, messages: Iterable[Message], *,
                          timeout: float | None = None) -> Iterable[Message]:
         """Push ``messages``, then pull their replies until all are in or ``timeout``
-        seconds have passed (None: until all are in), as Flower's Grids do."""
+        seconds have passed (None: until all are in), as Flower's Grids do. The list the
+        previous call returned is emptied first (module docstring)."""
+        self.last_replies.clear()
         pending = set(self.grid.push_messages(messages))
         del messages
         end_time = time.time() + (timeout if timeout is not None else 0.0)
@@ -56,6 +69,7 @@ class PullIntervalGrid(Grid):
             if not pending:
                 break
             time.sleep(self.pull_interval)
+        self.last_replies = replies
         return replies
 
     # everything else: the wrapped Grid

@@ -27,7 +27,7 @@ from .checkpoint import (Checkpointer, arrays_of, check_compatible, load_checkpo
 from .config import ConfigError, RunConfig
 from .evaluation_process import (EvaluationProcess, EvaluationResult, EvaluationSpec,
                                  evaluation_process, peak_rss_mb)
-from .grid import PullIntervalGrid
+from .grid import ServerAppGrid
 from .registry import build_strategy
 from .run_log import RunLog, format_table, model_sha256, table_header, table_row
 from .tracking import check_installed
@@ -295,7 +295,7 @@ def run(cfg: RunConfig, grid: Grid, context: Context, strategy, train_config: di
     try:
         result = run_rounds(
             strategy,
-            grid=PullIntervalGrid(grid),  # 0.1 s between pulls, not HttpGrid's 3 s (fedapp.grid)
+            grid=ServerAppGrid(grid),  # 0.1 s pulls; one exchange of replies held (fedapp.grid)
             initial_arrays=initial_arrays,
             num_rounds=cfg.num_server_rounds,
             first_round=first_round,

@@ -1,13 +1,20 @@
-"""fedapp.grid.PullIntervalGrid: Flower's send_and_receive loop with a 0.1 s pull interval."""
+"""fedapp.grid.ServerAppGrid: Flower's send_and_receive loop with a 0.1 s pull interval; the
+previous exchange's replies let go when the next one starts."""
 
 from __future__ import annotations
 
+import gc
+import weakref
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
+from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
+from flwr.serverapp.strategy import FedAvg
+from flwr.supercore.task_identity import TaskIdentity
 
 import fedapp.grid
-from fedapp.grid import PULL_INTERVAL, PullIntervalGrid
+from fedapp.grid import PULL_INTERVAL, ServerAppGrid
 from tests.inprocess import InProcessGrid
 
 
@@ -55,27 +62,80 @@ def clock(monkeypatch):
 
 def test_pulls_every_interval_until_all_replies_are_in(clock):
     inner = SlowRepliesGrid(clock, {0: 0.0, 1: 0.35, 2: 1.0})
-    replies = PullIntervalGrid(inner).send_and_receive([object()] * 3, timeout=60)
+    replies = ServerAppGrid(inner).send_and_receive([object()] * 3, timeout=60)
     assert sorted(r.metadata.reply_to_message_id for r in replies) == ["m0", "m1", "m2"]
     assert set(clock.sleeps) == {PULL_INTERVAL} and 10 <= inner.pulls <= 12  # not 3 s apart
 
 
 def test_returns_what_arrived_when_the_timeout_passes(clock):
     inner = SlowRepliesGrid(clock, {0: 0.2, 1: None})  # node 1 never answers
-    replies = PullIntervalGrid(inner).send_and_receive([object()] * 2, timeout=5)
+    replies = ServerAppGrid(inner).send_and_receive([object()] * 2, timeout=5)
     assert [r.metadata.reply_to_message_id for r in replies] == ["m0"]
     assert 5 <= clock.now - 1000 <= 5 + PULL_INTERVAL + 1e-9
 
 
 def test_no_timeout_waits_for_every_reply(clock):
     inner = SlowRepliesGrid(clock, {0: 30.0})
-    assert len(PullIntervalGrid(inner).send_and_receive([object()], timeout=None)) == 1
+    assert len(ServerAppGrid(inner).send_and_receive([object()], timeout=None)) == 1
 
 
 def test_the_rest_of_the_grid_is_the_wrapped_one(clock):
     inner = SlowRepliesGrid(clock, {0: 0.0, 1: 0.0})
-    grid = PullIntervalGrid(inner)
+    grid = ServerAppGrid(inner)
     assert list(grid.get_node_ids()) == list(inner.get_node_ids())
     assert grid.contexts is inner.contexts  # attributes a Grid subclass adds
     with pytest.raises(ValueError, match="pull_interval=0"):
-        PullIntervalGrid(inner, pull_interval=0)
+        ServerAppGrid(inner, pull_interval=0)
+
+
+def test_the_previous_replies_are_let_go_when_the_next_exchange_starts(clock):
+    # Flower's Strategy.start keeps round r's train_replies until round r + 1's return
+    grid = ServerAppGrid(SlowRepliesGrid(clock, {0: 0.0, 1: 0.0}))
+    first = grid.send_and_receive([object()] * 2, timeout=5)
+    kept = list(first)  # what a strategy keeps of the messages themselves stays
+    assert len(first) == 2
+    second = grid.send_and_receive([object()] * 2, timeout=5)
+    assert first == [] and len(second) == 2 and len(kept) == 2
+
+
+class EchoGrid:
+    """Two nodes that reply with the arrays they got; at each push, how many of the replies
+    pulled so far are still alive somewhere."""
+
+    def __init__(self) -> None:
+        self.pulled, self.alive_at_push, self.pending = [], [], {}
+
+    def get_node_ids(self):
+        return [1, 2]
+
+    def push_messages(self, messages):
+        gc.collect()
+        self.alive_at_push.append(sum(ref() is not None for ref in self.pulled))
+        ids = []
+        for msg in messages:
+            msg.metadata.__dict__["_message_id"] = message_id = f"m{len(self.pending) + 1}"
+            self.pending[message_id] = msg
+            ids.append(message_id)
+        return ids
+
+    def pull_messages(self, message_ids):
+        replies = []
+        for message_id in message_ids:
+            msg = self.pending[message_id]
+            arrays = ArrayRecord([a.copy() for a in msg.content["arrays"].to_numpy_ndarrays()])
+            reply = Message(RecordDict({"arrays": arrays,
+                                        "metrics": MetricRecord({"num-examples": 1})}),
+                            reply_to=msg)
+            self.pulled.append(weakref.ref(reply))
+            replies.append(reply)
+        return replies
+
+
+def test_flowers_loop_holds_no_reply_of_an_earlier_exchange():
+    # without the release, Flower's Strategy.start still held the 2 train replies at the
+    # next push, and 4 (train and evaluate) from round 2 on
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1  # as a ServerApp's
+    inner = EchoGrid()
+    FedAvg(min_available_nodes=2).start(grid=ServerAppGrid(inner), num_rounds=3,
+                                        initial_arrays=ArrayRecord([np.zeros(3)]))
+    assert inner.alive_at_push == [0] * 6  # train and evaluate, 3 rounds
