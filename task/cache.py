@@ -23,7 +23,10 @@ the manifest's request and identity must equal the caller's (else the entry is
 stat, else its sha256 is recomputed in full and must match (else the entry is
 *corrupt*). Unchanged files are therefore trusted without reading them: a write to a
 file changes its ctime, which no process can set back. Arrays are mapped copy-on-write
-(``np.load(mmap_mode="c")``): the process can change its copy, the file never changes.
+(``np.load(mmap_mode="c")``) and read-only. A process keeps the entries it verified and
+hands them out again while the manifest's and every file's stat are unchanged (a
+simulation's actor reads hundreds of partitions per round from the same two entries), so
+a repeated read costs a few ``stat`` calls and still notices a rebuilt or rewritten entry.
 
 Writing, under an exclusive ``flock``: the arrays go into a temporary folder next to the
 entry, each file fsynced and hashed, then the manifest; the folder is renamed into place
@@ -57,6 +60,8 @@ MANIFEST = "manifest.json"
 ROOT_ENV = "FEDHETERO_DATA_CACHE"  # overrides the default folder (tests, fast local disks)
 
 Builder = Callable[[], tuple[Mapping[str, np.ndarray], Mapping[str, object]]]
+# (root, request JSON, identity JSON) -> (the verified entry, its files' stats then)
+_VERIFIED: dict[tuple[str, str, str], tuple[Entry, list[list[int]]]] = {}
 
 
 def default_root() -> Path:
@@ -108,26 +113,34 @@ class ArrayCache:
 
         ``what`` names the entry in log lines (e.g. "Fashion-MNIST, normalized").
         """
-        request, identity = _plain(request), _plain(identity)
+        request_text, identity_text = _canonical(request), _canonical(identity)
+        known = (str(self.root), request_text, identity_text)
+        if known in _VERIFIED:
+            entry, stats = _VERIFIED[known]
+            if _folder_stats(entry.path) == stats:
+                return entry
+            del _VERIFIED[known]
+        request, identity = json.loads(request_text), json.loads(identity_text)
         name = entry_name(request)
         path = self.root / name
         self.root.mkdir(parents=True, exist_ok=True)
         with self._lock(name, exclusive=False):
+            stats = _folder_stats(path)  # before the checks: a later change is noticed
             entry, problem = self._read(path, request, identity, rehash=False)
-        if entry is not None:
-            return entry
-        with self._lock(name, exclusive=True):
-            entry, problem = self._read(path, request, identity, rehash=True)
-            if entry is not None:  # built by another process meanwhile, or only re-stat'ed
-                return entry
-            if problem != "missing":
-                LOGGER.warning("Data cache: rebuilding %s (%s): %s", path, what, problem)
-            arrays, meta = build()
-            self._write(path, request, identity, arrays, meta)
-            entry, problem = self._read(path, request, identity, rehash=True)
+        if entry is None:
+            with self._lock(name, exclusive=True):
+                entry, problem = self._read(path, request, identity, rehash=True)
+                if entry is None:  # not built by another process meanwhile, nor re-stat'ed
+                    if problem != "missing":
+                        LOGGER.warning("Data cache: rebuilding %s (%s): %s", path, what, problem)
+                    arrays, meta = build()
+                    self._write(path, request, identity, arrays, meta)
+                    entry, problem = self._read(path, request, identity, rehash=True)
+                stats = _folder_stats(path)  # the files as verified (re-stat'ed or written)
         if entry is None:
             raise RuntimeError(f"data cache entry {path} is unusable right after it was "
                                f"written ({problem}); check the disk, or delete {self.root}")
+        _VERIFIED[known] = entry, stats
         return entry
 
     # ------------------------------------------------------------- reading
@@ -171,6 +184,7 @@ class ArrayCache:
             if list(array.shape) != info["shape"] or str(array.dtype) != info["dtype"]:
                 return None, (f"corrupt: {key}.npy is {array.dtype}{list(array.shape)}, "
                               f"expected {info['dtype']}{info['shape']}")
+            array.setflags(write=False)  # shared by every later load in this process
             arrays[key] = array
         if restated:  # verified in full again (e.g. a copied cache): trust the new stat
             _write_json(path / MANIFEST, manifest)
@@ -214,9 +228,22 @@ class ArrayCache:
                 fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def _canonical(value: Mapping[str, object]) -> str:
+    """``value`` as canonical JSON (tuples become lists), so comparisons are exact."""
+    return json.dumps(value, sort_keys=True)
+
+
 def _plain(value: Mapping[str, object]) -> dict:
-    """``value`` as JSON gives it back (tuples become lists), so comparisons are exact."""
-    return json.loads(json.dumps(value, sort_keys=True))
+    """``value`` as JSON gives it back."""
+    return json.loads(_canonical(value))
+
+
+def _folder_stats(path: Path) -> dict[str, list[int]] | None:
+    """The stat of every file in an entry's folder (None when the folder is gone)."""
+    try:
+        return {item.name: file_stat(Path(item.path)) for item in os.scandir(path)}
+    except FileNotFoundError:
+        return None
 
 
 def _write_json(path: Path, payload: dict) -> None:

@@ -150,6 +150,21 @@ def test_a_corrupt_entry_is_rebuilt_with_one_log_line(tiny, caplog, damage):
     assert warnings_of(caplog) == []  # verified and trusted from now on
 
 
+def test_a_process_reads_a_verified_entry_once_then_checks_only_its_stats(tmp_path,
+                                                                          monkeypatch):
+    cache = ArrayCache(tmp_path)
+    first = cache.load({"kind": "test"}, {"v": 1}, lambda: ({"x": np.arange(4.0)}, {}))
+    assert not first.arrays["x"].flags.writeable  # shared by the later loads
+    monkeypatch.setattr(ArrayCache, "_read", lambda *a, **k: pytest.fail("read again"))
+    again = cache.load({"kind": "test"}, {"v": 1}, lambda: pytest.fail("built again"))
+    assert again is first
+    monkeypatch.undo()
+    (first.path / "x.npy").write_bytes((first.path / "x.npy").read_bytes())  # same bytes
+    monkeypatch.setattr(ArrayCache, "_read", lambda *a, **k: (None, "read again"))
+    with pytest.raises(RuntimeError, match="read again"):  # a new ctime: verified anew
+        cache.load({"kind": "test"}, {"v": 1}, lambda: ({"x": np.arange(4.0)}, {}))
+
+
 def test_a_copied_cache_is_checked_in_full_once_then_trusted(tiny, tmp_path, caplog):
     source, cache = tiny
     spec = PartitionSpec("iid")
