@@ -19,6 +19,7 @@ from flwr.serverapp import Grid, ServerApp
 from strategies import contract as C
 from strategies.devices import write_trace
 from task.data import DataNotFoundError
+from task.heap import unmap_large_blocks
 from task.device_plot import plot_device_profiles
 from task.partition import plot_label_histogram
 
@@ -244,6 +245,7 @@ def stopped_before_training(exc: Exception) -> RuntimeError:
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     """Validate the config and data, then run the strategy and write the run log."""
+    unmap_large_blocks()  # the replies' buffers go back to the kernel when freed
     try:
         cfg = RunConfig.from_user_config(context.run_config)
         check_installed(cfg.tracking)  # tensorboard / mlflow, before any training
