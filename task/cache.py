@@ -61,7 +61,7 @@ ROOT_ENV = "FEDHETERO_DATA_CACHE"  # overrides the default folder (tests, fast l
 
 Builder = Callable[[], tuple[Mapping[str, np.ndarray], Mapping[str, object]]]
 # (root, request JSON, identity JSON) -> (the verified entry, its files' stats then)
-_VERIFIED: dict[tuple[str, str, str], tuple[Entry, list[list[int]]]] = {}
+_VERIFIED: dict[tuple[str, str, str], tuple[Entry, dict[str, list[int]] | None]] = {}
 
 
 def default_root() -> Path:

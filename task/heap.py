@@ -26,8 +26,6 @@ M_TRIM_THRESHOLD = -1  # <malloc.h>
 M_MMAP_THRESHOLD = -3
 TRIM_THRESHOLD_BYTES = 256 << 20  # free heap top kept: activations of steps up to 256 MB
 MMAP_THRESHOLD_BYTES = 32 << 20  # glibc's largest on 64-bit; larger blocks still use mmap
-
-
 SERVER_MMAP_THRESHOLD_BYTES = 1 << 20  # a process that relays models but does not train
 
 
