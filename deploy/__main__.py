@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from simulation.runtime import HelpFormatter
+
 from . import run as run_command
 
 COMMANDS = {"run": (run_command, "start SuperLink + SuperNodes, flwr run, stop everything")}
@@ -19,7 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="deploy_command", required=True, metavar="COMMAND")
     for name, (tool, summary) in COMMANDS.items():
         tool_parser = sub.add_parser(name, help=summary, description=tool.__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     formatter_class=HelpFormatter)
         tool.add_arguments(tool_parser)
         tool_parser.set_defaults(deploy_tool=tool)
 
@@ -32,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     """The CLI parser: one sub-parser per command, built by its module."""
     parser = argparse.ArgumentParser(prog="python -m deploy", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     formatter_class=HelpFormatter)
     add_arguments(parser)
     return parser
 

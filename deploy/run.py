@@ -25,7 +25,8 @@ from .runner import run_on_connection
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The deploy run options."""
-    parser.add_argument("--num-supernodes", type=int, default=2)
+    parser.add_argument("--num-supernodes", type=int, default=2,
+                        help="SuperNodes to start (one data partition each)")
     parser.add_argument("--tls", action="store_true",
                         help="TLS (makes a CA + server cert in WORKDIR/certificates)")
     parser.add_argument("--auth", action="store_true",
@@ -47,7 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the SuperLink's state in memory (Flower's default: faster rounds, "
                              "but a restarted SuperLink has lost its runs and nodes); default: "
                              "WORKDIR/.../state.db")
-    parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR)
+    parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR,
+                        help="certificates, keys, logs and FLWR_HOMEs")
     parser.add_argument("--timeout", type=float, default=1800,
                         help="seconds before flwr run is stopped")
     parser.add_argument(

@@ -11,6 +11,8 @@ import argparse
 import importlib
 import sys
 
+from .runtime import HelpFormatter
+
 PROG = "python -m simulation"
 COMMANDS = {
     "run": ("simulation.run", "flwr run . --stream on the simulation engine"),
@@ -40,11 +42,11 @@ def build_parser(command: str | None = None, prog: str = PROG,
     parser the same way, with more tools.
     """
     parser = argparse.ArgumentParser(prog=prog, description=description,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     formatter_class=HelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module, summary) in commands.items():
         tool_parser = sub.add_parser(name, help=summary, description=summary,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     formatter_class=HelpFormatter)
         if name == command:
             tool = importlib.import_module(module)
             tool_parser.description = tool.__doc__

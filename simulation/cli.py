@@ -1,18 +1,9 @@
 """``fedhetero COMMAND``: run, sweep, report, bench, deploy, ... of fedhetero in one command.
 
-The top of the tool stack: it dispatches by module name to the simulation tools and to
-``deploy`` (which itself imports only ``simulation.runtime``); ``deploy`` is imported only
-when ``fedhetero deploy`` is chosen, so nothing below this module imports it.
-
-Every simulation tool (``python -m simulation COMMAND``) and the deployment runtime
-(``python -m deploy COMMAND``) is a sub-command; ``fedhetero COMMAND --help`` shows the
-tool's own options. Only the chosen tool is imported. Examples::
-
-    fedhetero run --num-supernodes 10 -c strategy=fednova -c num-server-rounds=20
-    fedhetero sweep simulation/experiments/niid_alpha_sweep.toml
-    fedhetero report runs/niid_alpha_sweep --target 0.7
-    fedhetero bench efficiency
-    fedhetero deploy run --num-supernodes 2 --tls --auth
+It dispatches by module name to the simulation tools (``python -m simulation COMMAND``) and
+to ``deploy`` (``python -m deploy COMMAND``, which itself imports only
+``simulation.runtime``); only the chosen tool is imported, so nothing below this module
+imports ``deploy``. :data:`DESCRIPTION` is what ``fedhetero --help`` says.
 """
 
 from __future__ import annotations
@@ -25,6 +16,17 @@ from .__main__ import build_parser as build_tool_parser
 from .__main__ import chosen_command
 
 PROG = "fedhetero"
+DESCRIPTION = """\
+Heterogeneity-aware federated learning on Flower: every fedhetero tool as one command.
+`fedhetero COMMAND --help` shows that command's options and their defaults.
+
+examples:
+  fedhetero run --num-supernodes 10 -c strategy=fednova -c num-server-rounds=20
+  fedhetero sweep simulation/experiments/niid_alpha_sweep.toml
+  fedhetero report runs/niid_alpha_sweep --target 0.7
+  fedhetero bench efficiency
+  fedhetero deploy run --num-supernodes 2 --tls --auth
+"""
 # name -> (module with add_arguments(parser) and run(args), one-line summary)
 COMMANDS = {
     **SIMULATION_COMMANDS,
@@ -43,7 +45,7 @@ def installed_version() -> str:
 
 def build_parser(command: str | None = None):
     """The ``fedhetero`` parser; the sub-parser of ``command`` gets its tool's arguments."""
-    parser = build_tool_parser(command, prog=PROG, commands=COMMANDS, description=__doc__)
+    parser = build_tool_parser(command, prog=PROG, commands=COMMANDS, description=DESCRIPTION)
     parser.add_argument("--version", action="version",
                         version=f"%(prog)s {installed_version()}")
     return parser

@@ -42,8 +42,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "with runs")
     parser.add_argument("--experiments", type=Path, default=EXPERIMENTS_DIR,
                         help="folder of the sweep files")
-    parser.add_argument("--runs", type=Path, default=Path("runs"))
-    parser.add_argument("--out", type=Path, default=Path("docs/results"))
+    parser.add_argument("--runs", type=Path, default=Path("runs"),
+                        help="folder of the sweeps' results, one sub-folder per experiment")
+    parser.add_argument("--out", type=Path, default=Path("docs/results"),
+                        help="where the reports go, one sub-folder per experiment")
 
 
 def run(args: argparse.Namespace) -> int:

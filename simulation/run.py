@@ -16,9 +16,12 @@ from .runtime import PROJECT_ROOT, parse_overrides, run_app
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The run options."""
-    parser.add_argument("--num-supernodes", type=int, default=10)
-    parser.add_argument("--cpus-per-client", type=float, default=1)
-    parser.add_argument("--gpus-per-client", type=float, default=0)
+    parser.add_argument("--num-supernodes", type=int, default=10,
+                        help="simulated SuperNodes, i.e. clients (one data partition each)")
+    parser.add_argument("--cpus-per-client", type=float, default=1,
+                        help="CPUs Ray reserves per ClientApp (1: one ClientApp per core)")
+    parser.add_argument("--gpus-per-client", type=float, default=0,
+                        help="GPU share per ClientApp (0.25: four share a GPU)")
     parser.add_argument("-c", "--run-config", action="append", default=[], metavar="KEY=VALUE",
                         type=override,
                         help="run-config override, repeatable (e.g. -c strategy=fedavg -c lr=0.05)")

@@ -10,6 +10,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+import argparse
+
 import pytest
 
 from deploy.__main__ import COMMANDS as DEPLOY_COMMANDS
@@ -18,6 +20,7 @@ from simulation.cli import COMMANDS as FEDHETERO_COMMANDS
 from simulation.cli import main as fedhetero_main
 from simulation.__main__ import COMMANDS
 from simulation.__main__ import main as simulation_main
+from simulation.runtime.help_format import help_with_default
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -64,6 +67,36 @@ def test_deploy_commands_have_real_help(capsys):
     for command in DEPLOY_COMMANDS:
         text = help_of(deploy_main, [command], capsys)
         assert "--num-supernodes" in text and "--tls" in text
+
+
+def test_help_shows_every_options_default():
+    parser = argparse.ArgumentParser()
+    cases = {
+        "--count": ({"type": int, "default": 3}, "(default: %(default)s)"),
+        "--sizes": ({"nargs": "+", "default": [10, 100]}, "(default: 10 100)"),
+        "--share": ({"default": "5%", "help": "of 100%%"}, "of 100%% (default: %(default)s)"),
+        "--named": ({"default": 1, "help": "K (default 1: the target)"},
+                    "K (default 1: the target)"),
+        "--flag": ({"action": "store_true"}, None),
+        "--unset": ({"default": None, "help": "optional"}, "optional"),
+        "--empty": ({"action": "append", "default": []}, None),
+        "--hidden": ({"default": 2, "help": argparse.SUPPRESS}, argparse.SUPPRESS),
+    }
+    for option, (kwargs, expected) in cases.items():
+        assert help_with_default(parser.add_argument(option, **kwargs)) == expected, option
+    assert help_with_default(parser.add_argument("file", nargs="?", default="x")) is None
+
+
+@pytest.mark.parametrize("main, argv, expected", [
+    (fedhetero_main, ["run"], ["--num-supernodes NUM_SUPERNODES", "(default: 10)"]),
+    (simulation_main, ["bench", "efficiency"], ["(default: 20)", "(default: cnn-mcmahan)"]),
+    (simulation_main, ["bench", "scale"], ["(default: 10 100 1000)"]),
+    (simulation_main, ["faults-table"], ["server rounds per run (default: 5)"]),
+    (deploy_main, ["run"], ["SuperNodes to start (one data partition each) (default: 2)"]),
+])
+def test_help_texts_name_the_defaults(main, argv, expected, capsys):
+    text = " ".join(help_of(main, argv, capsys).split())  # argparse wraps by the terminal width
+    assert all(" ".join(part.split()) in text for part in expected), text
 
 
 def test_the_entry_points_run():

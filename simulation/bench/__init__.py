@@ -24,6 +24,8 @@ from __future__ import annotations
 import argparse
 import importlib
 
+from ..runtime import HelpFormatter
+
 # bench name -> module of this package (each has HELP, add_arguments(parser), run(args))
 BENCHES = {
     "efficiency": "efficiency",
@@ -52,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for name in BENCHES:
         module = bench_module(name)
         p = sub.add_parser(name, help=module.HELP, description=module.__doc__,
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
+                           formatter_class=HelpFormatter)
         module.add_arguments(p)
 
 

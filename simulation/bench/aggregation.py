@@ -17,9 +17,10 @@ HELP = "aggregate_train time and memory vs Flower's FedAvg"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--replies", type=int, default=100)
-    p.add_argument("--model", default="cnn-mcmahan")
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--replies", type=int, default=100, help="client replies aggregated")
+    p.add_argument("--model", default="cnn-mcmahan", help="model name (task.models)")
+    p.add_argument("--repeats", type=int, default=5,
+                   help="interleaved timings of each strategy (the best is printed)")
 
 
 def _replies(num_replies: int, model: str):

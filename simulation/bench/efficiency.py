@@ -34,13 +34,16 @@ HELP = "simulation efficiency vs ideal parallel bare torch; server memory"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--clients", type=int, default=20)
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--epochs", type=int, default=1)
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--model", default="cnn-mcmahan")
-    p.add_argument("--cpus-per-client", type=float, default=1)
-    p.add_argument("--gpus-per-client", type=float, default=0.25)
+    p.add_argument("--clients", type=int, default=20, help="simulated clients (SuperNodes)")
+    p.add_argument("--rounds", type=int, default=5,
+                   help="server rounds (round 1, the start-up, is not timed)")
+    p.add_argument("--epochs", type=int, default=1, help="local epochs E")
+    p.add_argument("--batch-size", type=int, default=32, help="local batch size B")
+    p.add_argument("--model", default="cnn-mcmahan", help="model name (task.models)")
+    p.add_argument("--cpus-per-client", type=float, default=1,
+                   help="CPUs per ClientApp (the parallel workers: CPUs / this)")
+    p.add_argument("--gpus-per-client", type=float, default=0.25,
+                   help="GPU share per ClientApp where there is a GPU (workers: 1 / this)")
     p.add_argument("--eval-every", type=int, default=1, metavar="K",
                    help="the server evaluates every K-th round and the last (default 1: the "
                         "target's workload; a K above --rounds leaves only the last)")

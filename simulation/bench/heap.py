@@ -23,8 +23,8 @@ INPUT_SHAPE = {name: shape for name, shape, _ in reversed(CASES)}  # each model'
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="cnn-mcmahan")
-    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--model", default="cnn-mcmahan", help="model name (task.models)")
+    p.add_argument("--batch-size", type=int, default=32, help="local batch size B")
     p.add_argument("--steps", type=int, default=200, help="timed SGD steps per measurement")
     p.add_argument("--repeats", type=int, default=5, help="fresh processes per setting")
 

@@ -10,7 +10,8 @@ HELP = "import cost of strategies vs flwr.serverapp.strategy"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--repeats", type=int, default=7,
+                   help="fresh interpreters per import (the median is printed)")
 
 
 def import_seconds(statement: str, repeats: int) -> float:

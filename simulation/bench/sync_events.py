@@ -29,7 +29,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--local-steps", type=int, default=10)
     p.add_argument("--batch-size", type=int, default=10)
     p.add_argument("--model", default="lenet-gn")
-    p.add_argument("--cpus-per-client", type=float, default=1)
+    p.add_argument("--cpus-per-client", type=float, default=1,
+                   help="CPUs per ClientApp (the parallel workers: CPUs / this)")
 
 
 def run(args) -> None:

@@ -39,9 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser, out_name: str) -> None:
                         help="comma-separated strategy names (default: fedhetero's own, "
                              "i.e. all registered but Flower's fedavgm, fedadam, fedyogi, "
                              "fedadagrad)")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--nodes", type=int, default=4)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rounds", type=int, default=5, help="server rounds per run")
+    parser.add_argument("--nodes", type=int, default=4, help="clients (in-process nodes)")
+    parser.add_argument("--seed", type=int, default=0, help="the runs' run-config seed")
     parser.add_argument(
         "--out",
         type=Path,
