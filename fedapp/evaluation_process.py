@@ -103,7 +103,8 @@ class EvaluationProcess:
 
     def evaluate(self, arrays: dict[str, np.ndarray], background: bool = False) -> EvaluationResult:
         """Loss and accuracy of ``arrays`` on the test set. ``background``: on one torch thread
-        at the lowest CPU priority (it runs while clients train); else on all torch threads."""
+        at nice 19 (it runs while clients train: :func:`background_evaluation_thread`); else
+        on all torch threads."""
         return EvaluationResult(**self._request(("evaluate", arrays, background)))
 
     def save_model(self, arrays: dict[str, np.ndarray], path: Path) -> Path:
@@ -180,7 +181,12 @@ def background_evaluation_thread() -> None:
     thread count is per thread, so the rest of the process keeps its own; one thread
     contends least with the training that has the cores, and its losses are the same bits
     as with more threads, checked on the CNNs), at nice 19 (per thread on Linux;
-    elsewhere the priority is left as it is)."""
+    elsewhere the priority is left as it is). Ray starts its workers, the ClientApps, at
+    nice 15 (``RAY_worker_niceness``), so where a client trains on the same core the
+    scheduler's weights (15 against 36) give this thread a share of it, not only the
+    time the clients leave idle: on a machine whose cores all train, the evaluation's CPU
+    comes out of the clients' (docs/results/README.md, "The background evaluation's share
+    of the CPU")."""
     import torch  # noqa: PLC0415 - the child's side only
 
     torch.set_num_threads(1)

@@ -49,9 +49,10 @@ class ServerEvaluator:
     accuracy and loss; a record of a round that is not evaluated has no accuracy, loss or
     eval-seconds. The evaluations run in the ServerApp's evaluation process
     (fedapp.evaluation_process), which holds the model and the test split. With ``overlap``
-    round r's model is evaluated there on one torch thread at the lowest CPU priority (it
-    takes what the clients leave idle) while round r + 1 trains: the end of round r + 1
-    waits for it, so the records (and checkpoints) stay in round order, and the last
+    round r's model is evaluated there on one torch thread at nice 19 while round r + 1
+    trains (Ray runs the ClientApps at nice 15, so on a machine whose cores all train it
+    takes its CPU from theirs: its latency is hidden, its CPU is not): the end of round
+    r + 1 waits for it, so the records (and checkpoints) stay in round order, and the last
     round's evaluation is waited for.
     The records are the same as without ``overlap``, apart from the timing keys.
 
