@@ -203,14 +203,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--rounds", type=int, default=50, help="checkpoints (without --from-fedveca)"
     )
-    parser.add_argument("--model", default="svm")
-    parser.add_argument("--lr", type=float, default=0.01)
-    parser.add_argument("--batch-size", type=int, default=100)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--dataset", default="fashion-mnist")
-    parser.add_argument("--data-dir", default="")
-    parser.add_argument("--partition", default="fedveca-case3")
-    parser.add_argument("--num-partitions", type=int, default=5)
+    parser.add_argument("--model", default="svm", help="svm or cnn-fedveca (task.models)")
+    parser.add_argument("--lr", type=float, default=0.01, help="eta")
+    parser.add_argument("--batch-size", type=int, default=100, help="B")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="the partition, initial model and batch-order seed")
+    parser.add_argument("--dataset", default="fashion-mnist", help="dataset name")
+    parser.add_argument("--data-dir", default="",
+                        help="absolute data folder (empty: the default place)")
+    parser.add_argument("--partition", default="fedveca-case3",
+                        help="partition whose union is the training set")
+    parser.add_argument("--num-partitions", type=int, default=5, help="partitions (clients)")
 
 
 def run(args: argparse.Namespace) -> int:

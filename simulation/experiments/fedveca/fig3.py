@@ -178,26 +178,30 @@ def run_seed(args, out: Path, seed: int, index: int, total: int) -> bool:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The fedveca-fig3 options."""
     parser.add_argument("--model", default="svm", help="svm (squared-SVM, even/odd) or cnn-fedveca")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2],
+                        help="run-config seeds, one full protocol each")
     parser.add_argument("--rounds", type=int, default=50, help="K (the paper: 100)")
     parser.add_argument("--out", type=Path, default=None, help="default: runs/fedveca_fig3_<model>")
-    parser.add_argument("--num-clients", type=int, default=5)
-    parser.add_argument("--partition", default="fedveca-case3")
-    parser.add_argument("--dataset", default="fashion-mnist")
-    parser.add_argument("--data-dir", default="")
+    parser.add_argument("--num-clients", type=int, default=5,
+                        help="N SuperNodes, all in every round")
+    parser.add_argument("--partition", default="fedveca-case3", help="run-config partition")
+    parser.add_argument("--dataset", default="fashion-mnist", help="run-config dataset")
+    parser.add_argument("--data-dir", default="",
+                        help="absolute data folder (run-config data-dir; empty: the default place)")
     parser.add_argument("--lr", type=float, default=0.01, help="eta (paper: 0.01)")
     parser.add_argument(
         "--batch-size", type=int, default=100, help="B (not in the paper; ref. code: 100)"
     )
-    parser.add_argument("--alpha", type=float, default=0.95)
-    parser.add_argument("--tau-init", type=int, default=20)
-    parser.add_argument("--tau-max", type=int, default=50)
-    parser.add_argument("--beta-mode", default="same-batch")
+    parser.add_argument("--alpha", type=float, default=0.95, help="FedVeca's alpha, eq. (15)")
+    parser.add_argument("--tau-init", type=int, default=20, help="tau of rounds 0 and 1")
+    parser.add_argument("--tau-max", type=int, default=50, help="the cap on every tau")
+    parser.add_argument("--beta-mode", default="same-batch",
+                        help="client estimator of beta: same-batch or literal (Alg. 2)")
     parser.add_argument(
         "--grad-subsample", type=int, default=0, help="0: full local gradient (paper)"
     )
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--cpus-per-client", type=float, default=1)
+    parser.add_argument("--device", default="cpu", help="run-config device: auto, cpu, cuda")
+    parser.add_argument("--cpus-per-client", type=float, default=1, help="CPUs per ClientApp")
     parser.add_argument("--timeout", type=float, default=3 * 3600, help="seconds per flwr run")
     parser.add_argument(
         "-c",
