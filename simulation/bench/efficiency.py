@@ -26,22 +26,17 @@ import torch
 
 from strategies import contract as C
 
-from .common import (bare_app_peak_mb, bare_client_seconds, bare_evaluation_seconds,
-                     bare_parallel_seconds, simulation_round_seconds, torch_import_mb, workload)
+from .common import (add_workload_arguments, bare_app_peak_mb, bare_client_seconds,
+                     bare_evaluation_seconds, bare_parallel_seconds, simulation_round_seconds,
+                     torch_import_mb, workload)
 from .cpu_accounting import CLIENT_ACTORS, SERVER_PROCESS, CpuSampler
 
 HELP = "simulation efficiency vs ideal parallel bare torch; server memory"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--clients", type=int, default=20, help="simulated clients (SuperNodes)")
-    p.add_argument("--rounds", type=int, default=5,
-                   help="server rounds (round 1, the start-up, is not timed)")
-    p.add_argument("--epochs", type=int, default=1, help="local epochs E")
-    p.add_argument("--batch-size", type=int, default=32, help="local batch size B")
-    p.add_argument("--model", default="cnn-mcmahan", help="model name (task.models)")
-    p.add_argument("--cpus-per-client", type=float, default=1,
-                   help="CPUs per ClientApp (the parallel workers: CPUs / this)")
+    add_workload_arguments(p, clients=20, rounds=5, model="cnn-mcmahan",
+                           rounds_help="server rounds (round 1, the start-up, is not timed)")
     p.add_argument("--gpus-per-client", type=float, default=0.25,
                    help="GPU share per ClientApp where there is a GPU (workers: 1 / this)")
     p.add_argument("--eval-every", type=int, default=1, metavar="K",

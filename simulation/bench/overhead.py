@@ -23,20 +23,15 @@ from task.layout import training_layout
 from task.models import build_model
 from task.train import local_sgd
 
-from .common import bare_torch_round_seconds, simulation_round_seconds, workload
+from .common import (add_workload_arguments, bare_torch_round_seconds,
+                     simulation_round_seconds, workload)
 
 HELP = "simulation vs bare torch, and ClientApp overhead"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--clients", type=int, default=10, help="simulated clients (SuperNodes)")
-    p.add_argument("--rounds", type=int, default=4,
-                   help="server rounds (round 1, the start-up, is reported apart)")
-    p.add_argument("--epochs", type=int, default=1, help="local epochs E")
-    p.add_argument("--batch-size", type=int, default=32, help="local batch size B")
-    p.add_argument("--model", default="cnn-small", help="model name (task.models)")
-    p.add_argument("--cpus-per-client", type=float, default=1,
-                   help="CPUs per ClientApp (the parallel workers: CPUs / this)")
+    add_workload_arguments(p, clients=10, rounds=4, model="cnn-small",
+                           rounds_help="server rounds (round 1, the start-up, is reported apart)")
 
 
 def client_overhead_ms(repeats: int = 30) -> tuple[float, float, float]:
