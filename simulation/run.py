@@ -11,16 +11,18 @@ import argparse
 import tomllib
 
 from .progress import RunProgress
-from .runtime import PROJECT_ROOT, parse_overrides, run_app
+from .runtime import PROJECT_ROOT, option_type, parse_overrides, run_app
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The run options."""
-    parser.add_argument("--num-supernodes", type=int, default=10,
+    parser.add_argument("--num-supernodes", type=option_type("num-supernodes"), default=10,
                         help="simulated SuperNodes, i.e. clients (one data partition each)")
-    parser.add_argument("--cpus-per-client", type=float, default=1,
-                        help="CPUs Ray reserves per ClientApp (1: one ClientApp per core)")
-    parser.add_argument("--gpus-per-client", type=float, default=0,
+    parser.add_argument("--cpus-per-client", type=option_type("client-resources-num-cpus"),
+                        default=1,
+                        help="whole CPUs Ray reserves per ClientApp (1: one ClientApp per core)")
+    parser.add_argument("--gpus-per-client", type=option_type("client-resources-num-gpus"),
+                        default=0,
                         help="GPU share per ClientApp (0.25: four share a GPU)")
     parser.add_argument("-c", "--run-config", action="append", default=[], metavar="KEY=VALUE",
                         type=override,

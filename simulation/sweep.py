@@ -27,7 +27,13 @@ from strategies import contract as C
 
 from .metrics import evaluated, percent_over_seeds
 from .progress import SweepProgress
-from .runtime import run_app
+from .runtime import FederationConfigError, federation_value, run_app
+
+
+# sweep-file keys -> the federation options they set (flwr run --federation-config)
+FEDERATION_KEYS = {"num-supernodes": "num-supernodes",
+                   "cpus-per-client": "client-resources-num-cpus"}
+FEDERATION_DEFAULTS = {"num-supernodes": 10, "cpus-per-client": 1}
 
 
 @dataclass(frozen=True)
@@ -49,7 +55,22 @@ def load_sweep(path: Path) -> dict:
         if nested:
             raise ValueError(f"{path}: variant {name!r} has nested tables {nested}; a variant name "
                              f"with a dot must be quoted: [variants.\"{name}.{nested[0]}\"]")
+    federation(spec, path)
     return spec
+
+
+def federation(spec: dict, path: Path | str = "sweep file") -> dict:
+    """The federation options of every run of the sweep (its ``num-supernodes`` and
+    ``cpus-per-client``, checked: a bad one names the file, the key and the fix)."""
+    config = {}
+    for key, flower_key in FEDERATION_KEYS.items():
+        value = spec.get(key, FEDERATION_DEFAULTS[key])
+        try:
+            config[flower_key] = federation_value(flower_key, value)
+        except FederationConfigError as exc:
+            raise ValueError(f"{path}: {key} = {value!r} (Flower's federation option "
+                             f"{flower_key}): {exc.reason}") from None
+    return config
 
 
 def plan(spec: dict, out: Path, seeds: list[int] | None = None,
@@ -97,17 +118,15 @@ def execute(
     """Run what is not finished yet (from its last checkpoint where there is one); return
     (run, run directory) for all finished runs."""
     runs = plan(spec, out, seeds, variants)
-    federation = {
-        "num-supernodes": spec.get("num-supernodes", 10),
-        "client-resources-num-cpus": spec.get("cpus-per-client", 1),
-    }
+    federation_config = federation(spec)
     done = []
     with SweepProgress(sum(rounds_of(run) for run in runs)) as progress:
         for index, run in enumerate(runs, 1):
             label = f"[{index}/{len(runs)}] {run.variant} seed {run.seed}"
             existing = finished_run_dir(run)
             if existing is None:
-                existing = execute_one(run, label, spec, out, federation, ray_address, progress)
+                existing = execute_one(run, label, spec, out, federation_config, ray_address,
+                                       progress)
                 if existing is None:
                     continue
             else:
@@ -239,7 +258,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the sweep, write its summary; 0 if every run finished."""
-    spec = load_sweep(args.file)
+    try:
+        spec = load_sweep(args.file)
+    except (OSError, ValueError) as exc:  # a missing or bad sweep file: its message, no traceback
+        raise SystemExit(f"sweep: {exc}") from None
     out = (args.out or Path("runs") / args.file.stem).resolve()
     out.mkdir(parents=True, exist_ok=True)
     selected = plan(spec, out, args.seeds, args.variants)

@@ -24,7 +24,7 @@ from task.layout import inference_layout, training_layout
 from task.models import build_model
 from task.train import client_seed, local_sgd, resolve_device
 
-from ..runtime import run_app
+from ..runtime import option_type, run_app
 
 
 def add_workload_arguments(p, *, clients: int, rounds: int, model: str, rounds_help: str) -> None:
@@ -34,7 +34,7 @@ def add_workload_arguments(p, *, clients: int, rounds: int, model: str, rounds_h
     p.add_argument("--epochs", type=int, default=1, help="local epochs E")
     p.add_argument("--batch-size", type=int, default=32, help="local batch size B")
     p.add_argument("--model", default=model, help="model name (task.models)")
-    p.add_argument("--cpus-per-client", type=float, default=1,
+    p.add_argument("--cpus-per-client", type=option_type("client-resources-num-cpus"), default=1,
                    help="CPUs per ClientApp (the parallel workers: CPUs / this)")
 
 
@@ -85,7 +85,7 @@ def bare_torch_round_seconds(workload: dict, num_clients: int, rounds: int) -> l
     return times
 
 
-def simulation_round_seconds(workload: dict, num_clients: int, cpus_per_client: float,
+def simulation_round_seconds(workload: dict, num_clients: int, cpus_per_client: int,
                              federation: dict | None = None, keep_records: bool = False,
                              observer=None) -> list:
     """Per-round wall seconds (or the whole records) of a real ``flwr run``, from the run log;
@@ -139,7 +139,7 @@ def run_bare_app(num_clients: int, rounds: int, federation: dict, *, model: str 
         return json.loads(times.read_text())
 
 
-def bare_app_peak_mb(model: str, num_clients: int, cpus_per_client: float,
+def bare_app_peak_mb(model: str, num_clients: int, cpus_per_client: int,
                      federation: dict | None = None) -> float:
     """Peak RSS (MB) of the bare Flower app's ServerApp: 2 rounds, one SGD step per client."""
     federation = {"client-resources-num-cpus": cpus_per_client, **(federation or {})}

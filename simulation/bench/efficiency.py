@@ -26,6 +26,7 @@ import torch
 
 from strategies import contract as C
 
+from ..runtime import option_type
 from .common import (add_workload_arguments, bare_app_peak_mb, bare_client_seconds,
                      bare_evaluation_seconds, bare_parallel_seconds, simulation_round_seconds,
                      torch_import_mb, workload)
@@ -37,7 +38,7 @@ HELP = "simulation efficiency vs ideal parallel bare torch; server memory"
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_workload_arguments(p, clients=20, rounds=5, model="cnn-mcmahan",
                            rounds_help="server rounds (round 1, the start-up, is not timed)")
-    p.add_argument("--gpus-per-client", type=float, default=0.25,
+    p.add_argument("--gpus-per-client", type=option_type("client-resources-num-gpus"), default=0.25,
                    help="GPU share per ClientApp where there is a GPU (workers: 1 / this)")
     p.add_argument("--eval-every", type=int, default=1, metavar="K",
                    help="the server evaluates every K-th round and the last (default 1: the "

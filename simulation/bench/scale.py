@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import statistics
 
+from ..runtime import option_type
 from .common import DATA_DIR, run_bare_app, simulation_round_seconds
 
 HELP = "per-round time vs number of clients: ours against a bare Flower FedAvg app"
@@ -24,7 +25,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="numbers of clients (SuperNodes), one pair of runs each")
     p.add_argument("--rounds", type=int, default=5,
                    help="rounds per run (>= 3: rounds 2..R-1 are timed)")
-    p.add_argument("--cpus-per-client", type=float, default=1,
+    p.add_argument("--cpus-per-client", type=option_type("client-resources-num-cpus"), default=1,
                    help="CPUs per ClientApp (the parallel workers: CPUs / this)")
     p.add_argument("--data-dir", default=DATA_DIR,
                    help="Fashion-MNIST IDX folder (both apps read it)")

@@ -18,6 +18,7 @@ from strategies import contract as C
 from task.data import PartitionSpec, client_data, load_dataset
 from task.models import build_model
 
+from ..runtime import option_type
 from .common import simulation_round_seconds
 
 HELP = "DynamicFL: seconds per sync event vs the number of active clients"
@@ -29,7 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--local-steps", type=int, default=10)
     p.add_argument("--batch-size", type=int, default=10)
     p.add_argument("--model", default="lenet-gn")
-    p.add_argument("--cpus-per-client", type=float, default=1,
+    p.add_argument("--cpus-per-client", type=option_type("client-resources-num-cpus"), default=1,
                    help="CPUs per ClientApp (the parallel workers: CPUs / this)")
 
 

@@ -12,11 +12,14 @@ Public API (everything else is internal to this package):
 * the managed local SuperLink: :func:`run_app`, :func:`local_superlink_pids`,
   :func:`stop_local_superlink`;
 * Ray: :mod:`simulation.runtime.ray_cluster` (``start_head``, ``start_worker``, ...);
+* the federation's options: :class:`FederationConfigError`, :func:`federation_value`,
+  :func:`option_type` (an argparse type for an option that sets one);
 * the tools' ``--help``: :class:`HelpFormatter` (every option's default shown).
 """
 
 from .flwr_cli import (PROJECT_ROOT, AppRun, flwr_env, flwr_run_command, run_id_of, run_status,
                        stream_command, submit_run)
+from .federation import FederationConfigError, federation_value, option_type
 from .help_format import HelpFormatter
 from .local_superlink import local_superlink_pids, run_app, stop_local_superlink
 from .overrides import parse_overrides, parse_value, to_flwr_config
@@ -24,9 +27,10 @@ from .processes import (Started, descendants, free_port, is_alive, process_tree,
                         start_process, stop_pids, stop_processes, wait_for_port)
 
 __all__ = [
-    "PROJECT_ROOT", "AppRun", "HelpFormatter", "Started", "descendants", "flwr_env",
-    "flwr_run_command", "free_port", "is_alive", "local_superlink_pids", "parse_overrides",
-    "parse_value", "process_tree", "run_app", "run_id_of", "run_status", "send_signal",
-    "start_process", "stop_local_superlink", "stop_pids", "stop_processes", "stream_command",
-    "submit_run", "to_flwr_config", "wait_for_port",
+    "AppRun", "FederationConfigError", "HelpFormatter", "PROJECT_ROOT", "Started",
+    "descendants", "federation_value", "flwr_env", "flwr_run_command", "free_port",
+    "is_alive", "local_superlink_pids", "option_type", "parse_overrides", "parse_value",
+    "process_tree", "run_app", "run_id_of", "run_status", "send_signal", "start_process",
+    "stop_local_superlink", "stop_pids", "stop_processes", "stream_command", "submit_run",
+    "to_flwr_config", "wait_for_port",
 ]

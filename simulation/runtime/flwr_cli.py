@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from .federation import checked_federation
 from .overrides import to_flwr_config
 from .processes import free_port
 
@@ -56,7 +57,8 @@ def flwr_run_command(run_config: Mapping[str, object] | None = None,
                      federation_config: Mapping[str, object] | None = None,
                      app_dir: Path = PROJECT_ROOT, stream: bool = True,
                      connection: str | None = None) -> list[str]:
-    """The ``flwr run APP [CONNECTION]`` argv for these overrides."""
+    """The ``flwr run APP [CONNECTION]`` argv for these overrides (the federation's values
+    checked and typed as Flower takes them: :mod:`.federation`)."""
     cmd = [str(BIN / "flwr"), "run", str(app_dir)]
     if connection:
         cmd.append(connection)
@@ -64,7 +66,7 @@ def flwr_run_command(run_config: Mapping[str, object] | None = None,
         cmd += ["--run-config", to_flwr_config(run_config)]
     if federation_config:
         cmd += ["--federation-config",
-                " ".join(f"{k}={v}" for k, v in federation_config.items())]
+                " ".join(f"{k}={v}" for k, v in checked_federation(federation_config).items())]
     if stream:
         cmd.append("--stream")
     return cmd

@@ -27,7 +27,7 @@ from pathlib import Path
 from fedapp.run_log import read_rounds
 
 from simulation.progress import RoundProgress
-from simulation.runtime import parse_overrides, run_app
+from simulation.runtime import option_type, parse_overrides, run_app
 from simulation.sweep import SweepRun, finished_run_dir
 
 from .centralized import run_centralized
@@ -201,7 +201,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--grad-subsample", type=int, default=0, help="0: full local gradient (paper)"
     )
     parser.add_argument("--device", default="cpu", help="run-config device: auto, cpu, cuda")
-    parser.add_argument("--cpus-per-client", type=float, default=1, help="CPUs per ClientApp")
+    parser.add_argument("--cpus-per-client", type=option_type("client-resources-num-cpus"),
+                        default=1, help="CPUs per ClientApp")
     parser.add_argument("--timeout", type=float, default=3 * 3600, help="seconds per flwr run")
     parser.add_argument(
         "-c",

@@ -1,0 +1,100 @@
+"""The simulation federation's options (``flwr run --federation-config``), checked before
+``flwr run`` starts.
+
+Flower 1.41 types them as its ``flwr federation simulation-config`` options do: whole
+numbers for ``num-supernodes``, ``client-resources-num-cpus`` and ``init-args-num-*``, a
+GPU share for ``client-resources-num-gpus``. A value of the wrong type reaches its
+protobuf message and ``flwr run`` stops with ``'float' object cannot be interpreted as an
+integer`` (even for ``2.0``); here a whole float becomes an int and anything else is an
+error that names the key, the value and the fix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable, Mapping
+
+# key -> smallest value Flower accepts
+WHOLE_NUMBER_KEYS = {"num-supernodes": 1, "client-resources-num-cpus": 1,
+                     "init-args-num-cpus": 1, "init-args-num-gpus": 0}
+GPU_SHARE_KEY = "client-resources-num-gpus"
+
+WHOLE_CPUS_HINT = (
+    "Flower's simulation reserves whole CPUs per ClientApp; to run more ClientApps at once "
+    "than there are cores, keep 1 and give Ray more CPUs than the machine has (flwr run . "
+    "--federation-config \"init-args-num-cpus=N\")"
+)
+
+
+class FederationConfigError(ValueError):
+    """A federation option Flower's simulation would refuse: ``key``, ``value`` and
+    ``reason`` (what to give instead), for callers that name the option their own way."""
+
+    def __init__(self, key: str, value: object, reason: str):
+        super().__init__(f"{key}={value!r}: {reason}")
+        self.key, self.value, self.reason = key, value, reason
+
+
+def federation_value(key: str, value: object) -> object:
+    """``value`` as Flower's simulation takes it for ``key`` (``2.0`` -> ``2`` for a whole
+    number), or a :class:`FederationConfigError` naming the key and value and what to give
+    instead. Keys this module does not type pass through unchanged."""
+    try:
+        return _typed(key, value)
+    except _Refused as refused:
+        raise FederationConfigError(key, value, str(refused)) from None
+
+
+def checked_federation(config: Mapping[str, object]) -> dict[str, object]:
+    """Every value of ``config`` through :func:`federation_value`."""
+    return {key: federation_value(key, value) for key, value in config.items()}
+
+
+def option_type(key: str) -> Callable[[str], object]:
+    """An argparse ``type`` for a command-line option that sets federation option ``key``
+    (argparse names the option; the message names Flower's key and the fix)."""
+
+    def parse(text: str) -> object:
+        try:
+            return _typed(key, text)
+        except _Refused as refused:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} (Flower's federation option {key}): {refused}") from None
+
+    parse.__name__ = key  # argparse names the type in some messages
+    return parse
+
+
+class _Refused(Exception):
+    """Why a value is refused (the callers add the key and value)."""
+
+
+def _typed(key: str, value: object) -> object:
+    if key in WHOLE_NUMBER_KEYS:
+        minimum = WHOLE_NUMBER_KEYS[key]
+        number = _number(value)
+        if number != int(number) or number < minimum:
+            hint = f"; {WHOLE_CPUS_HINT}" if key == "client-resources-num-cpus" else ""
+            raise _Refused(f"give a whole number >= {minimum} (e.g. {max(minimum, 1)}){hint}")
+        return int(number)
+    if key == GPU_SHARE_KEY:
+        number = _number(value)
+        if number < 0 or (number > 1 and number != int(number)):
+            raise _Refused("give a share of one GPU between 0 and 1 (0.25: four ClientApps "
+                           "share a GPU) or a whole number of GPUs")
+        return number
+    return value
+
+
+def _number(value: object) -> float:
+    """A finite number from an int, a float or their text (not a bool)."""
+    if isinstance(value, bool):
+        raise _Refused("give a number, not true / false")
+    try:
+        number = float(value if isinstance(value, (int, float)) else str(value))
+    except ValueError:
+        raise _Refused("give a number") from None
+    if not math.isfinite(number):
+        raise _Refused("give a finite number")
+    return number

@@ -1,0 +1,101 @@
+"""The simulation federation's options are typed as Flower 1.41 takes them, and a value it
+would refuse is an error naming the option and the fix (simulation/runtime/federation.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from simulation import __main__ as simulation_cli
+from simulation import sweep
+from simulation.runtime import FederationConfigError, federation_value, flwr_run_command
+
+
+@pytest.mark.parametrize("key, value, typed", [
+    ("client-resources-num-cpus", 2.0, 2),
+    ("client-resources-num-cpus", "3", 3),
+    ("client-resources-num-cpus", 1, 1),
+    ("num-supernodes", 10.0, 10),
+    ("init-args-num-cpus", "4", 4),
+    ("init-args-num-gpus", 0, 0),
+    ("client-resources-num-gpus", 0.25, 0.25),
+    ("client-resources-num-gpus", "2", 2.0),
+    ("backend", "ray", "ray"),  # a key this module does not type passes through
+])
+def test_values_flower_takes_are_typed_as_it_takes_them(key, value, typed):
+    result = federation_value(key, value)
+    assert result == typed and type(result) is type(typed)
+
+
+@pytest.mark.parametrize("key, value, says", [
+    ("client-resources-num-cpus", 0.5, "init-args-num-cpus"),
+    ("client-resources-num-cpus", 0, "whole number >= 1"),
+    ("num-supernodes", 0, "whole number >= 1"),
+    ("num-supernodes", 2.5, "whole number >= 1"),
+    ("init-args-num-gpus", -1, "whole number >= 0"),
+    ("client-resources-num-gpus", -0.5, "between 0 and 1"),
+    ("client-resources-num-gpus", 1.5, "whole number of GPUs"),
+    ("client-resources-num-cpus", True, "not true / false"),
+    ("client-resources-num-cpus", "two", "give a number"),
+    ("client-resources-num-gpus", float("nan"), "finite"),
+])
+def test_a_value_flower_would_refuse_names_the_key_the_value_and_the_fix(key, value, says):
+    with pytest.raises(FederationConfigError) as info:
+        federation_value(key, value)
+    assert str(info.value).startswith(f"{key}={value!r}: ")
+    assert says in str(info.value)
+    assert (info.value.key, info.value.value) == (key, value)
+
+
+def test_flwr_run_gets_whole_cpus_even_from_a_float():
+    cmd = flwr_run_command(None, {"num-supernodes": 2, "client-resources-num-cpus": 2.0})
+    assert cmd[cmd.index("--federation-config") + 1] == (
+        "num-supernodes=2 client-resources-num-cpus=2")
+    with pytest.raises(FederationConfigError, match="client-resources-num-cpus=0.5"):
+        flwr_run_command(None, {"client-resources-num-cpus": 0.5})
+
+
+def test_run_takes_whole_cpus_per_client():
+    args = simulation_cli.build_parser("run").parse_args(
+        ["run", "--cpus-per-client", "2", "--gpus-per-client", "0.25", "--num-supernodes", "4"])
+    assert (args.cpus_per_client, args.gpus_per_client, args.num_supernodes) == (2, 0.25, 4)
+    assert type(args.cpus_per_client) is int
+
+
+@pytest.mark.parametrize("command, option, value, says", [
+    (["run"], "--cpus-per-client", "0.5", "init-args-num-cpus"),
+    (["run"], "--num-supernodes", "0", "whole number >= 1"),
+    (["run"], "--gpus-per-client", "-1", "between 0 and 1"),
+    (["bench", "efficiency"], "--gpus-per-client", "1.5", "whole number of GPUs"),
+    (["bench", "scale"], "--cpus-per-client", "1.5", "whole number >= 1"),
+])
+def test_a_bad_option_is_a_usage_error_naming_it_and_flowers_key(capsys, command, option,
+                                                                 value, says):
+    with pytest.raises(SystemExit) as info:
+        simulation_cli.main([*command, option, value])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {option}: {value!r} (Flower's federation option " in err
+    assert says in err
+
+
+def test_a_sweep_file_with_fractional_cpus_per_client_fails_before_any_run(tmp_path, capsys):
+    path = tmp_path / "bad.toml"
+    path.write_text('seeds = [0]\ncpus-per-client = 0.5\n[variants.a]\nlr = 0.1\n')
+    with pytest.raises(ValueError) as info:
+        sweep.load_sweep(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: cpus-per-client = 0.5 (Flower's federation option "
+                              "client-resources-num-cpus): give a whole number >= 1")
+    with pytest.raises(SystemExit) as exit_info:
+        simulation_cli.main(["sweep", str(path), "--out", str(tmp_path / "out")])
+    assert str(exit_info.value) == f"sweep: {message}"
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_a_sweep_files_federation_is_typed(tmp_path):
+    path = tmp_path / "ok.toml"
+    path.write_text('seeds = [0]\nnum-supernodes = 4\ncpus-per-client = 2.0\n[variants.a]\n')
+    assert sweep.federation(sweep.load_sweep(path)) == {
+        "num-supernodes": 4, "client-resources-num-cpus": 2}
+    assert sweep.federation({"seeds": [0], "variants": {}}) == {
+        "num-supernodes": 10, "client-resources-num-cpus": 1}
