@@ -45,7 +45,8 @@ def test_repeats_print_each_efficiency_and_their_median_and_range():
 def test_repeats_must_be_a_positive_integer():
     out = subprocess.run([sys.executable, "-m", "simulation", "bench", "efficiency",
                           "--repeats", "0"], capture_output=True, text=True, timeout=120)
-    assert out.returncode != 0 and "--repeats 0: give an integer >= 1" in out.stderr
+    assert out.returncode == 2
+    assert "argument --repeats: '0': give a whole number >= 1" in out.stderr
 
 
 def test_torch_import_memory_is_measured_in_a_fresh_process():

@@ -99,3 +99,30 @@ def test_a_sweep_files_federation_is_typed(tmp_path):
         "num-supernodes": 4, "client-resources-num-cpus": 2}
     assert sweep.federation({"seeds": [0], "variants": {}}) == {
         "num-supernodes": 10, "client-resources-num-cpus": 1}
+
+
+@pytest.mark.parametrize("command, option, value, minimum", [
+    (["bench", "aggregation"], "--replies", "0", 1),
+    (["bench", "aggregation"], "--repeats", "-2", 1),
+    (["bench", "efficiency"], "--rounds", "1", 2),  # round 1 is not timed
+    (["bench", "efficiency"], "--eval-every", "0", 1),
+    (["bench", "overhead"], "--batch-size", "0", 1),
+    (["bench", "deploy"], "--supernodes", "0", 1),
+    (["bench", "sync-events"], "--local-steps", "x", 1),
+    (["faults-table"], "--nodes", "0", 1),
+    (["resume-check"], "--rounds", "0", 1),
+])
+def test_a_count_below_its_minimum_is_a_usage_error(capsys, command, option, value, minimum):
+    with pytest.raises(SystemExit) as info:
+        simulation_cli.main([*command, option, value])
+    assert info.value.code == 2
+    assert f"argument {option}: {value!r}: give a whole number >= {minimum}" in (
+        capsys.readouterr().err)
+
+
+def test_the_bench_clients_are_simulated_supernodes():
+    with pytest.raises(SystemExit):
+        simulation_cli.main(["bench", "efficiency", "--clients", "0"])
+    args = simulation_cli.build_parser("bench").parse_args(
+        ["bench", "scale", "--clients", "10", "100.0"])
+    assert args.clients == [10, 100]

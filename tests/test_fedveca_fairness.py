@@ -309,3 +309,37 @@ def test_results_rebuilds_the_fig3_panels(tmp_path, capsys):
     assert (out / "fedveca_fig3" / "svm" / "fig3_loss_accuracy.png").is_file()
     assert not (out / "fedveca_fig3" / "cnn").exists()  # no runs, nothing built
     assert "fedveca_fig3/svm/tables.md" in capsys.readouterr().out
+
+
+def test_fig3_through_the_cli_writes_its_options_and_runs_every_seed(tmp_path, monkeypatch):
+    """`fedhetero fedveca-fig3` (and `python -m simulation fedveca-fig3`): the CLI puts the
+    tool's module into the parsed args, which driver_args.json must leave out."""
+    from simulation import cli
+    from simulation.experiments.fedveca import fig3
+
+    seeds = []
+    monkeypatch.setattr(fig3, "run_seed", lambda args, out, seed, i, n: seeds.append(seed) or True)
+    out = tmp_path / "fig3"
+    assert cli.main(["fedveca-fig3", "--out", str(out), "--seeds", "3", "4", "--rounds", "7",
+                     "--no-report"]) == 0
+    assert seeds == [3, 4]
+    written = json.loads((out / "driver_args.json").read_text())
+    assert written["rounds"] == 7 and written["out"] == str(out) and written["seeds"] == [3, 4]
+    assert written["command"] == "fedveca-fig3" and "tool" not in written
+
+
+@pytest.mark.parametrize("argv", [
+    ["fedveca-fig3", "--rounds", "0"],
+    ["fedveca-fig3", "--num-clients", "0"],
+    ["fedveca-fig3", "--tau-max", "0"],
+    ["centralized", "--out", "x", "--steps", "-1"],
+    ["centralized", "--out", "x", "--steps", "5", "--batch-size", "0"],
+    ["centralized", "--out", "x", "--steps", "5", "--num-partitions", "0"],
+])
+def test_fig3_and_centralized_refuse_counts_below_one_before_any_work(argv, capsys):
+    from simulation import cli
+
+    with pytest.raises(SystemExit) as info:
+        cli.main(argv)
+    assert info.value.code == 2
+    assert f"argument {argv[-2]}: {argv[-1]!r}" in capsys.readouterr().err

@@ -13,13 +13,15 @@ import torch
 from strategies import contract as C
 from task.models import build_model
 
+from ..runtime import at_least
+
 HELP = "aggregate_train time and memory vs Flower's FedAvg"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--replies", type=int, default=100, help="client replies aggregated")
+    p.add_argument("--replies", type=at_least(1), default=100, help="client replies aggregated")
     p.add_argument("--model", default="cnn-mcmahan", help="model name (task.models)")
-    p.add_argument("--repeats", type=int, default=5,
+    p.add_argument("--repeats", type=at_least(1), default=5,
                    help="interleaved timings of each strategy (the best is printed)")
 
 

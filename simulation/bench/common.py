@@ -24,15 +24,16 @@ from task.layout import inference_layout, training_layout
 from task.models import build_model
 from task.train import client_seed, local_sgd, resolve_device
 
-from ..runtime import option_type, run_app
+from ..runtime import at_least, option_type, run_app
 
 
 def add_workload_arguments(p, *, clients: int, rounds: int, model: str, rounds_help: str) -> None:
     """The options :func:`workload` reads (and ``--cpus-per-client``), with a bench's defaults."""
-    p.add_argument("--clients", type=int, default=clients, help="simulated clients (SuperNodes)")
-    p.add_argument("--rounds", type=int, default=rounds, help=rounds_help)
-    p.add_argument("--epochs", type=int, default=1, help="local epochs E")
-    p.add_argument("--batch-size", type=int, default=32, help="local batch size B")
+    p.add_argument("--clients", type=option_type("num-supernodes"), default=clients,
+                   help="simulated clients (SuperNodes)")
+    p.add_argument("--rounds", type=at_least(2), default=rounds, help=rounds_help)
+    p.add_argument("--epochs", type=at_least(1), default=1, help="local epochs E")
+    p.add_argument("--batch-size", type=at_least(1), default=32, help="local batch size B")
     p.add_argument("--model", default=model, help="model name (task.models)")
     p.add_argument("--cpus-per-client", type=option_type("client-resources-num-cpus"), default=1,
                    help="CPUs per ClientApp (the parallel workers: CPUs / this)")

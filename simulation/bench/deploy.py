@@ -30,7 +30,7 @@ from fedapp.run_log import format_table, read_rounds
 from strategies import contract as C
 from task.cache import ROOT_ENV
 
-from ..runtime import parse_overrides
+from ..runtime import at_least, parse_overrides
 from .common import simulation_round_seconds
 
 HELP = "deployment runtime vs simulation engine, warm rounds of one config"
@@ -39,7 +39,7 @@ IN_MEMORY = "Flower's default"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--supernodes", type=int, default=2,
+    p.add_argument("--supernodes", type=at_least(1), default=2,
                    help="SuperNodes = simulated clients = partitions (default 2)")
     p.add_argument("--rounds", type=int, default=4, help="rounds per run; 2..R are timed")
     p.add_argument("-c", "--run-config", action="append", default=[], metavar="KEY=VALUE",

@@ -26,7 +26,7 @@ import torch
 
 from strategies import contract as C
 
-from ..runtime import option_type
+from ..runtime import at_least, option_type
 from .common import (add_workload_arguments, bare_app_peak_mb, bare_client_seconds,
                      bare_evaluation_seconds, bare_parallel_seconds, simulation_round_seconds,
                      torch_import_mb, workload)
@@ -40,12 +40,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                            rounds_help="server rounds (round 1, the start-up, is not timed)")
     p.add_argument("--gpus-per-client", type=option_type("client-resources-num-gpus"), default=0.25,
                    help="GPU share per ClientApp where there is a GPU (workers: 1 / this)")
-    p.add_argument("--eval-every", type=int, default=1, metavar="K",
+    p.add_argument("--eval-every", type=at_least(1), default=1, metavar="K",
                    help="the server evaluates every K-th round and the last (default 1: the "
                         "target's workload; a K above --rounds leaves only the last)")
     p.add_argument("--no-eval-overlap", dest="eval_overlap", action="store_false",
                    help="evaluate between rounds, not in the background during the next")
-    p.add_argument("--repeats", type=int, default=1, metavar="N",
+    p.add_argument("--repeats", type=at_least(1), default=1, metavar="N",
                    help="measure (a) N times, each a simulation then its bare baselines, and "
                         "print every repeat's efficiency with the median and range (a VM's "
                         "speed can drift between runs by more than the ratio's margins)")
@@ -140,10 +140,6 @@ def print_cpu_accounting(sampler: CpuSampler, records: int, ours: float, cpus: i
 def run(args) -> None:
     import os  # noqa: PLC0415
 
-    if args.eval_every < 1:
-        raise SystemExit(f"--eval-every {args.eval_every}: give an integer >= 1")
-    if args.repeats < 1:
-        raise SystemExit(f"--repeats {args.repeats}: give an integer >= 1")
     work = {**workload(args), "drift-diagnostics": False, "eval-every": args.eval_every,
             "eval-overlap": args.eval_overlap}
     cpus = os.cpu_count() or 1

@@ -6,11 +6,13 @@ from __future__ import annotations
 import argparse
 import statistics
 
+from ..runtime import at_least
+
 HELP = "import cost of strategies vs flwr.serverapp.strategy"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--repeats", type=int, default=7,
+    p.add_argument("--repeats", type=at_least(1), default=7,
                    help="fresh interpreters per import (the median is printed)")
 
 

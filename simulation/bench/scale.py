@@ -21,7 +21,8 @@ HELP = "per-round time vs number of clients: ours against a bare Flower FedAvg a
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--clients", type=int, nargs="+", default=[10, 100, 1000],
+    p.add_argument("--clients", type=option_type("num-supernodes"), nargs="+",
+                   default=[10, 100, 1000],
                    help="numbers of clients (SuperNodes), one pair of runs each")
     p.add_argument("--rounds", type=int, default=5,
                    help="rounds per run (>= 3: rounds 2..R-1 are timed)")

@@ -18,17 +18,17 @@ from strategies import contract as C
 from task.data import PartitionSpec, client_data, load_dataset
 from task.models import build_model
 
-from ..runtime import option_type
+from ..runtime import at_least, option_type
 from .common import simulation_round_seconds
 
 HELP = "DynamicFL: seconds per sync event vs the number of active clients"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--clients", type=int, nargs="+", default=[2, 5, 10])
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--local-steps", type=int, default=10)
-    p.add_argument("--batch-size", type=int, default=10)
+    p.add_argument("--clients", type=option_type("num-supernodes"), nargs="+", default=[2, 5, 10])
+    p.add_argument("--rounds", type=at_least(2), default=3)
+    p.add_argument("--local-steps", type=at_least(1), default=10)
+    p.add_argument("--batch-size", type=at_least(1), default=10)
     p.add_argument("--model", default="lenet-gn")
     p.add_argument("--cpus-per-client", type=option_type("client-resources-num-cpus"), default=1,
                    help="CPUs per ClientApp (the parallel workers: CPUs / this)")

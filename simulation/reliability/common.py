@@ -7,6 +7,8 @@ from pathlib import Path
 
 from fedapp.registry import FLOWER_STRATEGIES, STRATEGIES
 
+from ..runtime import at_least
+
 # fedhetero's own strategies; Flower's classes (fedavgm, ...) can be named with --strategies
 OWN_STRATEGIES = sorted(set(STRATEGIES) - set(FLOWER_STRATEGIES))
 
@@ -39,8 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser, out_name: str) -> None:
                         help="comma-separated strategy names (default: fedhetero's own, "
                              "i.e. all registered but Flower's fedavgm, fedadam, fedyogi, "
                              "fedadagrad)")
-    parser.add_argument("--rounds", type=int, default=5, help="server rounds per run")
-    parser.add_argument("--nodes", type=int, default=4, help="clients (in-process nodes)")
+    parser.add_argument("--rounds", type=at_least(1), default=5, help="server rounds per run")
+    parser.add_argument("--nodes", type=at_least(1), default=4, help="clients (in-process nodes)")
     parser.add_argument("--seed", type=int, default=0, help="the runs' run-config seed")
     parser.add_argument(
         "--out",

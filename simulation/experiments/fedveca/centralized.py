@@ -31,6 +31,7 @@ from task.layout import training_layout
 from task.models import build_model
 from task.train import batch_indices
 
+from ...runtime import at_least
 from .fairness import checkpoints as cumulative_checkpoints
 from .fairness import steps_per_round
 
@@ -199,13 +200,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="RUN_DIR",
         help="a FedVeca run directory: total steps and checkpoints from its rounds.jsonl",
     )
-    budget.add_argument("--steps", type=int, default=0, help="total SGD steps")
+    budget.add_argument("--steps", type=at_least(1), default=None, help="total SGD steps")
     parser.add_argument(
-        "--rounds", type=int, default=50, help="checkpoints (without --from-fedveca)"
+        "--rounds", type=at_least(1), default=50, help="checkpoints (without --from-fedveca)"
     )
     parser.add_argument("--model", default="svm", help="svm or cnn-fedveca (task.models)")
     parser.add_argument("--lr", type=float, default=0.01, help="eta")
-    parser.add_argument("--batch-size", type=int, default=100, help="B")
+    parser.add_argument("--batch-size", type=at_least(1), default=100, help="B")
     parser.add_argument("--seed", type=int, default=0,
                         help="the partition, initial model and batch-order seed")
     parser.add_argument("--dataset", default="fashion-mnist", help="dataset name")
@@ -213,7 +214,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="absolute data folder (empty: the default place)")
     parser.add_argument("--partition", default="fedveca-case3",
                         help="partition whose union is the training set")
-    parser.add_argument("--num-partitions", type=int, default=5, help="partitions (clients)")
+    parser.add_argument("--num-partitions", type=at_least(1), default=5,
+                        help="partitions (clients)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -225,10 +227,8 @@ def run(args: argparse.Namespace) -> int:
                 f"--from-fedveca {args.from_fedveca}: no fedveca-tau in its "
                 "rounds.jsonl; give a FedVeca run directory"
             )
-    elif args.steps > 0:
+    else:  # --steps (argparse: one of the two, and >= 1)
         points = even_checkpoints(args.steps, args.rounds)
-    else:
-        raise SystemExit(f"--steps {args.steps}: give a positive number of SGD steps")
     run_dir = run_centralized(
         model_name=args.model,
         checkpoints=points,

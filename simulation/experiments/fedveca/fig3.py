@@ -23,11 +23,12 @@ import argparse
 import json
 import time
 from pathlib import Path
+from types import ModuleType
 
 from fedapp.run_log import read_rounds
 
 from simulation.progress import RoundProgress
-from simulation.runtime import option_type, parse_overrides, run_app
+from simulation.runtime import at_least, option_type, parse_overrides, run_app
 from simulation.sweep import SweepRun, finished_run_dir
 
 from .centralized import run_centralized
@@ -180,9 +181,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="svm", help="svm (squared-SVM, even/odd) or cnn-fedveca")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2],
                         help="run-config seeds, one full protocol each")
-    parser.add_argument("--rounds", type=int, default=50, help="K (the paper: 100)")
+    parser.add_argument("--rounds", type=at_least(1), default=50, help="K (the paper: 100)")
     parser.add_argument("--out", type=Path, default=None, help="default: runs/fedveca_fig3_<model>")
-    parser.add_argument("--num-clients", type=int, default=5,
+    parser.add_argument("--num-clients", type=option_type("num-supernodes"), default=5,
                         help="N SuperNodes, all in every round")
     parser.add_argument("--partition", default="fedveca-case3", help="run-config partition")
     parser.add_argument("--dataset", default="fashion-mnist", help="run-config dataset")
@@ -190,15 +191,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="absolute data folder (run-config data-dir; empty: the default place)")
     parser.add_argument("--lr", type=float, default=0.01, help="eta (paper: 0.01)")
     parser.add_argument(
-        "--batch-size", type=int, default=100, help="B (not in the paper; ref. code: 100)"
+        "--batch-size", type=at_least(1), default=100, help="B (not in the paper; ref. code: 100)"
     )
     parser.add_argument("--alpha", type=float, default=0.95, help="FedVeca's alpha, eq. (15)")
-    parser.add_argument("--tau-init", type=int, default=20, help="tau of rounds 0 and 1")
-    parser.add_argument("--tau-max", type=int, default=50, help="the cap on every tau")
+    parser.add_argument("--tau-init", type=at_least(1), default=20, help="tau of rounds 0 and 1")
+    parser.add_argument("--tau-max", type=at_least(1), default=50, help="the cap on every tau")
     parser.add_argument("--beta-mode", default="same-batch",
                         help="client estimator of beta: same-batch or literal (Alg. 2)")
     parser.add_argument(
-        "--grad-subsample", type=int, default=0, help="0: full local gradient (paper)"
+        "--grad-subsample", type=at_least(0), default=0, help="0: full local gradient (paper)"
     )
     parser.add_argument("--device", default="cpu", help="run-config device: auto, cpu, cuda")
     parser.add_argument("--cpus-per-client", type=option_type("client-resources-num-cpus"),
@@ -217,16 +218,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def driver_args(args: argparse.Namespace) -> dict:
+    """The options of this invocation as JSON values (paths as text), for
+    ``driver_args.json``; the tool module the CLI adds to ``args`` is not an option."""
+    return {key: (str(value) if isinstance(value, Path) else value)
+            for key, value in vars(args).items() if not isinstance(value, ModuleType)}
+
+
 def run(args: argparse.Namespace) -> int:
     """Every seed's runs, then the tables and plots; 0 if every run finished."""
     out = (args.out or Path("runs") / f"fedveca_fig3_{args.model}").resolve()
     out.mkdir(parents=True, exist_ok=True)
-    (out / "driver_args.json").write_text(
-        json.dumps(
-            {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}, indent=1
-        )
-        + "\n"
-    )
+    (out / "driver_args.json").write_text(json.dumps(driver_args(args), indent=1) + "\n")
     ok = all(
         [run_seed(args, out, seed, i, len(args.seeds)) for i, seed in enumerate(args.seeds, 1)]
     )
