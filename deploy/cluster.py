@@ -76,6 +76,10 @@ class DeploySpec:
                 "auth (--auth) needs tls (--tls): Flower's SuperNode authentication requires TLS; "
                 "add --tls"
             )
+        if not 0 <= self.port <= 65535:
+            raise ValueError(
+                f"port={self.port} (--port): give a TCP port from 1 to 65535, or 0 for a free one"
+            )
         if self.num_threads < 0:
             raise ValueError(
                 f"num_threads={self.num_threads} (--num-threads): give an integer >= 1, or 0 "

@@ -117,3 +117,7 @@ def test_deploy_shares_the_cores_among_supernodes(monkeypatch, tmp_path):
     assert exec_argv[exec_argv.index("--parent-pid") + 1] == "4242"
     with pytest.raises(ValueError, match="--num-threads"):
         cluster.DeploySpec(num_threads=-1)
+    for port in (-5, 70000):  # refused before a SuperLink is started on it
+        with pytest.raises(ValueError, match=rf"port={port} \(--port\): give a TCP port"):
+            cluster.DeploySpec(port=port)
+    assert cluster.DeploySpec(port=0).port == 0 and cluster.DeploySpec(port=9092).port == 9092
