@@ -16,6 +16,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from fedapp.registry import check_run_config
 from simulation.runtime import parse_overrides
 
 from .cluster import DeploySpec, LocalDeployment
@@ -63,7 +64,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def spec_of(args: argparse.Namespace) -> tuple[DeploySpec, dict]:
-    """(what to start, run-config overrides); ValueError names a bad option."""
+    """(what to start, run-config overrides); ValueError names a bad option or run-config
+    value (the ServerApp's checks: :func:`fedapp.registry.check_run_config`)."""
     overrides = parse_overrides(args.run_config)
     spec = DeploySpec(
         num_supernodes=args.num_supernodes,
@@ -77,6 +79,7 @@ def spec_of(args: argparse.Namespace) -> tuple[DeploySpec, dict]:
         superlink_database=not args.in_memory_superlink,
     )
     overrides.setdefault("min-available-nodes", spec.num_supernodes)  # all join before round 1
+    check_run_config(overrides)  # the ServerApp's rules, before anything starts
     return spec, overrides
 
 

@@ -26,6 +26,7 @@ from fedapp.run_log import read_rounds
 from strategies import contract as C
 
 from .metrics import evaluated, percent_over_seeds
+from .preflight import refuse_bad_run_configs
 from .progress import SweepProgress
 from .runtime import FederationConfigError, federation_value, run_app
 
@@ -116,9 +117,12 @@ def execute(
     variants: list[str] | None = None,
 ) -> list[tuple[SweepRun, Path]]:
     """Run what is not finished yet (from its last checkpoint where there is one); return
-    (run, run directory) for all finished runs."""
+    (run, run directory) for all finished runs. Every run's config is checked first
+    (SystemExit naming the variant and seed: :mod:`.preflight`)."""
     runs = plan(spec, out, seeds, variants)
     federation_config = federation(spec)
+    refuse_bad_run_configs((f"variant {run.variant!r}, seed {run.seed}", run.run_config)
+                         for run in runs)
     done = []
     with SweepProgress(sum(rounds_of(run) for run in runs)) as progress:
         for index, run in enumerate(runs, 1):

@@ -1,0 +1,65 @@
+"""A run's config is checked in the driver before `flwr run` starts, by the ServerApp's
+own rules (simulation/preflight.py): a typo fails at once and a sweep checks every run
+before its first."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from simulation import __main__ as simulation_cli
+from simulation import run as run_tool
+from simulation import sweep
+
+
+@pytest.fixture
+def no_flwr_run(monkeypatch):
+    """run_app replaced: a test fails if anything would start."""
+    started = []
+    monkeypatch.setattr(run_tool, "run_app", lambda *a, **k: started.append(a) or 1 / 0)
+    monkeypatch.setattr(sweep, "run_app", lambda *a, **k: started.append(a) or 1 / 0)
+    return started
+
+
+def test_run_with_a_bad_value_stops_before_flwr_run(no_flwr_run):
+    with pytest.raises(SystemExit) as info:
+        simulation_cli.main(["run", "-c", "strategy=fedavgg"])
+    message = str(info.value)
+    assert message.startswith("run config check: run config: strategy='fedavgg' is not allowed")
+    assert "Set it with: flwr run . --run-config \"strategy='fedavg'\"" in message
+    assert message.endswith("(checked before flwr run started; nothing ran)")
+    assert no_flwr_run == []
+
+
+@pytest.mark.parametrize("override, says", [
+    ("dirichlet-alpha=0", "dirichlet-alpha=0.0 is not allowed"),
+    ("num-server-rounds=0", "num-server-rounds=0 is not allowed"),
+    ("learning-rate=0.1", "unknown key(s) learning-rate"),
+    ("fedprox-mu=-1", "fedprox-mu"),  # a strategy's own check, though FedAvg runs
+])
+def test_the_servers_rules_apply_in_the_driver(no_flwr_run, override, says):
+    with pytest.raises(SystemExit, match=says.replace("(", r"\(").replace(")", r"\)")):
+        simulation_cli.main(["run", "-c", override])
+    assert no_flwr_run == []
+
+
+def test_a_sweep_with_one_bad_variant_starts_no_run(tmp_path, no_flwr_run):
+    path = tmp_path / "sweep.toml"
+    path.write_text('seeds = [0, 1]\n[variants.good]\nlr = 0.1\n'
+                    '[variants.bad]\ndirichlet-alpha = 0.0\n')
+    with pytest.raises(SystemExit) as info:
+        simulation_cli.main(["sweep", str(path), "--out", str(tmp_path / "out")])
+    assert str(info.value).startswith(
+        "variant 'bad', seed 0: run config: dirichlet-alpha=0.0 is not allowed")
+    assert no_flwr_run == []
+
+
+def test_deploy_run_refuses_a_bad_run_config_as_a_usage_error(capsys):
+    from deploy.run import add_arguments, run  # noqa: PLC0415
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert run(parser.parse_args(["-c", "partition=shard", "--workdir", "/nonexistent"])) == 2
+    err = capsys.readouterr().err
+    assert "python -m deploy run: error: run config: partition='shard' is not allowed" in err
