@@ -41,6 +41,7 @@ from strategies import contract as C
 
 from .metrics import (bytes_to_target, cumulative_bytes, evaluated, evaluated_bytes, has_clock,
                       percent_over_seeds, rounds_to_target, sim_elapsed, sim_seconds_to_target)
+from .runtime import fraction
 
 
 def collect(folder: Path) -> dict[str, list[tuple[Path, list[dict]]]]:
@@ -396,7 +397,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--target",
-        type=float,
+        type=fraction,
         action="append",
         default=None,
         help="target accuracy in [0, 1], repeatable (default 0.6 and 0.7)",

@@ -21,3 +21,14 @@ def at_least(minimum: int) -> Callable[[str], int]:
 
     parse.__name__ = f"whole number >= {minimum}"
     return parse
+
+
+def fraction(text: str) -> float:
+    """A number from 0 to 1 (an accuracy target: ``0.8`` for 80 %)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is None or not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number from 0 to 1 (0.8 for 80 %)")
+    return value

@@ -1,5 +1,6 @@
-"""The simulation federation's options are typed as Flower 1.41 takes them, and a value it
-would refuse is an error naming the option and the fix (simulation/runtime/federation.py)."""
+"""Bad command-line input is a usage error before anything starts: the simulation
+federation's options typed as Flower 1.41 takes them (simulation/runtime/federation.py),
+counts and fractions (simulation/runtime/option_types.py)."""
 
 from __future__ import annotations
 
@@ -126,3 +127,12 @@ def test_the_bench_clients_are_simulated_supernodes():
     args = simulation_cli.build_parser("bench").parse_args(
         ["bench", "scale", "--clients", "10", "100.0"])
     assert args.clients == [10, 100]
+
+
+@pytest.mark.parametrize("value", ["80", "-0.1", "x"])
+def test_a_report_target_outside_0_to_1_is_a_usage_error(capsys, value, tmp_path):
+    with pytest.raises(SystemExit) as info:
+        simulation_cli.main(["report", str(tmp_path), "--target", value])
+    assert info.value.code == 2
+    assert (f"argument --target: {value!r}: give a number from 0 to 1 (0.8 for 80 %)"
+            in capsys.readouterr().err)
