@@ -136,3 +136,10 @@ def test_a_report_target_outside_0_to_1_is_a_usage_error(capsys, value, tmp_path
     assert info.value.code == 2
     assert (f"argument --target: {value!r}: give a number from 0 to 1 (0.8 for 80 %)"
             in capsys.readouterr().err)
+
+
+def test_resume_check_needs_a_round_after_the_kill():
+    with pytest.raises(SystemExit) as info:
+        simulation_cli.main(["resume-check", "--rounds", "3"])
+    assert str(info.value) == ("resume-check: --rounds 3: the check kills each run after round 3 "
+                               "and resumes it, so give --rounds >= 4")

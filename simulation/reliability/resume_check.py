@@ -31,6 +31,8 @@ from .grid import SimulatedKill, run_inprocess
 
 OUT_NAME = "resume_check.json"
 CHILD = "simulation.reliability.resume_check"  # python -m CHILD CONFIG.json: the killed run
+KILL_AFTER = 3  # the round after which the run is killed
+CHECKPOINT_EVERY = 2  # so the resume starts from round 2's checkpoint, one round back
 
 
 def hold_after_round(config_path: Path) -> int:
@@ -122,6 +124,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """One check per strategy (killed after round 3, checkpoint every 2); 0 if all pass."""
+    if args.rounds <= KILL_AFTER:
+        raise SystemExit(f"resume-check: --rounds {args.rounds}: the check kills each run after "
+                         f"round {KILL_AFTER} and resumes it, so give --rounds >= {KILL_AFTER + 1}")
     quiet_flower()
     results = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -129,8 +134,8 @@ def run(args: argparse.Namespace) -> int:
             res = resume_check(
                 strategy,
                 args.rounds,
-                kill_after=3,
-                every=2,
+                kill_after=KILL_AFTER,
+                every=CHECKPOINT_EVERY,
                 nodes=args.nodes,
                 seed=args.seed,
                 workdir=Path(tmp) / strategy,
