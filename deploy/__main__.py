@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from simulation.runtime import HelpFormatter
+from simulation.runtime import HelpFormatter, stop_on_sigterm
 
 from . import run as run_command
 
@@ -41,7 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Parse ``argv`` and run the command; its exit code."""
-    return run(build_parser().parse_args(argv))
+    args = build_parser().parse_args(argv)
+    with stop_on_sigterm():  # `kill PID` stops the SuperLink and SuperNodes, as Ctrl-C does
+        return run(args)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import argparse
 import importlib
 import sys
 
-from .runtime import HelpFormatter
+from .runtime import HelpFormatter, stop_on_sigterm
 
 PROG = "python -m simulation"
 COMMANDS = {
@@ -64,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     """Parse ``argv`` and run the chosen tool; its exit code."""
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser(chosen_command(argv)).parse_args(argv)
-    return args.tool.run(args)
+    with stop_on_sigterm():  # `kill PID` stops what the tool started, as Ctrl-C does
+        return args.tool.run(args)
 
 
 if __name__ == "__main__":

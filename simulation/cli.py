@@ -14,6 +14,7 @@ from importlib.metadata import PackageNotFoundError, version
 from .__main__ import COMMANDS as SIMULATION_COMMANDS
 from .__main__ import build_parser as build_tool_parser
 from .__main__ import chosen_command
+from .runtime import stop_on_sigterm
 
 PROG = "fedhetero"
 DESCRIPTION = """\
@@ -55,4 +56,5 @@ def main(argv: list[str] | None = None) -> int:
     """Parse ``argv`` and run the chosen tool; its exit code (the console script's entry)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser(chosen_command(argv, COMMANDS)).parse_args(argv)
-    return args.tool.run(args)
+    with stop_on_sigterm():  # `kill PID` stops what the tool started, as Ctrl-C does
+        return args.tool.run(args)

@@ -5,8 +5,8 @@ Public API (everything else is internal to this package):
 
 * overrides: :func:`parse_value`, :func:`parse_overrides`, :func:`to_flwr_config`;
 * processes: :func:`free_port`, :func:`descendants`, :func:`process_tree`,
-  :func:`is_alive`, :func:`send_signal`, :func:`stop_pids`, :class:`Started`,
-  :func:`start_process`, :func:`stop_processes`, :func:`wait_for_port`;
+  :func:`is_alive`, :func:`send_signal`, :func:`stop_pids`, :func:`stop_on_sigterm`,
+  :class:`Started`, :func:`start_process`, :func:`stop_processes`, :func:`wait_for_port`;
 * the ``flwr`` CLI: :data:`PROJECT_ROOT`, :func:`flwr_env`, :func:`flwr_run_command`,
   :func:`stream_command`, :func:`run_status`, :func:`submit_run`, :class:`AppRun`;
 * the managed local SuperLink: :func:`run_app`, :func:`local_superlink_pids`,
@@ -26,13 +26,14 @@ from .local_superlink import local_superlink_pids, run_app, stop_local_superlink
 from .option_types import at_least, fraction
 from .overrides import parse_overrides, parse_value, to_flwr_config
 from .processes import (Started, descendants, free_port, is_alive, process_tree, send_signal,
-                        start_process, stop_pids, stop_processes, wait_for_port)
+                        start_process, stop_on_sigterm, stop_pids, stop_processes,
+                        wait_for_port)
 
 __all__ = [
     "AppRun", "at_least", "FederationConfigError", "HelpFormatter", "PROJECT_ROOT", "Started",
     "descendants", "federation_value", "flwr_env", "fraction", "flwr_run_command", "free_port",
     "is_alive", "local_superlink_pids", "option_type", "parse_overrides", "parse_value",
     "process_tree", "run_app", "run_id_of", "run_status", "send_signal", "start_process",
-    "stop_local_superlink", "stop_pids", "stop_processes", "stream_command", "submit_run",
+    "stop_local_superlink", "stop_on_sigterm", "stop_pids", "stop_processes", "stream_command", "submit_run",
     "to_flwr_config", "wait_for_port",
 ]

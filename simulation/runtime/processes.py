@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
+import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,6 +65,29 @@ def is_alive(pid: int) -> bool:
         return "\nState:\tZ" not in Path(f"/proc/{pid}/status").read_text()
     except OSError:
         return False
+
+
+@contextlib.contextmanager
+def stop_on_sigterm() -> Iterator[None]:
+    """Within it, SIGTERM (``kill PID``, ``timeout``, a batch scheduler) ends this process
+    the way Ctrl-C does: a ``SystemExit(143)`` unwinds the ``finally`` blocks that stop
+    what it started (the SuperLink, SuperNodes, Ray), by PID, instead of leaving them
+    running. Later SIGTERMs are ignored so that the clean-up finishes; the previous handler
+    is back afterwards. Main thread only (Python runs signal handlers there); the tools'
+    entry points hold it around the tool."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(signum: int, _frame) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def stop_pids(pids: list[int], timeout: float = 15.0) -> None:
