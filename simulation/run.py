@@ -13,6 +13,7 @@ import tomllib
 from .preflight import refuse_bad_run_config
 from .progress import RunProgress
 from .runtime import PROJECT_ROOT, option_type, parse_overrides, run_app
+from .runtime.ray_cluster import ray_address
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         type=override,
                         help="run-config override, repeatable (e.g. -c strategy=fedavg -c lr=0.05)")
     parser.add_argument("--flwr-home", default=None, help="FLWR_HOME (default: <project>/.flwr)")
-    parser.add_argument("--ray-address", default=None, metavar="HOST:PORT",
+    parser.add_argument("--ray-address", type=ray_address, default=None, metavar="HOST:PORT",
                         help="run the ClientApps on this Ray cluster instead of a private Ray")
 
 

@@ -29,6 +29,7 @@ from .metrics import evaluated, percent_over_seeds
 from .preflight import refuse_bad_run_configs
 from .progress import SweepProgress
 from .runtime import FederationConfigError, federation_value, run_app
+from .runtime.ray_cluster import ray_address
 
 
 # sweep-file keys -> the federation options they set (flwr run --federation-config)
@@ -237,6 +238,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--ray-address",
+        type=ray_address,
         default=None,
         metavar="HOST:PORT",
         help="run the ClientApps on this Ray cluster (its head's GCS address) instead of "

@@ -4,6 +4,8 @@ counts and fractions (simulation/runtime/option_types.py)."""
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
 from simulation import __main__ as simulation_cli
@@ -143,3 +145,36 @@ def test_resume_check_needs_a_round_after_the_kill():
         simulation_cli.main(["resume-check", "--rounds", "3"])
     assert str(info.value) == ("resume-check: --rounds 3: the check kills each run after round 3 "
                                "and resumes it, so give --rounds >= 4")
+
+
+@pytest.mark.parametrize("command", [["run"], ["sweep", "any.toml"]])
+def test_a_ray_address_nobody_answers_at_is_a_usage_error(capsys, command):
+    from simulation.runtime import free_port
+
+    address = f"127.0.0.1:{free_port()}"  # nothing listens there
+    with pytest.raises(SystemExit) as info:
+        simulation_cli.main([*command, "--ray-address", address])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument --ray-address: {address!r}: no Ray head answers there" in err
+    assert "ray start --head --port=6379" in err
+
+
+@pytest.mark.parametrize("address", ["6379", "host:", ":6379", "host:port", "host:70000"])
+def test_a_ray_address_must_be_host_and_port(address):
+    from simulation.runtime.ray_cluster import ray_address
+
+    with pytest.raises(argparse.ArgumentTypeError, match="give HOST:PORT of the Ray head"):
+        ray_address(address)
+
+
+def test_a_listening_ray_address_is_taken():
+    import socket
+
+    from simulation.runtime.ray_cluster import ray_address
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        address = f"127.0.0.1:{server.getsockname()[1]}"
+        assert ray_address(address) == address

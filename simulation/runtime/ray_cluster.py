@@ -8,8 +8,10 @@ exactly what it started. ``ray stop`` is never used: it stops every Ray on the m
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -19,6 +21,25 @@ from pathlib import Path
 from .processes import process_tree, stop_pids
 
 RAY = str(Path(sys.executable).parent / "ray")
+RAY_CLUSTER_HELP = ("start the head with: ray start --head --port=6379 (README: 'Running on a Ray "
+                    "cluster'), or leave --ray-address out for a private Ray on this machine")
+
+
+def ray_address(text: str, timeout: float = 3.0) -> str:
+    """An argparse ``type`` for ``--ray-address``: ``HOST:PORT`` of a Ray head's GCS that
+    accepts connections now. Without this check a wrong address left the run waiting in
+    round 1 for ClientApps that never start."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"{text!r}: give HOST:PORT of the Ray head, e.g. "
+                                         f"192.168.1.10:6379; {RAY_CLUSTER_HELP}")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            return text
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: no Ray head answers there ({exc.strerror or exc}); {RAY_CLUSTER_HELP}"
+        ) from None
 
 
 @dataclass
