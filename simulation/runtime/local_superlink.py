@@ -2,8 +2,9 @@
 
 ``flwr run .`` starts a background "managed local SuperLink" that outlives the command.
 Every launch gets an explicit ``FLWR_HOME`` (by default the project-local ``.flwr/``,
-never the user's ``~/.flwr``), runs offline, and afterwards the SuperLink this launch
-started is stopped by PID: the process whose command line carries this FLWR_HOME's log.
+never the user's ``~/.flwr``), runs offline, and once the last launch on that FLWR_HOME
+has finished, the SuperLink is stopped by PID: the process whose command line carries
+this FLWR_HOME's log (:func:`superlink_use`: concurrent launches share it).
 That SuperLink keeps its state in ``FLWR_HOME/local-superlink/state.db``; a run still
 unfinished there when its launch was stopped would start again beside the next launch's
 run, so the next launch marks such runs stopped first (:func:`stop_stale_runs`).
@@ -11,12 +12,24 @@ run, so the next launch marks such runs stopped first (:func:`stop_stale_runs`).
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
-from collections.abc import Callable, Mapping
+import uuid
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from .flwr_cli import PROJECT_ROOT, AppRun, flwr_env, flwr_run_command, submit_run
-from .processes import process_tree, stop_pids
+from .processes import is_alive, process_tree, stop_pids
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: launches on one FLWR_HOME are not serialised
+    fcntl = None
+
+USERS_DIR = "superlink-users"  # one empty file per launch using the managed SuperLink
+USERS_LOCK = "superlink-users.lock"
+STARTED_BY_US = "superlink-started-by-fedhetero"  # the last launch to leave stops it
 
 
 def local_superlink_dir(flwr_home: Path) -> Path:
@@ -86,7 +99,8 @@ def run_app(run_config: Mapping[str, object] | None = None,
             isolate_ports: bool = False, capture: bool = False,
             on_line: Callable[[str], None] | None = None, app_dir: Path = PROJECT_ROOT,
             ray_address: str | None = None) -> AppRun:
-    """``flwr run APP --stream`` with a private FLWR_HOME; stops the SuperLink it started.
+    """``flwr run APP --stream`` with a private FLWR_HOME; the last launch on it stops the
+    SuperLink (:func:`superlink_use`).
 
     Output is echoed line by line (unless ``capture``) and kept in the result.
     """
@@ -94,22 +108,67 @@ def run_app(run_config: Mapping[str, object] | None = None,
     flwr_home.mkdir(parents=True, exist_ok=True)
     env = flwr_env(flwr_home, isolate_ports=isolate_ports, ray_address=ray_address)
     cmd = flwr_run_command(run_config, federation_config, app_dir=Path(app_dir))
-    already_running = set(local_superlink_pids(flwr_home))
-    if not already_running:
-        try:
-            stale = stop_stale_runs(flwr_home)
-        except Exception as err:  # noqa: BLE001 - the run itself can still go ahead
-            stale = []
-            print(f"warning: could not read {local_superlink_dir(flwr_home) / 'state.db'} "
-                  f"({err!r}); a run an earlier, stopped launch left there may start again "
-                  f"beside this one (delete that file and its -wal/-shm if none of its runs "
-                  f"matters)", file=sys.stderr, flush=True)
-        for run_id in stale:
-            print(f"run {run_id} in {flwr_home} was left unfinished by an earlier launch that "
-                  f"was stopped; marked stopped so that it does not start again beside this one",
-                  file=sys.stderr, flush=True)
-    try:
+    with superlink_use(flwr_home):
         return submit_run(cmd, env, PROJECT_ROOT, timeout, capture, on_line)
+
+
+def _live_users(users: Path) -> list[Path]:
+    """The launches marked in ``users`` whose process still runs (a killed one's mark is
+    left behind and ignored)."""
+    return [mark for mark in users.iterdir()
+            if mark.name.split("-")[0].isdigit() and is_alive(int(mark.name.split("-")[0]))]
+
+
+@contextlib.contextmanager
+def _users_locked(flwr_home: Path) -> Iterator[None]:
+    """One launch at a time joins or leaves this FLWR_HOME's managed SuperLink."""
+    with open(Path(flwr_home) / USERS_LOCK, "a") as handle:
+        if fcntl is not None:
+            fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes
+        yield
+
+
+@contextlib.contextmanager
+def superlink_use(flwr_home: Path) -> Iterator[None]:
+    """A launch's use of this FLWR_HOME's managed SuperLink, which ``flwr run`` starts when
+    none runs. Launches on one FLWR_HOME (two terminals in the project) share it: each
+    marks itself in ``FLWR_HOME/superlink-users``; the first (no SuperLink, no other
+    launch) marks the runs an earlier, stopped launch left unfinished as stopped
+    (:func:`stop_stale_runs`); the last to leave stops the SuperLink, by PID, where one of
+    our launches started it (a SuperLink that was running before any did is left alone).
+    Before, the first launch to finish stopped it under the others' runs."""
+    flwr_home = Path(flwr_home)
+    users, started = flwr_home / USERS_DIR, flwr_home / STARTED_BY_US
+    mark = users / f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    with _users_locked(flwr_home):
+        users.mkdir(exist_ok=True)
+        alone = not _live_users(users)
+        if not local_superlink_pids(flwr_home):
+            started.touch()  # the flwr run below (or a launch beside it) starts it
+            if alone:
+                _stop_stale_runs_and_say(flwr_home)
+        mark.touch()
+    try:
+        yield
     finally:
-        if not already_running:
-            stop_local_superlink(flwr_home)
+        with _users_locked(flwr_home):
+            mark.unlink(missing_ok=True)
+            if not _live_users(users) and started.exists():
+                stop_local_superlink(flwr_home)
+                started.unlink(missing_ok=True)
+
+
+def _stop_stale_runs_and_say(flwr_home: Path) -> None:
+    """:func:`stop_stale_runs`, with a line per run it stopped (or why it could not)."""
+    try:
+        stale = stop_stale_runs(flwr_home)
+    except Exception as err:  # noqa: BLE001 - the run itself can still go ahead
+        stale = []
+        print(f"warning: could not read {local_superlink_dir(flwr_home) / 'state.db'} "
+              f"({err!r}); a run an earlier, stopped launch left there may start again "
+              f"beside this one (delete that file and its -wal/-shm if none of its runs "
+              f"matters)", file=sys.stderr, flush=True)
+    for run_id in stale:
+        print(f"run {run_id} in {flwr_home} was left unfinished by an earlier launch that "
+              f"was stopped; marked stopped so that it does not start again beside this one",
+              file=sys.stderr, flush=True)
