@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import difflib
 import fnmatch
 import statistics
 import time
@@ -36,6 +37,11 @@ from .runtime.ray_cluster import ray_address
 FEDERATION_KEYS = {"num-supernodes": "num-supernodes",
                    "cpus-per-client": "client-resources-num-cpus"}
 FEDERATION_DEFAULTS = {"num-supernodes": 10, "cpus-per-client": 1}
+# every top-level key a sweep file may have: what the sweep runs, then what its report
+# shows (simulation/results.py)
+SWEEP_KEYS = ("seeds", "base", "variants", *FEDERATION_KEYS, "timeout-seconds",
+              "title", "claim", "runtime", "targets", "baselines", "published",
+              "published-source", "tolerance")
 
 
 @dataclass(frozen=True)
@@ -49,6 +55,13 @@ class SweepRun:
 def load_sweep(path: Path) -> dict:
     """Parse and check a sweep file."""
     spec = tomllib.loads(Path(path).read_text())
+    unknown = [key for key in spec if key not in SWEEP_KEYS]
+    if unknown:  # a typo would otherwise fall back to a default without a word
+        hints = [f"{key!r} (did you mean {close[0]!r}?)" if close else repr(key)
+                 for key in unknown for close in [difflib.get_close_matches(key, SWEEP_KEYS, 1)]]
+        raise ValueError(f"{path}: unknown top-level key(s) {', '.join(hints)}; a sweep file "
+                         f"has {', '.join(SWEEP_KEYS)} (run-config keys go in [base] or a "
+                         "variant)")
     for key in ("variants", "seeds"):
         if key not in spec:
             raise ValueError(f"{path}: missing '{key}' (see simulation/experiments/*.toml)")

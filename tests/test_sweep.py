@@ -352,3 +352,22 @@ def test_execute_resumes_a_stopped_run_from_its_checkpoint(tmp_path, monkeypatch
     assert [(r.variant, r.seed) for r, _ in done] == [("a", 1), ("a", 2)]
     assert configs[0]["resume-from"] == str(partial.resolve())
     assert "resume-from" not in configs[1] and "resume-from" not in first.run_config
+
+
+def test_an_unknown_top_level_key_is_an_error_with_a_hint(tmp_path):
+    text = "seeds = [0]\nnum_supernodes = 20\nlr = 0.1\n[variants.a]\n"
+    with pytest.raises(ValueError) as info:
+        sweep.load_sweep(write(tmp_path, text))
+    message = str(info.value)
+    assert ("unknown top-level key(s) 'num_supernodes' (did you mean 'num-supernodes'?), "
+            "'lr'") in message
+    assert "run-config keys go in [base] or a variant" in message
+
+
+def test_every_shipped_sweep_file_loads():
+    from simulation.experiments import EXPERIMENTS_DIR
+
+    files = sorted(EXPERIMENTS_DIR.glob("*.toml"))
+    assert len(files) >= 10
+    for path in files:
+        sweep.load_sweep(path)
