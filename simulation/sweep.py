@@ -275,6 +275,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def nothing_selected(path: Path, spec: dict, seeds: list[int] | None,
+                     variants: list[str] | None) -> str:
+    """Why ``--seeds`` / ``--variants`` selected no run: the filters, and what the file has."""
+    given = " ".join(([f"--seeds {' '.join(map(str, seeds))}"] if seeds is not None else [])
+                     + ([f"--variants {' '.join(variants)}"] if variants is not None else []))
+    file_seeds = sorted({seed for overrides in spec["variants"].values()
+                         for seed in overrides.get("seeds", spec["seeds"])})
+    return (f"{path}: {given or 'the file'} selects no run; the file has the variants "
+            f"{', '.join(spec['variants']) or '(none)'} and the seeds "
+            f"{', '.join(map(str, file_seeds)) or '(none)'}")
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the sweep, write its summary; 0 if every run finished."""
     try:
@@ -282,11 +294,10 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:  # a missing or bad sweep file: its message, no traceback
         raise SystemExit(f"sweep: {exc}") from None
     out = (args.out or Path("runs") / args.file.stem).resolve()
-    out.mkdir(parents=True, exist_ok=True)
     selected = plan(spec, out, args.seeds, args.variants)
     if not selected:
-        raise SystemExit(f"{args.file}: no variant matches --variants {' '.join(args.variants)}; "
-                         f"the file has {', '.join(spec['variants'])}")
+        raise SystemExit(nothing_selected(args.file, spec, args.seeds, args.variants))
+    out.mkdir(parents=True, exist_ok=True)
     done = execute(spec, out, ray_address=args.ray_address, seeds=args.seeds,
                    variants=args.variants)
     table = write_summary(summarize(done), out, spec)

@@ -371,3 +371,20 @@ def test_every_shipped_sweep_file_loads():
     assert len(files) >= 10
     for path in files:
         sweep.load_sweep(path)
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--seeds", "99"], "--seeds 99 selects no run"),
+    (["--variants", "nope*"], "--variants nope* selects no run"),
+    (["--seeds", "1", "--variants", "b"], "--seeds 1 --variants b selects no run"),
+])
+def test_filters_that_select_no_run_say_what_the_file_has(tmp_path, argv, says):
+    from simulation import __main__ as simulation_cli
+
+    path = write(tmp_path, "seeds = [0, 1]\n[variants.a]\nlr = 0.1\n[variants.b]\nseeds = [2]\n")
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as info:
+        simulation_cli.main(["sweep", str(path), "--out", str(out), *argv])
+    assert str(info.value) == (f"{path}: {says}; the file has the variants a, b and the "
+                               "seeds 0, 1, 2")
+    assert not out.exists()  # nothing written for a run that did not happen
