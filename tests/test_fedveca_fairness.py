@@ -343,3 +343,12 @@ def test_fig3_and_centralized_refuse_counts_below_one_before_any_work(argv, caps
         cli.main(argv)
     assert info.value.code == 2
     assert f"argument {argv[-2]}: {argv[-1]!r}" in capsys.readouterr().err
+
+
+def test_centralized_from_a_folder_without_a_run_log_names_what_to_give(tmp_path):
+    from simulation import cli
+
+    with pytest.raises(SystemExit) as info:
+        cli.main(["centralized", "--from-fedveca", str(tmp_path), "--out", str(tmp_path / "o")])
+    assert str(info.value).startswith(f"--from-fedveca {tmp_path}: no rounds.jsonl there; give "
+                                      "a FedVeca run directory")

@@ -221,6 +221,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Train and evaluate; prints the run directory and step count as JSON."""
     if args.from_fedveca is not None:
+        if not (args.from_fedveca / "rounds.jsonl").is_file():
+            raise SystemExit(
+                f"--from-fedveca {args.from_fedveca}: no rounds.jsonl there; give a FedVeca run "
+                "directory (fedveca-fig3 writes them to <out>/fedveca/seed<k>/<run>/)"
+            )
         points = cumulative_checkpoints(steps_per_round(read_rounds(args.from_fedveca)))
         if not points:
             raise SystemExit(
