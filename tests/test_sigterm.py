@@ -34,8 +34,8 @@ def test_sigterm_stops_the_superlink_the_serverapp_and_ray(tmp_path):
     log = tmp_path / "driver.log"  # a file, not a pipe nobody reads while it runs
     driver = subprocess.Popen(
         [sys.executable, "-m", "simulation", "run", "--num-supernodes", "2",
-         "--flwr-home", str(home), "-c", "num-server-rounds=50", "-c", "model='cnn-small'",
-         "-c", f"output-dir='{tmp_path / 'runs'}'"],
+         "--flwr-home", str(home), "-c", "num-server-rounds=50", "-c", "dataset='synthetic'",
+         "-c", "model='mlp-2nn'", "-c", "local-steps=1", "-c", f"output-dir='{tmp_path / 'runs'}'"],
         cwd=ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
     try:
         def training():  # round 1 logged: Ray and the ClientApp actors are up
