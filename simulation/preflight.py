@@ -12,15 +12,10 @@ from collections.abc import Iterable, Mapping
 from fedapp.registry import check_run_config
 
 
-def refuse_bad_run_config(run_config: Mapping[str, object], what: str) -> None:
-    """SystemExit with the ServerApp's own message, prefixed by ``what``, when
-    ``run_config`` (overrides of pyproject.toml's defaults) would stop the run."""
-    refuse_bad_run_configs([(what, run_config)])
-
-
 def refuse_bad_run_configs(runs: Iterable[tuple[str, Mapping[str, object]]]) -> None:
-    """The check of :func:`refuse_bad_run_config` over ``(what, run_config)`` pairs, in
-    order; the first bad one stops (nothing has started yet)."""
+    """SystemExit with the ServerApp's own message, prefixed by ``what``, for the first
+    ``(what, run_config)`` pair whose run config (overrides of pyproject.toml's defaults)
+    would stop the run; nothing has started yet."""
     for what, run_config in runs:
         try:
             check_run_config(run_config)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import tomllib
 
-from .preflight import refuse_bad_run_config
+from .preflight import refuse_bad_run_configs
 from .progress import RunProgress
 from .runtime import PROJECT_ROOT, option_type, parse_overrides, run_app
 from .runtime.ray_cluster import ray_address
@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     if args.gpus_per_client:
         federation["client-resources-num-gpus"] = args.gpus_per_client
     overrides = parse_overrides(args.run_config)
-    refuse_bad_run_config(overrides, "run config check")
+    refuse_bad_run_configs([("run config check", overrides)])
     with RunProgress(planned_rounds(overrides)) as progress:
         return run_app(overrides or None, federation, flwr_home=args.flwr_home,
                        ray_address=args.ray_address, on_line=progress).returncode

@@ -33,10 +33,9 @@ from .runtime import FederationConfigError, federation_value, run_app
 from .runtime.ray_cluster import ray_address
 
 
-# sweep-file keys -> the federation options they set (flwr run --federation-config)
-FEDERATION_KEYS = {"num-supernodes": "num-supernodes",
-                   "cpus-per-client": "client-resources-num-cpus"}
-FEDERATION_DEFAULTS = {"num-supernodes": 10, "cpus-per-client": 1}
+# sweep-file key -> (the federation option it sets: flwr run --federation-config, default)
+FEDERATION_KEYS = {"num-supernodes": ("num-supernodes", 10),
+                   "cpus-per-client": ("client-resources-num-cpus", 1)}
 # every top-level key a sweep file may have: what the sweep runs, then what its report
 # shows (simulation/results.py)
 SWEEP_KEYS = ("seeds", "base", "variants", *FEDERATION_KEYS, "timeout-seconds",
@@ -78,8 +77,8 @@ def federation(spec: dict, path: Path | str = "sweep file") -> dict:
     """The federation options of every run of the sweep (its ``num-supernodes`` and
     ``cpus-per-client``, checked: a bad one names the file, the key and the fix)."""
     config = {}
-    for key, flower_key in FEDERATION_KEYS.items():
-        value = spec.get(key, FEDERATION_DEFAULTS[key])
+    for key, (flower_key, default) in FEDERATION_KEYS.items():
+        value = spec.get(key, default)
         try:
             config[flower_key] = federation_value(flower_key, value)
         except FederationConfigError as exc:
