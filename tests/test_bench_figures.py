@@ -163,3 +163,19 @@ def test_the_layout_bench_times_both_layouts_and_prints_what_training_layout_pic
     if not torch.cuda.is_available():
         with pytest.raises(SystemExit, match="--device cuda: torch sees no CUDA device"):
             run(parser.parse_args(["layout", "--device", "cuda"]))
+
+
+def test_the_import_bench_compares_both_sides_with_their_bytecode_cached(tmp_path, monkeypatch):
+    """With PYTHONDONTWRITEBYTECODE set, our editable sources would be compiled at every
+    import while flwr's come precompiled: the bench's environment caches both."""
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    from simulation.bench.imports import cached_bytecode_env  # noqa: PLC0415
+
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    env = cached_bytecode_env(str(tmp_path))
+    assert "PYTHONDONTWRITEBYTECODE" not in env
+    subprocess.run([sys.executable, "-c", "import strategies.contract"], check=True, env=env,
+                   timeout=60)
+    assert list(tmp_path.rglob("strategies/contract.*.pyc"))  # the prefix mirrors the sources
