@@ -11,7 +11,7 @@ import argparse
 import importlib
 import sys
 
-from .runtime import HelpFormatter, stop_on_sigterm
+from .runtime import FederationConfigError, HelpFormatter, stop_on_sigterm
 
 PROG = "python -m simulation"
 COMMANDS = {
@@ -64,8 +64,18 @@ def main(argv: list[str] | None = None) -> int:
     """Parse ``argv`` and run the chosen tool; its exit code."""
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser(chosen_command(argv)).parse_args(argv)
-    with stop_on_sigterm():  # `kill PID` stops what the tool started, as Ctrl-C does
-        return args.tool.run(args)
+    return run_tool(args)
+
+
+def run_tool(args) -> int:
+    """The chosen tool's ``run(args)``; ``kill PID`` stops what it started, as Ctrl-C does,
+    and a federation no ClientApp fits here stops it with that message (nothing started)."""
+    with stop_on_sigterm():
+        try:
+            return args.tool.run(args)
+        except FederationConfigError as exc:
+            raise SystemExit(f"federation: {exc}\n(checked before flwr run started; nothing "
+                             "ran)") from None
 
 
 if __name__ == "__main__":

@@ -13,8 +13,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 from .__main__ import COMMANDS as SIMULATION_COMMANDS
 from .__main__ import build_parser as build_tool_parser
-from .__main__ import chosen_command
-from .runtime import stop_on_sigterm
+from .__main__ import chosen_command, run_tool
 
 PROG = "fedhetero"
 DESCRIPTION = """\
@@ -56,5 +55,4 @@ def main(argv: list[str] | None = None) -> int:
     """Parse ``argv`` and run the chosen tool; its exit code (the console script's entry)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser(chosen_command(argv, COMMANDS)).parse_args(argv)
-    with stop_on_sigterm():  # `kill PID` stops what the tool started, as Ctrl-C does
-        return args.tool.run(args)
+    return run_tool(args)

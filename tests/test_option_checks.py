@@ -178,3 +178,51 @@ def test_a_listening_ray_address_is_taken():
         server.listen()
         address = f"127.0.0.1:{server.getsockname()[1]}"
         assert ray_address(address) == address
+
+
+def test_clientapps_that_ask_for_more_cpus_than_ray_gets_are_refused(monkeypatch):
+    from simulation.runtime import refuse_unfittable  # noqa: PLC0415
+
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    refuse_unfittable({"client-resources-num-cpus": 2})
+    with pytest.raises(FederationConfigError, match=r"Ray gets 2 CPUs \(this machine's CPUs\); "
+                                                    r"give at most 2"):
+        refuse_unfittable({"client-resources-num-cpus": 4})
+    # more CPUs for Ray than cores: Flower's way to run more ClientApps at once
+    refuse_unfittable({"client-resources-num-cpus": 4, "init-args-num-cpus": 8})
+    with pytest.raises(FederationConfigError, match=r"Ray gets 3 CPUs \(init-args-num-cpus\)"):
+        refuse_unfittable({"client-resources-num-cpus": 4, "init-args-num-cpus": 3})
+    # on a Ray cluster its resources count, not this machine's
+    refuse_unfittable({"client-resources-num-cpus": 16}, ray_address="127.0.0.1:6379")
+
+
+@pytest.mark.parametrize("visible", [0, 1])
+def test_a_gpu_share_where_torch_sees_too_few_gpus_is_refused(monkeypatch, visible):
+    from simulation.runtime import federation  # noqa: PLC0415
+
+    monkeypatch.setattr(federation, "visible_gpus", lambda: visible)
+    with pytest.raises(FederationConfigError, match="give 0 to train on the CPU") as info:
+        federation.refuse_unfittable({"client-resources-num-gpus": 2})
+    assert info.value.key == "client-resources-num-gpus"
+    if visible:
+        federation.refuse_unfittable({"client-resources-num-gpus": 0.25})
+    # Ray told how many GPUs it has: the user's call
+    federation.refuse_unfittable({"client-resources-num-gpus": 2, "init-args-num-gpus": 2})
+    monkeypatch.setattr(federation, "visible_gpus", lambda: None)  # no torch: not checked
+    federation.refuse_unfittable({"client-resources-num-gpus": 2})
+
+
+def test_run_with_more_cpus_per_client_than_cores_stops_before_anything_starts(tmp_path):
+    import os  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    cores = os.cpu_count()
+    home = tmp_path / "flwr-home"
+    done = subprocess.run(
+        [sys.executable, "-m", "simulation", "run", "--cpus-per-client", str(cores + 1),
+         "--flwr-home", str(home)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert f"client-resources-num-cpus={cores + 1}: no ClientApp can start" in done.stderr
+    assert "nothing ran" in done.stderr and "Traceback" not in done.stderr
+    assert not home.exists()  # no SuperLink, no FLWR_HOME

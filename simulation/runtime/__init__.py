@@ -13,14 +13,15 @@ Public API (everything else is internal to this package):
   :func:`stop_local_superlink`;
 * Ray: :mod:`simulation.runtime.ray_cluster` (``start_head``, ``start_worker``, ...);
 * the federation's options: :class:`FederationConfigError`, :func:`federation_value`,
-  :func:`option_type` (an argparse type for an option that sets one);
+  :func:`option_type` (an argparse type for an option that sets one),
+  :func:`refuse_unfittable` (ClientApps that ask for more than this machine's Ray has);
 * option types: :func:`at_least` (a count), :func:`fraction` (a number from 0 to 1);
 * the tools' ``--help``: :class:`HelpFormatter` (every option's default shown).
 """
 
 from .flwr_cli import (PROJECT_ROOT, AppRun, flwr_env, flwr_run_command, run_id_of, run_status,
                        stream_command, submit_run)
-from .federation import FederationConfigError, federation_value, option_type
+from .federation import FederationConfigError, federation_value, option_type, refuse_unfittable
 from .help_format import HelpFormatter
 from .local_superlink import local_superlink_pids, run_app, stop_local_superlink
 from .option_types import at_least, fraction
@@ -33,7 +34,7 @@ __all__ = [
     "AppRun", "at_least", "FederationConfigError", "HelpFormatter", "PROJECT_ROOT", "Started",
     "descendants", "federation_value", "flwr_env", "fraction", "flwr_run_command", "free_port",
     "is_alive", "local_superlink_pids", "option_type", "parse_overrides", "parse_value",
-    "process_tree", "run_app", "run_id_of", "run_status", "send_signal", "start_process",
+    "process_tree", "refuse_unfittable", "run_app", "run_id_of", "run_status", "send_signal", "start_process",
     "stop_local_superlink", "stop_on_sigterm", "stop_pids", "stop_processes", "stream_command", "submit_run",
     "to_flwr_config", "wait_for_port",
 ]

@@ -6,13 +6,16 @@ numbers for ``num-supernodes``, ``client-resources-num-cpus`` and ``init-args-nu
 GPU share for ``client-resources-num-gpus``. A value of the wrong type reaches its
 protobuf message and ``flwr run`` stops with ``'float' object cannot be interpreted as an
 integer`` (even for ``2.0``); here a whole float becomes an int and anything else is an
-error that names the key, the value and the fix.
+error that names the key, the value and the fix. :func:`refuse_unfittable` refuses, before
+anything starts, a ClientApp that asks for more CPUs or GPUs than Ray will have here: Flower
+would start the SuperLink and Ray and then stop with ``ActorPool is empty``.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
 from collections.abc import Callable, Mapping
 
 # key -> smallest value Flower accepts
@@ -49,6 +52,42 @@ def federation_value(key: str, value: object) -> object:
 def checked_federation(config: Mapping[str, object]) -> dict[str, object]:
     """Every value of ``config`` through :func:`federation_value`."""
     return {key: federation_value(key, value) for key, value in config.items()}
+
+
+def refuse_unfittable(config: Mapping[str, object], ray_address: str | None = None) -> None:
+    """A :class:`FederationConfigError` when no ClientApp of ``config`` fits the private Ray
+    that ``flwr run`` starts on this machine: more CPUs per ClientApp than Ray gets (its
+    ``init-args-num-cpus``, else this machine's CPUs), or a GPU share where no GPU is
+    visible (unless ``init-args-num-gpus`` says how many Ray has). On a Ray cluster
+    (``ray_address``) the cluster's resources count, not this machine's: nothing is checked."""
+    if ray_address:
+        return
+    cpus = federation_value("client-resources-num-cpus", config.get("client-resources-num-cpus", 1))
+    given_cpus = config.get("init-args-num-cpus")
+    ray_cpus = federation_value("init-args-num-cpus", given_cpus) if given_cpus else os.cpu_count()
+    if ray_cpus and cpus > ray_cpus:
+        source = "init-args-num-cpus" if given_cpus else "this machine's CPUs"
+        raise FederationConfigError(
+            "client-resources-num-cpus", cpus,
+            f"no ClientApp can start: Ray gets {ray_cpus} CPUs ({source}); give at most "
+            f"{ray_cpus}, or raise init-args-num-cpus (Ray then shares the cores)")
+    gpus = federation_value(GPU_SHARE_KEY, config.get(GPU_SHARE_KEY, 0))
+    if gpus and config.get("init-args-num-gpus") is None:
+        visible = visible_gpus()
+        if visible is not None and gpus > visible:
+            raise FederationConfigError(
+                GPU_SHARE_KEY, gpus,
+                f"no ClientApp can start: {visible} GPU(s) visible here (torch.cuda); give 0 "
+                f"to train on the CPU" + (f" or at most {visible}" if visible else ""))
+
+
+def visible_gpus() -> int | None:
+    """GPUs torch sees here (Ray counts the same devices), or None without torch."""
+    try:
+        import torch  # noqa: PLC0415 - only when a GPU share is asked for
+    except ImportError:
+        return None
+    return torch.cuda.device_count()
 
 
 def option_type(key: str) -> Callable[[str], object]:

@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
+from .federation import refuse_unfittable
 from .flwr_cli import PROJECT_ROOT, AppRun, flwr_env, flwr_run_command, submit_run
 from .processes import is_alive, process_tree, stop_pids
 
@@ -102,8 +103,10 @@ def run_app(run_config: Mapping[str, object] | None = None,
     """``flwr run APP --stream`` with a private FLWR_HOME; the last launch on it stops the
     SuperLink (:func:`superlink_use`).
 
-    Output is echoed line by line (unless ``capture``) and kept in the result.
+    Output is echoed line by line (unless ``capture``) and kept in the result. A federation
+    no ClientApp fits here raises :class:`FederationConfigError` before anything starts.
     """
+    refuse_unfittable(federation_config or {}, ray_address)
     flwr_home = Path(flwr_home or PROJECT_ROOT / ".flwr").resolve()
     flwr_home.mkdir(parents=True, exist_ok=True)
     env = flwr_env(flwr_home, isolate_ports=isolate_ports, ray_address=ray_address)
