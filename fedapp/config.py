@@ -22,6 +22,7 @@ Who checks what (each rule once):
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import os
 import re
@@ -40,6 +41,21 @@ INT64 = (-(2**63), 2**63 - 1)  # Flower's records and TOML hold 64-bit integers
 
 class ConfigError(ValueError):
     """A run-config value is wrong; the message says which, and what to use instead."""
+
+
+# names of Flower's templates and examples -> ours
+FLOWER_TEMPLATE_NAMES = {"learning-rate": "lr", "fraction-fit": "fraction-train",
+                         "num-rounds": "num-server-rounds", "epochs": "local-epochs"}
+
+
+def _with_hint(key: str, known) -> str:
+    """``key`` with the known key it most likely means: ours for a name from Flower's
+    templates, the hyphenated spelling of an underscored one, else the closest by spelling."""
+    guess = FLOWER_TEMPLATE_NAMES.get(key) or FLOWER_TEMPLATE_NAMES.get(key.replace("_", "-"))
+    if guess is None:
+        close = difflib.get_close_matches(key.replace("_", "-"), list(known), 1)
+        guess = close[0] if close else None
+    return f"{key} (did you mean {guess}?)" if guess in known else key
 
 
 @dataclass(frozen=True)
@@ -138,8 +154,8 @@ class RunConfig:
         unknown = sorted(set(user_config) - set(fields))
         if unknown:
             raise ConfigError(
-                f"run config: unknown key(s) {', '.join(unknown)}; known keys: "
-                f"{', '.join(fields)}"
+                f"run config: unknown key(s) {', '.join(_with_hint(k, fields) for k in unknown)}; "
+                f"known keys: {', '.join(fields)}"
             )
         values = {}
         for key, field in fields.items():

@@ -179,6 +179,22 @@ def test_unknown_keys_all_listed():
     assert_config_error({"foo": 1, "bar": 2}, "bar, foo")
 
 
+@pytest.mark.parametrize("unknown, meant", [
+    ("learning-rate", "lr"),  # Flower's templates' names
+    ("fraction-fit", "fraction-train"),
+    ("local_epochs", "local-epochs"),  # underscores
+    ("dirichlet_alpha", "dirichlet-alpha"),
+    ("lr-shedule", "lr-schedule"),  # a typo
+])
+def test_an_unknown_key_names_the_key_it_most_likely_means(unknown, meant):
+    assert_config_error({unknown: 1}, f"{unknown} (did you mean {meant}?)")
+
+
+def test_an_unknown_key_like_none_gets_no_guess():
+    msg = assert_config_error({"max-examples": 600}, "unknown key(s) max-examples; known keys")
+    assert "did you mean" not in msg
+
+
 @pytest.mark.parametrize("key, value, expected_type", [
     ("lr", "fast", "float"),
     ("lr", True, "float"),
