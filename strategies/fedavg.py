@@ -18,6 +18,7 @@ rate (:mod:`strategies.schedules`), and per-round diagnostics in
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Iterable
 from logging import INFO, WARNING
 
@@ -155,6 +156,11 @@ class FedAvg(FlowerFedAvg):
         _check_choice("weighting", weighting, WEIGHTINGS)
         if not server_lr > 0:
             raise ValueError(f"server_lr must be > 0, got {server_lr}")
+        _check_whole("seed", seed, minimum=0)
+        _check_whole("min_available_nodes", min_available_nodes, minimum=1)
+        if not (isinstance(query_timeout, (int, float)) and query_timeout > 0):
+            raise ValueError(f"query_timeout must be > 0 seconds (how long a client-info query "
+                             f"waits for replies), got {query_timeout!r}")
         _check_fraction("straggler_fraction", straggler_fraction, allow_zero=True)
         _check_choice("straggler_unit", straggler_unit, STRAGGLER_UNITS)
         _check_choice("straggler_policy", straggler_policy, STRAGGLER_POLICIES)
@@ -616,6 +622,11 @@ def _check_fraction(name: str, value: float, allow_zero: bool) -> None:
     if not (low_ok and value <= 1):
         allowed = "[0, 1]" if allow_zero else "(0, 1]"
         raise ValueError(f"{name} must be in {allowed}, got {value}")
+
+
+def _check_whole(name: str, value: int, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise ValueError(f"{name} must be a whole number >= {minimum}, got {value!r}")
 
 
 def _check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:

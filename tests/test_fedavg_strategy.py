@@ -487,6 +487,11 @@ def test_stock_client_app_without_query_trains_and_warns_once(caplog):
         ({"weighting": "Examples"}, "weighting", "Examples"),
         ({"server_lr": 0}, "server_lr", "0"),
         ({"server_lr": -1.0}, "server_lr", "-1.0"),
+        ({"seed": "x"}, "seed", "'x'"),
+        ({"seed": -1}, "seed", "-1"),
+        ({"min_available_nodes": 0}, "min_available_nodes", "0"),
+        ({"min_available_nodes": 1.5}, "min_available_nodes", "1.5"),
+        ({"query_timeout": 0}, "query_timeout", "0"),
     ],
 )
 def test_invalid_constructor_args(kwargs, name, value):
