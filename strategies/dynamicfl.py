@@ -152,10 +152,12 @@ drift_diagnostics
         if x_star_mode not in ds.X_STAR_MODES:
             raise ValueError(f"x_star_mode={x_star_mode!r} is not known; use one of "
                              f"{', '.join(ds.X_STAR_MODES)}")
-        if local_steps < 0 or n_ens < 1 or min_group_size < 1 or poll_interval < 0:
-            raise ValueError(f"need local_steps >= 0 (0 = Eq. 4), n_ens >= 1, min_group_size "
-                             f">= 1 and poll_interval >= 0; got {local_steps}, {n_ens}, "
-                             f"{min_group_size}, {poll_interval}")
+        for name, value, minimum, meaning in (
+                ("local_steps", local_steps, 0, " (0: Eq. 4 sets them)"),
+                ("n_ens", n_ens, 1, ""), ("min_group_size", min_group_size, 1, ""),
+                ("poll_interval", poll_interval, 0, " seconds")):
+            if not value >= minimum:
+                raise ValueError(f"{name} must be >= {minimum}{meaning}, got {value!r}")
         if not query_client_info:
             if not self.spec.single:
                 raise records.query_required(

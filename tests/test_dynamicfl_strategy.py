@@ -278,6 +278,10 @@ def test_constructor_validation():
         DynamicFL(budget_mode="greedy")
     with pytest.raises(ValueError, match="x_star_mode"):
         DynamicFL(x_star_mode="both")
+    for name, value in (("local_steps", -1), ("n_ens", 0), ("min_group_size", 0),
+                        ("poll_interval", -0.5)):
+        with pytest.raises(ValueError, match=f"^{name} must be >= .*got {value}$"):
+            DynamicFL(query_client_info=True, **{name: value})
 
 
 def test_l_from_eq4():
