@@ -11,7 +11,9 @@ import argparse
 import importlib
 import sys
 
-from .runtime import FederationConfigError, HelpFormatter, stop_on_sigterm
+from .runtime import FederationConfigError, ForeignSuperLinkError, HelpFormatter, stop_on_sigterm
+
+NOTHING_RAN = "(checked before flwr run started; nothing ran)"
 
 PROG = "python -m simulation"
 COMMANDS = {
@@ -69,13 +71,15 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_tool(args) -> int:
     """The chosen tool's ``run(args)``; ``kill PID`` stops what it started, as Ctrl-C does,
-    and a federation no ClientApp fits here stops it with that message (nothing started)."""
+    and what ``run_app`` refuses before anything starts (a federation no ClientApp fits
+    here, another FLWR_HOME's SuperLink on the local port) stops it with that message."""
     with stop_on_sigterm():
         try:
             return args.tool.run(args)
         except FederationConfigError as exc:
-            raise SystemExit(f"federation: {exc}\n(checked before flwr run started; nothing "
-                             "ran)") from None
+            raise SystemExit(f"federation: {exc}\n{NOTHING_RAN}") from None
+        except ForeignSuperLinkError as exc:
+            raise SystemExit(f"{exc}\n{NOTHING_RAN}") from None
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -73,3 +74,41 @@ def test_a_killed_launchs_mark_does_not_keep_the_superlink(tmp_path, fake_superl
     with superlink_use(tmp_path):
         link = fake_superlink(tmp_path)
     assert link.wait(timeout=30) is not None
+
+
+def test_another_flwr_homes_superlink_on_the_local_port_is_refused_not_used(tmp_path, monkeypatch):
+    """`flwr run` takes whatever SuperLink answers on the local port; one that another
+    project's `flwr run .` left running would run this app in that project's environment."""
+    from simulation.runtime import ForeignSuperLinkError, flwr_env, free_port, run_app, stop_pids
+    from simulation.runtime.local_superlink import (CONTROL_PORT_ENV, HTTP_PORT_ENV,
+                                                    refuse_foreign_superlink,
+                                                    superlink_answers)
+
+    other, ours = tmp_path / "other-home", tmp_path / "ours"
+    port, control = free_port(), free_port()
+    log = local_superlink_dir(other) / "superlink.log"
+    log.parent.mkdir(parents=True)
+    superlink = subprocess.Popen(
+        [str(Path(sys.executable).with_name("flower-superlink")), "--insecure", "--simulation",
+         "--isolation", "subprocess", "--control-api-address", f"127.0.0.1:{control}",
+         "--host", "127.0.0.1", "--port", str(port), "--log-file", str(log)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not superlink_answers(port):
+            assert superlink.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+        monkeypatch.setenv(HTTP_PORT_ENV, str(port))
+        monkeypatch.setenv(CONTROL_PORT_ENV, str(control))
+        with pytest.raises(ForeignSuperLinkError) as info:
+            run_app({"num-server-rounds": 1}, flwr_home=ours, timeout=60)
+        message = str(info.value)
+        assert f"answers on 127.0.0.1:{port} (flower-superlink PID {superlink.pid}, its log " \
+               f"{log})" in message
+        assert f"kill {superlink.pid}" in message and HTTP_PORT_ENV in message
+        assert not (ours / USERS_DIR).exists()  # refused before the launch joined anything
+        # the SuperLink of the FLWR_HOME it was started for is shared, not refused
+        refuse_foreign_superlink(other, flwr_env(other))
+    finally:
+        stop_pids([superlink.pid])
+    assert not superlink_answers(port)

@@ -10,7 +10,7 @@ Public API (everything else is internal to this package):
 * the ``flwr`` CLI: :data:`PROJECT_ROOT`, :func:`flwr_env`, :func:`flwr_run_command`,
   :func:`stream_command`, :func:`run_status`, :func:`submit_run`, :class:`AppRun`;
 * the managed local SuperLink: :func:`run_app`, :func:`local_superlink_pids`,
-  :func:`stop_local_superlink`;
+  :func:`stop_local_superlink`, :class:`ForeignSuperLinkError`;
 * Ray: :mod:`simulation.runtime.ray_cluster` (``start_head``, ``start_worker``, ...);
 * the federation's options: :class:`FederationConfigError`, :func:`federation_value`,
   :func:`option_type` (an argparse type for an option that sets one),
@@ -23,7 +23,8 @@ from .flwr_cli import (PROJECT_ROOT, AppRun, flwr_env, flwr_run_command, run_id_
                        stream_command, submit_run)
 from .federation import FederationConfigError, federation_value, option_type, refuse_unfittable
 from .help_format import HelpFormatter
-from .local_superlink import local_superlink_pids, run_app, stop_local_superlink
+from .local_superlink import (ForeignSuperLinkError, local_superlink_pids, run_app,
+                              stop_local_superlink)
 from .option_types import at_least, fraction
 from .overrides import parse_overrides, parse_value, to_flwr_config
 from .processes import (Started, descendants, free_port, is_alive, process_tree, send_signal,
@@ -31,7 +32,7 @@ from .processes import (Started, descendants, free_port, is_alive, process_tree,
                         wait_for_port)
 
 __all__ = [
-    "AppRun", "at_least", "FederationConfigError", "HelpFormatter", "PROJECT_ROOT", "Started",
+    "AppRun", "at_least", "FederationConfigError", "ForeignSuperLinkError", "HelpFormatter", "PROJECT_ROOT", "Started",
     "descendants", "federation_value", "flwr_env", "fraction", "flwr_run_command", "free_port",
     "is_alive", "local_superlink_pids", "option_type", "parse_overrides", "parse_value",
     "process_tree", "refuse_unfittable", "run_app", "run_id_of", "run_status", "send_signal", "start_process",

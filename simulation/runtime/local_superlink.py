@@ -8,11 +8,15 @@ this FLWR_HOME's log (:func:`superlink_use`: concurrent launches share it).
 That SuperLink keeps its state in ``FLWR_HOME/local-superlink/state.db``; a run still
 unfinished there when its launch was stopped would start again beside the next launch's
 run, so the next launch marks such runs stopped first (:func:`stop_stale_runs`).
+``flwr run`` uses whatever SuperLink answers on the local port, whichever FLWR_HOME and
+Python environment started it; a launch refuses another one's
+(:func:`refuse_foreign_superlink`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import http.client
 import os
 import sys
 import uuid
@@ -31,6 +35,13 @@ except ImportError:  # not POSIX: launches on one FLWR_HOME are not serialised
 USERS_DIR = "superlink-users"  # one empty file per launch using the managed SuperLink
 USERS_LOCK = "superlink-users.lock"
 STARTED_BY_US = "superlink-started-by-fedhetero"  # the last launch to leave stops it
+HTTP_PORT_ENV = "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"  # Flower's; the local SuperLink's port
+CONTROL_PORT_ENV = "FLWR_LOCAL_CONTROL_API_PORT"
+DEFAULT_HTTP_PORT = "39091"  # Flower 1.41's default (flwr/cli/constant.py)
+
+
+class ForeignSuperLinkError(RuntimeError):
+    """Another FLWR_HOME's (or a hand-started) SuperLink answers on the local port."""
 
 
 def local_superlink_dir(flwr_home: Path) -> Path:
@@ -38,10 +49,8 @@ def local_superlink_dir(flwr_home: Path) -> Path:
     return Path(flwr_home) / "local-superlink"
 
 
-def local_superlink_pids(flwr_home: Path) -> list[int]:
-    """PIDs of managed local SuperLinks whose log file lies in this FLWR_HOME."""
-    marker = str(local_superlink_dir(flwr_home) / "superlink.log")
-    pids = []
+def _superlink_processes() -> Iterator[tuple[int, list[str]]]:
+    """(PID, argv) of every ``flower-superlink`` process this user can see."""
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
@@ -50,9 +59,58 @@ def local_superlink_pids(flwr_home: Path) -> list[int]:
         except OSError:
             continue
         args = [a.decode(errors="replace") for a in argv]
-        if any(a.endswith("flower-superlink") for a in args[:2]) and marker in args:
-            pids.append(int(proc.name))
-    return pids
+        if any(a.endswith("flower-superlink") for a in args[:2]):
+            yield int(proc.name), args
+
+
+def local_superlink_pids(flwr_home: Path) -> list[int]:
+    """PIDs of managed local SuperLinks whose log file lies in this FLWR_HOME."""
+    marker = str(local_superlink_dir(flwr_home) / "superlink.log")
+    return [pid for pid, args in _superlink_processes() if marker in args]
+
+
+def superlink_answers(port: int) -> bool:
+    """True when a Flower SuperLink answers ``GET /health`` on 127.0.0.1:``port`` (the probe
+    ``flwr run`` makes before it would start one; no proxy in between)."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+    try:
+        connection.request("GET", "/health")
+        return connection.getresponse().status == 200
+    except (OSError, http.client.HTTPException):
+        return False
+    finally:
+        connection.close()
+
+
+def superlinks_on_port(port: int) -> list[tuple[int, str]]:
+    """(PID, log file or '') of each ``flower-superlink`` process listening on ``port``."""
+    options = ((pid, dict(zip(args, args[1:]))) for pid, args in _superlink_processes())
+    return [(pid, option.get("--log-file", "")) for pid, option in options
+            if option.get("--port") == str(port)]
+
+
+def refuse_foreign_superlink(flwr_home: Path, env: Mapping[str, str]) -> None:
+    """:class:`ForeignSuperLinkError` when a SuperLink that is not this FLWR_HOME's answers
+    on the local port ``flwr run`` will use: it would run the app there, under that
+    SuperLink's FLWR_HOME and in its Python environment (another project's flwr, without
+    this one's packages). Flower's managed SuperLink outlives the ``flwr run .`` of any
+    project, so one left by another project is the usual case."""
+    if local_superlink_pids(flwr_home):
+        return  # ours (a launch beside this one started it): shared
+    port = int(env.get(HTTP_PORT_ENV, DEFAULT_HTTP_PORT))
+    if not superlink_answers(port):
+        return
+    holders = superlinks_on_port(port)
+    who = "; ".join(f"flower-superlink PID {pid}" + (f", its log {log}" if log else "")
+                    for pid, log in holders) or "a process this user cannot see"
+    other_ports = (f"give this launch other ports with Flower's variables, e.g. "
+                   f"{HTTP_PORT_ENV}={port + 100} {CONTROL_PORT_ENV}={port + 102}")
+    fix = f"Stop it (kill {holders[0][0]}), or {other_ports}" if holders else \
+        other_ports[0].upper() + other_ports[1:]
+    raise ForeignSuperLinkError(
+        f"a SuperLink that is not {flwr_home}'s answers on 127.0.0.1:{port} ({who}): flwr "
+        f"run would run this app on it, under its FLWR_HOME and in its Python environment. "
+        f"{fix}")
 
 
 def stop_local_superlink(flwr_home: Path, timeout: float = 15.0) -> list[int]:
@@ -103,14 +161,17 @@ def run_app(run_config: Mapping[str, object] | None = None,
     """``flwr run APP --stream`` with a private FLWR_HOME; the last launch on it stops the
     SuperLink (:func:`superlink_use`).
 
-    Output is echoed line by line (unless ``capture``) and kept in the result. A federation
-    no ClientApp fits here raises :class:`FederationConfigError` before anything starts.
+    Output is echoed line by line (unless ``capture``) and kept in the result. Before
+    anything starts, a federation no ClientApp fits here raises
+    :class:`FederationConfigError`, another FLWR_HOME's SuperLink on the local port
+    :class:`ForeignSuperLinkError`.
     """
     refuse_unfittable(federation_config or {}, ray_address)
     flwr_home = Path(flwr_home or PROJECT_ROOT / ".flwr").resolve()
     flwr_home.mkdir(parents=True, exist_ok=True)
     env = flwr_env(flwr_home, isolate_ports=isolate_ports, ray_address=ray_address)
     cmd = flwr_run_command(run_config, federation_config, app_dir=Path(app_dir))
+    refuse_foreign_superlink(flwr_home, env)
     with superlink_use(flwr_home):
         return submit_run(cmd, env, PROJECT_ROOT, timeout, capture, on_line)
 
