@@ -29,13 +29,15 @@ from strategies import contract as C
 from .metrics import evaluated, percent_over_seeds
 from .preflight import refuse_bad_run_configs
 from .progress import SweepProgress
-from .runtime import FederationConfigError, federation_value, run_app
+from .runtime import FederationConfigError, federation_value, refuse_unfittable, run_app
 from .runtime.ray_cluster import ray_address
 
 
-# sweep-file key -> (the federation option it sets: flwr run --federation-config, default)
+# sweep-file key -> (the federation option it sets: flwr run --federation-config, default;
+# None: Flower's own default, the option not passed)
 FEDERATION_KEYS = {"num-supernodes": ("num-supernodes", 10),
-                   "cpus-per-client": ("client-resources-num-cpus", 1)}
+                   "cpus-per-client": ("client-resources-num-cpus", 1),
+                   "gpus-per-client": ("client-resources-num-gpus", None)}
 # every top-level key a sweep file may have: what the sweep runs, then what its report
 # shows (simulation/results.py)
 SWEEP_KEYS = ("seeds", "base", "variants", *FEDERATION_KEYS, "timeout-seconds",
@@ -74,11 +76,15 @@ def load_sweep(path: Path) -> dict:
 
 
 def federation(spec: dict, path: Path | str = "sweep file") -> dict:
-    """The federation options of every run of the sweep (its ``num-supernodes`` and
-    ``cpus-per-client``, checked: a bad one names the file, the key and the fix)."""
+    """The federation options of every run of the sweep (its ``num-supernodes``,
+    ``cpus-per-client`` and ``gpus-per-client``, checked: a bad one names the file, the key
+    and the fix). Ray hides the GPU from a ClientApp that asks for no share of one, so the
+    ClientApps train on the CPU unless ``gpus-per-client`` is given."""
     config = {}
     for key, (flower_key, default) in FEDERATION_KEYS.items():
         value = spec.get(key, default)
+        if value is None:
+            continue
         try:
             config[flower_key] = federation_value(flower_key, value)
         except FederationConfigError as exc:
@@ -292,6 +298,10 @@ def run(args: argparse.Namespace) -> int:
         spec = load_sweep(args.file)
     except (OSError, ValueError) as exc:  # a missing or bad sweep file: its message, no traceback
         raise SystemExit(f"sweep: {exc}") from None
+    try:  # ClientApps that no Ray on this machine could start: before any run or folder
+        refuse_unfittable(federation(spec, args.file), args.ray_address)
+    except FederationConfigError as exc:
+        raise SystemExit(f"sweep: {args.file}: {exc}") from None
     out = (args.out or Path("runs") / args.file.stem).resolve()
     selected = plan(spec, out, args.seeds, args.variants)
     if not selected:

@@ -101,7 +101,26 @@ def test_a_sweep_files_federation_is_typed(tmp_path):
     assert sweep.federation(sweep.load_sweep(path)) == {
         "num-supernodes": 4, "client-resources-num-cpus": 2}
     assert sweep.federation({"seeds": [0], "variants": {}}) == {
-        "num-supernodes": 10, "client-resources-num-cpus": 1}
+        "num-supernodes": 10, "client-resources-num-cpus": 1}  # no GPU share: Flower's default
+    path.write_text('seeds = [0]\ngpus-per-client = 0.25\n[variants.a]\n')
+    assert sweep.federation(sweep.load_sweep(path))["client-resources-num-gpus"] == 0.25
+    path.write_text('seeds = [0]\ngpus-per-client = -1\n[variants.a]\n')
+    with pytest.raises(ValueError, match="gpus-per-client = -1 .*between 0 and 1"):
+        sweep.load_sweep(path)
+
+
+def test_a_sweep_asking_a_gpu_share_where_torch_sees_none_stops_before_any_run(tmp_path,
+                                                                             monkeypatch):
+    from simulation.runtime import federation  # noqa: PLC0415
+
+    monkeypatch.setattr(federation, "visible_gpus", lambda: 0)
+    path = tmp_path / "gpu.toml"
+    path.write_text('seeds = [0]\ngpus-per-client = 0.5\n[variants.a]\nlr = 0.1\n')
+    with pytest.raises(SystemExit) as info:
+        simulation_cli.main(["sweep", str(path), "--out", str(tmp_path / "out")])
+    assert str(info.value).startswith(f"sweep: {path}: client-resources-num-gpus=0.5: no "
+                                      "ClientApp can start: 0 GPU(s) visible here")
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("command, option, value, minimum", [
