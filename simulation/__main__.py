@@ -11,9 +11,8 @@ import argparse
 import importlib
 import sys
 
-from .runtime import FederationConfigError, ForeignSuperLinkError, HelpFormatter, stop_on_sigterm
-
-NOTHING_RAN = "(checked before flwr run started; nothing ran)"
+from .runtime import (NOTHING_RAN, FederationConfigError, ForeignSuperLinkError, HelpFormatter,
+                      stop_on_sigterm)
 
 PROG = "python -m simulation"
 COMMANDS = {

@@ -11,14 +11,25 @@ from collections.abc import Iterable, Mapping
 
 from fedapp.registry import check_run_config
 
+from .runtime import NOTHING_RAN
 
-def refuse_bad_run_configs(runs: Iterable[tuple[str, Mapping[str, object]]]) -> None:
+
+def refuse_bad_run_configs(runs: Iterable[tuple[str, Mapping[str, object]]],
+                           federation: Mapping[str, object] | None = None) -> None:
     """SystemExit with the ServerApp's own message, prefixed by ``what``, for the first
     ``(what, run_config)`` pair whose run config (overrides of pyproject.toml's defaults)
-    would stop the run; nothing has started yet."""
+    would stop the run; nothing has started yet. With the runs' ``federation``, also a
+    ``device`` of ``cuda`` for ClientApps that ask for no GPU share: Ray hides the GPU from
+    them, and every ClientApp would fail on its first message."""
+    gpu_share = bool((federation or {}).get("client-resources-num-gpus"))
     for what, run_config in runs:
         try:
             check_run_config(run_config)
         except ValueError as exc:  # ConfigError and the strategies' own checks
-            raise SystemExit(f"{what}: {exc}\n(checked before flwr run started; nothing ran)") \
-                from None
+            raise SystemExit(f"{what}: {exc}\n{NOTHING_RAN}") from None
+        device = str(run_config.get("device", ""))
+        if federation is not None and not gpu_share and device.startswith("cuda"):
+            raise SystemExit(
+                f"{what}: device={device!r}, but the ClientApps ask for no GPU share and Ray "
+                f"hides the GPU from them: give them one (fedhetero run --gpus-per-client "
+                f"0.25, a sweep file's gpus-per-client = 0.25), or device='auto'\n{NOTHING_RAN}")

@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     if args.gpus_per_client:
         federation["client-resources-num-gpus"] = args.gpus_per_client
     overrides = parse_overrides(args.run_config)
-    refuse_bad_run_configs([("run config check", overrides)])
+    refuse_bad_run_configs([("run config check", overrides)], federation)
     with RunProgress(planned_rounds(overrides)) as progress:
         return run_app(overrides or None, federation, flwr_home=args.flwr_home,
                        ray_address=args.ray_address, on_line=progress).returncode

@@ -140,8 +140,8 @@ def execute(
     (SystemExit naming the variant and seed: :mod:`.preflight`)."""
     runs = plan(spec, out, seeds, variants)
     federation_config = federation(spec)
-    refuse_bad_run_configs((f"variant {run.variant!r}, seed {run.seed}", run.run_config)
-                         for run in runs)
+    refuse_bad_run_configs(((f"variant {run.variant!r}, seed {run.seed}", run.run_config)
+                            for run in runs), federation_config)
     done = []
     with SweepProgress(sum(rounds_of(run) for run in runs)) as progress:
         for index, run in enumerate(runs, 1):

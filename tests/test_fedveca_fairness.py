@@ -352,3 +352,22 @@ def test_centralized_from_a_folder_without_a_run_log_names_what_to_give(tmp_path
         cli.main(["centralized", "--from-fedveca", str(tmp_path), "--out", str(tmp_path / "o")])
     assert str(info.value).startswith(f"--from-fedveca {tmp_path}: no rounds.jsonl there; give "
                                       "a FedVeca run directory")
+
+
+def test_fig3_with_a_gpu_device_or_share_the_clientapps_cannot_have_stops_first(tmp_path,
+                                                                               monkeypatch):
+    """Ray hides the GPU from a ClientApp that asks for no share, so --device cuda needs
+    --gpus-per-client; a share where torch sees no GPU is refused. No folder either way."""
+    from simulation import cli
+    from simulation.experiments.fedveca import fig3
+    from simulation.runtime import federation
+
+    monkeypatch.setattr(fig3, "run_seed", lambda *a: pytest.fail("no run should start"))
+    out = tmp_path / "fig3"
+    with pytest.raises(SystemExit, match="fedveca-fig3: device='cuda', but the ClientApps ask "
+                                         "for no GPU share"):
+        cli.main(["fedveca-fig3", "--out", str(out), "--device", "cuda"])
+    monkeypatch.setattr(federation, "visible_gpus", lambda: 0)
+    with pytest.raises(SystemExit, match="client-resources-num-gpus=0.5: no ClientApp can start"):
+        cli.main(["fedveca-fig3", "--out", str(out), "--gpus-per-client", "0.5"])
+    assert not out.exists()

@@ -63,3 +63,29 @@ def test_deploy_run_refuses_a_bad_run_config_as_a_usage_error(capsys):
     assert run(parser.parse_args(["-c", "partition=shard", "--workdir", "/nonexistent"])) == 2
     err = capsys.readouterr().err
     assert "python -m deploy run: error: run config: partition='shard' is not allowed" in err
+
+
+def test_device_cuda_for_clientapps_without_a_gpu_share_stops_before_flwr_run(no_flwr_run,
+                                                                              monkeypatch):
+    """Ray hides the GPU from a ClientApp that asks for no share: each would fail."""
+    from simulation.runtime import federation  # noqa: PLC0415
+
+    with pytest.raises(SystemExit) as info:
+        simulation_cli.main(["run", "-c", "device='cuda:0'"])
+    assert str(info.value).startswith("run config check: device='cuda:0', but the ClientApps "
+                                      "ask for no GPU share")
+    assert "--gpus-per-client 0.25" in str(info.value) and no_flwr_run == []
+    monkeypatch.setattr(federation, "visible_gpus", lambda: 1)
+    with pytest.raises(ZeroDivisionError):  # checked, then handed to (the stand-in) flwr run
+        simulation_cli.main(["run", "-c", "device='cuda'", "--gpus-per-client", "0.25"])
+    assert len(no_flwr_run) == 1
+
+
+def test_a_sweep_variant_on_cuda_needs_the_files_gpu_share(tmp_path, no_flwr_run):
+    path = tmp_path / "sweep.toml"
+    path.write_text('seeds = [0]\n[variants.cpu]\nlr = 0.1\n[variants.gpu]\ndevice = "cuda"\n')
+    with pytest.raises(SystemExit) as info:
+        simulation_cli.main(["sweep", str(path), "--out", str(tmp_path / "out")])
+    assert str(info.value).startswith("variant 'gpu', seed 0: device='cuda', but the "
+                                      "ClientApps ask for no GPU share")
+    assert "a sweep file's gpus-per-client = 0.25" in str(info.value) and no_flwr_run == []

@@ -21,7 +21,8 @@ Public API (everything else is internal to this package):
 
 from .flwr_cli import (PROJECT_ROOT, AppRun, flwr_env, flwr_run_command, run_id_of, run_status,
                        stream_command, submit_run)
-from .federation import FederationConfigError, federation_value, option_type, refuse_unfittable
+from .federation import (NOTHING_RAN, FederationConfigError, federation_value, option_type,
+                         refuse_unfittable)
 from .help_format import HelpFormatter
 from .local_superlink import (ForeignSuperLinkError, local_superlink_pids, run_app,
                               stop_local_superlink)
@@ -32,7 +33,7 @@ from .processes import (Started, descendants, free_port, is_alive, process_tree,
                         wait_for_port)
 
 __all__ = [
-    "AppRun", "at_least", "FederationConfigError", "ForeignSuperLinkError", "HelpFormatter", "PROJECT_ROOT", "Started",
+    "AppRun", "NOTHING_RAN", "at_least", "FederationConfigError", "ForeignSuperLinkError", "HelpFormatter", "PROJECT_ROOT", "Started",
     "descendants", "federation_value", "flwr_env", "fraction", "flwr_run_command", "free_port",
     "is_alive", "local_superlink_pids", "option_type", "parse_overrides", "parse_value",
     "process_tree", "refuse_unfittable", "run_app", "run_id_of", "run_status", "send_signal", "start_process",

@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 WHOLE_NUMBER_KEYS = {"num-supernodes": 1, "client-resources-num-cpus": 1,
                      "init-args-num-cpus": 1, "init-args-num-gpus": 0}
 GPU_SHARE_KEY = "client-resources-num-gpus"
+NOTHING_RAN = "(checked before flwr run started; nothing ran)"  # ends every such refusal
 
 WHOLE_CPUS_HINT = (
     "Flower's simulation reserves whole CPUs per ClientApp; to run more ClientApps at once "

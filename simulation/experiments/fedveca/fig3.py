@@ -27,8 +27,9 @@ from types import ModuleType
 
 from fedapp.run_log import read_rounds
 
+from simulation.preflight import refuse_bad_run_configs
 from simulation.progress import RoundProgress
-from simulation.runtime import at_least, option_type, parse_overrides, run_app
+from simulation.runtime import at_least, option_type, parse_overrides, refuse_unfittable, run_app
 from simulation.sweep import SweepRun, finished_run_dir
 
 from .centralized import run_centralized
@@ -75,14 +76,10 @@ def federated(args, out: Path, variant: str, seed: int, overrides: dict, label: 
         return existing
     start = time.monotonic()
     print(f"{label}: running ...", flush=True)
-    federation = {
-        "num-supernodes": args.num_clients,
-        "client-resources-num-cpus": args.cpus_per_client,
-    }
     # isolate_ports: a SuperLink of another FLWR_HOME on the default ports would take the run
     result = run_app(
         config,
-        federation,
+        federation_of(args),
         flwr_home=out / ".flwr",
         capture=True,
         timeout=args.timeout,
@@ -201,9 +198,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--grad-subsample", type=at_least(0), default=0, help="0: full local gradient (paper)"
     )
-    parser.add_argument("--device", default="cpu", help="run-config device: auto, cpu, cuda")
+    parser.add_argument("--device", default="cpu", help="run-config device: auto, cpu, cuda "
+                        "(the ClientApps see a GPU only with --gpus-per-client)")
     parser.add_argument("--cpus-per-client", type=option_type("client-resources-num-cpus"),
                         default=1, help="CPUs per ClientApp")
+    parser.add_argument("--gpus-per-client", type=option_type("client-resources-num-gpus"),
+                        default=0, help="GPU share per ClientApp (0.25: four share a GPU; "
+                        "0: Ray hides the GPU from them)")
     parser.add_argument("--timeout", type=float, default=3 * 3600, help="seconds per flwr run")
     parser.add_argument(
         "-c",
@@ -225,8 +226,20 @@ def driver_args(args: argparse.Namespace) -> dict:
             for key, value in vars(args).items() if not isinstance(value, ModuleType)}
 
 
+def federation_of(args: argparse.Namespace) -> dict:
+    """Every federated run's federation options."""
+    federation = {"num-supernodes": args.num_clients,
+                  "client-resources-num-cpus": args.cpus_per_client}
+    if args.gpus_per_client:
+        federation["client-resources-num-gpus"] = args.gpus_per_client
+    return federation
+
+
 def run(args: argparse.Namespace) -> int:
     """Every seed's runs, then the tables and plots; 0 if every run finished."""
+    federation = federation_of(args)  # before the folder: ClientApps that cannot run
+    refuse_bad_run_configs([("fedveca-fig3", {"device": args.device})], federation)
+    refuse_unfittable(federation)
     out = (args.out or Path("runs") / f"fedveca_fig3_{args.model}").resolve()
     out.mkdir(parents=True, exist_ok=True)
     (out / "driver_args.json").write_text(json.dumps(driver_args(args), indent=1) + "\n")
