@@ -8,11 +8,12 @@ streamed log; otherwise the log is printed as it is (:mod:`simulation.progress`)
 from __future__ import annotations
 
 import argparse
+import sys
 import tomllib
 
 from .preflight import refuse_bad_run_configs
 from .progress import RunProgress
-from .runtime import PROJECT_ROOT, option_type, parse_overrides, run_app
+from .runtime import PROJECT_ROOT, option_type, parse_overrides, run_app, unused_gpus_note
 from .runtime.ray_cluster import ray_address
 
 
@@ -51,6 +52,9 @@ def run(args: argparse.Namespace) -> int:
         federation["client-resources-num-gpus"] = args.gpus_per_client
     overrides = parse_overrides(args.run_config)
     refuse_bad_run_configs([("run config check", overrides)], federation)
+    note = unused_gpus_note(federation, args.ray_address)
+    if note:
+        print(note, file=sys.stderr, flush=True)
     with RunProgress(planned_rounds(overrides)) as progress:
         return run_app(overrides or None, federation, flwr_home=args.flwr_home,
                        ray_address=args.ray_address, on_line=progress).returncode

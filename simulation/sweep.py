@@ -18,6 +18,7 @@ import csv
 import difflib
 import fnmatch
 import statistics
+import sys
 import time
 import tomllib
 from dataclasses import dataclass
@@ -29,7 +30,8 @@ from strategies import contract as C
 from .metrics import evaluated, percent_over_seeds
 from .preflight import refuse_bad_run_configs
 from .progress import SweepProgress
-from .runtime import FederationConfigError, federation_value, refuse_unfittable, run_app
+from .runtime import (FederationConfigError, federation_value, refuse_unfittable, run_app,
+                      unused_gpus_note)
 from .runtime.ray_cluster import ray_address
 
 
@@ -298,10 +300,14 @@ def run(args: argparse.Namespace) -> int:
         spec = load_sweep(args.file)
     except (OSError, ValueError) as exc:  # a missing or bad sweep file: its message, no traceback
         raise SystemExit(f"sweep: {exc}") from None
+    resources = federation(spec, args.file)
     try:  # ClientApps that no Ray on this machine could start: before any run or folder
-        refuse_unfittable(federation(spec, args.file), args.ray_address)
+        refuse_unfittable(resources, args.ray_address)
     except FederationConfigError as exc:
         raise SystemExit(f"sweep: {args.file}: {exc}") from None
+    note = unused_gpus_note(resources, args.ray_address)
+    if note:
+        print(note, file=sys.stderr, flush=True)
     out = (args.out or Path("runs") / args.file.stem).resolve()
     selected = plan(spec, out, args.seeds, args.variants)
     if not selected:

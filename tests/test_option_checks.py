@@ -245,3 +245,22 @@ def test_run_with_more_cpus_per_client_than_cores_stops_before_anything_starts(t
     assert f"client-resources-num-cpus={cores + 1}: no ClientApp can start" in done.stderr
     assert "nothing ran" in done.stderr and "Traceback" not in done.stderr
     assert not home.exists()  # no SuperLink, no FLWR_HOME
+
+
+def test_gpus_the_clientapps_will_not_get_are_pointed_out(tmp_path, monkeypatch):
+    from simulation.runtime import federation  # noqa: PLC0415
+
+    driver = tmp_path / "gpus"
+    assert federation.nvidia_gpus(driver) == 0  # no driver: no note
+    driver.mkdir()
+    for bus in ("0000:01:00.0", "0000:02:00.0"):
+        (driver / bus).mkdir()
+    assert federation.nvidia_gpus(driver) == 2
+    monkeypatch.setattr(federation, "nvidia_gpus", lambda: 2)
+    note = federation.unused_gpus_note({"client-resources-num-cpus": 1})
+    assert note.startswith("note: this machine has 2 NVIDIA GPU(s), but the ClientApps ask for "
+                           "no share of one") and "--gpus-per-client 0.25" in note
+    assert federation.unused_gpus_note({"client-resources-num-gpus": 0.25}) is None
+    assert federation.unused_gpus_note({}, ray_address="127.0.0.1:6379") is None
+    monkeypatch.setattr(federation, "nvidia_gpus", lambda: 0)
+    assert federation.unused_gpus_note({}) is None

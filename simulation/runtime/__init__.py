@@ -14,7 +14,8 @@ Public API (everything else is internal to this package):
 * Ray: :mod:`simulation.runtime.ray_cluster` (``start_head``, ``start_worker``, ...);
 * the federation's options: :class:`FederationConfigError`, :func:`federation_value`,
   :func:`option_type` (an argparse type for an option that sets one),
-  :func:`refuse_unfittable` (ClientApps that ask for more than this machine's Ray has);
+  :func:`refuse_unfittable` (ClientApps that ask for more than this machine's Ray has),
+  :func:`unused_gpus_note` (GPUs here that the ClientApps will not get);
 * option types: :func:`at_least` (a count), :func:`fraction` (a number from 0 to 1);
 * the tools' ``--help``: :class:`HelpFormatter` (every option's default shown).
 """
@@ -22,7 +23,7 @@ Public API (everything else is internal to this package):
 from .flwr_cli import (PROJECT_ROOT, AppRun, flwr_env, flwr_run_command, run_id_of, run_status,
                        stream_command, submit_run)
 from .federation import (NOTHING_RAN, FederationConfigError, federation_value, option_type,
-                         refuse_unfittable)
+                         refuse_unfittable, unused_gpus_note)
 from .help_format import HelpFormatter
 from .local_superlink import (ForeignSuperLinkError, local_superlink_pids, run_app,
                               stop_local_superlink)
@@ -38,5 +39,5 @@ __all__ = [
     "is_alive", "local_superlink_pids", "option_type", "parse_overrides", "parse_value",
     "process_tree", "refuse_unfittable", "run_app", "run_id_of", "run_status", "send_signal", "start_process",
     "stop_local_superlink", "stop_on_sigterm", "stop_pids", "stop_processes", "stream_command", "submit_run",
-    "to_flwr_config", "wait_for_port",
+    "to_flwr_config", "unused_gpus_note", "wait_for_port",
 ]

@@ -17,6 +17,7 @@ import argparse
 import math
 import os
 from collections.abc import Callable, Mapping
+from pathlib import Path
 
 # key -> smallest value Flower accepts
 WHOLE_NUMBER_KEYS = {"num-supernodes": 1, "client-resources-num-cpus": 1,
@@ -80,6 +81,28 @@ def refuse_unfittable(config: Mapping[str, object], ray_address: str | None = No
                 GPU_SHARE_KEY, gpus,
                 f"no ClientApp can start: {visible} GPU(s) visible here (torch.cuda); give 0 "
                 f"to train on the CPU" + (f" or at most {visible}" if visible else ""))
+
+
+def unused_gpus_note(config: Mapping[str, object], ray_address: str | None = None) -> str | None:
+    """A line for the user when this machine has NVIDIA GPUs (Linux's
+    ``/proc/driver/nvidia/gpus``, no torch import) but ``config`` gives the ClientApps no
+    share of one: Ray hides the GPUs from them and they train on the CPU. None otherwise."""
+    if ray_address or config.get(GPU_SHARE_KEY):
+        return None
+    count = nvidia_gpus()
+    if not count:
+        return None
+    return (f"note: this machine has {count} NVIDIA GPU(s), but the ClientApps ask for no "
+            f"share of one ({GPU_SHARE_KEY}), so Ray hides them and they train on the CPU; "
+            f"--gpus-per-client 0.25 (a sweep file's gpus-per-client = 0.25) puts four on a GPU")
+
+
+def nvidia_gpus(driver: Path = Path("/proc/driver/nvidia/gpus")) -> int:
+    """NVIDIA GPUs the kernel driver lists (0 without the driver or off Linux)."""
+    try:
+        return sum(1 for _ in driver.iterdir())
+    except OSError:
+        return 0
 
 
 def visible_gpus() -> int | None:
