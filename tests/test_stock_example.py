@@ -2,7 +2,8 @@
 
 The stock client (no query handler) runs FedAvg ('examples', 'uniform'), FedProx and FedNova;
 ``client_app_plus`` (the template plus ``strategies.client`` helpers and a query handler)
-runs FedVeca, DynamicFL and the weightings that need every client's n_k.
+runs FedVeca, DynamicFL, SCAFFOLD, FedDyn, MOON and the weightings that need every
+client's n_k.
 """
 
 from __future__ import annotations
@@ -69,13 +70,18 @@ def test_weightings_that_need_every_n_k_with_the_query_handler(weighting, caplog
     assert not any("node-id order" in w for w in warnings)
 
 
-@pytest.mark.parametrize("strategy", ["fedveca", "dynamicfl"])
-def test_template_client_plus_the_task_helpers(strategy):
+@pytest.mark.parametrize("strategy", ["fedveca", "dynamicfl", "scaffold", "feddyn", "moon"])
+def test_template_client_plus_the_task_helpers(strategy, caplog):
+    caplog.set_level(logging.WARNING)
     grid = run_stock(strategy, client=plus_client, query=True)
     kinds = [kind for _, kind in grid.calls]
     assert kinds.count("query") == 3
     assert kinds.count("evaluate") == 6
     assert kinds.count("train") >= 6  # DynamicFL: one message per chunk
+    # every reply accepted: the drift-correction family's client state (c_i, FedDyn's linear
+    # term, MOON's previous model) kept in context.state and echoed as the server expects
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not [r for r in caplog.records if "rejected" in r.getMessage()]
 
 
 def example_app(tmp_path, strategy: str):

@@ -1,11 +1,13 @@
-"""The template's ClientApp plus the client contract of FedVeca and DynamicFL.
+"""The template's ClientApp plus the client contract of FedVeca, DynamicFL, SCAFFOLD,
+FedDyn and MOON.
 
-To use FedVeca or DynamicFL, point ``clientapp`` in pyproject.toml at
-``stockapp.client_app_plus:app``. Everything else is the template's own code
-(``client_app.py``, unchanged); fedhetero's ``strategies.client`` helpers do the
-strategy-specific work, and a query handler reports the partition and label histogram.
+To use them, point ``clientapp`` in pyproject.toml at ``stockapp.client_app_plus:app``.
+Everything else is the template's own code (``client_app.py``, unchanged); fedhetero's
+``strategies.client`` helpers do the strategy-specific work, and a query handler reports
+the partition and label histogram.
 """
 
+import torch.nn.functional as F
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
@@ -13,10 +15,16 @@ from stockapp.client_app import evaluate as template_evaluate
 from stockapp.client_app import train as template_train
 from stockapp.task import Net, load_data
 from strategies.client import (
+    FedDynClient,
+    MoonClient,
+    ScaffoldClient,
     client_info_reply,
     fedveca_train,
     is_dynamicfl_chunk,
+    is_feddyn_message,
     is_fedveca_round,
+    is_moon_message,
+    is_scaffold_message,
     label_counts,
     train_chunk,
 )
@@ -31,16 +39,67 @@ def local_data(context: Context):
                      run["max-examples"])
 
 
+def batches(x, y, context: Context):
+    """The template's batch loop: local-epochs passes over (x, y) in order."""
+    size = context.run_config["batch-size"]
+    for _ in range(context.run_config["local-epochs"]):
+        for start in range(0, len(y), size):
+            yield x[start:start + size], y[start:start + size]
+
+
+def net_representation(model: Net, x):
+    """(logits, z) for MOON, z the template Net's last hidden layer (84 features)."""
+    z = model.pool(F.relu(model.conv1(x)))
+    z = model.pool(F.relu(model.conv2(z))).flatten(1)
+    z = F.relu(model.fc2(F.relu(model.fc1(z))))
+    return model.fc3(z), z
+
+
+def drift_corrected(msg: Message, context: Context, model: Net, x, y):
+    """SCAFFOLD, FedDyn or MOON: the template's SGD loop with the helper's one change."""
+    import torch  # noqa: PLC0415
+
+    lr = msg.content["config"]["lr"]
+    if is_scaffold_message(msg):  # every step corrected by c - c_i (c_i in context.state)
+        helper = ScaffoldClient(msg, context.state)
+        optimizer = torch.optim.SGD(model.parameters(), lr=helper.lr)
+        for xb, yb in batches(x, y, context):
+            optimizer.zero_grad()
+            F.cross_entropy(model(xb), yb).backward()
+            optimizer.step()
+            helper.correct(model)
+    elif is_feddyn_message(msg):  # the regulariser's gradient added before every step
+        helper = FedDynClient(msg, context.state)
+        optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+        for xb, yb in batches(x, y, context):
+            optimizer.zero_grad()
+            F.cross_entropy(model(xb), yb).backward()
+            helper.regularise(model)
+            optimizer.step()
+    else:  # MOON: l_sup + mu l_con against w^t and this client's previous model
+        helper = MoonClient(msg, context.state, model, representation=net_representation)
+        optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+        for xb, yb in batches(x, y, context):
+            optimizer.zero_grad()
+            logits, contrastive = helper.forward(model, xb)
+            (F.cross_entropy(logits, yb) + contrastive).backward()
+            optimizer.step()
+    return helper.finish(model, {"num-examples": len(y)})
+
+
 @app.train()
 def train(msg: Message, context: Context):
     config = msg.content["config"]
-    if not (is_fedveca_round(config) or is_dynamicfl_chunk(config)):
+    drift = is_scaffold_message(msg) or is_feddyn_message(msg) or is_moon_message(msg)
+    if not (is_fedveca_round(config) or is_dynamicfl_chunk(config) or drift):
         return template_train(msg, context)  # FedAvg, FedProx, FedNova: the template's training
     model = Net()
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
     data = local_data(context)  # (x, y) tensors
     partition_id = context.node_config["partition-id"]
-    if is_fedveca_round(config):  # tau plain-SGD steps, the local gradient, beta, delta
+    if drift:
+        content = drift_corrected(msg, context, model, *data)
+    elif is_fedveca_round(config):  # tau plain-SGD steps, the local gradient, beta, delta
         content = fedveca_train(model, data, config, partition_id=partition_id)
     else:  # one DynamicFL chunk; momentum across chunks in context.state
         content = train_chunk(model, data, config, context.state, partition_id=partition_id)

@@ -4,7 +4,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
 
 from stockapp.task import Net
-from strategies import DynamicFL, FedAvg, FedNova, FedProx, FedVeca
+from strategies import DynamicFL, FedAvg, FedDyn, FedNova, FedProx, FedVeca, Moon, Scaffold
 
 app = ServerApp()
 
@@ -12,9 +12,11 @@ app = ServerApp()
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     cfg = context.run_config
-    # FedVeca, DynamicFL and the weightings that need every n_k ask the client-info query:
-    # they need stockapp.client_app_plus, whose query handler answers it (README)
-    query = cfg["query-client-info"] or cfg["strategy"] in ("fedveca", "dynamicfl")
+    # FedVeca, DynamicFL, the drift-correction family (client state keyed by partition) and
+    # the weightings that need every n_k ask the client-info query: they need
+    # stockapp.client_app_plus, whose query handler answers it (README)
+    query = cfg["query-client-info"] or cfg["strategy"] in (
+        "fedveca", "dynamicfl", "scaffold", "feddyn", "moon")
     common = {"fraction_train": cfg["fraction-train"], "fraction_evaluate": 1.0,
               "query_client_info": query}
     strategy = {
@@ -27,6 +29,9 @@ def main(grid: Grid, context: Context) -> None:
                                    **common),
         "dynamicfl": lambda: DynamicFL(intervals=cfg["dynamicfl-intervals"],
                                        local_steps=cfg["local-steps"], beta=0.5, **common),
+        "scaffold": lambda: Scaffold(**common),
+        "feddyn": lambda: FedDyn(alpha=0.01, **common),
+        "moon": lambda: Moon(mu=1.0, temperature=0.5, **common),
     }[cfg["strategy"]]()
     strategy.start(
         grid=grid,
