@@ -92,6 +92,7 @@ def test_another_flwr_homes_superlink_on_the_local_port_is_refused_not_used(tmp_
         [str(Path(sys.executable).with_name("flower-superlink")), "--insecure", "--simulation",
          "--isolation", "subprocess", "--control-api-address", f"127.0.0.1:{control}",
          "--host", "127.0.0.1", "--port", str(port), "--log-file", str(log)],
+        env=flwr_env(other),  # its FLWR_HOME, and flwr's bin on PATH for its SuperExec
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 60
