@@ -75,10 +75,9 @@ def run_tool(args) -> int:
     with stop_on_sigterm():
         try:
             return args.tool.run(args)
-        except FederationConfigError as exc:
-            raise SystemExit(f"federation: {exc}\n{NOTHING_RAN}") from None
-        except ForeignSuperLinkError as exc:
-            raise SystemExit(f"{exc}\n{NOTHING_RAN}") from None
+        except (FederationConfigError, ForeignSuperLinkError) as exc:
+            what = "federation: " if isinstance(exc, FederationConfigError) else ""
+            raise SystemExit(f"{what}{exc}\n{NOTHING_RAN}") from None
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@ import tomllib
 
 from .preflight import refuse_bad_run_configs
 from .progress import RunProgress
-from .runtime import PROJECT_ROOT, option_type, parse_overrides, run_app, unused_gpus_note
+from .runtime import (PROJECT_ROOT, client_resources, option_type, parse_overrides, run_app,
+                      unused_gpus_note)
 from .runtime.ray_cluster import ray_address
 
 
@@ -46,10 +47,7 @@ def override(text: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """``flwr run`` with these overrides and federation; its exit code."""
-    federation = {"num-supernodes": args.num_supernodes,
-                  "client-resources-num-cpus": args.cpus_per_client}
-    if args.gpus_per_client:
-        federation["client-resources-num-gpus"] = args.gpus_per_client
+    federation = client_resources(args.num_supernodes, args.cpus_per_client, args.gpus_per_client)
     overrides = parse_overrides(args.run_config)
     refuse_bad_run_configs([("run config check", overrides)], federation)
     note = unused_gpus_note(federation, args.ray_address)

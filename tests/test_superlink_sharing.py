@@ -80,9 +80,8 @@ def test_another_flwr_homes_superlink_on_the_local_port_is_refused_not_used(tmp_
     """`flwr run` takes whatever SuperLink answers on the local port; one that another
     project's `flwr run .` left running would run this app in that project's environment."""
     from simulation.runtime import ForeignSuperLinkError, flwr_env, free_port, run_app, stop_pids
-    from simulation.runtime.local_superlink import (CONTROL_PORT_ENV, HTTP_PORT_ENV,
-                                                    refuse_foreign_superlink,
-                                                    superlink_answers)
+    from simulation.runtime.flwr_cli import CONTROL_PORT_ENV, HTTP_PORT_ENV
+    from simulation.runtime.local_superlink import refuse_foreign_superlink, superlink_answers
 
     other, ours = tmp_path / "other-home", tmp_path / "ours"
     port, control = free_port(), free_port()

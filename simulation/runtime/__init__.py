@@ -13,6 +13,7 @@ Public API (everything else is internal to this package):
   :func:`stop_local_superlink`, :class:`ForeignSuperLinkError`;
 * Ray: :mod:`simulation.runtime.ray_cluster` (``start_head``, ``start_worker``, ...);
 * the federation's options: :class:`FederationConfigError`, :func:`federation_value`,
+  :func:`client_resources` (the options of ``--num-supernodes`` / ``--*-per-client``),
   :func:`option_type` (an argparse type for an option that sets one),
   :func:`refuse_unfittable` (ClientApps that ask for more than this machine's Ray has),
   :func:`unused_gpus_note` (GPUs here that the ClientApps will not get);
@@ -22,8 +23,8 @@ Public API (everything else is internal to this package):
 
 from .flwr_cli import (PROJECT_ROOT, AppRun, flwr_env, flwr_run_command, run_id_of, run_status,
                        stream_command, submit_run)
-from .federation import (NOTHING_RAN, FederationConfigError, federation_value, option_type,
-                         refuse_unfittable, unused_gpus_note)
+from .federation import (NOTHING_RAN, FederationConfigError, client_resources, federation_value,
+                         option_type, refuse_unfittable, unused_gpus_note)
 from .help_format import HelpFormatter
 from .local_superlink import (ForeignSuperLinkError, local_superlink_pids, run_app,
                               stop_local_superlink)
@@ -34,7 +35,7 @@ from .processes import (Started, descendants, free_port, is_alive, process_tree,
                         wait_for_port)
 
 __all__ = [
-    "AppRun", "NOTHING_RAN", "at_least", "FederationConfigError", "ForeignSuperLinkError", "HelpFormatter", "PROJECT_ROOT", "Started",
+    "AppRun", "NOTHING_RAN", "at_least", "client_resources", "FederationConfigError", "ForeignSuperLinkError", "HelpFormatter", "PROJECT_ROOT", "Started",
     "descendants", "federation_value", "flwr_env", "fraction", "flwr_run_command", "free_port",
     "is_alive", "local_superlink_pids", "option_type", "parse_overrides", "parse_value",
     "process_tree", "refuse_unfittable", "run_app", "run_id_of", "run_status", "send_signal", "start_process",

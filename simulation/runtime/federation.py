@@ -56,6 +56,17 @@ def checked_federation(config: Mapping[str, object]) -> dict[str, object]:
     return {key: federation_value(key, value) for key, value in config.items()}
 
 
+def client_resources(num_supernodes: int, cpus_per_client: int,
+                     gpus_per_client: float = 0) -> dict[str, object]:
+    """The federation options of our commands' ``--num-supernodes``, ``--cpus-per-client``
+    and ``--gpus-per-client`` (the GPU share only when one is given: Flower's default)."""
+    config: dict[str, object] = {"num-supernodes": num_supernodes,
+                                 "client-resources-num-cpus": cpus_per_client}
+    if gpus_per_client:
+        config[GPU_SHARE_KEY] = gpus_per_client
+    return config
+
+
 def refuse_unfittable(config: Mapping[str, object], ray_address: str | None = None) -> None:
     """A :class:`FederationConfigError` when no ClientApp of ``config`` fits the private Ray
     that ``flwr run`` starts on this machine: more CPUs per ClientApp than Ray gets (its

@@ -24,6 +24,12 @@ BIN = Path(sys.executable).parent
 OPENBLAS_THREADS_ENV = "OPENBLAS_NUM_THREADS"
 
 
+# Flower's variables for the ports of the local SuperLink that `flwr run` starts or uses
+HTTP_PORT_ENV = "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"
+CONTROL_PORT_ENV = "FLWR_LOCAL_CONTROL_API_PORT"
+DEFAULT_HTTP_PORT = "39091"  # Flower 1.41's default (flwr/cli/constant.py)
+
+
 def flwr_env(flwr_home: Path, base: Mapping[str, str] | None = None, isolate_ports: bool = False,
              ray_address: str | None = None) -> dict[str, str]:
     """Environment for an offline ``flwr`` CLI with its own FLWR_HOME.
@@ -48,8 +54,8 @@ def flwr_env(flwr_home: Path, base: Mapping[str, str] | None = None, isolate_por
     # OpenBLAS thread has no workers to lose; torch's own threads are unaffected.
     env.setdefault(OPENBLAS_THREADS_ENV, "1")
     if isolate_ports:
-        env["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"] = str(free_port())
-        env["FLWR_LOCAL_CONTROL_API_PORT"] = str(free_port())
+        env[HTTP_PORT_ENV] = str(free_port())
+        env[CONTROL_PORT_ENV] = str(free_port())
     return env
 
 

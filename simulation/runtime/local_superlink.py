@@ -24,7 +24,8 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from .federation import refuse_unfittable
-from .flwr_cli import PROJECT_ROOT, AppRun, flwr_env, flwr_run_command, submit_run
+from .flwr_cli import (CONTROL_PORT_ENV, DEFAULT_HTTP_PORT, HTTP_PORT_ENV, PROJECT_ROOT, AppRun,
+                       flwr_env, flwr_run_command, submit_run)
 from .processes import is_alive, process_tree, stop_pids
 
 try:
@@ -35,9 +36,6 @@ except ImportError:  # not POSIX: launches on one FLWR_HOME are not serialised
 USERS_DIR = "superlink-users"  # one empty file per launch using the managed SuperLink
 USERS_LOCK = "superlink-users.lock"
 STARTED_BY_US = "superlink-started-by-fedhetero"  # the last launch to leave stops it
-HTTP_PORT_ENV = "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"  # Flower's; the local SuperLink's port
-CONTROL_PORT_ENV = "FLWR_LOCAL_CONTROL_API_PORT"
-DEFAULT_HTTP_PORT = "39091"  # Flower 1.41's default (flwr/cli/constant.py)
 
 
 class ForeignSuperLinkError(RuntimeError):

@@ -29,7 +29,8 @@ from fedapp.run_log import read_rounds
 
 from simulation.preflight import refuse_bad_run_configs
 from simulation.progress import RoundProgress
-from simulation.runtime import at_least, option_type, parse_overrides, refuse_unfittable, run_app
+from simulation.runtime import (at_least, client_resources, option_type, parse_overrides,
+                                refuse_unfittable, run_app)
 from simulation.sweep import SweepRun, finished_run_dir
 
 from .centralized import run_centralized
@@ -228,11 +229,7 @@ def driver_args(args: argparse.Namespace) -> dict:
 
 def federation_of(args: argparse.Namespace) -> dict:
     """Every federated run's federation options."""
-    federation = {"num-supernodes": args.num_clients,
-                  "client-resources-num-cpus": args.cpus_per_client}
-    if args.gpus_per_client:
-        federation["client-resources-num-gpus"] = args.gpus_per_client
-    return federation
+    return client_resources(args.num_clients, args.cpus_per_client, args.gpus_per_client)
 
 
 def run(args: argparse.Namespace) -> int:
