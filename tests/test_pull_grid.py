@@ -1,5 +1,6 @@
-"""fedapp.grid.ServerAppGrid: Flower's send_and_receive loop with a 0.1 s pull interval; the
-previous exchange's replies let go when the next one starts."""
+"""fedapp.grid.ServerAppGrid: Flower's send_and_receive loop with pulls 5 ms .. 0.1 s apart
+(growing with the time since the push); the previous exchange's replies let go when the next
+one starts."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from flwr.serverapp.strategy import FedAvg
 from flwr.supercore.task_identity import TaskIdentity
 
 import fedapp.grid
-from fedapp.grid import PULL_INTERVAL, ServerAppGrid
+from fedapp.grid import FIRST_PULL_DELAY, PULL_INTERVAL, ServerAppGrid, pull_delay
 from tests.inprocess import InProcessGrid
 
 
@@ -60,11 +61,27 @@ def clock(monkeypatch):
     return fake
 
 
-def test_pulls_every_interval_until_all_replies_are_in(clock):
+def test_pull_delay_is_a_quarter_of_the_time_since_the_push_within_bounds():
+    assert pull_delay(0.0) == FIRST_PULL_DELAY == 0.005
+    assert pull_delay(0.1) == pytest.approx(0.025)
+    assert pull_delay(0.4) == pull_delay(30.0) == PULL_INTERVAL == 0.1
+    assert pull_delay(30.0, pull_interval=0.5) == 0.5
+
+
+def test_pulls_at_most_an_interval_apart_until_all_replies_are_in(clock):
     inner = SlowRepliesGrid(clock, {0: 0.0, 1: 0.35, 2: 1.0})
     replies = ServerAppGrid(inner).send_and_receive([object()] * 3, timeout=60)
     assert sorted(r.metadata.reply_to_message_id for r in replies) == ["m0", "m1", "m2"]
-    assert set(clock.sleeps) == {PULL_INTERVAL} and 10 <= inner.pulls <= 12  # not 3 s apart
+    assert max(clock.sleeps) == PULL_INTERVAL and min(clock.sleeps) == FIRST_PULL_DELAY
+    assert clock.sleeps == sorted(clock.sleeps)  # the sleep only grows within an exchange
+    assert 1.0 <= clock.now - 1000 <= 1.0 + PULL_INTERVAL  # not 3 s apart
+    assert inner.pulls == 1 + len(clock.sleeps) <= 26
+
+
+def test_a_quick_reply_is_pulled_soon_not_an_interval_later(clock):
+    inner = SlowRepliesGrid(clock, {0: 0.0, 1: 0.02})
+    assert len(ServerAppGrid(inner).send_and_receive([object()] * 2, timeout=60)) == 2
+    assert clock.now - 1000 <= 0.02 + FIRST_PULL_DELAY + 1e-9  # a fixed 0.1 s sleep: 0.1 s
 
 
 def test_returns_what_arrived_when_the_timeout_passes(clock):
