@@ -298,7 +298,7 @@ def run(cfg: RunConfig, grid: Grid, context: Context, strategy, train_config: di
     try:
         result = run_rounds(
             strategy,
-            grid=ServerAppGrid(grid),  # pulls 5 ms .. 0.1 s apart; one exchange of replies held (fedapp.grid)
+            grid=ServerAppGrid(grid),  # pulls 5 ms .. 0.1 s apart; one exchange's replies held
             initial_arrays=initial_arrays,
             num_rounds=cfg.num_server_rounds,
             first_round=first_round,

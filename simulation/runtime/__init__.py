@@ -35,10 +35,11 @@ from .processes import (Started, descendants, free_port, is_alive, process_tree,
                         wait_for_port)
 
 __all__ = [
-    "AppRun", "NOTHING_RAN", "at_least", "client_resources", "FederationConfigError", "ForeignSuperLinkError", "HelpFormatter", "PROJECT_ROOT", "Started",
-    "descendants", "federation_value", "flwr_env", "fraction", "flwr_run_command", "free_port",
-    "is_alive", "local_superlink_pids", "option_type", "parse_overrides", "parse_value",
-    "process_tree", "refuse_unfittable", "run_app", "run_id_of", "run_status", "send_signal", "start_process",
-    "stop_local_superlink", "stop_on_sigterm", "stop_pids", "stop_processes", "stream_command", "submit_run",
-    "to_flwr_config", "unused_gpus_note", "wait_for_port",
+    "AppRun", "NOTHING_RAN", "at_least", "client_resources", "FederationConfigError",
+    "ForeignSuperLinkError", "HelpFormatter", "PROJECT_ROOT", "Started", "descendants",
+    "federation_value", "flwr_env", "fraction", "flwr_run_command", "free_port", "is_alive",
+    "local_superlink_pids", "option_type", "parse_overrides", "parse_value", "process_tree",
+    "refuse_unfittable", "run_app", "run_id_of", "run_status", "send_signal", "start_process",
+    "stop_local_superlink", "stop_on_sigterm", "stop_pids", "stop_processes", "stream_command",
+    "submit_run", "to_flwr_config", "unused_gpus_note", "wait_for_port",
 ]
