@@ -19,19 +19,13 @@ r+1..N with their true round numbers, so clients draw the same (seed, round,
 partition) batch streams and the strategies the same per-round samples as an
 uninterrupted run.
 
-Why Flower's ``Strategy.start`` and not a copy of its loop: :class:`RoundOffset`
-wraps the strategy and adds r to every round number it passes on, then runs Flower's
-own ``Strategy.start`` for N - r rounds. That loop is configure_train ->
-send_and_receive -> aggregate_train -> configure/aggregate_evaluate -> evaluate_fn per
-round, with no state of its own besides the current arrays (which we hand it), so
-rounds r+1..N are exactly the calls an uninterrupted run makes; only its log lines
-("[ROUND 1/N-r]") count from 1, and we log the mapping once. A strategy that replaces
-``start`` (DynamicFL) must accept ``first_round`` instead.
+Every strategy, Flower's own server optimisers included, runs (and resumes) through the
+one round loop :func:`strategies.rounds.run_rounds`, whose ``first_round`` starts at
+round r+1 with the true round numbers.
 """
 
 from __future__ import annotations
 
-import inspect
 import os
 import pickle
 import random
@@ -46,6 +40,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
 from strategies import contract as C
+from strategies import rounds
 
 from .config import ConfigError, default
 
@@ -182,61 +177,16 @@ class Checkpointer:
 
 
 # ----------------------------------------------------------------- the loop
-class RoundOffset(Strategy):
-    """``strategy`` with every round number shifted by ``offset`` (see the module docstring)."""
-
-    def __init__(self, strategy: Strategy, offset: int) -> None:
-        self.inner = strategy
-        self.offset = int(offset)
-
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                        grid: Grid):
-        return self.inner.configure_train(server_round + self.offset, arrays, config, grid)
-
-    def aggregate_train(self, server_round: int, replies):
-        return self.inner.aggregate_train(server_round + self.offset, replies)
-
-    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                           grid: Grid):
-        return self.inner.configure_evaluate(server_round + self.offset, arrays, config, grid)
-
-    def aggregate_evaluate(self, server_round: int, replies) -> MetricRecord | None:
-        return self.inner.aggregate_evaluate(server_round + self.offset, replies)
-
-    def summary(self) -> None:
-        log(INFO, "\t├──> Resumed after round %d: Flower's round k below is round k + %d",
-            self.offset, self.offset)
-        self.inner.summary()
-
-
 def run_rounds(strategy: Strategy, *, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int,
                first_round: int, timeout: float, train_config: ConfigRecord,
                evaluate_config: ConfigRecord,
                evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None]) -> Result:
-    """Rounds ``first_round``..``num_rounds`` of ``strategy`` (Flower's loop; module docstring).
-
-    With ``first_round`` > 1 the initial model is not evaluated again (round r's record
-    is already in the run log).
-    """
-    kwargs = dict(grid=grid, initial_arrays=initial_arrays, timeout=timeout,
-                  train_config=train_config, evaluate_config=evaluate_config)
-    if first_round <= 1:
-        return strategy.start(num_rounds=num_rounds, evaluate_fn=evaluate_fn, **kwargs)
-    if type(strategy).start is not Strategy.start:
-        if "first_round" not in inspect.signature(strategy.start).parameters:
-            raise ConfigError(f"{type(strategy).__name__} replaces Strategy.start without a "
-                              "'first_round' parameter, so it cannot be resumed; start fresh "
-                              "with --run-config \"resume-from=''\"")
-        return strategy.start(num_rounds=num_rounds, evaluate_fn=evaluate_fn,
-                              first_round=first_round, **kwargs)
-    offset = first_round - 1
-
-    def shifted(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
-        return None if server_round == 0 else evaluate_fn(server_round + offset, arrays)
-
-    return RoundOffset(strategy, offset).start(num_rounds=num_rounds - offset,
-                                               evaluate_fn=shifted, **kwargs)
+    """Rounds ``first_round``..``num_rounds`` of ``strategy`` (:func:`strategies.rounds.
+    run_rounds`). With ``first_round`` > 1 the initial model is not evaluated again (round
+    r's record is already in the run log)."""
+    return rounds.run_rounds(strategy, grid, initial_arrays, num_rounds, timeout, train_config,
+                             evaluate_config, evaluate_fn, first_round)
 
 
-__all__ = ["CHECKPOINT_NAME", "Checkpointer", "RoundOffset", "arrays_of", "check_compatible",
+__all__ = ["CHECKPOINT_NAME", "Checkpointer", "arrays_of", "check_compatible",
            "load_checkpoint", "restore_rng", "restore_strategy", "run_rounds", "save_checkpoint"]

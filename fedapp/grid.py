@@ -4,16 +4,12 @@ runtimes, and each exchange's replies let go once the next exchange starts.
 Flower 1.41's deployment Grid (``flwr.superlink.grid.http_grid.HttpGrid``) sleeps a
 hard-coded 3 s between two pulls in ``send_and_receive``, with no argument, attribute or
 environment variable to change it; the simulation's ``InMemoryGrid`` sleeps its
-``pull_interval`` of 0.1 s. A reply that arrives just after a pull therefore waits up to
-3 s more on the deployment runtime, every round. :class:`ServerAppGrid` wraps any Grid
-and runs Flower's own ``send_and_receive`` loop (push, then pull until every reply is in
-or ``timeout`` has passed) on the public ``push_messages`` / ``pull_messages`` with a
-short sleep; everything else goes to the wrapped Grid unchanged. The sleep grows with the
-time since the push (:func:`pull_delay`): an exchange whose replies come within a fraction
-of a second (a small model, clients in parallel) is not held up to a whole interval after
-its last reply, and a long one is pulled every 0.1 s as before. The reply's arrays are
-pulled by Flower's ``pull_objects``, whose first retry comes after 1 s; it is shortened to
-0.05 s in this process (:mod:`fedapp.flower_pulls`).
+``pull_interval`` of 0.1 s. Every strategy here exchanges through the Grid event loop
+(:class:`strategies.event_loop.GridEventLoop`: pulls 5 ms .. 0.1 s apart) on the public
+``push_messages`` / ``pull_messages``; :class:`ServerAppGrid` gives a strategy that calls
+``send_and_receive`` itself (Flower's own ``Strategy.start``) the same loop. The reply's
+arrays are pulled by Flower's ``pull_objects``, whose first retry comes after 1 s; it is
+shortened to 0.05 s in this process (:mod:`fedapp.flower_pulls`).
 
 Flower's ``Strategy.start`` keeps round r's training replies in a local variable
 (``train_replies``) until ``send_and_receive`` returns round r + 1's, so the ServerApp held
@@ -26,7 +22,6 @@ Flower's loop (and every strategy here) has aggregated them. A strategy that kee
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -34,29 +29,16 @@ from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
 
 from fedapp.flower_pulls import shorten_object_pulls
+from strategies.event_loop import PULL_INTERVAL, GridEventLoop
 
 if TYPE_CHECKING:
     from flwr.proto.node_pb2 import NodeInfo  # pylint: disable=no-name-in-module
     from flwr.supercore.run import Run
 
-PULL_INTERVAL = 0.1  # seconds, InMemoryGrid's default pull_interval
-FIRST_PULL_DELAY = 0.005  # seconds after the push: the shortest sleep between two pulls
-PULL_DELAY_FRACTION = 0.25  # of the time since the push
-
-
-def pull_delay(since_push: float, pull_interval: float = PULL_INTERVAL) -> float:
-    """Seconds to sleep before the next pull, ``since_push`` seconds after the push: a
-    quarter of that time, at least 5 ms and at most ``pull_interval``. A reply then waits
-    at most about a quarter of its own round trip (or ``pull_interval``) to be pulled,
-    against up to a whole ``pull_interval`` with a fixed sleep; the pulls this adds come
-    in the first ``4 * pull_interval`` seconds of an exchange (14 more than with a fixed
-    0.1 s)."""
-    return min(max(PULL_DELAY_FRACTION * since_push, FIRST_PULL_DELAY), pull_interval)
-
 
 class ServerAppGrid(Grid):
-    """``grid`` whose ``send_and_receive`` pulls at most ``pull_interval`` seconds apart
-    (sooner right after the push: :func:`pull_delay`) and lets go of the previous
+    """``grid`` whose ``send_and_receive`` is the Grid event loop's exchange (pulls at most
+    ``pull_interval`` seconds apart, sooner right after the push) and lets go of the previous
     exchange's replies first."""
 
     def __init__(self, grid: Grid, pull_interval: float = PULL_INTERVAL) -> None:
@@ -71,24 +53,13 @@ class ServerAppGrid(Grid):
     def send_and_receive(self, messages: Iterable[Message], *,
                          timeout: float | None = None) -> Iterable[Message]:
         """Push ``messages``, then pull their replies until all are in or ``timeout``
-        seconds have passed (None: until all are in), as Flower's Grids do, with
-        :func:`pull_delay` between two pulls. The list the
-        previous call returned is emptied first (module docstring)."""
+        seconds have passed (None: until all are in), as Flower's Grids do
+        (:meth:`strategies.event_loop.GridEventLoop.exchange`). The list the previous call
+        returned is emptied first (module docstring)."""
         self.last_replies.clear()
-        pending = set(self.grid.push_messages(messages))
-        del messages
-        pushed_at = time.time()
-        end_time = pushed_at + (timeout if timeout is not None else 0.0)
-        replies: list[Message] = []
-        while timeout is None or time.time() < end_time:
-            pulled = list(self.grid.pull_messages(pending))
-            replies.extend(pulled)
-            pending.difference_update(m.metadata.reply_to_message_id for m in pulled)
-            if not pending:
-                break
-            time.sleep(pull_delay(time.time() - pushed_at, self.pull_interval))
-        self.last_replies = replies
-        return replies
+        self.last_replies = GridEventLoop(self.grid, self.pull_interval).exchange(messages,
+                                                                                   timeout)
+        return self.last_replies
 
     # everything else: the wrapped Grid
     def set_run(self, run: Run) -> None:

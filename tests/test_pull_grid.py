@@ -14,8 +14,9 @@ from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy import FedAvg
 from flwr.supercore.task_identity import TaskIdentity
 
-import fedapp.grid
-from fedapp.grid import FIRST_PULL_DELAY, PULL_INTERVAL, ServerAppGrid, pull_delay
+from fedapp.grid import ServerAppGrid
+from strategies import event_loop
+from strategies.event_loop import FIRST_PULL_DELAY, PULL_INTERVAL, pull_delay
 from tests.inprocess import InProcessGrid
 
 
@@ -25,7 +26,7 @@ class Clock:
     def __init__(self) -> None:
         self.now, self.sleeps = 1000.0, []
 
-    def time(self) -> float:
+    def monotonic(self) -> float:
         return self.now
 
     def sleep(self, seconds: float) -> None:
@@ -57,7 +58,7 @@ class SlowRepliesGrid(InProcessGrid):
 @pytest.fixture
 def clock(monkeypatch):
     fake = Clock()
-    monkeypatch.setattr(fedapp.grid, "time", fake)
+    monkeypatch.setattr(event_loop, "time", fake)
     return fake
 
 

@@ -1,0 +1,168 @@
+"""The Grid event loop: the one place that pushes messages and pulls their replies.
+
+Every exchange of a strategy goes through :class:`GridEventLoop`: a synchronous round
+(:meth:`GridEventLoop.exchange`, what Flower's ``Grid.send_and_receive`` does), DynamicFL's
+sync events and, later, asynchronous strategies (:meth:`GridEventLoop.push` then
+:meth:`GridEventLoop.run_until` with a callback per reply). It handles
+
+* the pull schedule: the sleep between two pulls is a quarter of the time since the last
+  push, 5 ms .. ``pull_interval`` (:func:`pull_delay`), so fast replies are not held a
+  whole interval, and a long exchange is pulled every ``pull_interval``;
+* timeouts: a message without a reply ``timeout`` seconds after the wait started is lost;
+  its tag is returned, nothing else is held up;
+* replies the link refuses to take (``push_messages`` returned fewer ids) count as lost;
+* the order of delivery: as the replies arrive (:meth:`GridEventLoop.run_until`, real time),
+  or by simulated completion time (:meth:`GridEventLoop.run_in_clock_order`): a reply is
+  held until every message that completes earlier on the simulated clock has replied or
+  been given up, so the callbacks see the same order whatever order the real replies
+  come in, and a run is deterministic (and resumable bit for bit).
+
+Each pushed message carries a *tag* (a node id, a DynamicFL chunk, ...) that the callback
+gets back with the reply, so callers never handle message ids.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from typing import Generic, TypeVar
+
+from flwr.app import Message
+from flwr.serverapp import Grid
+
+__all__ = ["FIRST_PULL_DELAY", "GridEventLoop", "PULL_DELAY_FRACTION", "PULL_INTERVAL",
+           "pull_delay"]
+
+PULL_INTERVAL = 0.1  # seconds, Flower's InMemoryGrid's default pull_interval
+FIRST_PULL_DELAY = 0.005  # seconds after the push: the shortest sleep between two pulls
+PULL_DELAY_FRACTION = 0.25  # of the time since the push
+
+Tag = TypeVar("Tag", bound=Hashable)
+
+
+def pull_delay(since_push: float, pull_interval: float = PULL_INTERVAL) -> float:
+    """Seconds to sleep before the next pull, ``since_push`` seconds after the push: a
+    quarter of that time, at least 5 ms and at most ``pull_interval``. A reply then waits
+    at most about a quarter of its own round trip (or ``pull_interval``) to be pulled,
+    against up to a whole ``pull_interval`` with a fixed sleep; the pulls this adds come
+    in the first ``4 * pull_interval`` seconds of an exchange (14 more than with a fixed
+    0.1 s)."""
+    return min(max(PULL_DELAY_FRACTION * since_push, FIRST_PULL_DELAY), pull_interval)
+
+
+class GridEventLoop(Generic[Tag]):
+    """Push / pull / timeouts over ``grid`` (module docstring)."""
+
+    def __init__(self, grid: Grid, pull_interval: float = PULL_INTERVAL, *,
+                 sleep: Callable[[float], None] | None = None,
+                 now: Callable[[], float] | None = None) -> None:
+        if not pull_interval >= 0:
+            raise ValueError(f"pull_interval={pull_interval} must be >= 0 seconds")
+        self.grid = grid
+        self.pull_interval = float(pull_interval)
+        self.sleep = sleep if sleep is not None else time.sleep
+        self.now = now if now is not None else time.monotonic
+        self.pending: dict[str, Tag] = {}  # message id -> tag, in push order
+        self.pushed = 0  # messages pushed so far: a tag's push number breaks clock ties
+        self.push_number: dict[Tag, int] = {}
+        self.pushed_at = self.now()
+
+    def push(self, messages: Sequence[Message], tags: Sequence[Tag]) -> list[Tag]:
+        """Push ``messages`` (tagged ``tags``, one each); the tags of those the link did not
+        take (lost at once)."""
+        if len(messages) != len(tags):
+            raise ValueError(f"{len(messages)} messages but {len(tags)} tags")
+        if not messages:
+            return []
+        ids = list(self.grid.push_messages(messages))
+        for message_id, tag in zip(ids, tags):
+            self.pending[message_id] = tag
+            self.push_number[tag] = self.pushed
+            self.pushed += 1
+        self.pushed_at = self.now()
+        return list(tags[len(ids):])
+
+    def pending_tags(self) -> list[Tag]:
+        """Tags of the messages without a reply yet, in push order."""
+        return list(self.pending.values())
+
+    def poll(self) -> list[tuple[Tag, Message]]:
+        """One pull: the replies that are in, with their messages' tags."""
+        if not self.pending:
+            return []
+        arrived = []
+        for reply in self.grid.pull_messages(list(self.pending)):
+            tag = self.pending.pop(reply.metadata.reply_to_message_id, None)
+            if tag is not None:
+                arrived.append((tag, reply))
+        return arrived
+
+    def run_until(self, done: Callable[[], bool],
+                  on_reply: Callable[[Tag, Message], None],
+                  timeout: float | None = None,
+                  waiting_for: Callable[[], Iterable[Tag]] | None = None) -> list[Tag]:
+        """Pull until ``done()`` (checked after every pull), calling ``on_reply(tag, reply)``
+        for each reply as it comes; the callback may push more. Stops when nothing is pending
+        any more; after ``timeout`` seconds (None: no limit) the messages still pending
+        whose tags are in ``waiting_for()`` (default: all pending) are given up. Returns the
+        tags given up (their replies are never delivered)."""
+        deadline = None if timeout is None else self.now() + timeout
+        while not done() and self.pending:
+            arrived = self.poll()
+            for tag, reply in arrived:
+                on_reply(tag, reply)
+            if done() or not self.pending:
+                break
+            if deadline is not None and self.now() >= deadline:
+                late = set(waiting_for() if waiting_for is not None else self.pending.values())
+                lost = [tag for tag in self.pending.values() if tag in late]
+                self.pending = {i: t for i, t in self.pending.items() if t not in late}
+                return lost
+            self.sleep(pull_delay(self.now() - self.pushed_at, self.pull_interval))
+        return []
+
+    def run_in_clock_order(self, done: Callable[[], bool],
+                           on_reply: Callable[[Tag, Message], None],
+                           completion: Callable[[Tag], float],
+                           timeout: float | None = None) -> list[Tag]:
+        """As :meth:`run_until`, but ``on_reply`` gets the replies in the order of their
+        simulated completion time ``completion(tag)`` (ties: push order): an arrived reply
+        waits until every pending message that completes earlier has replied or been given
+        up. After ``timeout`` seconds the pending messages are given up, the held replies
+        delivered in order, and the tags given up returned."""
+        def key(tag: Tag) -> tuple[float, int]:
+            return completion(tag), self.push_number.get(tag, 0)
+
+        arrived: dict[Tag, Message] = {}
+
+        def deliver() -> None:
+            while arrived and not done():
+                first = min([*arrived, *self.pending.values()], key=key)
+                if first not in arrived:
+                    return  # an earlier completion is still on its way
+                on_reply(first, arrived.pop(first))
+
+        deadline = None if timeout is None else self.now() + timeout
+        while not done() and (self.pending or arrived):
+            arrived.update(self.poll())
+            deliver()
+            if done() or not self.pending:
+                continue
+            if deadline is not None and self.now() >= deadline:
+                lost = list(self.pending.values())
+                self.pending.clear()
+                deliver()
+                return lost
+            self.sleep(pull_delay(self.now() - self.pushed_at, self.pull_interval))
+        return []
+
+    def exchange(self, messages: Iterable[Message], timeout: float | None) -> list[Message]:
+        """Push ``messages`` and pull their replies until all are in or ``timeout`` seconds
+        have passed (None: until all are in): Flower's ``send_and_receive``. Replies in
+        arrival order; a message without a reply by then has none."""
+        messages = list(messages)
+        replies: list[Message] = []
+        self.push(messages, list(range(len(messages))))
+        del messages
+        self.run_until(lambda: False, lambda _, reply: replies.append(reply), timeout)
+        return replies
