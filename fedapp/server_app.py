@@ -18,6 +18,8 @@ from flwr.serverapp import Grid, ServerApp
 
 from strategies import contract as C
 from strategies.devices import write_trace
+from strategies.participation import participation_of
+from strategies.rounds import round_log
 from task.data import DataNotFoundError
 from task.heap import unmap_large_blocks
 from task.device_plot import plot_device_profiles
@@ -44,7 +46,7 @@ class ServerEvaluator:
     round.
 
     Flower calls it once round r's update is aggregated (round 0: before training). Round
-    r's record holds the strategy's diagnostics, the timings and, on the rounds that are
+    r's record holds the strategy's round report (``round_log``), the timings and, on the rounds that are
     evaluated (``eval_every`` k: rounds 0, k, 2k, ... and always the last), the test
     accuracy and loss; a record of a round that is not evaluated has no accuracy, loss or
     eval-seconds. The evaluations run in the ServerApp's evaluation process
@@ -98,7 +100,7 @@ class ServerEvaluator:
             C.LOG_ELAPSED_SECONDS: now - self.started,
             C.LOG_MODEL_SHA256: model_sha256(arrays),
         }
-        record.update(getattr(self.strategy, "diagnostics", {}).get(server_round, {}))
+        record.update(round_log(self.strategy, server_round))
         self.last = now
         # what a checkpoint and the partition plot need, taken before the next round starts
         checkpoint = (self.checkpointer.snapshot(server_round, arrays, now - self.started)
@@ -179,9 +181,10 @@ class ServerEvaluator:
     def list_devices(self) -> None:
         """device_profiles.csv (the trace format) + device_profiles.png of the simulated clock's
         fleet, for the partitions the clients reported."""
-        timer = getattr(self.strategy, "timer", None)
-        pids = sorted({info.partition_id for info in getattr(self.strategy, "clients", {}).values()
-                       if info.partition_id is not None})
+        participation = participation_of(self.strategy)
+        timer = participation.timer if participation is not None else None
+        pids = sorted({info.partition_id for info in participation.clients.values()
+                       if info.partition_id is not None}) if timer is not None else []
         if timer is None or not pids:
             return
         devices = timer.clock.fleet.profiles(pids)
@@ -192,7 +195,8 @@ class ServerEvaluator:
 
     def partition_counts(self) -> list[tuple[str, list[int]]]:
         """(partition id, label counts) of every client that reported them, by partition id."""
-        clients = getattr(self.strategy, "clients", {})
+        participation = participation_of(self.strategy)
+        clients = participation.clients if participation is not None else {}
         known = sorted((info.partition_id, list(info.label_counts))
                        for info in list(clients.values())
                        if info.partition_id is not None and info.label_counts)
@@ -215,7 +219,8 @@ def calibrate_clock(strategy, cost: float | None, reference_gflops: float) -> di
     """Give the strategy's simulated clock the model's training seconds per example (once per
     model, from its FLOPs: task.devices, counted by the evaluation process); what it used,
     for config.json."""
-    timer = getattr(strategy, "timer", None)
+    participation = participation_of(strategy)
+    timer = participation.timer if participation is not None else None
     if timer is None:
         return None
     timer.calibrate(cost)
@@ -227,7 +232,8 @@ def calibrate_clock(strategy, cost: float | None, reference_gflops: float) -> di
 
 def evaluation_spec(cfg: RunConfig, strategy) -> EvaluationSpec:
     """What the evaluation process needs from the run config."""
-    clocked = getattr(strategy, "timer", None) is not None
+    participation = participation_of(strategy)
+    clocked = participation is not None and participation.timer is not None
     return EvaluationSpec(
         dataset=cfg.dataset, data_dir=cfg.data_dir, allow_download=cfg.allow_download,
         synthetic_alpha=cfg.synthetic_alpha, synthetic_beta=cfg.synthetic_beta,

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import contract as C
+from .round_report import Drift
 
 NDArrays = dict[str, np.ndarray]
 
@@ -294,6 +294,25 @@ def weighted_sum(models: Iterable[tuple[int, Mapping[str, np.ndarray]]],
     return acc, used
 
 
+
+def weighted_mean(models: Sequence[Mapping[str, np.ndarray]],
+                  weights: Sequence[float]) -> NDArrays:
+    """sum_k (r_k / sum r) w_k through :class:`WeightedModelSum`, floating arrays in their own
+    dtype; the shares are normalised first, so a single model comes back unchanged. Integer
+    arrays (not parameters) get the weighted mean, rounded, in their dtype."""
+    r = np.asarray(weights, dtype=np.float64)
+    if len(models) != len(r) or not len(r) or np.any(~np.isfinite(r)) or np.any(r <= 0):
+        raise ValueError(f"need one finite weight > 0 per model, got {r.tolist()} for "
+                         f"{len(models)} model(s)")
+    acc = WeightedModelSum()
+    for model, share in zip(models, r / r.sum()):
+        acc.add(model, float(share))
+    mean = acc.mean()
+    for key, value in models[0].items():
+        if not np.issubdtype(value.dtype, np.floating):
+            mean[key] = np.rint(mean[key]).astype(value.dtype)
+    return mean
+
 def streamed_update(
     global_arrays: Mapping[str, np.ndarray],
     models: Iterable[tuple[int, Mapping[str, np.ndarray]]],
@@ -477,21 +496,20 @@ class UpdateDrift:
             self.unit_count[layer] = self.unit_count.get(layer, 0) + 1
         self.norms.append(float(np.sqrt(total)))
 
-    def summary(self) -> dict[str, object]:
-        """{'drift-cosine': {layer: mean pairwise cosine}, 'drift-cosine-mean', 'update-norm-mean',
-        'update-norm-cv'} (cosines need at least two clients with a non-zero update)."""
+    def summary(self) -> Drift:
+        """The round's :class:`~strategies.round_report.Drift`: per layer the mean pairwise
+        cosine, their mean, and the mean and coefficient of variation of the update norms
+        (cosines need at least two clients with a non-zero update)."""
         cosine = {}
         for layer, keys in self.layers.items():
             k = self.unit_count.get(layer, 0)
             if k >= 2:
                 s2 = sum(squared_sum(self.unit_sum[key]) for key in keys)
                 cosine[layer] = (s2 - k) / (k * (k - 1))
-        out: dict[str, object] = {}
-        if cosine:
-            out[C.LOG_DRIFT_COSINE] = {layer: round(v, 6) for layer, v in cosine.items()}
-            out[C.LOG_DRIFT_COSINE_MEAN] = float(np.mean(list(cosine.values())))
-        if self.norms:
-            mean = float(np.mean(self.norms))
-            out[C.LOG_UPDATE_NORM_MEAN] = mean
-            out[C.LOG_UPDATE_NORM_CV] = float(np.std(self.norms) / mean) if mean > 0 else 0.0
-        return out
+        mean = float(np.mean(self.norms)) if self.norms else None
+        return Drift(
+            cosine={layer: round(v, 6) for layer, v in cosine.items()} if cosine else None,
+            cosine_mean=float(np.mean(list(cosine.values()))) if cosine else None,
+            norm_mean=mean,
+            norm_cv=(None if mean is None else
+                     float(np.std(self.norms) / mean) if mean > 0 else 0.0))

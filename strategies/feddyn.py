@@ -20,11 +20,12 @@ from logging import INFO
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common.logger import log
-from flwr.serverapp import Grid
 
 from . import contract as C
 from . import feddyn_math as fm
 from . import records
+from .round_plan import ClientTask, RoundPlan
+from .round_report import FedDynSection
 from .stateful import StatefulFedAvg
 
 FEDDYN_HELPER = "strategies.client.feddyn.FedDynClient"
@@ -119,28 +120,25 @@ class FedDyn(StatefulFedAvg):
         self.h = None if state["h"] is None else {k: v.copy() for k, v in state["h"].items()}
 
     # ------------------------------------------------------------------ configure
-    def node_config(self, node_id: int, server_round: int, config: ConfigRecord) -> ConfigRecord:
-        """The per-node config (``state-round``) plus ``feddyn-alpha``."""
-        own = super().node_config(node_id, server_round, config)
+    def task_config(self, plan: RoundPlan, task: ClientTask) -> ConfigRecord:
+        """The per-client config (``state-round``) plus ``feddyn-alpha``."""
+        own = super().task_config(plan, task)
         own[C.FEDDYN_ALPHA] = self.alpha
         return own
 
-    def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
+    def prepared_messages(self, plan: RoundPlan, messages: list[Message]) -> list[Message]:
         """Send theta^{t-1} (h^0 = 0 is set up from the first model)."""
         if self.h is None:
-            self.h = fm.zero_state(records.to_numpy(arrays))
-        return super().configure_train(server_round, arrays, config, grid)
+            self.h = fm.zero_state(records.to_numpy(plan.arrays))
+        return super().prepared_messages(plan, messages)
 
     # ------------------------------------------------------------------ aggregate
-    def aggregate_train(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+    def aggregate_round(self, plan: RoundPlan, replies: Iterable[Message]
+                        ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """The average of the accepted theta_k^t (FedAvg's streamed update), the copies of
         the linear terms, h^t, and theta^t = average - h^t / alpha."""
-        average, accepted = self.aggregate_replies(server_round, replies)
-        previous = records.to_numpy(self.current_arrays)  # theta^{t-1}
+        average, accepted = self.aggregate_checked(plan, self.checked_replies(plan, replies))
+        previous = records.to_numpy(plan.arrays)  # theta^{t-1}
         drift: fm.NDArrays | None = None
 
         def new_linear_term(copy: fm.NDArrays | None, reply: Message) -> fm.NDArrays:
@@ -150,9 +148,9 @@ class FedDyn(StatefulFedAvg):
             return fm.linear_term_update(copy or fm.zero_state(self.h), self.alpha, local,
                                          previous)
 
-        self.accept_states(server_round, accepted, new_linear_term)
+        self.accept_states(plan, accepted, new_linear_term)
         if drift is not None:
-            self.h = fm.h_step(self.h, drift, self.alpha, len(self.all_nodes))
-        self.diagnostics[server_round][C.LOG_FEDDYN_H_NORM] = fm.norm(self.h)
+            self.h = fm.h_step(self.h, drift, self.alpha, len(plan.nodes))
+        plan.report.add(FedDynSection(fm.norm(self.h)))
         new = None if average is None else fm.server_model(average, self.h, self.alpha)
-        return self.train_result(server_round, new, accepted)
+        return self.train_result(plan, new, accepted)

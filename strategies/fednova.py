@@ -22,6 +22,8 @@ from . import contract as C
 from . import records
 from . import sampling
 from .fedavg import FedAvg
+from .round_plan import RoundPlan
+from .round_report import FedNovaSection
 
 REPORT_STEPS_HELPER = "strategies.client.fednova.report_local_steps"
 
@@ -99,27 +101,25 @@ class FedNova(FedAvg):
 
     # ------------------------------------------------------------------ aggregation
     def update_model(
-        self, server_round: int, global_arrays: agg.NDArrays, replies: list[Message],
+        self, plan: RoundPlan, global_arrays: agg.NDArrays, replies: list[Message],
         models: list[tuple[int, agg.NDArrays]],
     ) -> tuple[agg.NDArrays | None, list[int]]:
         """eq. (6) over the accepted replies, then optional server momentum."""
-        a_norms = [self.a_norm(r) for r in replies]
+        a_norms = [self.a_norm(plan, r) for r in replies]
         n = [float(r.content[C.METRICS][C.NUM_EXAMPLES]) for r in replies]
         new, self.momentum_buffer, used, tau_eff = agg.fednova_update(
             global_arrays, models, agg.coefficients_fednova(n, a_norms), self.server_lr,
             self.momentum_buffer, self.server_momentum, on_reject=self.rejecter(replies))
         if used:
-            diag = self.diagnostics.setdefault(server_round, {})
-            diag[C.LOG_A_NORMS] = [round(float(a_norms[k]), 4) for k in used]
-            diag[C.LOG_TAU_EFF] = tau_eff
+            plan.report.add(FedNovaSection([round(float(a_norms[k]), 4) for k in used], tau_eff))
         return new, used
 
-    def a_norm(self, reply: Message) -> float:
+    def a_norm(self, plan: RoundPlan, reply: Message) -> float:
         """||a_i||_1 of one reply (reported, or from tau_i and the solver it was sent)."""
         metrics = reply.content[C.METRICS]
         if C.A_NORM in metrics:
             return float(metrics[C.A_NORM])
-        sent = self.sent_configs.get(reply.metadata.src_node_id, {})
+        sent = plan.sent(reply.metadata.src_node_id)
         tau = self.reply_tau(reply, sent)
         rho = float(sent.get(C.MOMENTUM, 0.0))
         mu = float(sent.get(C.PROXIMAL_MU, 0.0))
@@ -163,9 +163,9 @@ class FedNova(FedAvg):
                 "with %s to be exact)", C.LOCAL_STEPS_TAKEN, rule, REPORT_STEPS_HELPER)
         return max(tau, 1)
 
-    def reply_problem(self, reply: Message) -> str | None:
+    def reply_problem(self, plan: RoundPlan, reply: Message) -> str | None:
         """FedAvg's checks plus: ``local-steps`` an integer >= 1, ``a-norm`` finite and > 0."""
-        problem = super().reply_problem(reply)
+        problem = super().reply_problem(plan, reply)
         if problem:
             return problem
         metrics = reply.content[C.METRICS]

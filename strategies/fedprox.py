@@ -15,6 +15,7 @@ from flwr.common.logger import log
 
 from . import contract as C
 from .fedavg import FedAvg
+from .round_plan import ClientTask, RoundPlan
 
 
 class FedProx(FedAvg):
@@ -46,7 +47,8 @@ class FedProx(FedAvg):
         log(INFO, "\t├──> Proximal mu: %s", self.proximal_mu)
         super().summary()
 
-    def node_config(self, node_id: int, server_round: int, config: ConfigRecord) -> ConfigRecord:
-        """FedAvg's per-node config with ``proximal-mu``."""
+    def task_config(self, plan: RoundPlan, task: ClientTask) -> ConfigRecord:
+        """FedAvg's per-client config with ``proximal-mu``."""
+        config = super().task_config(plan, task)
         config[C.PROXIMAL_MU] = self.proximal_mu
-        return super().node_config(node_id, server_round, config)
+        return config

@@ -8,6 +8,7 @@ Flower records and those functions, and keeps the cross-round state.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable
 from logging import INFO, WARNING
@@ -21,7 +22,9 @@ from . import aggregate as agg
 from . import contract as C
 from . import fedveca_math as vm
 from .fednova import FedNova
-from .records import ClientInfo, to_numpy
+from .records import to_numpy
+from .round_plan import ClientTask, RoundPlan
+from .round_report import FedVecaEstimates, FedVecaSection
 
 STATE_VERSION = 1
 
@@ -102,7 +105,7 @@ class FedVeca(FedNova):
     """
 
     CLIENT_HELPER = "strategies.client.fedveca.fedveca_train"
-    MIN_PARTIAL_STEPS = vm.TAU_MIN  # delta_(k,i) needs two local steps (Alg. 2 line 18)
+    min_partial_steps = vm.TAU_MIN  # delta_(k,i) needs two local steps (Alg. 2 line 18)
 
     def __init__(self, *, tau_init: int = 20, tau_max: int = 50, alpha: float = 0.95,
                  beta_mode: str = "same-batch", grad_subsample: int = 0, lr: float = 0.01,
@@ -143,7 +146,6 @@ class FedVeca(FedNova):
         self.gnorm2_prev: float | None = None  # ||grad F(w_k)||^2, sent in round k + 1
         self.prev_model: agg.NDArrays | None = None  # w_k (floating arrays)
         self.prev_grad: agg.NDArrays | None = None  # grad F(w_k)
-        self._eta = self.lr
         self._warned_solver = False
 
     def summary(self) -> None:
@@ -162,9 +164,8 @@ class FedVeca(FedNova):
         def copy(arrays):
             return (None if arrays is None else
                     {k: np.array(v, copy=True) for k, v in arrays.items()})
-        clock = {} if self.timer is None else {"sim-elapsed": self.timer.elapsed}
         return {
-            **clock,
+            **self.participation.state_dict(),
             "version": STATE_VERSION,
             "taus": dict(self.taus),
             "smoothness-max": self.smoothness_max,
@@ -190,14 +191,12 @@ class FedVeca(FedNova):
         self.gnorm2_prev = state["gnorm2-prev"]
         self.prev_model = _copied(state["prev-model"])
         self.prev_grad = _copied(state["prev-grad"])
-        if self.timer is not None:
-            self.timer.elapsed = float(state.get("sim-elapsed", 0.0))
+        self.participation.load_state_dict(state)
 
     # ------------------------------------------------------------------ configure
     def client_key(self, node_id: int) -> str:
         """The tau table's key of a node: its partition id, else ``node-<id>``."""
-        pid = self.clients.get(node_id, ClientInfo()).partition_id
-        return str(pid) if pid is not None else f"node-{node_id}"
+        return self.participation.client_key(node_id)
 
     def tau_of(self, node_id: int) -> int:
         """tau this node runs next: its last adaptive tau, else tau_init."""
@@ -211,8 +210,7 @@ class FedVeca(FedNova):
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """FedAvg's sampling; one message per node with its own tau in its own ConfigRecord."""
-        self._eta = float(config.get(C.LR, self.lr))
+        """FedAvg's selection; one message per node with its own tau in its own ConfigRecord."""
         ignored = {k: config[k] for k in (C.MOMENTUM, C.WEIGHT_DECAY, C.PROXIMAL_MU)
                    if config.get(k, 0)}
         if ignored and not self._warned_solver:
@@ -220,13 +218,17 @@ class FedVeca(FedNova):
             log(WARNING, "FedVeca: clients run plain SGD (eq. 1); the train config's %s are "
                 "ignored", ignored)
         messages = super().configure_train(server_round, arrays, config, grid)
-        # the round's lr after FedAvg's lr schedule (eta of eq. 15 and of eta tau_k L)
-        self._eta = float(next(iter(self.sent_configs.values()), {}).get(C.LR, self._eta))
-        diag = self.diagnostics.setdefault(server_round, {})
-        diag[C.LOG_FEDVECA_TAU_SENT] = {self.client_key(n): int(self.sent_configs[n][C.LOCAL_STEPS])
-                                        for n in self.draws}
-        diag[C.LOG_FEDVECA_ESTIMATE] = self.estimating()
+        plan = self.plan_of(server_round)
+        plan.report.add(FedVecaSection(
+            tau_sent={self.client_key(n): int(t.config[C.LOCAL_STEPS])
+                      for n, t in plan.tasks.items()},
+            estimate=self.estimating()))
         return messages
+
+    def round_eta(self, plan: RoundPlan) -> float:
+        """eta of the round (eq. 15 and eta tau_k L): the ``lr`` sent (lr_t under FedAvg's
+        schedule), else ``lr``."""
+        return float(plan.config.get(C.LR, self.lr))
 
     def full_local_steps(self, node_id: int, config: ConfigRecord) -> int:
         """This node's full local work: its tau (what ``round_deadline`` may cut)."""
@@ -241,7 +243,7 @@ class FedVeca(FedNova):
 
     def extra_examples(self, node_id: int, config: ConfigRecord) -> int:
         """grad F_i(w_k) over the local set, or ``grad_subsample`` of it (Alg. 2 line 9)."""
-        n = self.clients.get(node_id, ClientInfo()).num_examples or 0
+        n = self.participation.info(node_id).num_examples or 0
         return min(self.grad_subsample, n) if self.grad_subsample > 0 else n
 
     def expected_bytes(self, arrays: ArrayRecord) -> tuple[int, int]:
@@ -251,11 +253,12 @@ class FedVeca(FedNova):
                    if np.issubdtype(np.dtype(a.dtype), np.floating))
         return down, up + grad
 
-    def node_config(self, node_id: int, server_round: int, config: ConfigRecord) -> ConfigRecord:
+    def task_config(self, plan: RoundPlan, task: ClientTask) -> ConfigRecord:
         """The common config plus this node's ``local-steps`` (its tau, or the part of it that
         fits ``round_deadline``) and the FedVeca keys."""
-        own = ConfigRecord(dict(config))
-        own[C.LOCAL_STEPS] = self.straggler_work.get(node_id, self.tau_of(node_id))
+        own = ConfigRecord(dict(task.config))
+        own[C.LOCAL_STEPS] = (task.reduced_work if task.reduced_work is not None
+                              else self.tau_of(task.node_id))
         own[C.GNORM2_PREV] = float(self.gnorm2_prev) if self.estimating() else 0.0
         own[C.FEDVECA_ESTIMATE] = self.estimating()
         own[C.BETA_MODE] = self.beta_mode
@@ -272,10 +275,10 @@ class FedVeca(FedNova):
             return f"the ArrayRecord '{C.GRAD}'"
         return None
 
-    def reply_problem(self, reply: Message) -> str | None:
+    def reply_problem(self, plan: RoundPlan, reply: Message) -> str | None:
         """FedNova's checks plus: ``local-steps``, the ``grad`` ArrayRecord (keys, shapes, finite)
         and, when asked for, finite ``beta`` and ``delta`` >= 0."""
-        problem = super().reply_problem(reply)
+        problem = super().reply_problem(plan, reply)
         if problem:
             return problem
         content = reply.content
@@ -284,7 +287,7 @@ class FedVeca(FedNova):
             return f"FedVeca needs metric '{C.LOCAL_STEPS_TAKEN}' (the SGD steps taken)"
         if C.GRAD not in content.array_records:
             return f"FedVeca needs an ArrayRecord '{C.GRAD}' (grad F_i at the received model)"
-        expected = {k: a for k, a in self.current_arrays.items()
+        expected = {k: a for k, a in plan.arrays.items()
                     if np.issubdtype(np.dtype(a.dtype), np.floating)}
         grad = content[C.GRAD]
         if set(grad.keys()) != set(expected):
@@ -297,8 +300,7 @@ class FedVeca(FedNova):
                 return (f"'{C.GRAD}' array '{key}' has shape {tuple(array.shape)}, "
                         f"expected {tuple(expected[key].shape)}")
         # NaN / Inf in 'grad' are found while summing eq. (8) (aggregate_train)
-        sent = self.sent_configs.get(reply.metadata.src_node_id, {})
-        if sent.get(C.FEDVECA_ESTIMATE, False):
+        if plan.sent(reply.metadata.src_node_id).get(C.FEDVECA_ESTIMATE, False):
             for key in (C.BETA, C.DELTA):
                 value = metrics.get(key)
                 if (value is None or isinstance(value, bool) or not isinstance(value, (int, float))
@@ -307,27 +309,26 @@ class FedVeca(FedNova):
                             f"'{C.FEDVECA_ESTIMATE}' is sent, got {value!r}")
         return None
 
-    def a_norm(self, reply: Message) -> float:
+    def a_norm(self, plan: RoundPlan, reply: Message) -> float:
         """||a_i||_1 = tau_i: FedVeca's clients run plain SGD (eq. 5)."""
         return agg.fednova_norm_sgd(int(reply.content[C.METRICS][C.LOCAL_STEPS_TAKEN]))
 
-    def aggregate_train(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+    def aggregate_round(self, plan: RoundPlan, replies: Iterable[Message]
+                        ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """eq. (8), then eq. (5) via FedNova, then L and the tau rule (15) for the next round.
 
         Both sums stream the replies in place (one accumulator each, in the arrays' own
         float32). A reply whose gradient or model holds NaN / Inf is left out of both.
         """
-        checked = self.checked_replies(server_round, replies)
+        checked = self.checked_replies(plan, replies)
         grad, checked = self.global_gradient(checked)
-        new, accepted = self.aggregate_checked(server_round, checked)
+        new, accepted = self.aggregate_checked(plan, checked)
         if len(accepted) < len(checked):  # a model had NaN / Inf: eq. (8) over the rest
             grad, _ = self.global_gradient(accepted)
-        result = self.train_result(server_round, new, accepted)
+        result = self.train_result(plan, new, accepted)
         del new  # the model's accumulator: free it before L's work
         if accepted:
-            self.update_step_sizes(server_round, accepted, grad)
+            self.update_step_sizes(plan, accepted, grad)
         return result
 
     def global_gradient(self, replies: list[Message]) -> tuple[agg.NDArrays | None,
@@ -353,19 +354,17 @@ class FedVeca(FedNova):
                     reply.metadata.src_node_id, C.GRAD, bad_key)
         return self.global_gradient(kept)
 
-    def update_step_sizes(self, server_round: int, accepted: list[Message],
+    def update_step_sizes(self, plan: RoundPlan, accepted: list[Message],
                           grad: agg.NDArrays) -> None:
         """L and the next taus from this round's accepted replies and their eq. (8)
-        gradient; diagnostics."""
-        diag = self.diagnostics.setdefault(server_round, {})
+        gradient; the round's report."""
+        eta = self.round_eta(plan)
         keys = [self.client_key(r.metadata.src_node_id) for r in accepted]
         records = [r.content[C.METRICS] for r in accepted]
         sizes = [float(m[C.NUM_EXAMPLES]) for m in records]
         executed = [int(m[C.LOCAL_STEPS_TAKEN]) for m in records]
         tau_k = vm.aggregated_tau(executed, sizes)
-        grad_bytes = sum(r.content[C.GRAD].count_bytes() for r in accepted)
-        diag[C.LOG_BYTES_UP] = diag.get(C.LOG_BYTES_UP, 0) + grad_bytes
-        model = vm.floating_only(to_numpy(self.current_arrays))
+        model = vm.floating_only(to_numpy(plan.arrays))
         # L: L_{k-1} joins the running max now (Alg. 1 lines 11-16), L_k is computed for round k + 1
         latest = self.smoothness_pending
         self.smoothness_max = vm.running_max(self.smoothness_max, latest)
@@ -376,11 +375,11 @@ class FedVeca(FedNova):
         self.prev_model, self.prev_grad = model, grad
         self.gnorm2_prev = vm.squared_norm(grad)
         # eq. (15) from the clients that were asked for (and sent) beta and delta
-        sent = [self.sent_configs.get(r.metadata.src_node_id, {}) for r in accepted]
+        sent = [plan.sent(r.metadata.src_node_id) for r in accepted]
         estimated = [bool(s.get(C.FEDVECA_ESTIMATE, False)) for s in sent]
         betas = [float(m[C.BETA]) if e else None for m, e in zip(records, estimated)]
         deltas = [float(m[C.DELTA]) if e else None for m, e in zip(records, estimated)]
-        etas = [float(s.get(C.LR, self._eta)) for s in sent]
+        etas = [float(s.get(C.LR, eta)) for s in sent]
         effects = [vm.non_iid_effect(eta, b, d) if b is not None else None
                    for eta, b, d in zip(etas, betas, deltas)]
         decision = vm.next_taus(effects, self.alpha, self.tau_max)
@@ -390,32 +389,23 @@ class FedVeca(FedNova):
         next_taus = [self.taus.get(key, self.tau_init) for key in keys]
         tau_next = vm.aggregated_tau(next_taus, sizes)
         L = self.smoothness_max
-        diag.update({
-            C.LOG_FEDVECA_TAU: dict(zip(keys, executed)),
-            C.LOG_FEDVECA_TAU_K: tau_k,
-            C.LOG_FEDVECA_TAU_NEXT: dict(zip(keys, next_taus)),
-            C.LOG_FEDVECA_TAU_K_NEXT: tau_next,
-            C.LOG_FEDVECA_TAU_TABLE: dict(sorted(self.taus.items())),
-            C.LOG_FEDVECA_GNORM2: self.gnorm2_prev,
-            C.LOG_FEDVECA_L_LATEST: _finite(latest),
-            C.LOG_FEDVECA_L: _finite(L),
-            C.LOG_FEDVECA_ETA_TAU_K_L: _finite(self._eta * tau_k * L) if L is not None else None,
-        })
+        sent_section = plan.report.get(FedVecaSection) or FedVecaSection()
+        plan.report.add(dataclasses.replace(
+            sent_section, tau=dict(zip(keys, executed)), tau_k=tau_k,
+            tau_next=dict(zip(keys, next_taus)), tau_k_next=tau_next,
+            tau_table=dict(sorted(self.taus.items())), gnorm2=self.gnorm2_prev,
+            smoothness_latest=_finite(latest), smoothness=_finite(L),
+            eta_tau_k_l=_finite(eta * tau_k * L) if L is not None else None))
         if any(estimated):
             eps = (self.alpha * decision.min_a / L) if (L and decision.min_a) else None
-            diag.update({
-                C.LOG_FEDVECA_BETA: _per_client(keys, betas),
-                C.LOG_FEDVECA_DELTA: _per_client(keys, deltas),
-                C.LOG_FEDVECA_A: _per_client(keys, effects),
-                C.LOG_FEDVECA_R: _per_client(keys, decision.ratios),
-                C.LOG_FEDVECA_SIGN: dict(zip(keys, decision.signs)),
-                C.LOG_FEDVECA_REASON: dict(zip(keys, decision.reasons)),
-                C.LOG_FEDVECA_MIN_A: _finite(decision.min_a),
-                C.LOG_FEDVECA_ALPHA_BOUND: _finite(vm.alpha_upper_bound(L, decision.min_a)),
-                C.LOG_FEDVECA_ETA_TAU_K_L_UPPER: (_finite(4.0 / (2.0 + eps)) if eps is not None
-                                                  else None),
-            })
-        log(INFO, "FedVeca round %d: tau_k %.3g, next taus %s, L %s", server_round, tau_k,
+            plan.report.add(FedVecaEstimates(
+                beta=_per_client(keys, betas), delta=_per_client(keys, deltas),
+                effect=_per_client(keys, effects), ratio=_per_client(keys, decision.ratios),
+                sign=dict(zip(keys, decision.signs)), reason=dict(zip(keys, decision.reasons)),
+                min_effect=_finite(decision.min_a),
+                alpha_bound=_finite(vm.alpha_upper_bound(L, decision.min_a)),
+                eta_tau_k_l_upper=_finite(4.0 / (2.0 + eps)) if eps is not None else None))
+        log(INFO, "FedVeca round %d: tau_k %.3g, next taus %s, L %s", plan.server_round, tau_k,
             _taus_summary(keys, next_taus), "n/a" if L is None else f"{L:.4g}")
 
 

@@ -20,6 +20,8 @@ from flwr.common.logger import log
 
 from . import contract as C
 from . import records
+from .round_plan import ClientTask, RoundPlan
+from .round_report import MoonSection
 from .stateful import StatefulFedAvg
 
 MOON_HELPER = "strategies.client.moon.MoonClient"
@@ -83,22 +85,20 @@ class Moon(StatefulFedAvg):
         log(INFO, "\t├──> MOON: mu %s, temperature %s", self.mu, self.temperature)
         super().summary()
 
-    def node_config(self, node_id: int, server_round: int, config: ConfigRecord) -> ConfigRecord:
-        """The per-node config (``state-round``) plus ``moon-mu`` and ``moon-temperature``."""
-        own = super().node_config(node_id, server_round, config)
+    def task_config(self, plan: RoundPlan, task: ClientTask) -> ConfigRecord:
+        """The per-client config (``state-round``) plus ``moon-mu`` and ``moon-temperature``."""
+        own = super().task_config(plan, task)
         own[C.MOON_MU] = self.mu
         own[C.MOON_TEMPERATURE] = self.temperature
         return own
 
-    def aggregate_train(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+    def aggregate_round(self, plan: RoundPlan, replies: Iterable[Message]
+                        ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """FedAvg's update; each accepted reply's model becomes its client's previous model."""
-        new, accepted = self.aggregate_replies(server_round, replies)
-        self.accept_states(server_round, accepted,
+        new, accepted = self.aggregate_checked(plan, self.checked_replies(plan, replies))
+        self.accept_states(plan, accepted,
                            lambda _, reply: records.to_numpy(reply.content[C.ARRAYS]))
-        result = self.train_result(server_round, new, accepted)
-        if result[1] is not None and C.MOON_CONTRASTIVE_LOSS in result[1]:
-            self.diagnostics[server_round][C.LOG_MOON_CONTRASTIVE_LOSS] = float(
-                result[1][C.MOON_CONTRASTIVE_LOSS])
-        return result
+        arrays, metrics = self.train_result(plan, new, accepted)
+        if metrics is not None and C.MOON_CONTRASTIVE_LOSS in metrics:
+            plan.report.add(MoonSection(float(metrics[C.MOON_CONTRASTIVE_LOSS])))
+        return arrays, metrics

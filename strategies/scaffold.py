@@ -18,13 +18,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from logging import INFO
 
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.app import ArrayRecord, Message, MetricRecord
 from flwr.common.logger import log
-from flwr.serverapp import Grid
 
 from . import contract as C
 from . import records
 from . import scaffold_math as sm
+from .round_plan import RoundPlan
+from .round_report import ScaffoldSection
 from .stateful import StatefulFedAvg
 
 SCAFFOLD_HELPER = "strategies.client.scaffold.ScaffoldClient"
@@ -118,49 +119,40 @@ class Scaffold(StatefulFedAvg):
         size = records.to_record(control).count_bytes()
         return down + size, up + size
 
-    def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
+    def prepared_messages(self, plan: RoundPlan, messages: list[Message]) -> list[Message]:
         """Alg. 1 line 5: FedAvg's messages (x) plus c, and the copy of c_i where needed."""
         if self.control is None:
-            self.control = sm.zero_control(records.to_numpy(arrays))
-        messages = list(super().configure_train(server_round, arrays, config, grid))
+            self.control = sm.zero_control(records.to_numpy(plan.arrays))
+        messages = super().prepared_messages(plan, messages)
         control = records.to_record(self.control)
         for msg in messages:
             msg.content[C.SCAFFOLD_C] = control
-        self.diagnostics[server_round][C.LOG_BYTES_DOWN] += len(messages) * control.count_bytes()
         return messages
 
     # ------------------------------------------------------------------ aggregate
-    def aggregate_train(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+    def aggregate_round(self, plan: RoundPlan, replies: Iterable[Message]
+                        ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Alg. 1 lines 16-17: x from the accepted y_i (FedAvg's update), then c and the
         copies of c_i from their delta c_i."""
-        new, accepted = self.aggregate_replies(server_round, replies)
-        self.update_controls(server_round, accepted)
-        return self.train_result(server_round, new, accepted)
+        new, accepted = self.aggregate_checked(plan, self.checked_replies(plan, replies))
+        self.update_controls(plan, accepted)
+        return self.train_result(plan, new, accepted)
 
-    def update_controls(self, server_round: int, accepted: list[Message]) -> None:
+    def update_controls(self, plan: RoundPlan, accepted: list[Message]) -> None:
         """c <- c + |S| / N mean delta c_i and c_i <- c_i + delta c_i over the accepted
         replies (one delta c_i deserialised at a time), in partition order."""
-        total, up_bytes = None, 0
+        total = None
 
         def new_control(before: sm.NDArrays | None, reply: Message) -> sm.NDArrays:
-            nonlocal total, up_bytes
-            record = reply.content[C.SCAFFOLD_DELTA_C]
-            delta = records.to_numpy(record)
+            nonlocal total
+            delta = records.to_numpy(reply.content[C.SCAFFOLD_DELTA_C])
             total = sm.add_delta(total, delta)
-            up_bytes += record.count_bytes()
             return sm.apply_delta(before or sm.zero_control(self.control), delta)
 
-        self.accept_states(server_round, accepted, new_control)
+        self.accept_states(plan, accepted, new_control)
         if total is not None:
-            self.control = sm.control_step(self.control, total, len(accepted),
-                                           len(self.all_nodes))
-        diag = self.diagnostics.setdefault(server_round, {})
-        diag[C.LOG_BYTES_UP] = diag.get(C.LOG_BYTES_UP, 0) + up_bytes
-        diag[C.LOG_SCAFFOLD_C_NORM] = sm.norm(self.control)
+            self.control = sm.control_step(self.control, total, len(accepted), len(plan.nodes))
+        plan.report.add(ScaffoldSection(sm.norm(self.control)))
 
     # ------------------------------------------------------------------ replies
     def contract_gap(self, reply: Message) -> str | None:
@@ -170,7 +162,7 @@ class Scaffold(StatefulFedAvg):
             return f"an ArrayRecord '{C.SCAFFOLD_DELTA_C}' (delta c_i)"
         return None
 
-    def state_reply_problem(self, reply: Message) -> str | None:
+    def state_reply_problem(self, plan: RoundPlan, reply: Message) -> str | None:
         """delta c_i with c's keys, shapes and dtypes, finite."""
         return records.arrays_problem(C.SCAFFOLD_DELTA_C, reply.content[C.SCAFFOLD_DELTA_C],
                                       self.control)

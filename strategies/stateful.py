@@ -6,9 +6,9 @@ strategy whose client state the server can derive from the reply (SCAFFOLD's c_i
 c_i; FedDyn's linear term from theta_k^t and theta^{t-1}; MOON's previous local model is
 the reply's model):
 
-* every train message carries the client's ``state-round`` (:meth:`node_config`), and the
+* every train message carries the client's ``state-round`` (:meth:`task_config`), and the
   server's copy as the ArrayRecord ``client-state`` when the node may not hold that version
-  (:meth:`configure_train`; those bytes count in ``bytes-down``);
+  (:meth:`prepared_messages`; those bytes count in ``bytes-down``);
 * every reply must echo ``state-round`` and ``state-digest`` of the state it started from
   (the client helpers do; :meth:`contract_gap`, which a subclass may replace with its own
   contract); a round whose replies all lack them stops the run with a ClientContractError
@@ -21,15 +21,15 @@ the reply's model):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
-from flwr.app import ArrayRecord, ConfigRecord, Message
-from flwr.serverapp import Grid
+from flwr.app import ConfigRecord, Message
 
 from . import contract as C
-from . import records
 from .client_state import ClientStateMirror, NDArrays, attach_states, state_problem
 from .fedavg import FedAvg
+from .round_plan import ClientTask, RoundPlan
+from .round_report import ClientStateSection
 
 STATE_VERSION = 1
 
@@ -37,8 +37,8 @@ STATE_VERSION = 1
 class StatefulFedAvg(FedAvg):
     """FedAvg plus the server's copy of every client's state (module docstring).
 
-    Subclasses set ``CLIENT_HELPER``, call :meth:`accept_states` in ``aggregate_train``
-    and add their own state to :meth:`state_dict`.
+    Subclasses set ``CLIENT_HELPER``, call :meth:`accept_states` when they aggregate and add
+    their own state to :meth:`state_dict`.
     """
 
     def __init__(self, **kwargs) -> None:
@@ -47,28 +47,23 @@ class StatefulFedAvg(FedAvg):
 
     def client_key(self, node_id: int) -> str:
         """The key of a node's state: its partition id, else ``node-<id>``."""
-        return records.client_key(self.clients, node_id)
+        return self.participation.client_key(node_id)
 
     # ------------------------------------------------------------------ configure
-    def node_config(self, node_id: int, server_round: int, config: ConfigRecord) -> ConfigRecord:
-        """FedAvg's per-node config plus this client's ``state-round``."""
-        own = ConfigRecord(dict(super().node_config(node_id, server_round, config)))
-        own[C.STATE_ROUND] = self.mirror.state_round(self.client_key(node_id))
+    def task_config(self, plan: RoundPlan, task: ClientTask) -> ConfigRecord:
+        """FedAvg's per-client config plus this client's ``state-round``."""
+        own = ConfigRecord(dict(super().task_config(plan, task)))
+        own[C.STATE_ROUND] = self.mirror.state_round(self.client_key(task.node_id))
         return own
 
-    def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        """FedAvg's messages plus the server's copy of the state where needed."""
-        messages = list(super().configure_train(server_round, arrays, config, grid))
-        attached, attached_bytes = attach_states(self.mirror, messages, self.client_key)
-        diag = self.diagnostics[server_round]
-        diag[C.LOG_BYTES_DOWN] += attached_bytes
-        diag[C.LOG_CLIENT_STATE_ATTACHED] = attached
+    def prepared_messages(self, plan: RoundPlan, messages: list[Message]) -> list[Message]:
+        """The server's copy of the state attached where needed."""
+        attached, _ = attach_states(self.mirror, messages, self.client_key)
+        plan.report.add(ClientStateSection(attached=attached))
         return messages
 
     # ------------------------------------------------------------------ aggregate
-    def accept_states(self, server_round: int, accepted: list[Message],
+    def accept_states(self, plan: RoundPlan, accepted: list[Message],
                       new_state: Callable[[NDArrays | None, Message], NDArrays]) -> None:
         """The copy of each accepted reply's client becomes ``new_state(copy, reply)`` (copy
         None: the initial state); clients without an accepted reply get their copy attached
@@ -77,11 +72,13 @@ class StatefulFedAvg(FedAvg):
         for reply in accepted:
             node = reply.metadata.src_node_id
             key = self.client_key(node)
-            self.mirror.accept(key, node, server_round, new_state(self.mirror.state_of(key), reply))
+            self.mirror.accept(key, node, plan.server_round,
+                               new_state(self.mirror.state_of(key), reply))
             used_rounds.append(int(reply.content[C.METRICS].get(
-                C.STATE_ROUND_USED, self.sent_configs[node][C.STATE_ROUND])))
+                C.STATE_ROUND_USED, plan.sent(node)[C.STATE_ROUND])))
         self.mirror.end_round()
-        self.diagnostics.setdefault(server_round, {})[C.LOG_CLIENT_STATE_ROUNDS] = used_rounds
+        attached = plan.report.get(ClientStateSection)
+        plan.report.add(ClientStateSection(attached and attached.attached, used_rounds))
 
     # ------------------------------------------------------------------ replies
     def contract_gap(self, reply: Message) -> str | None:
@@ -92,25 +89,25 @@ class StatefulFedAvg(FedAvg):
                     f"state it started from)")
         return None
 
-    def state_reply_problem(self, reply: Message) -> str | None:
+    def state_reply_problem(self, plan: RoundPlan, reply: Message) -> str | None:
         """What else a subclass checks in a reply that meets :meth:`contract_gap` (SCAFFOLD:
         delta c_i's keys, shapes and values), or None."""
         return None
 
-    def reply_problem(self, reply: Message) -> str | None:
+    def reply_problem(self, plan: RoundPlan, reply: Message) -> str | None:
         """FedAvg's checks plus: the contract (:meth:`contract_gap`) met, the subclass's own
         checks, and the client started from the state the server holds (round and digest)."""
-        problem = super().reply_problem(reply)
+        problem = super().reply_problem(plan, reply)
         if problem:
             return problem
         gap = self.contract_gap(reply)
         if gap:
             return f"needs {gap}: call {self.CLIENT_HELPER} in the ClientApp"
-        problem = self.state_reply_problem(reply)
+        problem = self.state_reply_problem(plan, reply)
         if problem:
             return problem
         node = reply.metadata.src_node_id
-        sent = int(self.sent_configs.get(node, {}).get(C.STATE_ROUND, 0))
+        sent = int(plan.sent(node).get(C.STATE_ROUND, 0))
         return state_problem(self.mirror, self.client_key(node), sent, reply.content[C.METRICS])
 
     # ------------------------------------------------------------------ state

@@ -365,7 +365,7 @@ def test_update_drift_cosines_and_norm_spread_by_hand():
                "out.weight": np.array([2, 2], np.float32)})
     drift.add({"fc.weight": np.array([1, 1], np.float32), "fc.bias": np.array([0], np.float32),
                "out.weight": np.array([-1, -1], np.float32)})
-    out = drift.summary()
+    out = drift.summary().log_items()
     assert out[C.LOG_DRIFT_COSINE]["fc"] == pytest.approx(np.sqrt(2) / 3, abs=1e-6)
     assert out[C.LOG_DRIFT_COSINE]["out"] == pytest.approx(-1 / 3, abs=1e-6)
     norms = np.array([np.sqrt(3), 3.0, 2.0])  # whole-model update norms
@@ -382,7 +382,7 @@ def test_update_drift_identical_updates_have_cosine_one():
     drift = UpdateDrift(g)
     for scale in (1.0, 2.0, 0.5):
         drift.add({"a.weight": g["a.weight"] + scale * d})
-    assert drift.summary()[C.LOG_DRIFT_COSINE]["a"] == pytest.approx(1.0, abs=1e-5)
+    assert drift.summary().cosine["a"] == pytest.approx(1.0, abs=1e-5)
 
 
 # ------------------------------------------------- streaming: blocks, views, NaN / Inf

@@ -96,10 +96,10 @@ def test_no_deadline_waits_for_the_slowest_client():
     strategy = FedAvg(**KW, clock=clock())
     run(strategy)
     for r in (1, 2):
-        diag = strategy.diagnostics[r]
+        diag = strategy.round_log(r)
         assert diag[C.LOG_SIM_SECONDS] == pytest.approx(2 * T + 1.6)
         assert diag[C.LOG_CLIENTS_UNAVAILABLE] == 0
-    assert strategy.diagnostics[2][C.LOG_SIM_ELAPSED] == pytest.approx(2 * (2 * T + 1.6))
+    assert strategy.round_log(2)[C.LOG_SIM_ELAPSED] == pytest.approx(2 * (2 * T + 1.6))
 
 
 def test_deadline_fedprox_aggregates_the_part_that_fits():
@@ -107,7 +107,7 @@ def test_deadline_fedprox_aggregates_the_part_that_fits():
     strategy = FedProx(**KW, clock=clock(), round_deadline=2 * T + 1.0)
     grid = run(strategy)
     assert sent_steps(grid, 1) == {0: 4, 1: 4, 2: 2}
-    diag = strategy.diagnostics[1]
+    diag = strategy.round_log(1)
     assert (diag[C.LOG_CLIENTS_STRAGGLERS], diag[C.LOG_CLIENTS_DROPPED]) == (1, 0)
     assert diag[C.LOG_CLIENTS_RECEIVED] == 3
     assert diag[C.LOG_SIM_SECONDS] == pytest.approx(2 * T + 0.8)  # p1 and p2 finish last
@@ -117,7 +117,7 @@ def test_deadline_fedavg_drops_the_client_and_waits_until_the_deadline():
     strategy = FedAvg(**KW, clock=clock(), round_deadline=2 * T + 1.0)
     grid = run(strategy)
     assert sent_steps(grid, 1) == {0: 4, 1: 4}
-    diag = strategy.diagnostics[1]
+    diag = strategy.round_log(1)
     assert (diag[C.LOG_CLIENTS_STRAGGLERS], diag[C.LOG_CLIENTS_DROPPED]) == (1, 1)
     assert diag[C.LOG_SIM_SECONDS] == pytest.approx(2 * T + 1.0)
 
@@ -127,7 +127,7 @@ def test_deadline_fednova_drops_only_a_client_that_fits_no_step():
     strategy = FedNova(**KW, clock=clock(), round_deadline=2 * T + 0.3)
     grid = run(strategy)
     assert sent_steps(grid, 1) == {0: 3, 1: 1}
-    diag = strategy.diagnostics[1]
+    diag = strategy.round_log(1)
     assert (diag[C.LOG_CLIENTS_STRAGGLERS], diag[C.LOG_CLIENTS_DROPPED]) == (3, 1)
     assert diag[C.LOG_LOCAL_STEPS] == [3, 1] and diag[C.LOG_A_NORMS] == [3.0, 1.0]
     assert diag[C.LOG_SIM_SECONDS] == pytest.approx(2 * T + 0.3)  # waited for p2
@@ -136,7 +136,7 @@ def test_deadline_fednova_drops_only_a_client_that_fits_no_step():
 def test_a_failed_client_counts_its_planned_time():
     strategy = FedAvg(**KW, clock=clock())
     run(strategy, rounds=1, fail_pid=2)
-    diag = strategy.diagnostics[1]
+    diag = strategy.round_log(1)
     assert diag[C.LOG_CLIENTS_FAILED] == 1
     assert diag[C.LOG_SIM_SECONDS] == pytest.approx(2 * T + 1.6)
 
@@ -147,8 +147,8 @@ def test_offline_devices_are_not_sampled():
     grid = run(strategy, rounds=2)
     for r in (1, 2):
         assert sorted(sent_steps(grid, r)) == [0, 2]
-        assert strategy.diagnostics[r][C.LOG_CLIENTS_UNAVAILABLE] == 1
-        assert strategy.diagnostics[r][C.LOG_CLIENTS_SAMPLED] == 2
+        assert strategy.round_log(r)[C.LOG_CLIENTS_UNAVAILABLE] == 1
+        assert strategy.round_log(r)[C.LOG_CLIENTS_SAMPLED] == 2
 
 
 def test_m_counts_every_connected_client():
@@ -156,14 +156,14 @@ def test_m_counts_every_connected_client():
     fleet = TraceFleet({p: DeviceProfile(availability=0.5) for p in range(3)})
     strategy = FedAvg(**KW, clock=clock(fleet), fraction_train=0.5, seed=3)
     run(strategy, rounds=4)
-    assert all(strategy.diagnostics[r][C.LOG_CLIENTS_SAMPLED] <= 1 for r in range(1, 5))
+    assert all(strategy.round_log(r)[C.LOG_CLIENTS_SAMPLED] <= 1 for r in range(1, 5))
 
 
 def test_waiting_for_a_window_is_part_of_the_round():
     fleet = TraceFleet({p: DeviceProfile(windows=((600.0, 86400.0),)) for p in range(3)})
     strategy = FedAvg(**KW, clock=clock(fleet))
     run(strategy, rounds=2)
-    first, second = strategy.diagnostics[1], strategy.diagnostics[2]
+    first, second = strategy.round_log(1), strategy.round_log(2)
     down, up = SIZE / (20e6 / 8), SIZE / (5e6 / 8)  # DeviceProfile's default bandwidths
     round_time = down + STEPS * B * C_EX + up
     assert first[C.LOG_SIM_WAIT_SECONDS] == 600.0
@@ -177,19 +177,19 @@ def test_the_clock_resumes_from_the_state_dict():
     run(strategy, rounds=1)
     restored = FedNova(**KW, clock=clock())
     restored.load_state_dict(strategy.state_dict())
-    assert restored.timer.elapsed == strategy.timer.elapsed == pytest.approx(2 * T + 1.6)
+    assert restored.participation.timer.elapsed == strategy.participation.timer.elapsed == pytest.approx(2 * T + 1.6)
     veca = FedVeca(**KW, clock=clock())
-    veca.timer.elapsed = 12.5
+    veca.participation.timer.elapsed = 12.5
     again = FedVeca(**KW, clock=clock())
     again.load_state_dict(veca.state_dict())
-    assert again.timer.elapsed == 12.5
+    assert again.participation.timer.elapsed == 12.5
 
 
 def test_without_a_clock_nothing_is_logged():
     strategy = FedAvg(query_client_info=True)
     run(strategy, rounds=1)
     assert not {C.LOG_SIM_SECONDS, C.LOG_SIM_ELAPSED,
-                C.LOG_CLIENTS_UNAVAILABLE} & set(strategy.diagnostics[1])
+                C.LOG_CLIENTS_UNAVAILABLE} & set(strategy.round_log(1))
     assert "sim-elapsed" not in strategy.state_dict()
 
 
@@ -199,14 +199,14 @@ def test_fedveca_plans_the_gradient_upload_and_needs_two_steps():
     assert FedVeca(query_client_info=True).expected_bytes(rec) == (rec.count_bytes(),
                                                                    rec.count_bytes() + w_only)
     assert FedAvg().expected_bytes(rec) == (rec.count_bytes(), rec.count_bytes())
-    assert FedVeca.MIN_PARTIAL_STEPS == 2 and FedAvg.MIN_PARTIAL_STEPS == 1
+    assert FedVeca.min_partial_steps == 2 and FedAvg.min_partial_steps == 1
 
 
 def test_fedveca_counts_its_gradient_pass_and_same_batch_estimate():
     from strategies.records import ClientInfo  # noqa: PLC0415
 
     veca = FedVeca(query_client_info=True, clock=clock())
-    veca.clients = {7: ClientInfo(partition_id=0, num_examples=100)}
+    veca.participation.clients = {7: ClientInfo(partition_id=0, num_examples=100)}
     common = ConfigRecord({C.BATCH_SIZE: B})
     assert veca.extra_examples(7, common) == 100  # grad F_i(w_k) over all 100 examples
     assert veca.examples_per_step(7, common) == B  # round 1: no estimate yet
@@ -215,7 +215,7 @@ def test_fedveca_counts_its_gradient_pass_and_same_batch_estimate():
     literal = ConfigRecord({C.BATCH_SIZE: B, C.FEDVECA_ESTIMATE: True, C.BETA_MODE: "literal"})
     assert veca.examples_per_step(7, literal) == B
     sub = FedVeca(query_client_info=True, clock=clock(), grad_subsample=30)
-    sub.clients = veca.clients
+    sub.participation.clients = veca.participation.clients
     assert sub.extra_examples(7, common) == 30
     assert FedAvg(query_client_info=True).extra_examples(7, common) == 0
 
@@ -235,13 +235,13 @@ def test_dynamicfl_round_time_is_its_sync_events():
     grid = InProcessGrid(make_dynamicfl_app(), 2, {})
     strategy.start(grid, record(model), num_rounds=1,
                    train_config=ConfigRecord({C.LR: 0.05, C.BATCH_SIZE: 10, C.SEED: 3}))
-    plan = strategy.plans[1]
-    (high,) = [strategy.clients[n].partition_id for n, i in plan.intervals.items() if i == 1]
+    plan = strategy.schedules[1]
+    (high,) = [strategy.participation.clients[n].partition_id for n, i in plan.intervals.items() if i == 1]
     if high == 0:  # p0 syncs at steps 1 and 2 (events at 2t + 0.1, then 4t + 0.2); p1 at 2
         expected = max(4 * t + 0.2, t + 2 * 0.2 + 2 * t)
     else:  # p1 at 1 (3t + 0.2) and 2 (6t + 0.4); p0 at 2 (2t + 0.2)
         expected = max(6 * t + 0.4, 2 * t + 0.2)
-    diag = strategy.diagnostics[1]
+    diag = strategy.round_log(1)
     assert diag[C.LOG_SIM_SECONDS] == pytest.approx(expected)
     assert diag[C.LOG_SIM_ELAPSED] == pytest.approx(expected)
     assert diag[C.LOG_SIM_SECONDS_PER_EVENT] == pytest.approx(expected / 2)
@@ -259,8 +259,8 @@ def test_dynamicfl_budgets_from_bandwidth_pick_the_high_group():
     strategy.start(grid, record(model), num_rounds=2,
                    train_config=ConfigRecord({C.LR: 0.05, C.BATCH_SIZE: 10, C.SEED: 3}))
     for r in (1, 2):
-        plan = strategy.plans[r]
-        assert [strategy.clients[n].partition_id for n, i in plan.intervals.items()
+        plan = strategy.schedules[r]
+        assert [strategy.participation.clients[n].partition_id for n, i in plan.intervals.items()
                 if i == 1] == [0]
 
 

@@ -32,7 +32,7 @@ from strategies import WEIGHTINGS, FedAvg
 from strategies import contract as C
 from strategies.records import ClientInfo
 from tests.inprocess import InProcessGrid
-from tests.messages import instruction, numpy_of, record
+from tests.messages import instruction, numpy_of, prepared_round, record
 
 
 @pytest.fixture(autouse=True)
@@ -66,14 +66,12 @@ def prepared(weighting: str, global_w, sizes: dict[int, int], draws: dict[int, i
              **kwargs) -> FedAvg:
     """A strategy in the state configure_train leaves behind (global model, nodes, sample)."""
     strategy = FedAvg(query_client_info=True, weighting=weighting, **kwargs)
-    strategy.current_arrays = record({"w": np.asarray(global_w, dtype=np.float64)})
-    strategy.all_nodes = sorted(sizes)
-    strategy.clients = {
+    strategy.participation.clients.update({
         node: ClientInfo(partition_id=i, num_examples=n)
         for i, (node, n) in enumerate(sorted(sizes.items()))
-    }
-    strategy.draws = dict(draws)
-    return strategy
+    })
+    return prepared_round(strategy, {"w": np.asarray(global_w, dtype=np.float64)},
+                          {node: {} for node in draws}, draws=draws, nodes=sorted(sizes))
 
 
 def result_w(arrays: ArrayRecord) -> np.ndarray:
@@ -134,7 +132,7 @@ def test_configure_train_then_aggregate_examples():
         assert m.content[C.CONFIG][C.SERVER_ROUND] == 1
         assert m.content[C.CONFIG][C.LR] == pytest.approx(0.1)
         np.testing.assert_array_equal(result_w(m.content[C.ARRAYS]), [0.0, 0.0])
-    sizes = {n: strategy.clients[n].num_examples for n in grid.node_ids}
+    sizes = {n: strategy.participation.clients[n].num_examples for n in grid.node_ids}
     assert sizes == dict(zip(grid.node_ids, [10, 30]))
     by_node = {m.metadata.dst_node_id: m for m in messages}
     node0, node1 = grid.node_ids
@@ -144,7 +142,7 @@ def test_configure_train_then_aggregate_examples():
     np.testing.assert_allclose(result_w(arrays), [2.5, 5.0])
     assert metrics[C.NUM_EXAMPLES] == pytest.approx(40.0)
     assert metrics[C.TRAIN_LOSS] == pytest.approx(2.5)  # (10*1 + 30*3) / 40
-    diag = strategy.diagnostics[1]
+    diag = strategy.round_log(1)
     assert diag[C.LOG_CLIENTS_SAMPLED] == 2 and diag[C.LOG_CLIENTS_RECEIVED] == 2
     assert diag[C.LOG_CLIENTS_FAILED] == 0
     assert diag["train-loss"] == pytest.approx(2.5)
@@ -182,7 +180,7 @@ def test_aggregate_pre_erratum_unknown_size_filled_with_mean():
     # node 3 never reported a size: it is taken as the mean known size (20), n = 60:
     # w = 1 + (10/60)*(2-1) + (30/60)*(5-1) = 1 + 1/6 + 2 = 3.1666...
     s = prepared("pre-erratum", [1.0], {1: 10, 2: 30, 3: 60}, {1: 1, 2: 1})
-    s.clients[3].num_examples = None
+    s.participation.clients[3].num_examples = None
     arrays, _ = s.aggregate_train(1, [good(1, [2.0], 10), good(2, [5.0], 30)])
     np.testing.assert_allclose(result_w(arrays), [1 + 1 / 6 + 2])
 
@@ -215,10 +213,9 @@ def test_server_lr_half():
 
 
 def test_aggregate_preserves_dtypes_and_integer_buffers():
-    s = FedAvg(query_client_info=True, weighting="examples")
-    s.current_arrays = record({"w": np.zeros(2, dtype=np.float32),
-                               "nbt": np.array([100], dtype=np.int64)})
-    s.all_nodes, s.draws = [1, 2], {1: 1, 2: 1}
+    s = prepared_round(FedAvg(query_client_info=True, weighting="examples"),
+                       {"w": np.zeros(2, dtype=np.float32), "nbt": np.array([100], dtype=np.int64)},
+                       {1: {}, 2: {}})
     replies = [
         reply(1, {"w": np.array([1.0, 2.0], np.float32), "nbt": np.array([110], np.int64)},
               {C.NUM_EXAMPLES: 10}),
@@ -233,10 +230,9 @@ def test_aggregate_preserves_dtypes_and_integer_buffers():
 
 
 def test_aggregate_zero_dim_integer_buffer():
-    s = FedAvg(query_client_info=True, weighting="examples")
-    s.current_arrays = record({"w": np.zeros(2, dtype=np.float32),
-                               "nbt": np.array(100, dtype=np.int64)})
-    s.all_nodes, s.draws = [1, 2], {1: 1, 2: 1}
+    s = prepared_round(FedAvg(query_client_info=True, weighting="examples"),
+                       {"w": np.zeros(2, dtype=np.float32), "nbt": np.array(100, dtype=np.int64)},
+                       {1: {}, 2: {}})
     replies = [
         reply(1, {"w": np.array([1.0, 2.0], np.float32), "nbt": np.array(110, np.int64)},
               {C.NUM_EXAMPLES: 10}),
@@ -280,8 +276,8 @@ def test_bad_reply_rejected_good_ones_aggregated(kind, weighting, caplog):
     expected = {"examples": [2.5, 5.0], "uniform": [2.0, 4.0]}[weighting]
     np.testing.assert_allclose(result_w(arrays), expected)
     assert metrics[C.NUM_EXAMPLES] == pytest.approx(40.0)
-    assert s.diagnostics[4][C.LOG_CLIENTS_FAILED] == 1
-    assert s.diagnostics[4][C.LOG_CLIENTS_RECEIVED] == 2
+    assert s.round_log(4)[C.LOG_CLIENTS_FAILED] == 1
+    assert s.round_log(4)[C.LOG_CLIENTS_RECEIVED] == 2
     rejected = [r for r in caplog.records if "rejected" in r.getMessage()]
     assert len(rejected) == 1 and "node 3" in rejected[0].getMessage()
 
@@ -292,7 +288,7 @@ def test_non_finite_num_examples_rejected(bad_n):
     replies = [good(1, [1.0, 2.0], 10), good(3, [9.0, 9.0], bad_n), good(2, [3.0, 6.0], 30)]
     arrays, _ = s.aggregate_train(1, replies)
     np.testing.assert_allclose(result_w(arrays), [2.5, 5.0])
-    assert s.diagnostics[1][C.LOG_CLIENTS_FAILED] == 1
+    assert s.round_log(1)[C.LOG_CLIENTS_FAILED] == 1
 
 
 def test_failed_client_counts_and_weighting_renormalised_scheme_i():
@@ -301,31 +297,31 @@ def test_failed_client_counts_and_weighting_renormalised_scheme_i():
     arrays, _ = s.aggregate_train(2,
                                   [good(1, [3.0], 10), good(2, [6.0], 30), BAD_REPLIES["error"](3)])
     np.testing.assert_allclose(result_w(arrays), [4.0])
-    assert s.diagnostics[2][C.LOG_CLIENTS_FAILED] == 1
+    assert s.round_log(2)[C.LOG_CLIENTS_FAILED] == 1
 
 
 def test_missing_reply_counts_as_failed():
     s = prepared("examples", [0.0, 0.0], {1: 10, 2: 30, 3: 20}, {1: 1, 2: 1, 3: 1})
     arrays, _ = s.aggregate_train(1, [good(1, [1.0, 2.0], 10), good(2, [3.0, 6.0], 30)])
     np.testing.assert_allclose(result_w(arrays), [2.5, 5.0])
-    assert s.diagnostics[1][C.LOG_CLIENTS_FAILED] == 1
+    assert s.round_log(1)[C.LOG_CLIENTS_FAILED] == 1
 
 
 def test_all_replies_bad_keeps_model():
     s = prepared("examples", [1.0, 2.0], {1: 10, 2: 30}, {1: 1, 2: 1})
-    before = s.current_arrays
+    before = s.plan.arrays
     replies = [BAD_REPLIES["error"](1), BAD_REPLIES["nan-array"](2)]
     assert s.aggregate_train(3, replies) == (None, None)
-    assert s.current_arrays is before
-    np.testing.assert_array_equal(result_w(s.current_arrays), [1.0, 2.0])
-    assert s.diagnostics[3][C.LOG_CLIENTS_FAILED] == 2
-    assert s.diagnostics[3][C.LOG_CLIENTS_RECEIVED] == 0
+    assert s.plan.arrays is before
+    np.testing.assert_array_equal(result_w(s.plan.arrays), [1.0, 2.0])
+    assert s.round_log(3)[C.LOG_CLIENTS_FAILED] == 2
+    assert s.round_log(3)[C.LOG_CLIENTS_RECEIVED] == 0
 
 
 def test_no_replies_keeps_model():
     s = prepared("examples", [1.0, 2.0], {1: 10, 2: 30}, {1: 1, 2: 1})
     assert s.aggregate_train(1, []) == (None, None)
-    assert s.diagnostics[1][C.LOG_CLIENTS_FAILED] == 2
+    assert s.round_log(1)[C.LOG_CLIENTS_FAILED] == 2
 
 
 def test_run_keeps_model_when_every_client_fails():
@@ -348,8 +344,8 @@ def test_run_keeps_model_when_every_client_fails():
     strategy.start(grid, record({"w": np.array([1.0, 2.0])}), num_rounds=2)
     # round 2 was sent the unchanged initial model
     assert received == [[1.0, 2.0]] * 6
-    assert strategy.diagnostics[1][C.LOG_CLIENTS_FAILED] == 3
-    assert strategy.diagnostics[2][C.LOG_CLIENTS_FAILED] == 3
+    assert strategy.round_log(1)[C.LOG_CLIENTS_FAILED] == 3
+    assert strategy.round_log(2)[C.LOG_CLIENTS_FAILED] == 3
 
 
 # ---------------------------------------------------------------- sampling
@@ -398,8 +394,9 @@ def test_scheme_i_draws_sum_to_m():
     for r in range(1, 6):
         messages = list(strategy.configure_train(r, record({"w": np.zeros(1)}), ConfigRecord(),
                                                  grid))
-        assert sum(strategy.draws.values()) == 5
-        assert sorted(m.metadata.dst_node_id for m in messages) == sorted(strategy.draws)
+        tasks = strategy.plan_of(r).tasks
+        assert sum(t.draws for t in tasks.values()) == 5
+        assert sorted(m.metadata.dst_node_id for m in messages) == sorted(tasks)
 
 
 def test_query_sent_once_per_node():
@@ -433,16 +430,16 @@ def test_query_that_did_not_reach_a_node_is_sent_again_next_round():
     grid.reply_hook = hook
     strategy = FedAvg(query_client_info=True, fraction_train=1.0)
     list(strategy.configure_train(1, record({"w": np.zeros(1)}), ConfigRecord(), grid))
-    assert strategy.clients[30].unreached and strategy.clients[30].partition_id is None
-    assert not strategy.clients[20].unreached and strategy.clients[20].partition_id is None
-    assert strategy.ordered_nodes(node_ids) == [10, 20, 30]  # unknown ones last, by node id
+    assert strategy.participation.clients[30].unreached and strategy.participation.clients[30].partition_id is None
+    assert not strategy.participation.clients[20].unreached and strategy.participation.clients[20].partition_id is None
+    assert strategy.participation.ordered(node_ids) == [10, 20, 30]  # unknown ones last, by node id
     unreachable["round"] = 2
     for r in (2, 3):
         list(strategy.configure_train(r, record({"w": np.zeros(1)}), ConfigRecord(), grid))
     queries = [node for node, kind in grid.calls if kind == MessageType.QUERY]
     assert sorted(queries) == [10, 20, 30, 30]  # only the unreached node, once more
-    assert strategy.clients[30].partition_id == 0 and not strategy.clients[30].unreached
-    assert strategy.ordered_nodes(node_ids) == [30, 10, 20]  # partition 0, 2, then unknown
+    assert strategy.participation.clients[30].partition_id == 0 and not strategy.participation.clients[30].unreached
+    assert strategy.participation.ordered(node_ids) == [30, 10, 20]  # partition 0, 2, then unknown
 
 
 def test_full_run_with_fake_client_app():
@@ -468,9 +465,9 @@ def test_stock_client_app_without_query_trains_and_warns_once(caplog):
     warnings = [r for r in caplog.records
                 if r.levelno == logging.WARNING and C.QUERY_CLIENT_INFO in r.getMessage()]
     assert len(warnings) == 1
-    assert all(info.partition_id is None for info in strategy.clients.values())
+    assert all(info.partition_id is None for info in strategy.participation.clients.values())
     # fallback: node-id order
-    assert strategy.ordered_nodes(node_ids) == [10, 20, 30, 40, 50]
+    assert strategy.participation.ordered(node_ids) == [10, 20, 30, 40, 50]
 
 
 # ---------------------------------------------------------------- constructor

@@ -93,7 +93,7 @@ def test_feddyn_one_round_by_hand():
     for pid in range(3):
         np.testing.assert_allclose(strategy.mirror.state_of(str(pid))["w"], [-0.5 * (pid + 1)] * 2)
         assert strategy.mirror.state_round(str(pid)) == 1
-    diag = strategy.diagnostics[1]
+    diag = strategy.round_log(1)
     assert diag[C.LOG_CLIENT_STATE_ROUNDS] == [0, 0, 0] and diag[C.LOG_CLIENT_STATE_ATTACHED] == 0
     assert diag[C.LOG_FEDDYN_H_NORM] == pytest.approx(np.sqrt(2.0))
 
@@ -118,8 +118,8 @@ def test_feddyn_sends_alpha_and_resends_the_copy_after_a_failed_reply():
     assert all(m.content[C.CONFIG][C.FEDDYN_ALPHA] == 0.25 for m in seen)
     model = initial().count_bytes()
     linear = record({"w": np.zeros(2, np.float32)}).count_bytes()
-    assert strategy.diagnostics[1][C.LOG_BYTES_DOWN] == 3 * model
-    third = strategy.diagnostics[3]
+    assert strategy.round_log(1)[C.LOG_BYTES_DOWN] == 3 * model
+    third = strategy.round_log(3)
     assert third[C.LOG_CLIENT_STATE_ATTACHED] == 1 and third[C.LOG_BYTES_DOWN] == 3 * model + linear
     assert third[C.LOG_CLIENT_STATE_ROUNDS] == [2, 1, 2] and third[C.LOG_CLIENTS_FAILED] == 0
 
@@ -160,7 +160,7 @@ def test_moon_one_round_by_hand():
         copy = strategy.mirror.state_of(str(pid))
         np.testing.assert_array_equal(copy["w"], [pid + 1] * 2)
         assert copy["step"] == pid + 1
-    assert strategy.diagnostics[1][C.LOG_MOON_CONTRASTIVE_LOSS] == pytest.approx(1.5)
+    assert strategy.round_log(1)[C.LOG_MOON_CONTRASTIVE_LOSS] == pytest.approx(1.5)
     config = seen[0].content[C.CONFIG]
     assert config[C.MOON_MU] == 5.0 and config[C.MOON_TEMPERATURE] == 0.2
     assert config[C.STATE_ROUND] == 0
@@ -170,7 +170,7 @@ def test_moon_resends_the_previous_model_after_a_failed_reply():
     strategy, seen = Moon(query_client_info=True), []
     start(strategy, hand_app("moon", fail={(2, 1)}, seen=seen), rounds=3)
     model = initial().count_bytes()
-    third = strategy.diagnostics[3]
+    third = strategy.round_log(3)
     assert third[C.LOG_CLIENT_STATE_ATTACHED] == 1 and third[C.LOG_BYTES_DOWN] == 4 * model
     attached = [m for m in seen if C.CLIENT_STATE in m.content]
     assert len(attached) == 1 and attached[0].content[C.CONFIG][C.STATE_ROUND] == 1
@@ -221,11 +221,11 @@ def test_a_reply_that_started_from_another_state_is_rejected(strategy, kind, cap
         start(instance, hand_app(kind, wrong_digest={(2, 0)}), rounds=3)
     lines = [r.getMessage() for r in caplog.records if "rejected" in r.getMessage()]
     assert len(lines) == 1 and "state of round 1 differs from the server's copy" in lines[0]
-    assert instance.diagnostics[2][C.LOG_CLIENTS_FAILED] == 1
+    assert instance.round_log(2)[C.LOG_CLIENTS_FAILED] == 1
     # its next message carries the copy; the client installs it and is accepted again
-    assert instance.diagnostics[3][C.LOG_CLIENT_STATE_ATTACHED] == 1
-    assert instance.diagnostics[3][C.LOG_CLIENTS_FAILED] == 0
-    assert instance.diagnostics[3][C.LOG_CLIENT_STATE_ROUNDS] == [1, 2, 2]
+    assert instance.round_log(3)[C.LOG_CLIENT_STATE_ATTACHED] == 1
+    assert instance.round_log(3)[C.LOG_CLIENTS_FAILED] == 0
+    assert instance.round_log(3)[C.LOG_CLIENT_STATE_ROUNDS] == [1, 2, 2]
 
 
 @pytest.mark.parametrize("strategy, words", [(FedDyn(alpha=0.3), "FedDyn: alpha 0.3"),

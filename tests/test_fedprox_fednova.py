@@ -38,7 +38,7 @@ from strategies import contract as C
 from task import train as task_train
 from task.models import ClassifierModule
 from tests.inprocess import InProcessGrid
-from tests.messages import instruction, numpy_of, record
+from tests.messages import instruction, numpy_of, prepared_round, record
 
 
 @pytest.fixture(autouse=True)
@@ -79,11 +79,8 @@ def steps(k: int) -> dict:
 def nova(global_w, nodes, sent: dict[int, dict] | None = None, **kwargs) -> FedNova:
     """A FedNova in the state configure_train leaves behind."""
     s = FedNova(query_client_info=True, **kwargs)
-    s.current_arrays = record({"w": np.asarray(global_w, dtype=np.float64)})
-    s.all_nodes = list(nodes)
-    s.draws = {n: 1 for n in nodes}
-    s.sent_configs = {n: ConfigRecord(dict((sent or {}).get(n, {}))) for n in nodes}
-    return s
+    return prepared_round(s, {"w": np.asarray(global_w, dtype=np.float64)},
+                          {n: dict((sent or {}).get(n, {})) for n in nodes})
 
 
 def result_w(arrays: ArrayRecord) -> np.ndarray:
@@ -421,10 +418,11 @@ def test_drop_policy_sends_nothing_to_stragglers(fraction_train, sampled, stragg
         messages = configure(s, grid, rnd)
         sent = {m.metadata.dst_node_id for m in messages}
         assert len(messages) == sampled - stragglers
-        assert len(s.straggler_work) == stragglers
-        assert sent.isdisjoint(s.straggler_work)
-        assert sent == set(s.draws)
-        diag = s.diagnostics[rnd]
+        plan = s.plan_of(rnd)
+        assert len(plan.straggler_work) == stragglers
+        assert sent.isdisjoint(plan.straggler_work)
+        assert sent == set(plan.tasks)
+        diag = s.round_log(rnd)
         assert diag[C.LOG_CLIENTS_SAMPLED] == sampled
         assert diag[C.LOG_CLIENTS_STRAGGLERS] == stragglers
         assert diag[C.LOG_CLIENTS_DROPPED] == stragglers
@@ -437,8 +435,8 @@ def test_drop_policy_failed_count_excludes_dropped():
     s = FedAvg(query_client_info=True, straggler_fraction=0.5, straggler_policy="drop", seed=3)
     result = s.start(grid, record({"w": np.zeros(2)}), num_rounds=1)
     assert result.arrays is not None
-    assert s.diagnostics[1][C.LOG_CLIENTS_RECEIVED] == 5
-    assert s.diagnostics[1][C.LOG_CLIENTS_FAILED] == 0
+    assert s.round_log(1)[C.LOG_CLIENTS_RECEIVED] == 5
+    assert s.round_log(1)[C.LOG_CLIENTS_FAILED] == 0
 
 
 def straggler_partitions(node_ids, seed, policy="drop", rounds=5, fraction_train=0.6):
@@ -448,7 +446,7 @@ def straggler_partitions(node_ids, seed, policy="drop", rounds=5, fraction_train
     out = []
     for rnd in range(1, rounds + 1):
         configure(s, grid, rnd, ConfigRecord({C.LOCAL_STEPS: 50}))
-        out.append(tuple(sorted((node_partition(grid, n), w) for n, w in s.straggler_work.items())))
+        out.append(tuple(sorted((node_partition(grid, n), w) for n, w in s.plan_of(rnd).straggler_work.items())))
     return out
 
 
@@ -466,9 +464,9 @@ def test_no_stragglers_by_default():
     grid = InProcessGrid(make_app(), 4, {})
     s = FedAvg(query_client_info=True)
     messages = configure(s, grid, 1, ConfigRecord({C.LOCAL_STEPS: 5}))
-    assert len(messages) == 4 and s.straggler_work == {}
-    assert s.diagnostics[1][C.LOG_CLIENTS_STRAGGLERS] == 0
-    assert s.diagnostics[1][C.LOG_CLIENTS_DROPPED] == 0
+    assert len(messages) == 4 and s.plan_of(1).straggler_work == {}
+    assert s.round_log(1)[C.LOG_CLIENTS_STRAGGLERS] == 0
+    assert s.round_log(1)[C.LOG_CLIENTS_DROPPED] == 0
 
 
 SIZES = "10,20,30,40,50,60,70,80,90,100"
@@ -486,15 +484,16 @@ def test_partial_policy_epochs_config(cls):
     for rnd in range(1, 9):
         messages = configure(s, grid, rnd, config)
         assert len(messages) == 10
-        assert s.diagnostics[rnd][C.LOG_CLIENTS_STRAGGLERS] == 5
-        assert s.diagnostics[rnd][C.LOG_CLIENTS_DROPPED] == 0
+        assert s.round_log(rnd)[C.LOG_CLIENTS_STRAGGLERS] == 5
+        assert s.round_log(rnd)[C.LOG_CLIENTS_DROPPED] == 0
         for m in messages:
             node = m.metadata.dst_node_id
             sent = m.content[C.CONFIG]
             assert sent[C.LR] == pytest.approx(0.1) and sent[C.SERVER_ROUND] == rnd
-            if node in s.straggler_work:
+            work = s.plan_of(rnd).straggler_work
+            if node in work:
                 pid = node_partition(grid, node)
-                assert 1 <= sent[C.LOCAL_STEPS] == s.straggler_work[node] <= full[pid]
+                assert 1 <= sent[C.LOCAL_STEPS] == work[node] <= full[pid]
                 assert sent is not config
                 seen.append((sent[C.LOCAL_STEPS], full[pid]))
             else:
@@ -519,13 +518,13 @@ def test_partial_policy_local_steps_config_and_clients_receive_it():
         steps_taken = sorted(c[C.LOCAL_STEPS] for _, c in got)
         assert all(c[C.SERVER_ROUND] == rnd for _, c in got)
         assert sum(1 for k in steps_taken if k <= 6) == 10 and all(k >= 1 for k in steps_taken)
-        assert s.diagnostics[rnd][C.LOG_CLIENTS_STRAGGLERS] == 9
-        assert sorted(s.diagnostics[rnd]["local-steps"]) == steps_taken
+        assert s.round_log(rnd)[C.LOG_CLIENTS_STRAGGLERS] == 9
+        assert sorted(s.round_log(rnd)["local-steps"]) == steps_taken
     # the last round's stragglers got exactly the steps the strategy assigned
     last = {pid: c[C.LOCAL_STEPS] for pid, c in by_round[-1]}
-    for node, work in s.straggler_work.items():
+    for node, work in s.plan_of(3).straggler_work.items():
         assert last[node_partition(grid, node)] == work
-    stragglers = {node_partition(grid, n) for n in s.straggler_work}
+    stragglers = {node_partition(grid, n) for n in s.plan_of(3).straggler_work}
     non_stragglers = [pid for pid in last if pid not in stragglers]
     assert len(non_stragglers) == 1 and last[non_stragglers[0]] == 6
 
@@ -550,7 +549,7 @@ def test_fedprox_sends_mu_in_every_train_config():
     grid = InProcessGrid(make_app(received), 6, {})
     s = FedProx(query_client_info=True, proximal_mu=0.05, fraction_train=0.5,
                 straggler_fraction=0.5, seed=4)
-    assert s.straggler_policy == "partial"
+    assert s.participation.straggler_policy == "partial"
     s.start(grid, record({"w": np.zeros(2)}), num_rounds=2,
             train_config=ConfigRecord({C.LR: 0.1, C.LOCAL_STEPS: 4}))
     assert len(received) == 6  # 3 per round, stragglers included
@@ -561,8 +560,9 @@ def test_fedprox_sends_mu_in_every_train_config():
 def test_fedprox_rejects_negative_mu():
     with pytest.raises(ValueError, match="proximal_mu"):
         FedProx(proximal_mu=-0.1)
-    assert FedAvg().straggler_policy == "drop"
-    assert FedProx().straggler_policy == "partial" and FedNova().straggler_policy == "partial"
+    assert FedAvg().participation.straggler_policy == "drop"
+    assert FedProx().participation.straggler_policy == "partial"
+    assert FedNova().participation.straggler_policy == "partial"
 
 
 @pytest.mark.parametrize("weighting", WEIGHTINGS)
@@ -594,15 +594,13 @@ def test_fedprox_runs_with_every_weighting(weighting):
     w = result_w(result.arrays)
     assert np.isfinite(w).all() and (w > 0).all()
     assert received and all(c[C.PROXIMAL_MU] == pytest.approx(0.1) for _, c in received)
-    assert s.diagnostics[1][C.LOG_CLIENTS_FAILED] == 0
+    assert s.round_log(1)[C.LOG_CLIENTS_FAILED] == 0
 
 
 def test_fedprox_aggregate_on_same_replies_equals_fedavg():
     def prepared(cls, **kw):
-        s = cls(weighting="examples", **kw)
-        s.current_arrays = record({"w": np.zeros(2)})
-        s.all_nodes, s.draws = [1, 2], {1: 1, 2: 1}
-        return s
+        return prepared_round(cls(weighting="examples", **kw), {"w": np.zeros(2)},
+                              {1: {}, 2: {}})
 
     replies = [reply(1, [1.0, 2.0], 10, **steps(1)), reply(2, [3.0, 6.0], 30, **steps(4))]
     a, _ = prepared(FedAvg).aggregate_train(1, replies)
@@ -618,7 +616,7 @@ def test_fednova_aggregate_hand_computed_equal_weights():
     arrays, metrics = s.aggregate_train(1, [reply(1, [1.0, 2.0], 10, **steps(1)),
                                             reply(2, [3.0, 6.0], 10, **steps(4))])
     np.testing.assert_allclose(result_w(arrays), [2.1875, 4.375], atol=1e-14)
-    diag = s.diagnostics[1]
+    diag = s.round_log(1)
     assert diag[C.LOG_TAU_EFF] == pytest.approx(2.5)
     assert diag[C.LOG_A_NORMS] == [1.0, 4.0]
     assert diag["local-steps"] == [1, 4]
@@ -631,7 +629,7 @@ def test_fednova_aggregate_hand_computed_weights_one_to_three():
     arrays, _ = s.aggregate_train(3, [reply(1, [1.0, 2.0], 10, **steps(1)),
                                       reply(2, [3.0, 6.0], 30, **steps(4))])
     np.testing.assert_allclose(result_w(arrays), [2.640625, 5.28125], atol=1e-14)
-    assert s.diagnostics[3][C.LOG_TAU_EFF] == pytest.approx(3.25)
+    assert s.round_log(3)[C.LOG_TAU_EFF] == pytest.approx(3.25)
 
 
 def test_fednova_equal_steps_equals_fedavg_strategy():
@@ -645,16 +643,16 @@ def test_fednova_momentum_sent_uses_momentum_norm():
     grid = InProcessGrid(make_app(), 2, {})
     s = FedNova(query_client_info=True)
     messages = configure(s, grid, 1, ConfigRecord({C.LR: 0.1, C.MOMENTUM: 0.5}))
-    assert all(s.sent_configs[m.metadata.dst_node_id][C.MOMENTUM] == 0.5 for m in messages)
+    assert all(s.plan_of(1).sent(m.metadata.dst_node_id)[C.MOMENTUM] == 0.5 for m in messages)
     by_pid = {node_partition(grid, m.metadata.dst_node_id): m for m in messages}
     # tau 3, rho 0.5: a = 4.25 (1.75 + 1.5 + 1); tau 1: a = 1
     # d1 = -4.25 / 4.25 = -1, d2 = -2 / 1 = -2; tau_eff = (4.25 + 1) / 2 = 2.625; w = 2.625 * 1.5
     replies = [reply(by_pid[0], [4.25], 10, **steps(3)), reply(by_pid[1], [2.0], 10, **steps(1))]
-    s.current_arrays = record({"w": np.zeros(1)})
+    s.plan_of(1).arrays = record({"w": np.zeros(1)})
     arrays, _ = s.aggregate_train(1, replies)
     np.testing.assert_allclose(result_w(arrays), [3.9375], atol=1e-14)
-    assert s.diagnostics[1][C.LOG_A_NORMS] == [4.25, 1.0]
-    assert s.diagnostics[1][C.LOG_TAU_EFF] == pytest.approx(2.625)
+    assert s.round_log(1)[C.LOG_A_NORMS] == [4.25, 1.0]
+    assert s.round_log(1)[C.LOG_TAU_EFF] == pytest.approx(2.625)
 
 
 def test_fednova_proximal_sent_uses_proximal_norm():
@@ -662,8 +660,8 @@ def test_fednova_proximal_sent_uses_proximal_norm():
              sent={1: {C.LR: 0.1, C.PROXIMAL_MU: 1.0}, 2: {C.LR: 0.1, C.PROXIMAL_MU: 1.0}})
     # tau 3, alpha 0.1: a = 2.71; tau 1: a = 1
     s.aggregate_train(1, [reply(1, [2.71], 10, **steps(3)), reply(2, [1.0], 10, **steps(1))])
-    assert s.diagnostics[1][C.LOG_A_NORMS] == [2.71, 1.0]
-    assert s.diagnostics[1][C.LOG_TAU_EFF] == pytest.approx(1.855)
+    assert s.round_log(1)[C.LOG_A_NORMS] == [2.71, 1.0]
+    assert s.round_log(1)[C.LOG_TAU_EFF] == pytest.approx(1.855)
 
 
 def test_fednova_reported_a_norm_used_directly():
@@ -672,7 +670,7 @@ def test_fednova_reported_a_norm_used_directly():
     arrays, _ = s.aggregate_train(1, [reply(1, [3.0, 6.0], 10, **steps(1), **{C.A_NORM: 4.0}),
                                       reply(2, [1.0, 2.0], 10, **steps(1))])
     np.testing.assert_allclose(result_w(arrays), [2.1875, 4.375], atol=1e-14)
-    assert s.diagnostics[1][C.LOG_A_NORMS] == [4.0, 1.0]
+    assert s.round_log(1)[C.LOG_A_NORMS] == [4.0, 1.0]
 
 
 def test_fednova_stock_replies_derive_tau_and_warn_once(caplog):
@@ -683,12 +681,12 @@ def test_fednova_stock_replies_derive_tau_and_warn_once(caplog):
     s = nova([0.0, 0.0], [1, 2], local_epochs=2, batch_size=8)
     with caplog.at_level(logging.WARNING, logger="flwr"):
         for rnd in (1, 2, 3):
-            s.current_arrays = record({"w": np.zeros(2)})
+            s.plan.arrays = record({"w": np.zeros(2)})
             arrays, _ = s.aggregate_train(rnd,
                                           [reply(1, [4.0, 4.0], 10), reply(2, [8.0, 16.0], 30)])
             np.testing.assert_allclose(result_w(arrays), [7.0, 12.25], atol=1e-14)
-            assert s.diagnostics[rnd][C.LOG_A_NORMS] == [4.0, 8.0]
-            assert "local-steps" not in s.diagnostics[rnd]
+            assert s.round_log(rnd)[C.LOG_A_NORMS] == [4.0, 8.0]
+            assert "local-steps" not in s.round_log(rnd)
     warnings = [r for r in caplog.records
                 if r.levelno == logging.WARNING and "FedNova" in r.getMessage()]
     assert len(warnings) == 1
@@ -702,7 +700,7 @@ def test_fednova_stock_replies_drop_last_floor():
     s = nova([0.0, 0.0], [1, 2], local_epochs=2, batch_size=8, drop_last=True)
     arrays, _ = s.aggregate_train(1, [reply(1, [2.0, 2.0], 10), reply(2, [6.0, 12.0], 30)])
     np.testing.assert_allclose(result_w(arrays), [5.0, 8.75], atol=1e-14)
-    assert s.diagnostics[1][C.LOG_A_NORMS] == [2.0, 6.0]
+    assert s.round_log(1)[C.LOG_A_NORMS] == [2.0, 6.0]
 
 
 @pytest.mark.parametrize("sent, kwargs", [
@@ -723,7 +721,7 @@ def test_fednova_stock_reply_without_batch_size_is_an_error_naming_the_fix(sent,
 def test_fednova_reported_steps_need_no_batch_size():
     s = nova([0.0], [1, 2])
     s.aggregate_train(1, [reply(1, [1.0], 10, **steps(2)), reply(2, [1.0], 10, **steps(3))])
-    assert s.diagnostics[1][C.LOG_A_NORMS] == [2.0, 3.0]
+    assert s.round_log(1)[C.LOG_A_NORMS] == [2.0, 3.0]
 
 
 def test_fednova_stock_reply_uses_sent_config_when_not_given():
@@ -731,7 +729,7 @@ def test_fednova_stock_reply_uses_sent_config_when_not_given():
     # node 2 was a straggler sent local-steps 3
     s = nova([0.0], [1, 2], sent={1: {C.LOCAL_EPOCHS: 3, C.BATCH_SIZE: 0}, 2: {C.LOCAL_STEPS: 3}})
     s.aggregate_train(1, [reply(1, [1.0], 10), reply(2, [1.0], 10)])
-    assert s.diagnostics[1][C.LOG_A_NORMS] == [3.0, 3.0]
+    assert s.round_log(1)[C.LOG_A_NORMS] == [3.0, 3.0]
 
 
 def test_fednova_nan_reply_rejected_others_aggregated(caplog):
@@ -741,9 +739,9 @@ def test_fednova_nan_reply_rejected_others_aggregated(caplog):
     with caplog.at_level(logging.WARNING, logger="flwr"):
         arrays, _ = s.aggregate_train(1, replies)
     np.testing.assert_allclose(result_w(arrays), [2.1875, 4.375], atol=1e-14)
-    assert s.diagnostics[1][C.LOG_TAU_EFF] == pytest.approx(2.5)
-    assert s.diagnostics[1][C.LOG_CLIENTS_RECEIVED] == 2
-    assert s.diagnostics[1][C.LOG_CLIENTS_FAILED] == 1
+    assert s.round_log(1)[C.LOG_TAU_EFF] == pytest.approx(2.5)
+    assert s.round_log(1)[C.LOG_CLIENTS_RECEIVED] == 2
+    assert s.round_log(1)[C.LOG_CLIENTS_FAILED] == 1
     rejected = [r for r in caplog.records if "rejected" in r.getMessage()]
     assert len(rejected) == 1 and "node 3" in rejected[0].getMessage()
 
@@ -753,7 +751,7 @@ def test_fednova_a_norms_diagnostic_excludes_rejected_reply():
     replies = [reply(1, [1.0, 2.0], 10, **steps(1)), reply(3, [np.nan, 1.0], 10, **steps(2)),
                reply(2, [3.0, 6.0], 10, **steps(4))]
     s.aggregate_train(1, replies)
-    assert s.diagnostics[1][C.LOG_A_NORMS] == [1.0, 4.0]  # aligned with 'local-steps' [1, 4]
+    assert s.round_log(1)[C.LOG_A_NORMS] == [1.0, 4.0]  # aligned with 'local-steps' [1, 4]
 
 
 @pytest.mark.parametrize("bad", [{C.LOCAL_STEPS_TAKEN: 0}, {C.LOCAL_STEPS_TAKEN: -2},
@@ -766,7 +764,7 @@ def test_fednova_bad_tau_or_a_norm_reply_rejected(bad, caplog):
     with caplog.at_level(logging.WARNING, logger="flwr"), np.errstate(all="ignore"):
         arrays, _ = s.aggregate_train(1, replies)
     np.testing.assert_allclose(result_w(arrays), [2.1875, 4.375], atol=1e-14)
-    assert s.diagnostics[1][C.LOG_CLIENTS_FAILED] == 1
+    assert s.round_log(1)[C.LOG_CLIENTS_FAILED] == 1
     assert len([r for r in caplog.records if "rejected" in r.getMessage()]) == 1
 
 
@@ -777,7 +775,7 @@ def test_fednova_server_momentum_across_rounds():
     s = nova([0.0], [1], server_momentum=0.5)
     w = np.zeros(1)
     for rnd, client, expected in ((1, 2.0, 2.0), (2, 3.0, 4.0), (3, 4.0, 5.0)):
-        s.current_arrays = record({"w": w})
+        s.plan.arrays = record({"w": w})
         arrays, _ = s.aggregate_train(rnd, [reply(1, [client], 10, **steps(1))])
         w = result_w(arrays)
         np.testing.assert_allclose(w, [expected], atol=1e-14)
@@ -794,11 +792,11 @@ def test_fednova_full_run_with_fake_client_app():
     for rnd in (1, 2):
         replies = grid.send_and_receive(s.configure_train(rnd, record({"w": w}), config, grid))
         arrays, _ = s.aggregate_train(rnd, replies)
-        taus = s.diagnostics[rnd]["local-steps"]
-        assert s.diagnostics[rnd][C.LOG_CLIENTS_STRAGGLERS] == 2
+        taus = s.round_log(rnd)["local-steps"]
+        assert s.round_log(rnd)[C.LOG_CLIENTS_STRAGGLERS] == 2
         p = np.array([10, 20, 30, 40]) / 100
         tau_eff = float(np.dot(p, taus))  # replies come back in partition order
-        assert s.diagnostics[rnd][C.LOG_TAU_EFF] == pytest.approx(tau_eff)
+        assert s.round_log(rnd)[C.LOG_TAU_EFF] == pytest.approx(tau_eff)
         expected = w + tau_eff * DELTA * float(np.dot(p, [1, 2, 3, 4]))
         np.testing.assert_allclose(result_w(arrays), expected, rtol=1e-12)
         w = result_w(arrays)
@@ -824,8 +822,8 @@ def test_registry_fedprox():
                          "weighting": "uniform", "server-lr": 0.5, "seed": 4})
     assert type(s) is FedProx
     assert s.proximal_mu == pytest.approx(0.3)
-    assert s.straggler_policy == "partial" and s.straggler_fraction == 0.5
-    assert s.weighting == "uniform" and s.server_lr == 0.5 and s.seed == 4
+    assert s.participation.straggler_policy == "partial" and s.participation.straggler_fraction == 0.5
+    assert s.weighting == "uniform" and s.server_lr == 0.5 and s.participation.seed == 4
     assert config[C.LR] == pytest.approx(0.1)
 
 
@@ -835,7 +833,7 @@ def test_registry_fednova():
     assert type(s) is FedNova
     assert s.server_momentum == pytest.approx(0.4)
     assert s.local_epochs == 3 and s.batch_size == 16
-    assert s.straggler_policy == "partial"
+    assert s.participation.straggler_policy == "partial"
     assert config[C.LOCAL_EPOCHS] == 3 and config[C.BATCH_SIZE] == 16
     s, config = build(**{"strategy": "fednova", "full-batch": True})
     assert s.batch_size == 0 and config[C.BATCH_SIZE] == 0
@@ -845,10 +843,10 @@ def test_registry_fednova():
                                                 ("fedprox", "partial"), ("fednova", "partial")])
 def test_registry_straggler_policy_auto(strategy, expected):
     s, _ = build(strategy=strategy)
-    assert s.straggler_policy == expected
+    assert s.participation.straggler_policy == expected
     for explicit in ("drop", "partial"):
         s, _ = build(**{"strategy": strategy, "straggler-policy": explicit})
-        assert s.straggler_policy == explicit
+        assert s.participation.straggler_policy == explicit
 
 
 @pytest.mark.parametrize("weighting", [w for w in WEIGHTINGS if w != "examples"])

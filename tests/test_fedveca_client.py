@@ -362,7 +362,7 @@ def test_template_client_app_with_the_helper():
     result = strategy.start(grid, ArrayRecord(Net().state_dict()), num_rounds=3,
                             train_config=ConfigRecord({"lr": 0.05, "batch-size": 8}))
     assert result.arrays is not None
-    d = strategy.diagnostics
+    d = {r: strategy.round_log(r) for r in (1, 2, 3)}
     keys = {f"node-{n}" for n in grid.node_ids}  # no query handler: keyed by node id
     assert set(d[1][C.LOG_FEDVECA_TAU]) == keys and set(d[1][C.LOG_FEDVECA_TAU].values()) == {5}
     assert d[3][C.LOG_FEDVECA_TAU] == d[2][C.LOG_FEDVECA_TAU_NEXT]

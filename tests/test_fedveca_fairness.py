@@ -150,7 +150,7 @@ def test_fedavg_full_local_steps_with_a_fraction():
     from strategies.records import ClientInfo  # noqa: PLC0415
 
     strategy, _ = build_strategy(RunConfig.from_user_config({"strategy": "fedavg"}))
-    strategy.clients[7] = ClientInfo(num_examples=18000)
+    strategy.participation.clients[7] = ClientInfo(num_examples=18000)
     config = ConfigRecord({C.LOCAL_EPOCHS: 0.12666666666666668, C.BATCH_SIZE: 100})
     assert strategy.full_local_steps(7, config) == 22
 

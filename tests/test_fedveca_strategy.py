@@ -26,7 +26,7 @@ from strategies import FedNova, FedVeca
 from strategies import contract as C
 from strategies.records import ClientContractError, ClientInfo
 from tests.inprocess import InProcessGrid
-from tests.messages import instruction, numpy_of, record
+from tests.messages import instruction, numpy_of, record, prepared_round
 
 
 @pytest.fixture(autouse=True)
@@ -120,13 +120,13 @@ def test_round_timeline_tau_init_twice_then_adaptive():
                for r in rounds for c in r.values())
     assert s.taus == {"0": 20, "1": 10, "2": 4, "3": 2}
     # diagnostics: the table and tau_k for the next round after k = 1
-    d = s.diagnostics[2]
+    d = s.round_log(2)
     assert d[C.LOG_FEDVECA_TAU_NEXT] == {"0": 20, "1": 10, "2": 4, "3": 2}
     assert d[C.LOG_FEDVECA_TAU_K_NEXT] == pytest.approx(float(np.dot(p, ADAPTIVE)))
     assert d[C.LOG_FEDVECA_R] == pytest.approx({"0": 1.0, "1": 1.05, "2": 1.2, "3": 2.0})
     assert d[C.LOG_FEDVECA_SIGN] == {"0": 1, "1": 1, "2": 1, "3": 1}
-    assert C.LOG_FEDVECA_R not in s.diagnostics[1]  # no estimates in round k = 0
-    assert s.diagnostics[3][C.LOG_FEDVECA_TAU] == {"0": 20, "1": 10, "2": 4, "3": 2}
+    assert C.LOG_FEDVECA_R not in s.round_log(1)  # no estimates in round k = 0
+    assert s.round_log(3)[C.LOG_FEDVECA_TAU] == {"0": 20, "1": 10, "2": 4, "3": 2}
 
 
 def test_aggregation_is_eq5_and_global_gradient_eq8():
@@ -139,7 +139,7 @@ def test_aggregation_is_eq5_and_global_gradient_eq8():
     np.testing.assert_allclose(w1, w0 + 20 * STEP * float(np.dot(p, [1, 2, 3, 4])), rtol=1e-12)
     np.testing.assert_allclose(s.prev_grad["w"], np.full(2, float(np.dot(p, [1, 2, 3, 4]))),
                                rtol=1e-12)
-    assert s.diagnostics[1][C.LOG_FEDVECA_TAU_K] == pytest.approx(20.0)
+    assert s.round_log(1)[C.LOG_FEDVECA_TAU_K] == pytest.approx(20.0)
     # with unequal taus eq. (5) normalises: w2 - w1 = tau_k * STEP * sum_i p_i (pid + 1),
     # tau_k = sum p_i tau_i
     s.taus = {"0": 20, "1": 10, "2": 4, "3": 2}
@@ -147,8 +147,8 @@ def test_aggregation_is_eq5_and_global_gradient_eq8():
     w2 = run_rounds_from(s, grid, 2, w1)
     tau_k = float(np.dot(p, [20, 10, 4, 2]))
     np.testing.assert_allclose(w2, w1 + tau_k * STEP * float(np.dot(p, [1, 2, 3, 4])), rtol=1e-12)
-    assert s.diagnostics[2][C.LOG_FEDVECA_TAU_K] == pytest.approx(tau_k)
-    assert s.diagnostics[2][C.LOG_TAU_EFF] == pytest.approx(tau_k)
+    assert s.round_log(2)[C.LOG_FEDVECA_TAU_K] == pytest.approx(tau_k)
+    assert s.round_log(2)[C.LOG_TAU_EFF] == pytest.approx(tau_k)
 
 
 def run_rounds_from(strategy, grid, rnd, w):
@@ -172,22 +172,22 @@ def test_smoothness_running_max_one_round_delay():
     # the fake clients' gradient does not depend on w: grad F(w_k) is constant, so
     # L_0 = ||g|| / ||w_0||
     # and L_k = 0 for k >= 1; L_0 enters the running max in round k = 1 (one-round delay)
-    assert s.diagnostics[1][C.LOG_FEDVECA_L] is None
-    assert s.diagnostics[1][C.LOG_FEDVECA_ETA_TAU_K_L] is None
+    assert s.round_log(1)[C.LOG_FEDVECA_L] is None
+    assert s.round_log(1)[C.LOG_FEDVECA_ETA_TAU_K_L] is None
     g = float(np.dot(np.array(SIZES) / 100, [1, 2, 3, 4]))
     L0 = math.sqrt(2) * g / math.sqrt(2)  # ||g 1|| / ||(1, -1)||
-    assert s.diagnostics[2][C.LOG_FEDVECA_L] == pytest.approx(L0)
-    assert s.diagnostics[2][C.LOG_FEDVECA_L_LATEST] == pytest.approx(L0)
-    assert s.diagnostics[3][C.LOG_FEDVECA_L] == pytest.approx(L0)
-    assert s.diagnostics[3][C.LOG_FEDVECA_L_LATEST] == pytest.approx(0.0)
-    assert s.diagnostics[2][C.LOG_FEDVECA_ETA_TAU_K_L] == pytest.approx(0.01 * 20 * L0)
+    assert s.round_log(2)[C.LOG_FEDVECA_L] == pytest.approx(L0)
+    assert s.round_log(2)[C.LOG_FEDVECA_L_LATEST] == pytest.approx(L0)
+    assert s.round_log(3)[C.LOG_FEDVECA_L] == pytest.approx(L0)
+    assert s.round_log(3)[C.LOG_FEDVECA_L_LATEST] == pytest.approx(0.0)
+    assert s.round_log(2)[C.LOG_FEDVECA_ETA_TAU_K_L] == pytest.approx(0.01 * 20 * L0)
 
 
 def test_initial_model_zero_skips_l0():
     grid = InProcessGrid(fake_app(), 4, {})
     s = FedVeca(query_client_info=True, seed=1)
     run_rounds(s, grid, 2, w=np.zeros(2))
-    assert s.diagnostics[2][C.LOG_FEDVECA_L] is None  # ||w_0|| = 0: L_0 skipped
+    assert s.round_log(2)[C.LOG_FEDVECA_L] is None  # ||w_0|| = 0: L_0 skipped
 
 
 def test_diagnostics_are_json():
@@ -195,8 +195,8 @@ def test_diagnostics_are_json():
     s = FedVeca(query_client_info=True, seed=1)
     run_rounds(s, grid, 3)
     for rnd in (1, 2, 3):
-        json.dumps(s.diagnostics[rnd], allow_nan=False)
-    d = s.diagnostics[2]
+        json.dumps(s.round_log(rnd), allow_nan=False)
+    d = s.round_log(2)
     for key in (C.LOG_FEDVECA_TAU, C.LOG_FEDVECA_TAU_K, C.LOG_FEDVECA_L, C.LOG_FEDVECA_ETA_TAU_K_L,
                 C.LOG_FEDVECA_BETA, C.LOG_FEDVECA_DELTA, C.LOG_FEDVECA_A, C.LOG_FEDVECA_R,
                 C.LOG_FEDVECA_SIGN, C.LOG_FEDVECA_ALPHA_BOUND, C.LOG_FEDVECA_TAU_SENT):
@@ -225,26 +225,24 @@ def test_partial_participation_renormalises_and_keeps_taus():
         p = np.array([SIZES[i] for i in participants], dtype=float)
         p /= p.sum()
         taus = [before.get(str(i), 20) for i in participants]
-        assert s.diagnostics[rnd][C.LOG_FEDVECA_TAU_K] == pytest.approx(float(np.dot(p, taus)))
+        assert s.round_log(rnd)[C.LOG_FEDVECA_TAU_K] == pytest.approx(float(np.dot(p, taus)))
         history.append(participants)
         # ratios over the participants only: the minimum has r = 1
-        if s.diagnostics[rnd].get(C.LOG_FEDVECA_R):
-            assert min(s.diagnostics[rnd][C.LOG_FEDVECA_R].values()) == pytest.approx(1.0)
-            assert set(s.diagnostics[rnd][C.LOG_FEDVECA_R]) == {str(i) for i in participants}
+        if s.round_log(rnd).get(C.LOG_FEDVECA_R):
+            assert min(s.round_log(rnd)[C.LOG_FEDVECA_R].values()) == pytest.approx(1.0)
+            assert set(s.round_log(rnd)[C.LOG_FEDVECA_R]) == {str(i) for i in participants}
     assert len({tuple(h) for h in history}) > 1  # different clients were sampled
 
 
 # ================================================================ malformed replies
 def prepared(nodes=(1, 2, 3), estimate=True) -> FedVeca:
     s = FedVeca(query_client_info=True)
-    s.current_arrays = record({"w": np.zeros(2)})
-    s.all_nodes = list(nodes)
-    s.draws = {n: 1 for n in nodes}
-    s.clients = {n: ClientInfo(partition_id=i, num_examples=10) for i, n in enumerate(nodes)}
-    s.sent_configs = {n: ConfigRecord({C.LR: 0.01, C.LOCAL_STEPS: 20, C.FEDVECA_ESTIMATE: estimate,
-                                       C.GNORM2_PREV: 1.0 if estimate else 0.0}) for n in nodes}
+    s.participation.clients.update(
+        {n: ClientInfo(partition_id=i, num_examples=10) for i, n in enumerate(nodes)})
     s.gnorm2_prev = 1.0 if estimate else None
-    return s
+    return prepared_round(s, {"w": np.zeros(2)},
+                          {n: {C.LR: 0.01, C.LOCAL_STEPS: 20, C.FEDVECA_ESTIMATE: estimate,
+                               C.GNORM2_PREV: 1.0 if estimate else 0.0} for n in nodes})
 
 
 def veca_reply(node, values, tau=2, grad=(1.0, 1.0), beta=1.0, delta=1.0, n=10, drop=(),
@@ -284,8 +282,8 @@ def test_malformed_reply_rejected_with_one_line_others_aggregated(bad, caplog):
     np.testing.assert_allclose(numpy_of(arrays)["w"], [0.03, 0.06], atol=1e-14)
     rejected = [r.getMessage() for r in caplog.records if "rejected" in r.getMessage()]
     assert len(rejected) == 1 and "node 3" in rejected[0], rejected
-    assert s.diagnostics[1][C.LOG_CLIENTS_FAILED] == 1
-    assert set(s.diagnostics[1][C.LOG_FEDVECA_TAU]) == {"0", "1"}  # partition ids of nodes 1, 2
+    assert s.round_log(1)[C.LOG_CLIENTS_FAILED] == 1
+    assert set(s.round_log(1)[C.LOG_FEDVECA_TAU]) == {"0", "1"}  # partition ids of nodes 1, 2
     assert "2" not in s.taus  # the rejected client keeps its tau
 
 
@@ -321,7 +319,7 @@ def test_one_reply_without_the_contract_is_rejected_the_others_aggregated():
     s = prepared()
     arrays, _ = s.aggregate_train(1, [veca_reply(1, [1.0, 1.0], grad=None),
                                       veca_reply(2, [3.0, 3.0])])
-    assert arrays is not None and s.diagnostics[1][C.LOG_CLIENTS_RECEIVED] == 1
+    assert arrays is not None and s.round_log(1)[C.LOG_CLIENTS_RECEIVED] == 1
 
 
 # ================================================================ guards through the strategy
@@ -331,7 +329,7 @@ def test_zero_beta_gets_tau_max_and_min_over_positive():
                veca_reply(3, [0.0, 0.0], beta=math.sqrt(1.05))]
     s.aggregate_train(2, replies)
     assert s.taus == {"0": 50, "1": 20, "2": 10}
-    assert s.diagnostics[2][C.LOG_FEDVECA_REASON]["0"] == "zero-a"
+    assert s.round_log(2)[C.LOG_FEDVECA_REASON]["0"] == "zero-a"
 
 
 def test_overflowing_a_keeps_previous_tau():
@@ -341,7 +339,7 @@ def test_overflowing_a_keeps_previous_tau():
                veca_reply(2, [0.0, 0.0], beta=1.0)]
     s.aggregate_train(2, replies)
     assert s.taus == {"0": 9, "1": 20}
-    assert s.diagnostics[2][C.LOG_FEDVECA_A]["0"] is None
+    assert s.round_log(2)[C.LOG_FEDVECA_A]["0"] is None
 
 
 # ================================================================ state
@@ -361,7 +359,7 @@ def test_state_dict_round_trip_continues_identically():
     np.testing.assert_array_equal(wa, wb)
     assert sorted((p, c[C.LOCAL_STEPS], c[C.GNORM2_PREV]) for p, c in received_a) == \
         sorted((p, c[C.LOCAL_STEPS], c[C.GNORM2_PREV]) for p, c in received_b)
-    assert a.diagnostics[3][C.LOG_FEDVECA_L] == b.diagnostics[3][C.LOG_FEDVECA_L]
+    assert a.round_log(3)[C.LOG_FEDVECA_L] == b.round_log(3)[C.LOG_FEDVECA_L]
     # the saved state is a copy
     saved = a.state_dict()
     saved["taus"]["0"] = 3

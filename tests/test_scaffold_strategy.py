@@ -80,7 +80,7 @@ def test_one_round_by_hand():
     for pid in range(3):
         np.testing.assert_array_equal(strategy.mirror.state_of(str(pid))["w"], [pid + 1] * 2)
         assert strategy.mirror.state_round(str(pid)) == 1
-    diag = strategy.diagnostics[1]
+    diag = strategy.round_log(1)
     assert diag[C.LOG_CLIENT_STATE_ROUNDS] == [0, 0, 0] and diag[C.LOG_CLIENT_STATE_ATTACHED] == 0
     assert diag[C.LOG_SCAFFOLD_C_NORM] == pytest.approx(np.sqrt(8.0))
 
@@ -92,7 +92,7 @@ def test_examples_weighting_and_partial_participation_by_hand():
     grid, result = start(strategy, hand_app(fail={(1, 2)}))
     np.testing.assert_allclose(numpy_of(result.arrays)["w"], [1.75, 1.75])
     np.testing.assert_allclose(strategy.control["w"], [1.0, 1.0])
-    assert strategy.mirror.state_round("2") == 0 and strategy.diagnostics[1][
+    assert strategy.mirror.state_round("2") == 0 and strategy.round_log(1)[
         C.LOG_CLIENTS_FAILED] == 1
     # c is the mean of the server's copies of all N c_i: (1 + 2 + 0) / 3
     copies = [strategy.mirror.state_of(str(p)) for p in range(3)]
@@ -104,7 +104,7 @@ def test_control_variates_count_in_the_bytes():
     start(strategy, hand_app(fail={(2, 1)}, seen=seen), rounds=3)
     model = record({"w": np.zeros(2, np.float32), "step": np.array(0, np.int64)}).count_bytes()
     control = record({"w": np.zeros(2, np.float32)}).count_bytes()
-    first, third = strategy.diagnostics[1], strategy.diagnostics[3]
+    first, third = strategy.round_log(1), strategy.round_log(3)
     assert first[C.LOG_BYTES_DOWN] == 3 * (model + control)
     assert first[C.LOG_BYTES_UP] == 3 * (model + control)
     # partition 1's round-2 reply failed: its round-3 message carries the server's c_i
@@ -138,11 +138,11 @@ def test_a_reply_that_started_from_another_c_i_is_rejected(caplog):
         start(strategy, hand_app(wrong_digest={(2, 0)}), rounds=3)
     lines = [r.getMessage() for r in caplog.records if "rejected" in r.getMessage()]
     assert len(lines) == 1 and "state of round 1 differs from the server's copy" in lines[0]
-    assert strategy.diagnostics[2][C.LOG_CLIENTS_FAILED] == 1
+    assert strategy.round_log(2)[C.LOG_CLIENTS_FAILED] == 1
     # its next message carries the copy; the client installs it and is accepted again
-    assert strategy.diagnostics[3][C.LOG_CLIENT_STATE_ATTACHED] == 1
-    assert strategy.diagnostics[3][C.LOG_CLIENTS_FAILED] == 0
-    assert strategy.diagnostics[3][C.LOG_CLIENT_STATE_ROUNDS] == [1, 2, 2]
+    assert strategy.round_log(3)[C.LOG_CLIENT_STATE_ATTACHED] == 1
+    assert strategy.round_log(3)[C.LOG_CLIENTS_FAILED] == 0
+    assert strategy.round_log(3)[C.LOG_CLIENT_STATE_ROUNDS] == [1, 2, 2]
 
 
 def test_state_dict_round_trip():

@@ -87,7 +87,7 @@ def test_fedavg_sends_lr_t_keeps_lr0_and_logs_it():
     for t in (1, 2, 3):
         messages = _configure(s, t, config)
         assert {m.content[C.CONFIG][C.LR] for m in messages} == {0.3 / t}
-        assert s.diagnostics[t][C.LOG_LR] == pytest.approx(0.3 / t)
+        assert s.round_log(t)[C.LOG_LR] == pytest.approx(0.3 / t)
     assert config[C.LR] == 0.3  # lr_0 stays in the caller's record
 
 
@@ -96,7 +96,7 @@ def test_fedavg_without_schedule_sends_the_config_unchanged():
     config = ConfigRecord({C.LR: 0.3})
     messages = _configure(s, 2, config)
     assert all(m.content[C.CONFIG] is config for m in messages)
-    assert s.diagnostics[2][C.LOG_LR] == 0.3
+    assert s.round_log(2)[C.LOG_LR] == 0.3
     with pytest.raises(ValueError, match="no 'lr'"):
         _configure(FedAvg(lr_schedule="inverse", min_available_nodes=1), 1, ConfigRecord())
 
@@ -105,15 +105,19 @@ def test_fedveca_eq15_eta_is_the_rounds_lr():
     """FedVeca's A_(k,i) (eq. 15) reads eta from each node's sent config: lr_t."""
     s = FedVeca(lr_schedule=S.LRSchedule("exponential", decay=0.5), min_available_nodes=1)
     _configure(s, 3, ConfigRecord({C.LR: 0.4}))
-    assert {float(c[C.LR]) for c in s.sent_configs.values()} == {0.1}
+    assert {float(t.config[C.LR]) for t in s.plan_of(3).tasks.values()} == {0.1}
+    assert s.round_eta(s.plan_of(3)) == 0.1
 
 
 def test_dynamicfl_round_lr():
     s = DynamicFL(intervals="a", local_steps=2, cosine_lr_min=1e-3)
-    assert s.round_lr(5, 10, 0.05) == S.cosine_lr(5, 10, 0.05, 1e-3)
-    assert DynamicFL(intervals="a", local_steps=2).round_lr(5, 10, 0.05) == 0.05
+    with pytest.raises(ValueError, match="num_rounds"):  # T is known once start() runs
+        s.round_lr(5, 0.05)
+    s.total_rounds = 10
+    assert s.round_lr(5, 0.05) == S.cosine_lr(5, 10, 0.05, 1e-3)
+    assert DynamicFL(intervals="a", local_steps=2).round_lr(5, 0.05) == 0.05
     s = DynamicFL(intervals="a", local_steps=2, lr_schedule="exponential")
-    assert s.round_lr(3, 10, 0.1) == pytest.approx(0.1 * 0.99**2)
+    assert s.round_lr(3, 0.1) == pytest.approx(0.1 * 0.99**2)
 
 
 # ----------------------------------------------------------------- in-process app run

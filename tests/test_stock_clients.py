@@ -90,7 +90,8 @@ def test_defaults_match_flowers_where_flower_has_the_parameter():
     assert dyn.min_available_nodes == 2
     assert FedAvg().fraction_evaluate == flower["fraction_evaluate"].default == 1.0
     assert dyn.fraction_evaluate == 1.0
-    assert FedAvg().query_client_info is False and dyn.query_client_info is False
+    assert FedAvg().participation.query_client_info is False
+    assert dyn.participation.query_client_info is False
 
 
 def test_summary_states_the_deliberate_differences(caplog):
@@ -120,8 +121,8 @@ def test_query_opt_in_with_the_helper_sends_it_once_per_node(caplog):
         grid, _ = run(strategy, helped_app, rounds=3)
     queries = [node for node, kind in grid.calls if kind == MessageType.QUERY]
     assert sorted(queries) == sorted(grid.node_ids)
-    assert sorted(i.partition_id for i in strategy.clients.values()) == [0, 1, 2]
-    assert sorted(i.num_examples for i in strategy.clients.values()) == SIZES
+    assert sorted(i.partition_id for i in strategy.participation.clients.values()) == [0, 1, 2]
+    assert sorted(i.num_examples for i in strategy.participation.clients.values()) == SIZES
     assert not warnings_of(caplog)
 
 
@@ -142,7 +143,7 @@ def test_fednova_with_a_stock_client_derives_tau_like_a_dataloader():
     strategy = FedNova(local_epochs=1, batch_size=8)
     _, result = run(strategy)
     np.testing.assert_allclose(numpy_of(result.arrays)["w"], [2.48, 2.48])
-    assert strategy.diagnostics[1][C.LOG_A_NORMS] == [2.0, 4.0, 8.0]
+    assert strategy.round_log(1)[C.LOG_A_NORMS] == [2.0, 4.0, 8.0]
 
 
 def test_fednova_with_a_stock_client_and_no_batch_size_stops_naming_the_fix():
@@ -218,9 +219,7 @@ def test_dynamicfl_logs_server_evaluation_and_a_final_summary(caplog):
     assert len([m for m in warnings_of(caplog) if QUERY_HELPER in m]) == 1
 
 
-def test_dynamicfl_train_hooks_are_not_used():
+def test_dynamicfl_aggregate_train_needs_its_configure_train():
     strategy = DynamicFL(intervals="a", local_steps=3)
-    with pytest.raises(NotImplementedError, match="start"):
-        strategy.configure_train(1, record({"w": np.zeros(1)}), ConfigRecord(), None)
-    with pytest.raises(NotImplementedError, match="start"):
+    with pytest.raises(RuntimeError, match="without configure_train"):
         strategy.aggregate_train(1, [])

@@ -11,6 +11,7 @@ import time
 import torch
 
 from strategies import contract as C
+from strategies.round_plan import RoundPlan
 from task.models import build_model
 
 from ..runtime import at_least
@@ -87,27 +88,27 @@ def run(args) -> None:
         reply.content[C.METRICS][C.BETA], reply.content[C.METRICS][C.DELTA] = 1.0, 0.5
     replies_of = {"FedVeca": veca_replies}
     nodes = [r.metadata.src_node_id for r in replies]
-    contenders = {"Flower FedAvg": FlowerFedAvg()}
+    plan = RoundPlan.of_sent(1, global_arrays, {n: {} for n in nodes})  # w_t sent to each
+    contenders = {"Flower FedAvg": FlowerFedAvg().aggregate_train}
     for name, strategy in {
         "FedAvg": FedAvg(),
         "FedProx": FedProx(proximal_mu=0.01),
         "FedNova": FedNova(),
         "FedVeca": FedVeca(),
     }.items():
-        strategy.current_arrays, strategy.all_nodes = global_arrays, nodes
-        strategy.draws = {n: 1 for n in nodes}
-        contenders[name] = strategy
+        contenders[name] = lambda _, replies, strategy=strategy: strategy.aggregate_round(
+            plan, replies)
     times: dict[str, list[float]] = {name: [] for name in contenders}
     for _ in range(args.repeats):
-        for name, strategy in contenders.items():
+        for name, aggregate in contenders.items():
             start = time.perf_counter()
-            strategy.aggregate_train(1, replies_of.get(name, replies))
+            aggregate(1, replies_of.get(name, replies))
             times[name].append(time.perf_counter() - start)
     peaks = {}
-    for name, strategy in contenders.items():
+    for name, aggregate in contenders.items():
         tracemalloc.start()
         base = tracemalloc.get_traced_memory()[0]
-        strategy.aggregate_train(1, replies_of.get(name, replies))
+        aggregate(1, replies_of.get(name, replies))
         peaks[name] = (tracemalloc.get_traced_memory()[1] - base) / model_bytes
         tracemalloc.stop()
     flower = min(times["Flower FedAvg"])

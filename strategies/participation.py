@@ -1,0 +1,401 @@
+"""The participation model: who takes part in a round, with how much work, and when the
+replies come on the simulated clock. One component, given to any strategy.
+
+Per round (:meth:`Participation.plan_round`):
+
+1. the connected nodes, new ones asked for their facts (the client-info query:
+   partition id, n_k, label counts; :mod:`strategies.records`);
+2. who is online (device availability, :mod:`strategies.devices`, with a clock);
+3. who is selected: the :class:`SelectionPolicy` (:class:`RandomSelection`: m = max(floor(C
+   K), 1) uniformly without replacement, McMahan et al. 2017 Algorithm 1, or m draws with
+   replacement by data size, Li et al. 2020 Scheme I);
+4. how much work each selected client gets: the strategy's full local work tau_i, cut for
+   stragglers, random ones (Li et al. 2020, FedProx, Sec. 5.2) or those whose work does
+   not fit the round's deadline on the clock (:func:`strategies.clock.steps_within`);
+   ``straggler_policy`` "drop" sends them nothing (FedAvg), "partial" their reduced work;
+5. after the round, its simulated seconds (:meth:`Participation.round_time`, eq. 1 of
+   :mod:`strategies.clock`).
+
+The strategy describes its work through :class:`ClientWork` and the plan is a typed
+:class:`~strategies.round_plan.RoundPlan`.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Mapping, Sequence
+from logging import INFO, WARNING
+from typing import Protocol
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+
+from . import contract as C
+from . import records, sampling
+from .aggregate import data_shares
+from .clock import RoundTimer, SimClock
+from .records import ClientInfo
+from .round_plan import ClientTask, RoundPlan
+from .round_report import ClockTime
+
+__all__ = ["ClientWork", "Participation", "RandomSelection", "SelectionPolicy",
+           "STRAGGLER_POLICIES", "STRAGGLER_UNITS", "check_choice", "check_fraction",
+           "check_whole", "participation_of"]
+
+STRAGGLER_POLICIES = ("drop", "partial")
+STRAGGLER_UNITS = ("steps", "epochs")
+
+
+class ClientWork(Protocol):
+    """What a strategy tells the participation model about one client's local work."""
+
+    min_partial_steps: int
+    """Fewest local steps a deadline straggler is sent; fewer fit: it gets no work."""
+
+    def full_local_steps(self, node_id: int, config: ConfigRecord) -> int:
+        """tau_i of a client that is not a straggler."""
+
+    def examples_per_step(self, node_id: int, config: ConfigRecord) -> int:
+        """b_i, examples per local step (eq. 1 of :mod:`strategies.clock`)."""
+
+    def extra_examples(self, node_id: int, config: ConfigRecord) -> int:
+        """e_i, examples of forward-backward passes beyond the local steps."""
+
+    def expected_bytes(self, arrays: ArrayRecord) -> tuple[int, int]:
+        """Bytes down and up per client, as planned."""
+
+
+class SelectionPolicy(Protocol):
+    """Who trains this round, among the online clients (in partition order)."""
+
+    def select(self, server_round: int, candidates: Sequence[int], num_sampled: int | None,
+               fraction: float, probabilities: np.ndarray | None) -> dict[int, int]:
+        """Candidate position -> number of draws of the selected clients."""
+
+
+class RandomSelection:
+    """m uniformly without replacement, or m draws with replacement with probability p_k
+    (``probabilities``): :func:`strategies.sampling.sample_round` with
+    ``default_rng([seed, round])``."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = int(seed)
+
+    def select(self, server_round: int, candidates: Sequence[int], num_sampled: int | None,
+               fraction: float, probabilities: np.ndarray | None) -> dict[int, int]:
+        return sampling.sample_round(self.seed, server_round, len(candidates), fraction,
+                                     probabilities, num_sampled=num_sampled)
+
+
+class Participation:
+    """Availability, selection, work plan and simulated clock of a run (module docstring).
+
+    Parameters
+    ----------
+    fraction_train : float
+        C: m = max(floor(C K), 1) of the K connected clients per round.
+    seed : int
+        Seeds selection (``default_rng([seed, round])``) and stragglers
+        (``default_rng([seed, round, 1])``).
+    min_available_nodes : int
+        Wait until this many nodes are connected before selecting.
+    query_client_info : bool
+        Ask new nodes for their partition id, n_k and label counts (a ``query`` message;
+        the ClientApp registers ``strategies.client.info.client_info_reply``).
+    query_timeout : float
+        Seconds to wait for the query's replies.
+    straggler_fraction, straggler_policy, straggler_unit
+        Random stragglers (Li et al. 2020, Sec. 5.2): floor(f m) of the m selected clients
+        can do only 1..tau_i steps (or 1..E epochs with ``"epochs"``); ``"drop"`` sends them
+        nothing, ``"partial"`` their reduced work.
+    clock : SimClock, optional
+        Simulated time on a heterogeneous fleet (needs the query: profiles are keyed by
+        partition id); offline devices are not selected.
+    round_deadline : float, optional
+        D, simulated seconds per round (needs ``clock``): the alternative to
+        ``straggler_fraction``.
+    selection : SelectionPolicy, optional
+        Who trains among the online clients (default :class:`RandomSelection`).
+    owner : str
+        The strategy's name, for messages.
+    """
+
+    def __init__(self, *, fraction_train: float = 1.0, seed: int = 0,
+                 min_available_nodes: int = 2, query_client_info: bool = False,
+                 query_timeout: float = 600.0, straggler_fraction: float = 0.0,
+                 straggler_policy: str = "drop", straggler_unit: str = "steps",
+                 clock: SimClock | None = None, round_deadline: float | None = None,
+                 selection: SelectionPolicy | None = None, owner: str = "FedAvg") -> None:
+        check_fraction("fraction_train", fraction_train, allow_zero=False)
+        check_whole("seed", seed, minimum=0)
+        check_whole("min_available_nodes", min_available_nodes, minimum=1)
+        if not (isinstance(query_timeout, (int, float)) and query_timeout > 0):
+            raise ValueError(f"query_timeout must be > 0 seconds (how long a client-info query "
+                             f"waits for replies), got {query_timeout!r}")
+        check_fraction("straggler_fraction", straggler_fraction, allow_zero=True)
+        check_choice("straggler_unit", straggler_unit, STRAGGLER_UNITS)
+        check_choice("straggler_policy", straggler_policy, STRAGGLER_POLICIES)
+        self.timer = clock_timer(owner, clock, seed, round_deadline, query_client_info)
+        if round_deadline is not None and straggler_fraction > 0:
+            raise ValueError(f"round_deadline={round_deadline} and straggler_fraction="
+                             f"{straggler_fraction} are alternatives (the deadline makes the "
+                             f"stragglers); set straggler_fraction=0 or round_deadline=None")
+        self.fraction_train = float(fraction_train)
+        self.seed = int(seed)
+        self.min_available_nodes = int(min_available_nodes)
+        self.query_client_info = bool(query_client_info)
+        self.query_timeout = float(query_timeout)
+        self.straggler_fraction = float(straggler_fraction)
+        self.straggler_policy = straggler_policy
+        self.straggler_unit = straggler_unit
+        self.selection = selection if selection is not None else RandomSelection(seed)
+        self.owner = owner
+        self.clients: dict[int, ClientInfo] = {}
+        self._warned_query = False
+
+    # ------------------------------------------------------------------ clients
+    def summary_lines(self) -> list[str]:
+        """What :meth:`strategies.FedAvg.summary` logs of the participation."""
+        lines = []
+        if self.straggler_fraction > 0:
+            lines.append(f"Stragglers: {100 * self.straggler_fraction:.0f}% per round, "
+                         f"policy '{self.straggler_policy}'")
+        if self.timer is not None:
+            lines.append(f"Simulated clock: {type(self.timer.clock.fleet).__name__}, deadline "
+                         f"{self.timer.deadline or 'none'}, policy '{self.straggler_policy}'")
+        return lines
+
+    def connected(self, grid: Grid) -> list[int]:
+        """Connected nodes (at least ``min_available_nodes``); new ones are queried when
+        ``query_client_info`` is on (:func:`strategies.records.update_clients`)."""
+        nodes, self._warned_query = records.update_clients(
+            grid, self.clients, min_nodes=self.min_available_nodes,
+            query=self.query_client_info, timeout=self.query_timeout, owner=self.owner,
+            warned=self._warned_query)
+        return nodes
+
+    def ordered(self, node_ids: Sequence[int]) -> list[int]:
+        """Nodes sorted by reported partition id; nodes without one after, by node id."""
+        return records.partition_order(node_ids, self.clients)
+
+    def info(self, node_id: int) -> ClientInfo:
+        """What the query told of a node (empty facts if nothing)."""
+        return self.clients.get(node_id, ClientInfo())
+
+    def partition_of(self, node_id: int) -> int:
+        """The node's partition id (the clock's profiles are keyed by it)."""
+        return records.clock_partition_id(self.owner, self.clients, node_id)
+
+    def client_key(self, node_id: int) -> str:
+        """A client's key in cross-round tables: its partition id, else ``node-<id>``."""
+        return records.client_key(self.clients, node_id)
+
+    def data_shares(self, node_ids: Sequence[int]) -> np.ndarray:
+        """p_k = n_k / n over the given nodes (uniform, with a warning, if a size is unknown)."""
+        shares = data_shares([self.info(n).num_examples for n in node_ids])
+        if shares is None:
+            log(WARNING, "Some clients did not report num-examples: p_k taken as uniform")
+            return np.full(len(node_ids), 1.0 / len(node_ids))
+        return shares
+
+    # ------------------------------------------------------------------ the plan
+    def plan_round(self, server_round: int, grid: Grid, arrays: ArrayRecord,
+                   config: ConfigRecord, work: ClientWork, *,
+                   draw_by_data_size: bool = False) -> RoundPlan:
+        """Round ``server_round``'s plan (module docstring, steps 1-4): the tasks' configs are
+        ``config`` with a straggler's reduced work."""
+        nodes = self.ordered(self.connected(grid))
+        online, m = self.online_nodes(server_round, nodes)
+        picks: dict[int, int] = {}
+        if online:
+            probabilities = self.data_shares(online) if draw_by_data_size else None
+            picks = self.selection.select(server_round, online, m, self.fraction_train,
+                                          probabilities)
+        draws = {online[k]: d for k, d in picks.items()}
+        down, up = work.expected_bytes(arrays)
+        reduced = self.stragglers(server_round, draws, config, work, down, up)
+        if self.straggler_policy == "drop":
+            sent = {n: d for n, d in draws.items() if n not in reduced}
+        else:  # partial work; a client that fits no step by the deadline is not sent any
+            sent = {n: d for n, d in draws.items() if reduced.get(n, 1) > 0}
+        in_epochs = self.work_in_epochs(config)
+        tasks = {n: ClientTask(n, self.info(n).partition_id,
+                               reduced_config(config, reduced.get(n), in_epochs), d,
+                               reduced.get(n))
+                 for n, d in sent.items()}
+        log(INFO, "configure_train: sampled %d of %d nodes (%d stragglers, policy %s)",
+            len(draws), len(nodes), len(reduced), self.straggler_policy)
+        return RoundPlan(
+            server_round, arrays, config, tuple(nodes), tasks, sampled=len(draws),
+            straggler_work=reduced,
+            unavailable=len(nodes) - len(online) if self.timer is not None else None,
+            deadline_dropped=len(draws) - len(sent) if self.timer is not None else 0,
+            bytes_down=down, bytes_up=up)
+
+    def online_nodes(self, server_round: int, ordered: list[int]) -> tuple[list[int], int | None]:
+        """The nodes that can be selected this round and m: all of them and None (m =
+        max(floor(C K), 1)) without a clock; with one, :meth:`strategies.clock.RoundTimer.
+        online_nodes`."""
+        if self.timer is None:
+            return ordered, None
+        return self.timer.online_nodes(server_round, ordered,
+                                       [self.partition_of(n) for n in ordered],
+                                       self.fraction_train)
+
+    def stragglers(self, server_round: int, draws: Mapping[int, int], config: ConfigRecord,
+                   work: ClientWork, down: int, up: int) -> dict[int, int]:
+        """This round's stragglers among the selected nodes -> their reduced local work: the
+        steps that fit ``round_deadline`` (0: not even ``work.min_partial_steps``), or
+        ``straggler_fraction``'s random ones."""
+        if self.timer is not None and self.timer.deadline is not None:
+            cut = {}
+            for node in draws:
+                full = work.full_local_steps(node, config)
+                fit = self.timer.steps_by_deadline(
+                    self.partition_of(node), work.examples_per_step(node, config), down, up,
+                    work.extra_examples(node, config))
+                if fit < full:
+                    cut[node] = fit if fit >= work.min_partial_steps else 0
+            return cut
+        nodes = list(draws)
+        in_epochs = self.work_in_epochs(config)
+
+        def full_work(positions: list[int]) -> list[int]:
+            if in_epochs:
+                return [int(config.get(C.LOCAL_EPOCHS, 1))] * len(positions)
+            return [work.full_local_steps(nodes[i], config) for i in positions]
+
+        chosen = sampling.round_stragglers(self.seed, server_round, len(nodes),
+                                           self.straggler_fraction, full_work)
+        return {nodes[i]: w for i, w in chosen.items()}
+
+    def work_in_epochs(self, config: ConfigRecord) -> bool:
+        """Stragglers' work counts whole epochs (``straggler_unit="epochs"`` without
+        ``local-steps``; a deadline always cuts steps)."""
+        return (self.straggler_unit == "epochs" and int(config.get(C.LOCAL_STEPS, 0)) == 0
+                and (self.timer is None or self.timer.deadline is None))
+
+    def full_local_steps(self, node_id: int, config: ConfigRecord) -> int:
+        """tau_i of a client doing what ``config`` asks: ``local-steps`` if set, else
+        floor(E n_i / B) (:func:`strategies.sampling.steps_for_epochs`)."""
+        steps = int(config.get(C.LOCAL_STEPS, 0))
+        if steps > 0:
+            return steps
+        epochs = config.get(C.LOCAL_EPOCHS, 1)  # may be a fraction of an epoch
+        n = self.info(node_id).num_examples
+        if not n:
+            return max(int(epochs), 1)
+        return max(sampling.steps_for_epochs(n, int(config.get(C.BATCH_SIZE, 0)), epochs), 1)
+
+    def examples_per_step(self, node_id: int, config: ConfigRecord, owner: str) -> int:
+        """b_i = min(B, n_i) examples per local step; n_i for a full batch (B = 0)."""
+        batch = int(config.get(C.BATCH_SIZE, 0))
+        n = self.info(node_id).num_examples
+        if batch > 0:
+            return min(batch, n) if n else batch
+        if not n:
+            raise ValueError(f"{owner}: the simulated clock needs node {node_id}'s "
+                             f"num-examples for a full-batch step; it answers the client-info "
+                             f"query with none")
+        return n
+
+    # ------------------------------------------------------------------ the clock
+    def round_time(self, plan: RoundPlan, accepted: Sequence[Message],
+                   work: ClientWork) -> ClockTime | None:
+        """The round on the simulated clock (None without one): eq. (1) of
+        :mod:`strategies.clock` per client sent work, with the steps and array bytes of its
+        accepted reply, else (no usable reply) the planned ones; the deadline when it
+        dropped a client."""
+        if self.timer is None:
+            return None
+        replies = {r.metadata.src_node_id: r for r in accepted}
+        times = []
+        for node, task in plan.tasks.items():
+            steps = int(task.config.get(C.LOCAL_STEPS, 0)) or work.full_local_steps(
+                node, task.config)
+            up = plan.bytes_up
+            reply = replies.get(node)
+            if reply is not None:
+                taken = reply.content[C.METRICS].get(C.LOCAL_STEPS_TAKEN)
+                if isinstance(taken, int) and not isinstance(taken, bool) and taken >= 1:
+                    steps = taken
+                up = sum(rec.count_bytes() for rec in reply.content.array_records.values())
+            times.append(self.timer.client_seconds(
+                self.partition_of(node), steps, work.examples_per_step(node, task.config),
+                plan.bytes_down, up, work.extra_examples(node, task.config)))
+        wait = self.timer.wait
+        seconds = self.timer.finish_round(times, waited_for_deadline=plan.deadline_dropped > 0)
+        log(INFO, "Simulated clock: round %d took %.4g s (%d client(s) cut by the deadline, "
+            "%d not sent work), %.4g s in all", plan.server_round, seconds,
+            plan.stragglers if self.timer.deadline is not None else 0, plan.deadline_dropped,
+            self.timer.elapsed)
+        return ClockTime(seconds, self.timer.elapsed, wait if wait > 0 else None)
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict:
+        """The simulated time so far (with a clock): selection and stragglers are drawn from
+        ``default_rng([seed, round(, 1)])`` afresh every round, and the client table is
+        re-queried on resume (node ids change between runs, partition ids do not)."""
+        return {} if self.timer is None else {"sim-elapsed": self.timer.elapsed}
+
+    def load_state_dict(self, state: Mapping) -> None:
+        """Restore what :meth:`state_dict` returned."""
+        if self.timer is not None:
+            self.timer.elapsed = float(state.get("sim-elapsed", 0.0))
+
+
+def participation_of(strategy: object) -> Participation | None:
+    """The strategy's participation model, or None (Flower's own strategies have none)."""
+    participation = getattr(strategy, "participation", None)
+    return participation if isinstance(participation, Participation) else None
+
+
+def reduced_config(config: ConfigRecord, reduced: int | None, in_epochs: bool) -> ConfigRecord:
+    """``config`` itself for full work; else a copy asking for the reduced steps / epochs."""
+    if reduced is None:
+        return config
+    own = ConfigRecord(dict(config))
+    own[C.LOCAL_EPOCHS if in_epochs else C.LOCAL_STEPS] = reduced
+    return own
+
+
+def clock_timer(owner: str, clock: SimClock | None, seed: int, deadline: float | None,
+                query_client_info: bool) -> RoundTimer | None:
+    """The :class:`~strategies.clock.RoundTimer` (None without a clock), checked: the
+    profiles are keyed by partition id (the client-info query), a deadline needs a clock."""
+    if deadline is not None and not (isinstance(deadline, (int, float)) and deadline > 0
+                                     and math.isfinite(deadline)):
+        raise ValueError(f"round_deadline must be a finite number of simulated seconds > 0 "
+                         f"(None: no deadline), got {deadline!r}")
+    if clock is None:
+        if deadline is not None:
+            raise ValueError(f"round_deadline={deadline} needs a simulated clock: pass "
+                             f"clock=SimClock(fleet, seconds_per_example) (strategies.clock)")
+        return None
+    if not query_client_info:
+        raise records.query_required(owner, "clock (device profiles are keyed by the clients' "
+                                     f"'{C.PARTITION_ID}')", "leave clock=None")
+    return RoundTimer(clock, seed, deadline)
+
+
+def check_fraction(name: str, value: float, allow_zero: bool) -> None:
+    """``value`` in [0, 1] (``allow_zero``) or (0, 1], else a ValueError naming ``name``."""
+    low_ok = value >= 0 if allow_zero else value > 0
+    if not (low_ok and value <= 1):
+        allowed = "[0, 1]" if allow_zero else "(0, 1]"
+        raise ValueError(f"{name} must be in {allowed}, got {value}")
+
+
+def check_whole(name: str, value: int, minimum: int) -> None:
+    """``value`` a whole number >= ``minimum``, else a ValueError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise ValueError(f"{name} must be a whole number >= {minimum}, got {value!r}")
+
+
+def check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    """``value`` one of ``allowed``, else a ValueError naming ``name`` and the choices."""
+    if value not in allowed:
+        raise ValueError(f"{name}={value!r} is not known; use one of {', '.join(allowed)}")
