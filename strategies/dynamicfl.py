@@ -2,17 +2,18 @@
 
 The math lives in :mod:`strategies.dynacomm` (which clients sync often, Eq. 5) and
 :mod:`strategies.dynamicfl_schedule` (when everybody syncs, Alg. 1 lines 12-20); this
-module only moves records. A DynamicFL round is not one send-and-receive but a
-sequence of sync events, so :meth:`DynamicFL.start` replaces Flower's round loop: each
-chunk is pushed when it starts (``Grid.push_messages``), its reply is pulled
-(``Grid.pull_messages``) and held until the chunk's end step, so long low-frequency
-chunks run while short high-frequency ones come and go. Evaluation is Flower's FedAvg's.
+module only moves records. Who takes part is the participation model's
+(:mod:`strategies.participation`). A DynamicFL round is not one send-and-receive but a
+sequence of sync events on the Grid event loop (:class:`SyncEvents`): each chunk is pushed
+when it starts, its reply held until the chunk's end step, so long low-frequency chunks run
+while short high-frequency ones come and go. ``configure_train`` runs the round's events
+and ``aggregate_train`` returns its model, so the strategy runs under Flower's round loop
+as under :func:`strategies.rounds.run_rounds`. Evaluation is Flower's FedAvg's.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import io
 import math
 import time
 from collections.abc import Callable, Iterable
@@ -24,19 +25,23 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
 from flwr.serverapp.strategy import Result
-from flwr.serverapp.strategy.strategy_utils import log_strategy_start_info
 
 from . import aggregate as agg
 from . import contract as C
 from . import dynacomm as dc
 from . import dynamicfl_schedule as ds
-from . import records, sampling, schedules
+from . import records, schedules
 from .clock import SimClock, byte_budget
-from .contract import COMM_BUDGET, NUM_STEPS, ROUND_STEPS, START_STEP  # noqa: F401 (chunk keys)
-from .fedavg import clock_timer
-from .records import ClientInfo, to_numpy, to_record
+from .contract import NUM_STEPS, ROUND_STEPS, START_STEP
+from .event_loop import GridEventLoop
+from .participation import Participation, check_fraction
+from .records import to_numpy, to_record
+from .round_report import (Aggregation, ClockTime, Drift, DynamicFLSection, Participation
+                           as ParticipationSection, RoundReport)
+from .rounds import run_rounds
 
 STATE_VERSION = 1  # of state_dict()
+DEFAULT_TIMEOUT = 3600.0  # seconds, Flower's Strategy.start default
 CHUNK_HELPER = "strategies.client.dynamicfl.train_chunk"
 
 
@@ -44,8 +49,8 @@ class DynamicFL(FlowerFedAvg):
     """DynamicFL / DynamicAvg / DynamicSGD (Le et al., Alg. 1).
 
     Subclass of Flower's FedAvg for its evaluation half (``configure_evaluate``,
-    ``aggregate_evaluate``) and parameters; training is :meth:`start`'s chunk schedule,
-    so ``configure_train`` / ``aggregate_train`` are not used.
+    ``aggregate_evaluate``) and parameters; ``configure_train`` runs a round's chunk
+    schedule (module docstring).
 
     Parameters
     ----------
@@ -88,12 +93,13 @@ class DynamicFL(FlowerFedAvg):
         (:func:`strategies.clock.byte_budget`), instead of a reported ``comm-budget``;
         needs ``clock``. 0 (default): the reported budgets.
     poll_interval : float
-        Seconds between ``pull_messages`` calls while waiting for a sync event.
+        The longest sleep between two ``pull_messages`` calls while waiting for a sync event
+        (:func:`strategies.event_loop.pull_delay`; 0: no sleep).
     fraction_train : float
         C: |M^t| = max(floor(C K), 1) active clients per round (Flower's default, 1.0;
         the paper samples C = 0.1 of 100 clients).
     fraction_evaluate, min_available_nodes, seed, query_client_info, query_timeout, \
-drift_diagnostics
+drift_diagnostics, participation
         As :class:`strategies.FedAvg` (Flower's defaults: ``fraction_evaluate`` 1.0,
         ``min_available_nodes`` 2).
 
@@ -134,15 +140,20 @@ drift_diagnostics
         drift_diagnostics: bool = False,
         clock: SimClock | None = None,
         budget_seconds: float = 0.0,
+        participation: Participation | None = None,
     ) -> None:
-        for name, value, zero_ok in (("fraction_train", fraction_train, False),
-                                     ("fraction_evaluate", fraction_evaluate, True)):
-            if not ((value >= 0 if zero_ok else value > 0) and value <= 1):
-                raise ValueError(f"{name} must be in {'[0, 1]' if zero_ok else '(0, 1]'}, "
-                                 f"got {value}")
-        super().__init__(fraction_train=fraction_train, fraction_evaluate=fraction_evaluate,
-                         min_train_nodes=1, min_evaluate_nodes=1,
-                         min_available_nodes=min_available_nodes)
+        check_fraction("fraction_evaluate", fraction_evaluate, allow_zero=True)
+        if participation is None:
+            participation = Participation(
+                fraction_train=fraction_train, seed=seed, min_available_nodes=min_available_nodes,
+                query_client_info=query_client_info, query_timeout=query_timeout, clock=clock,
+                owner="DynamicFL")
+        super().__init__(fraction_train=participation.fraction_train,
+                         fraction_evaluate=fraction_evaluate, min_train_nodes=1,
+                         min_evaluate_nodes=1,
+                         min_available_nodes=participation.min_available_nodes)
+        self.participation = participation
+        query_client_info, clock = participation.query_client_info, participation.timer
         self.spec = ds.parse_interval_spec(intervals)
         if budget_mode not in dc.BUDGET_MODES:
             raise ValueError(f"budget_mode={budget_mode!r} is not known; use one of "
@@ -167,7 +178,6 @@ drift_diagnostics
                 raise records.query_required(
                     "DynamicFL", "local_steps=0 (L by Eq. 4 from every client's num-examples)",
                     "set local_steps=L")
-        self.timer = clock_timer(type(self).__name__, clock, seed, None, query_client_info)
         if not (isinstance(budget_seconds, (int, float)) and math.isfinite(budget_seconds)
                 and budget_seconds >= 0):
             raise ValueError(f"budget_seconds must be a finite number >= 0 (0 = the reported "
@@ -192,34 +202,30 @@ drift_diagnostics
         self.cosine_lr_min = cosine_lr_min
         self.lr_schedule = schedules.as_schedule(lr_schedule)
         self.poll_interval = float(poll_interval)
-        self.seed = int(seed)
-        self.query_client_info = bool(query_client_info)
-        self.query_timeout = float(query_timeout)
         self.drift_diagnostics = bool(drift_diagnostics)
-        self.clients: dict[int, ClientInfo] = {}
-        self.all_nodes: list[int] = []
-        self.current_arrays: ArrayRecord | None = None
-        self.diagnostics: dict[int, dict] = {}
         self.budgets: dict[int, float] = {}
         self.rich: set[int] | None = None  # Fix-beta, drawn once over the partition order
-        self.plans: dict[int, ds.RoundPlan] = {}
-        self._restored: dict | None = None
-        self._warned_query = False
+        self.schedules: dict[int, ds.RoundPlan] = {}  # the chunk schedule each round ran
+        self.reports: dict[int, RoundReport] = {}
+        self.round_outcome: RoundOutcome | None = None  # configure_train -> aggregate_train
+        self.total_rounds: int | None = None  # T of start(), for a cosine schedule without it
+        self.round_timeout: float | None = DEFAULT_TIMEOUT  # per sync event (start_run)
+        self.restored: dict | None = None  # a checkpoint's state, mapped to nodes in round 1
 
     def state_dict(self) -> dict:
         """Cross-round state for a checkpoint: L, the Fix-beta rich set (partition ids), the
-        reported byte budgets (by partition id). Plain Python, JSON-able.
+        reported byte budgets (by partition id), the simulated time. Plain Python, JSON-able.
 
         Keyed by partition id, not node id, because node ids change between runs."""
         def pid(node: int) -> int | None:
-            return self.clients.get(node, ClientInfo()).partition_id
+            return self.participation.info(node).partition_id
         rich = (None if self.rich is None else
                 sorted(p for p in (pid(n) for n in self.rich) if p is not None))
         budgets = {str(pid(n)): b for n, b in self.budgets.items() if pid(n) is not None}
-        clock = {} if self.timer is None else {"sim-elapsed": self.timer.elapsed}
         return {"fedavg-state-version": 1, "class": type(self).__name__,
                 "dynamicfl-state-version": STATE_VERSION, "local-steps": self.local_steps,
-                "rich-partitions": rich, "budgets": budgets, **clock}
+                "rich-partitions": rich, "budgets": budgets,
+                **self.participation.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore what :meth:`state_dict` returned. The rich set and budgets are mapped back
@@ -234,66 +240,93 @@ drift_diagnostics
         if steps < 0:
             raise ValueError(f"DynamicFL state has local-steps={steps}; it must be >= 0")
         self.local_steps = steps
-        if self.timer is not None:
-            self.timer.elapsed = float(state.get("sim-elapsed", 0.0))
-        self._restored = state
+        self.participation.load_state_dict(state)
+        self.restored = state
 
-    def _apply_restored(self) -> None:
-        state = self._restored
+    def apply_restored(self) -> None:
+        """Map a loaded checkpoint's rich set and budgets (by partition id) to node ids."""
+        state, self.restored = self.restored, None
         if not state:
             return
-        by_pid = {info.partition_id: node for node, info in self.clients.items()
+        by_pid = {info.partition_id: node for node, info in self.participation.clients.items()
                   if info.partition_id is not None}
         if state.get("rich-partitions") is not None:
             self.rich = {by_pid[p] for p in state["rich-partitions"] if p in by_pid}
         for p, budget in state.get("budgets", {}).items():
             if int(p) in by_pid:
                 self.budgets.setdefault(by_pid[int(p)], float(budget))
-        self._restored = None
 
     def summary(self) -> None:
         """Log the configuration."""
         log(INFO, "\t├──> DynamicFL: intervals %s | L %s | budget %s (beta %s) | n_ens %d | "
             "seed %d | client-info query %s", self.spec, self.local_steps or "Eq. 4",
-            self.budget_mode, self.beta, self.n_ens, self.seed,
-            "on" if self.query_client_info else "off")
-        if self.timer is not None:
+            self.budget_mode, self.beta, self.n_ens, self.participation.seed,
+            "on" if self.participation.query_client_info else "off")
+        timer = self.participation.timer
+        if timer is not None:
             log(INFO, "\t├──> Simulated clock: %s, per sync event; budgets %s",
-                type(self.timer.clock.fleet).__name__,
+                type(timer.clock.fleet).__name__,
                 f"from bandwidth ({self.budget_seconds:g} s of transfer per round)"
                 if self.budget_seconds > 0 else "as reported")
         super().summary()
 
-    # ------------------------------------------------------------------ not used
+    # ------------------------------------------------------------------ the round
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3,
+              timeout: float = 3600, train_config: ConfigRecord | None = None,
+              evaluate_config: ConfigRecord | None = None,
+              evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+              first_round: int = 1) -> Result:
+        """The rounds (:func:`strategies.rounds.run_rounds`, as every strategy here)."""
+        return run_rounds(self, grid, initial_arrays, num_rounds, timeout, train_config,
+                          evaluate_config, evaluate_fn, first_round)
+
+    def start_run(self, num_rounds: int, timeout: float | None) -> None:
+        """T = ``num_rounds`` for a cosine schedule without its own ``num_rounds``, and the
+        seconds a sync event waits for its replies (:class:`strategies.rounds.RunAware`)."""
+        self.total_rounds, self.round_timeout = int(num_rounds), timeout
+
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
-        """Not used: a DynamicFL round is a chunk schedule, run by :meth:`start`."""
-        raise NotImplementedError("DynamicFL trains through start() (chunked rounds)")
+        """Alg. 1 lines 12-20, the whole round: select M^t, group (Eq. 5), run the round's
+        sync events on the Grid event loop. A DynamicFL round is several exchanges, which
+        Flower's round loop does not have, so they all run here and no message is left for
+        the loop to send; :meth:`aggregate_train` returns the round's model."""
+        self.round_outcome = self.train_round(server_round, arrays, config, grid)
+        return []
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Not used: a DynamicFL round is a chunk schedule, run by :meth:`start`."""
-        raise NotImplementedError("DynamicFL trains through start() (chunked rounds)")
+        """The model and metrics of the round :meth:`configure_train` ran."""
+        outcome = self.round_outcome
+        if outcome is None or outcome.server_round != server_round:
+            raise RuntimeError(f"DynamicFL: aggregate_train(server_round={server_round}) "
+                               f"without configure_train for that round")
+        if list(replies):
+            raise ValueError("DynamicFL: configure_train sends no message for the round loop, "
+                             "so aggregate_train takes no replies")
+        self.round_outcome = None
+        return outcome.arrays, outcome.metrics
+
+    def round_log(self, server_round: int) -> dict[str, object]:
+        """Round ``server_round``'s run-log items (empty before it ran)."""
+        report = self.reports.get(server_round)
+        return report.log_record() if report is not None else {}
 
     # ------------------------------------------------------------------ clients
     def update_clients(self, grid: Grid) -> list[int]:
-        """Connected nodes; new ones are queried (partition id, size, label counts, byte
-        budget) when ``query_client_info`` is on."""
-        known = {n for n, info in self.clients.items() if not info.unreached}
-        nodes, self._warned_query = records.update_clients(
-            grid, self.clients, min_nodes=self.min_available_nodes, query=self.query_client_info,
-            timeout=self.query_timeout, owner=type(self).__name__, warned=self._warned_query)
-        self.budgets.update({n: self.clients[n].comm_budget for n in nodes
-                             if n not in known and self.clients[n].comm_budget is not None})
+        """Connected nodes, in partition order; new ones are queried (partition id, size,
+        label counts, byte budget) when ``query_client_info`` is on."""
+        clients = self.participation.clients
+        known = {n for n, info in clients.items() if not info.unreached}
+        nodes = self.participation.ordered(self.participation.connected(grid))
+        self.budgets.update({n: clients[n].comm_budget for n in nodes
+                             if n not in known and clients[n].comm_budget is not None})
         return nodes
-
-    def ordered_nodes(self, node_ids: list[int]) -> list[int]:
-        """Nodes sorted by reported partition id; nodes without one after, by node id."""
-        return records.partition_order(node_ids, self.clients)
 
     def global_distribution(self, nodes: list[int]) -> np.ndarray:
         """p(Y) from ALL connected clients' label counts (paper Sec. 3.1)."""
-        missing = [n for n in nodes if not self.clients.get(n, ClientInfo()).label_counts]
+        info = self.participation.info
+        missing = [n for n in nodes if not info(n).label_counts]
         if missing:
             one = ds.IntervalSpec(self.spec.high, self.spec.high)
             raise ValueError(f"DynamicFL needs every client's '{C.LABEL_COUNTS}' in its "
@@ -301,13 +334,13 @@ drift_diagnostics
                              f"node(s) sent none (e.g. node {missing[0]}). Pass label_counts to "
                              f"{records.QUERY_HELPER} in the ClientApp's @app.query(), or use "
                              f"intervals '{one}' (one group, no DynaComm)")
-        return dc.global_label_distribution([self.clients[n].label_counts for n in nodes])
+        return dc.global_label_distribution([info(n).label_counts for n in nodes])
 
     def steps_per_round(self, nodes: list[int], config: ConfigRecord) -> int:
         """L: as configured, else Eq. 4 over all clients' sizes."""
         if self.local_steps > 0:
             return self.local_steps
-        sizes = [self.clients.get(n, ClientInfo()).num_examples for n in nodes]
+        sizes = [self.participation.info(n).num_examples for n in nodes]
         if any(not s for s in sizes):
             raise ValueError("local_steps = 0 asks for L by Eq. 4, which needs every client's "
                              "num-examples; set local_steps (the DynamicFL run config's L) instead")
@@ -325,14 +358,13 @@ drift_diagnostics
         if self.spec.single:  # everybody syncs alike: the grouping changes nothing
             return dc.Selection(tuple(range(len(active))), math.nan)
         q = self.global_distribution(nodes)
-        counts = [self.clients[n].label_counts for n in active]
+        counts = [self.participation.info(n).label_counts for n in active]
         L = self.local_steps
         nu_high = ds.num_syncs(self.spec.high, L)
         nu_low = ds.num_syncs(self.spec.low, L) if self.spec.low is not None else 0
         if self.budget_mode == "fix" and self.rich is None:
-            ordered = self.ordered_nodes(nodes)
-            rich = dc.fix_beta_rich(len(ordered), self.beta, seed=[self.seed, 0xF1])
-            self.rich = {ordered[i] for i in rich}
+            rich = dc.fix_beta_rich(len(nodes), self.beta, seed=[self.participation.seed, 0xF1])
+            self.rich = {nodes[i] for i in rich}
         cons = dc.constraints(
             self.budget_mode, len(active), beta=self.beta,
             rich=[n in self.rich for n in active] if self.rich is not None else None,
@@ -344,50 +376,36 @@ drift_diagnostics
             log(WARNING, "Round %d: even the all-low schedule (%d bytes) exceeds the server "
                 "budget (%s bytes)", server_round, all_low, self.server_budget)
         return dc.dynacomm(counts, q, eligible=cons.eligible, k_max=cons.k_max, n_ens=self.n_ens,
-                           rng=[self.seed, server_round, 7], min_size=self.min_group_size)
+                           rng=[self.participation.seed, server_round, 7],
+                           min_size=self.min_group_size)
 
     def budget_of(self, node: int) -> float | None:
         """tau_m: from the device's bandwidth with ``budget_seconds``, else as reported."""
         if self.budget_seconds > 0:
-            return byte_budget(self.timer.clock.profile(self.partition_of(node)),
+            timer = self.participation.timer
+            return byte_budget(timer.clock.profile(self.participation.partition_of(node)),
                                self.budget_seconds)
         return self.budgets.get(node)
 
     # ------------------------------------------------------------------ simulated clock
-    def partition_of(self, node: int) -> int:
-        """The node's partition id (the clock's profiles are keyed by it)."""
-        return records.clock_partition_id("DynamicFL", self.clients, node)
-
-    def online_nodes(self, server_round: int, ordered: list[int]) -> tuple[list[int], int | None]:
-        """As :meth:`strategies.FedAvg.online_nodes`: the sampleable nodes and m."""
-        if self.timer is None:
-            return ordered, None
-        return self.timer.online_nodes(server_round, ordered,
-                                       [self.partition_of(n) for n in ordered], self.fraction_train)
-
-    def record_round_time(self, server_round: int, synced: list[list[tuple[int, int]]],
-                          config: ConfigRecord, model_bytes: int) -> None:
+    def round_time(self, server_round: int, synced: list[list[tuple[int, int]]],
+                   config: ConfigRecord, model_bytes: int) -> ClockTime:
         """sim-seconds of the round's sync events as they ran (:func:`strategies.clock.
-        sync_event_times`; each sync moves the model down and up), sim-elapsed and
-        sim-seconds-per-event."""
+        sync_event_times`; each sync moves the model down and up) and sim-elapsed."""
+        timer, partition_of = self.participation.timer, self.participation.partition_of
         batch = int(config.get(C.BATCH_SIZE, 0))
-        events = [[(self.partition_of(n), k) for n, k in event] for event in synced]
+        events = [[(partition_of(n), k) for n, k in event] for event in synced]
         examples = {}
         for event in synced:
             for node, _ in event:
-                n = self.clients.get(node, ClientInfo()).num_examples or batch
-                examples[self.partition_of(node)] = min(batch, n) if batch > 0 else n
-        times = self.timer.event_times(events, examples, model_bytes, model_bytes)
-        wait = self.timer.wait
-        seconds = self.timer.finish_round(times)
-        diag = self.diagnostics.setdefault(server_round, {})
-        diag[C.LOG_SIM_SECONDS] = seconds
-        diag[C.LOG_SIM_ELAPSED] = self.timer.elapsed
-        diag[C.LOG_SIM_SECONDS_PER_EVENT] = seconds / max(len(synced), 1)
-        if wait > 0:
-            diag[C.LOG_SIM_WAIT_SECONDS] = wait
+                n = self.participation.info(node).num_examples or batch
+                examples[partition_of(node)] = min(batch, n) if batch > 0 else n
+        times = timer.event_times(events, examples, model_bytes, model_bytes)
+        wait = timer.wait
+        seconds = timer.finish_round(times)
         log(INFO, "Simulated clock: round %d took %.4g s over %d sync event(s), %.4g s in all",
-            server_round, seconds, len(synced), self.timer.elapsed)
+            server_round, seconds, len(synced), timer.elapsed)
+        return ClockTime(seconds, timer.elapsed, wait if wait > 0 else None)
 
     # ------------------------------------------------------------------ the round
     def chunk_config(self, base: ConfigRecord, server_round: int, chunk: ds.Chunk,
@@ -402,200 +420,98 @@ drift_diagnostics
         config[C.LR] = lr
         return config
 
-    def train_round(
-        self, server_round: int, num_rounds: int, arrays: ArrayRecord, config: ConfigRecord,
-        grid: Grid,
-        timeout: float | None,
-    ) -> ArrayRecord | None:
-        """Sample, group (Eq. 5), run the round's chunk schedule (Alg. 1 lines 12-20); the new
-        global model (None: unchanged)."""
+    def train_round(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                    grid: Grid) -> RoundOutcome:
+        """Select M^t, group (Eq. 5), run the round's chunk schedule (Alg. 1 lines 12-20)."""
         started = time.perf_counter()
+        report = self.reports[server_round] = RoundReport(server_round)
         nodes = self.update_clients(grid)
-        self._apply_restored()
-        self.all_nodes = nodes
+        self.apply_restored()
         L = self.steps_per_round(nodes, config)
-        ordered, m = self.online_nodes(server_round, self.ordered_nodes(nodes))
+        online, m = self.participation.online_nodes(server_round, nodes)
         model_bytes = arrays.count_bytes()
-        if not ordered:  # no device online (simulated clock)
+        clocked = self.participation.timer is not None
+        unavailable = len(nodes) - len(online) if clocked else None
+        if not online:  # no device online (simulated clock)
             log(WARNING, "Round %d: no client is online; the global model is kept", server_round)
-            self.diagnostics[server_round] = {C.LOG_CLIENTS_SAMPLED: 0,
-                                              C.LOG_CLIENTS_UNAVAILABLE: len(nodes)}
-            self.record_round_time(server_round, [], config, model_bytes)
-            return None
-        picks = sampling.sample_round(self.seed, server_round, len(ordered), self.fraction_train,
-                                      num_sampled=m)
-        active = [ordered[k] for k in sorted(picks)]
+            report.add(ParticipationSection(sampled=0, unavailable=unavailable))
+            report.add(Aggregation(model_kept=True))
+            report.add(self.round_time(server_round, [], config, model_bytes))
+            return RoundOutcome(server_round, None, None)
+        picks = self.participation.selection.select(
+            server_round, online, m, self.participation.fraction_train, None)
+        active = [online[k] for k in sorted(picks)]
         selection = self.choose_group(server_round, active, nodes, model_bytes)
         z = [active[i] for i in selection.members]
-        plan = ds.assign_intervals(active, z, self.spec, L, x_star_mode=self.x_star_mode)
-        self.plans[server_round] = plan
-        lr = self.round_lr(server_round, num_rounds, float(config.get(C.LR, 0.01)))
-        new, stats = self.run_plan_on_grid(grid, plan, arrays, config, server_round, lr, timeout)
-        cost = ds.round_cost(plan, model_bytes)
-        events = max(stats["events"], 1)
-        self.diagnostics[server_round] = {
-            C.LOG_CLIENTS_SAMPLED: len(active),
-            C.LOG_CLIENTS_FAILED: len(stats["failed"]),
-            C.LOG_DYNAMICFL_GROUP_SIZE: len(z) if not self.spec.single else len(active),
-            C.LOG_DYNAMICFL_KL: selection.kl if math.isfinite(selection.kl) else None,
-            C.LOG_KAPPA_HAT: cost.kappa_hat,
-            C.LOG_SYNCS: cost.syncs,
-            C.LOG_BYTES_UP: stats[C.LOG_BYTES_UP],
-            C.LOG_BYTES_DOWN: stats[C.LOG_BYTES_DOWN],
-            C.LOG_SYNC_EVENTS: stats["events"],
-            C.LOG_SECONDS_PER_EVENT: (time.perf_counter() - started) / events,
-            C.LOG_LOCAL_STEPS: L,
-            C.LOG_LR: lr,
-        }
-        if stats[C.LOG_TRAIN_LOSS] is not None:
-            self.diagnostics[server_round][C.LOG_TRAIN_LOSS] = stats[C.LOG_TRAIN_LOSS]
-        self.diagnostics[server_round].update(stats.get("drift", {}))
-        if self.timer is not None:
-            self.diagnostics[server_round][C.LOG_CLIENTS_UNAVAILABLE] = len(nodes) - len(ordered)
-            self.record_round_time(server_round, stats["synced"], config, model_bytes)
+        schedule = ds.assign_intervals(active, z, self.spec, L, x_star_mode=self.x_star_mode)
+        self.schedules[server_round] = schedule
+        lr = self.round_lr(server_round, float(config.get(C.LR, 0.01)))
+        run = SyncEvents(self, grid, schedule, arrays, config, server_round, lr)
+        new = run.run(self.round_timeout)
+        cost = ds.round_cost(schedule, model_bytes)
+        events = max(run.events, 1)
+        report.add(ParticipationSection(sampled=len(active), bytes_down=run.bytes_down, lr=lr,
+                                 unavailable=unavailable))
+        report.add(Aggregation(received=run.received, failed=len(run.failed),
+                               bytes_up=run.bytes_up, local_steps=L,
+                               train_loss=run.train_loss(), model_kept=new is None))
+        if run.drift is not None:
+            report.add(run.drift)
+        clock_time = (self.round_time(server_round, run.synced, config, model_bytes)
+                      if clocked else None)
+        report.add(DynamicFLSection(
+            group_size=len(z) if not self.spec.single else len(active),
+            kl=selection.kl if math.isfinite(selection.kl) else None,
+            kappa_hat=cost.kappa_hat, syncs=cost.syncs, sync_events=run.events,
+            seconds_per_event=(time.perf_counter() - started) / events,
+            sim_seconds_per_event=(clock_time.seconds / max(len(run.synced), 1)
+                                   if clock_time is not None else None)))
+        if clock_time is not None:
+            report.add(clock_time)
         log(INFO, "Round %d: |M^t| = %d, |z| = %d (KL %s), %d sync events, kappa-hat %.4f",
             server_round, len(active), len(z),
             f"{selection.kl:.4f}" if math.isfinite(selection.kl) else "-",
-            stats["events"], cost.kappa_hat)
-        return new
+            run.events, cost.kappa_hat)
+        if new is None:
+            log(WARNING, "Round %d: no usable reply at step L, the global model is kept",
+                server_round)
+            return RoundOutcome(server_round, None, None)
+        loss = run.train_loss()
+        metrics = {**report.metric_items(), **({C.TRAIN_LOSS: loss} if loss is not None else {})}
+        return RoundOutcome(server_round, new, MetricRecord(metrics))
 
-    def round_lr(self, server_round: int, num_rounds: int, lr0: float) -> float:
-        """lr_t of ``lr_schedule`` (a cosine one without T gets ``num_rounds``), else lr_0."""
+    def round_lr(self, server_round: int, lr0: float) -> float:
+        """lr_t of ``lr_schedule`` (a cosine one without T gets the run's number of rounds),
+        else lr_0."""
         schedule = self.lr_schedule
         if schedule is None:
             return lr0
-        if isinstance(schedule, schedules.LRSchedule) and schedule.num_rounds is None:
-            schedule = dataclasses.replace(schedule, num_rounds=num_rounds)
+        if isinstance(schedule, schedules.LRSchedule) and schedule.name == "cosine" \
+                and schedule.num_rounds is None:
+            if self.total_rounds is None:
+                raise ValueError("DynamicFL: a cosine lr_schedule without num_rounds anneals "
+                                 "over the run's rounds, known once start() runs; pass "
+                                 "LRSchedule('cosine', num_rounds=T) to use configure_train "
+                                 "directly")
+            schedule = dataclasses.replace(schedule, num_rounds=self.total_rounds)
         return schedules.round_lr(schedule, server_round, lr0)
 
-    def run_plan_on_grid(
-        self, grid: Grid, plan: ds.RoundPlan, arrays: ArrayRecord, config: ConfigRecord,
-        server_round: int, lr: float, timeout: float | None,
-    ) -> tuple[ArrayRecord | None, dict]:
-        """Push each chunk when it starts, pull and hold its reply until its end step, and
-        average exactly the clients that sync at each event (|D_m|-weighted)."""
-        pending: dict[str, ds.Chunk] = {}
-        held: dict[int, Message] = {}
-        failed: set[int] = set()
-        stats = {C.LOG_BYTES_UP: 0, C.LOG_BYTES_DOWN: 0, "events": 0, "failed": failed,
-                 C.LOG_TRAIN_LOSS: None, "synced": []}
-        answered: set[int] = set()  # clients that replied without a client error
-        gaps: dict[int, str] = {}  # ... but without what the contract needs
-
-        def push(chunks: list[ds.Chunk], model: ArrayRecord) -> None:
-            if not chunks:
-                return
-            messages = [
-                Message(RecordDict({C.ARRAYS: model,
-                                    C.CONFIG: self.chunk_config(config, server_round, c, lr)}),
-                        message_type=MessageType.TRAIN, dst_node_id=c.client)
-                for c in chunks]
-            ids = list(grid.push_messages(messages))
-            for message_id, chunk in zip(ids, chunks):
-                pending[message_id] = chunk
-            for chunk in chunks[len(ids):]:  # the link refused some: they fail
-                failed.add(chunk.client)
-            stats[C.LOG_BYTES_DOWN] += model.count_bytes() * len(ids)
-
-        def collect(needed: set[int]) -> None:
-            deadline = None if timeout is None else time.monotonic() + timeout
-            while needed - held.keys() - failed:
-                replies = list(grid.pull_messages(list(pending))) if pending else []
-                for reply in replies:
-                    chunk = pending.pop(reply.metadata.reply_to_message_id, None)
-                    if chunk is None:
-                        continue
-                    if not reply.has_error():
-                        answered.add(chunk.client)
-                    if not self.accept_chunk_reply(reply, chunk.client):
-                        failed.add(chunk.client)
-                        continue
-                    gap = self.contract_gap(reply)
-                    if gap is not None:
-                        log(WARNING, "Node %d: chunk reply rejected: it lacks %s",
-                            reply.metadata.src_node_id, gap)
-                        gaps[chunk.client] = gap
-                        failed.add(chunk.client)
-                        continue
-                    held[chunk.client] = reply
-                    stats[C.LOG_BYTES_UP] += reply.content[C.ARRAYS].count_bytes()
-                if not pending and needed - held.keys() - failed:  # nothing can arrive any more
-                    failed.update(needed - held.keys())
-                if deadline is not None and time.monotonic() > deadline:
-                    late = needed - held.keys() - failed
-                    if late:
-                        log(WARNING, "Round %d: %d client(s) did not reply within %.0f s and "
-                            "are dropped for the rest of the round", server_round, len(late),
-                            timeout)
-                    failed.update(late)
-                    for message_id in [i for i, c in pending.items() if c.client in late]:
-                        del pending[message_id]
-                if not replies and needed - held.keys() - failed:
-                    time.sleep(self.poll_interval)
-
-        push(plan.first_chunks(), arrays)
-        final: ArrayRecord | None = None
-        last_losses: list[tuple[float, float]] = []
-        for event in plan.events:
-            collect(set(event.clients))
-            if gaps and answered == set(gaps):  # every reply so far lacks the contract's keys
-                raise records.contract_error(type(self).__name__, server_round, len(gaps),
-                                             next(iter(gaps.values())), CHUNK_HELPER)
-            members = [m for m in event.clients if m in held]
-            if not members:
-                continue
-            stats["events"] += 1
-            stats["synced"].append([(m, plan.chunk_ending(m, event.step).num_steps)
-                                    for m in members])
-            replies = [held.pop(m) for m in members]
-            models = [to_numpy(r.content[C.ARRAYS]) for r in replies]
-            weights = [self.weight_of(m, r) for m, r in zip(members, replies)]
-            if event.step == plan.local_steps:
-                if self.drift_diagnostics and models:  # client round updates W_m^L - W_g^{t-1}
-                    drift = agg.UpdateDrift(to_numpy(arrays))
-                    for model in models:
-                        drift.add(model)
-                    stats["drift"] = drift.summary()
-                for r, w in zip(replies, weights):
-                    metrics = r.content[C.METRICS] if C.METRICS in r.content else {}
-                    loss = metrics.get(C.TRAIN_LOSS)
-                    if isinstance(loss, (int, float)):
-                        last_losses.append((float(loss), w))
-                if plan.frozen:  # 'x*' code mode: untrained start models enter the final average
-                    start = to_numpy(arrays)
-                    models += [start] * len(plan.frozen)
-                    weights += [float(self.clients.get(m, ClientInfo()).num_examples or 1)
-                                for m in plan.frozen]
-                final = to_record(ds.weighted_average(models, weights))
-                continue
-            average = to_record(ds.weighted_average(models, weights))
-            nxt = [plan.next_chunk(m, event.step) for m in members]
-            push([c for c in nxt if c is not None], average)
-        if last_losses:
-            stats[C.LOG_TRAIN_LOSS] = (sum(l * w for l, w in last_losses)
-                                       / sum(w for _, w in last_losses))
-        return final, stats
-
-    def accept_chunk_reply(self, reply: Message, node: int) -> bool:
-        """A usable chunk reply: :func:`strategies.records.reply_problem`'s checks (no error,
-        the model's keys / shapes / dtypes, num-examples a positive integer, finite
-        metrics), and finite arrays."""
+    # ------------------------------------------------------------------ replies
+    def accept_chunk_reply(self, reply: Message, arrays: ArrayRecord) -> bool:
+        """A usable chunk reply: :func:`strategies.records.reply_problem`'s checks against the
+        round's global model (no error, its keys / shapes / dtypes, num-examples a positive
+        integer, finite metrics), and finite arrays; else one log line."""
+        node = reply.metadata.src_node_id
         if reply.has_error():
-            log(WARNING, "Node %d failed a chunk: %s", reply.metadata.src_node_id,
-                reply.error.reason)
+            log(WARNING, "Node %d failed a chunk: %s", node, reply.error.reason)
             return False
-        if C.ARRAYS not in reply.content:
-            log(WARNING, "Node %d replied without '%s'", reply.metadata.src_node_id, C.ARRAYS)
-            return False
-        problem = self.reply_problem(reply) if self.current_arrays is not None else None
+        problem = records.reply_problem(reply, arrays)
+        if problem is None:
+            bad = agg.all_finite(to_numpy(reply.content[C.ARRAYS]))
+            problem = None if bad is None else f"array '{bad}' has NaN or Inf"
         if problem:
             log(WARNING, "Node %d: chunk reply rejected: %s; dropped for the rest of the round",
-                reply.metadata.src_node_id, problem)
-            return False
-        bad = agg.all_finite(to_numpy(reply.content[C.ARRAYS]))
-        if bad is not None:
-            log(WARNING, "Node %d: array '%s' has NaN or Inf; dropped for the rest of the round",
-                reply.metadata.src_node_id, bad)
+                node, problem)
             return False
         return True
 
@@ -606,88 +522,132 @@ drift_diagnostics
             return f"the metric '{C.LOCAL_STEPS_TAKEN}' (the chunk's steps)"
         return None
 
-    def reply_problem(self, reply: Message) -> str | None:
-        """What is wrong with a reply, or None (:func:`strategies.records.reply_problem`)."""
-        return records.reply_problem(reply, self.current_arrays)
-
     def weight_of(self, node: int, reply: Message) -> float:
         """|D_m|: the reply's num-examples, else the query's."""
         if C.METRICS in reply.content and C.NUM_EXAMPLES in reply.content[C.METRICS]:
             n = float(reply.content[C.METRICS][C.NUM_EXAMPLES])
             if n > 0:
                 return n
-        return float(self.clients.get(node, ClientInfo()).num_examples or 1)
+        return float(self.participation.info(node).num_examples or 1)
 
 
-    # ------------------------------------------------------------------ the run
-    def start(
-        self,
-        grid: Grid,
-        initial_arrays: ArrayRecord,
-        num_rounds: int = 3,
-        timeout: float = 3600,
-        train_config: ConfigRecord | None = None,
-        evaluate_config: ConfigRecord | None = None,
-        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
-        first_round: int = 1,
-    ) -> Result:
-        """Flower's round loop (``Strategy.start``) with the training step replaced by the
-        DynamicFL schedule; logs as Flower's does (server-side evaluation per round, the
-        final Result).
+@dataclasses.dataclass(frozen=True)
+class RoundOutcome:
+    """What a DynamicFL round produced: the new model (None: kept) and its metrics."""
 
-        ``first_round`` > 1 resumes a checkpoint (fedapp/checkpoint.py): ``initial_arrays``
-        is the model after round ``first_round - 1``, which is not evaluated again.
-        """
-        log(INFO, "Starting %s strategy:", self.__class__.__name__)
-        log_strategy_start_info(num_rounds, initial_arrays, train_config, evaluate_config)
-        self.summary()
-        log(INFO, "")
-        train_config = ConfigRecord() if train_config is None else train_config
-        evaluate_config = ConfigRecord() if evaluate_config is None else evaluate_config
-        result = Result()
-        t_start = time.time()
-        if evaluate_fn and first_round <= 1:
-            res = evaluate_fn(0, initial_arrays)
-            log(INFO, "Initial global evaluation results: %s", res)
-            if res is not None:
-                result.evaluate_metrics_serverapp[0] = res
-        arrays = initial_arrays
-        result.arrays = arrays
-        for current_round in range(max(first_round, 1), num_rounds + 1):
-            log(INFO, "")
-            log(INFO, "[ROUND %s/%s]", current_round, num_rounds)
-            self.current_arrays = arrays  # what chunk replies are checked against
-            new = self.train_round(current_round, num_rounds, arrays, train_config, grid, timeout)
-            self.diagnostics.setdefault(current_round, {})[C.LOG_MODEL_KEPT] = new is None
-            if new is not None:
-                arrays = result.arrays = new
-            else:
-                log(WARNING, "Round %d: no usable reply at step L, the global model is kept",
-                    current_round)
-            diag = self.diagnostics.get(current_round, {})
-            if C.LOG_TRAIN_LOSS in diag:
-                train_metrics = MetricRecord({C.TRAIN_LOSS: diag[C.LOG_TRAIN_LOSS]})
-                log(INFO, "\t└──> Aggregated MetricRecord: %s", train_metrics)
-                result.train_metrics_clientapp[current_round] = train_metrics
-            replies = grid.send_and_receive(
-                self.configure_evaluate(current_round, arrays, evaluate_config, grid),
-                timeout=timeout)
-            agg_eval = self.aggregate_evaluate(current_round, replies)
-            if agg_eval is not None:
-                log(INFO, "\t└──> Aggregated MetricRecord: %s", agg_eval)
-                result.evaluate_metrics_clientapp[current_round] = agg_eval
-            if evaluate_fn:
-                log(INFO, "Global evaluation")
-                res = evaluate_fn(current_round, arrays)
-                log(INFO, "\t└──> MetricRecord: %s", res)
-                if res is not None:
-                    result.evaluate_metrics_serverapp[current_round] = res
-        log(INFO, "")
-        log(INFO, "Strategy execution finished in %.2fs", time.time() - t_start)
-        log(INFO, "")
-        log(INFO, "Final results:")
-        log(INFO, "")
-        for line in io.StringIO(str(result)):
-            log(INFO, "\t%s", line.strip("\n"))
-        log(INFO, "")
-        return result
+    server_round: int
+    arrays: ArrayRecord | None
+    metrics: MetricRecord | None
+
+
+class SyncEvents:
+    """One round's chunk schedule on the Grid event loop (Alg. 1 lines 12-20): each chunk is
+    pushed when it starts, its reply held until the chunk's end step, and exactly the
+    clients that sync at an event are averaged (|D_m|-weighted, the one averaging kernel
+    :class:`strategies.aggregate.WeightedModelSum`) and sent their next chunk."""
+
+    def __init__(self, strategy: DynamicFL, grid: Grid, schedule: ds.RoundPlan,
+                 arrays: ArrayRecord, config: ConfigRecord, server_round: int,
+                 lr: float) -> None:
+        self.strategy, self.schedule, self.arrays = strategy, schedule, arrays
+        self.config, self.server_round, self.lr = config, server_round, lr
+        self.loop: GridEventLoop[ds.Chunk] = GridEventLoop(grid, strategy.poll_interval)
+        self.held: dict[int, Message] = {}
+        self.failed: set[int] = set()
+        self.answered: set[int] = set()  # clients that replied without a client error
+        self.gaps: dict[int, str] = {}  # ... but without what the contract needs
+        self.bytes_up = self.bytes_down = self.events = self.received = 0
+        self.synced: list[list[tuple[int, int]]] = []
+        self.losses: list[tuple[float, float]] = []
+        self.drift: Drift | None = None
+
+    def push(self, chunks: list[ds.Chunk], model: ArrayRecord) -> None:
+        """Send each chunk with ``model``; a chunk the link refuses fails its client."""
+        messages = [Message(RecordDict({C.ARRAYS: model, C.CONFIG: self.strategy.chunk_config(
+                                self.config, self.server_round, c, self.lr)}),
+                            message_type=MessageType.TRAIN, dst_node_id=c.client)
+                    for c in chunks]
+        refused = self.loop.push(messages, chunks)
+        self.failed.update(c.client for c in refused)
+        self.bytes_down += model.count_bytes() * (len(chunks) - len(refused))
+
+    def on_reply(self, chunk: ds.Chunk, reply: Message) -> None:
+        """Hold a usable reply until its chunk's end step; a bad one fails its client."""
+        if not reply.has_error():
+            self.answered.add(chunk.client)
+        if not self.strategy.accept_chunk_reply(reply, self.arrays):
+            self.failed.add(chunk.client)
+            return
+        gap = self.strategy.contract_gap(reply)
+        if gap is not None:
+            log(WARNING, "Node %d: chunk reply rejected: it lacks %s",
+                reply.metadata.src_node_id, gap)
+            self.gaps[chunk.client] = gap
+            self.failed.add(chunk.client)
+            return
+        self.held[chunk.client] = reply
+        self.bytes_up += reply.content[C.ARRAYS].count_bytes()
+
+    def collect(self, needed: set[int], timeout: float | None) -> None:
+        """Until every client in ``needed`` has a held reply or has failed; those without a
+        reply ``timeout`` seconds on fail for the rest of the round."""
+        def missing() -> set[int]:
+            return needed - self.held.keys() - self.failed
+
+        lost = self.loop.run_until(lambda: not missing(), self.on_reply, timeout,
+                                   waiting_for=lambda: [c for c in self.loop.pending_tags()
+                                                        if c.client in missing()])
+        if lost:
+            log(WARNING, "Round %d: %d client(s) did not reply within %.0f s and are dropped "
+                "for the rest of the round", self.server_round, len({c.client for c in lost}),
+                timeout)
+        self.failed.update(c.client for c in lost)
+        self.failed.update(missing())  # nothing pending for them: nothing can arrive any more
+
+    def run(self, timeout: float | None) -> ArrayRecord | None:
+        """The round's events in order; the model at step L (None: no client reached it)."""
+        plan = self.schedule
+        self.push(plan.first_chunks(), self.arrays)
+        final: ArrayRecord | None = None
+        for event in plan.events:
+            self.collect(set(event.clients), timeout)
+            if self.gaps and self.answered == set(self.gaps):  # every reply lacks the contract
+                raise records.contract_error("DynamicFL", self.server_round, len(self.gaps),
+                                             next(iter(self.gaps.values())), CHUNK_HELPER)
+            members = [m for m in event.clients if m in self.held]
+            if not members:
+                continue
+            self.events += 1
+            self.synced.append([(m, plan.chunk_ending(m, event.step).num_steps)
+                                for m in members])
+            replies = [self.held.pop(m) for m in members]
+            models = [to_numpy(r.content[C.ARRAYS]) for r in replies]
+            weights = [self.strategy.weight_of(m, r) for m, r in zip(members, replies)]
+            if event.step < plan.local_steps:
+                average = to_record(agg.weighted_mean(models, weights))
+                nxt = [plan.next_chunk(m, event.step) for m in members]
+                self.push([c for c in nxt if c is not None], average)
+                continue
+            self.received = len(members)
+            if self.strategy.drift_diagnostics:  # client round updates W_m^L - W_g^{t-1}
+                drift = agg.UpdateDrift(to_numpy(self.arrays))
+                for model in models:
+                    drift.add(model)
+                self.drift = drift.summary()
+            for r, w in zip(replies, weights):
+                loss = r.content[C.METRICS].get(C.TRAIN_LOSS)
+                if isinstance(loss, (int, float)):
+                    self.losses.append((float(loss), w))
+            if plan.frozen:  # 'x*' code mode: untrained start models enter the final average
+                models += [to_numpy(self.arrays)] * len(plan.frozen)
+                weights += [float(self.strategy.participation.info(m).num_examples or 1)
+                            for m in plan.frozen]
+            final = to_record(agg.weighted_mean(models, weights))
+        return final
+
+    def train_loss(self) -> float | None:
+        """The |D_m|-weighted mean train loss of the replies at step L."""
+        if not self.losses:
+            return None
+        return sum(l * w for l, w in self.losses) / sum(w for _, w in self.losses)
+

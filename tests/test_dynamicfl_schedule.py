@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from strategies import aggregate as agg
 from strategies import dynamicfl_schedule as ds
 from tests.oracles import dynamicfl as oracle
 
@@ -349,18 +350,20 @@ def test_x_star_with_empty_group_keeps_the_model():
 
 
 # ---------------------------------------------------------------- misc
-def test_weighted_average_hand_computed_and_dtypes():
-    out = ds.weighted_average([{"w": np.array([1.0, 2.0]), "n": np.array(3)},
-                               {"w": np.array([3.0, 6.0]), "n": np.array(4)}], [1, 3])
+def test_weighted_mean_hand_computed_and_dtypes():
+    """The one averaging kernel that DynamicFL's sync events use (strategies.aggregate)."""
+    out = agg.weighted_mean([{"w": np.array([1.0, 2.0]), "n": np.array(3)},
+                             {"w": np.array([3.0, 6.0]), "n": np.array(4)}], [1, 3])
     np.testing.assert_allclose(out["w"], [2.5, 5.0])  # (1 + 9) / 4, (2 + 18) / 4
     assert out["n"] == 4 and out["n"].dtype == np.array(3).dtype  # round(3.75)
-    f32 = ds.weighted_average([[np.ones(2, np.float32)], [np.zeros(2, np.float32)]], [1, 1])
-    assert f32[0].dtype == np.float32 and f32[0].tolist() == [0.5, 0.5]
-    single = {"w": np.array([0.1, 0.7])}
-    copy = ds.weighted_average([single], [5])
+    f32 = agg.weighted_mean([{"w": np.ones(2, np.float32)}, {"w": np.zeros(2, np.float32)}],
+                            [1, 1])
+    assert f32["w"].dtype == np.float32 and f32["w"].tolist() == [0.5, 0.5]
+    single = {"w": np.array([0.1, 0.7], dtype=np.float32)}
+    copy = agg.weighted_mean([single], [5])
     assert np.array_equal(copy["w"], single["w"]) and copy["w"] is not single["w"]
     with pytest.raises(ValueError):
-        ds.weighted_average([single], [0])
+        agg.weighted_mean([single], [0])
 
 
 def test_assign_intervals_checks():

@@ -14,15 +14,17 @@ import random
 
 import numpy as np
 import pytest
-from flwr.app import Context, Message, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.serverapp.strategy import Strategy
 from flwr.supercore.task_identity import TaskIdentity
 
 from strategies import contract as C
 from strategies import dynacomm as dc
 from strategies import dynamicfl_schedule as ds
 from tests.oracles import dynamicfl as oracle
-from strategies.dynamicfl import COMM_BUDGET, NUM_STEPS, ROUND_STEPS, START_STEP, DynamicFL
+from strategies.contract import COMM_BUDGET, NUM_STEPS, ROUND_STEPS, START_STEP
+from strategies.dynamicfl import DynamicFL
 from tests.inprocess import InProcessGrid
 from tests.messages import numpy_of, record
 
@@ -104,20 +106,24 @@ class PushPullGrid(InProcessGrid):
         messages = list(messages)
         batch = []
         for msg in messages:
+            if msg.metadata.message_type != MessageType.TRAIN:  # the round's evaluation
+                continue
             node = msg.metadata.dst_node_id
             assert node not in self.in_flight, \
                 "a node got a second chunk before replying to the first"
             self.in_flight.add(node)
             cfg = msg.content[C.CONFIG]
             batch.append((node, int(cfg[START_STEP]), int(cfg[NUM_STEPS])))
-        self.pushes.append(batch)
+        if batch:
+            self.pushes.append(batch)
         return super().push_messages(messages)
 
     def pull_messages(self, message_ids):
         ready = [i for i in message_ids if i in self.queue]
         self.shuffle.shuffle(ready)
         pulled = [self.queue.pop(i) for i in ready[: self.per_pull]]
-        self.in_flight.difference_update(m.metadata.dst_node_id for m in pulled)
+        self.in_flight.difference_update(m.metadata.dst_node_id for m in pulled
+                                         if m.metadata.message_type == MessageType.TRAIN)
         return [self.call(m) for m in pulled]
 
 
@@ -136,13 +142,12 @@ def reference_run(grid, strategy, w0, num_rounds):
             new_w, momentum[node] = local_steps(pid, params["w"], v, t, start, n, SEED)
             return {"w": new_w}
         weights = {n: SIZES[pid_of(grid, n)] for n in grid.node_ids}
-        w = oracle.run_plan(w, step, strategy.plans[t], weights).global_params
+        w = oracle.run_plan(w, step, strategy.schedules[t], weights).global_params
     return w["w"]
 
 
 def run(strategy, grid, rounds=2, w0=None):
     w0 = np.zeros(3) if w0 is None else w0
-    from flwr.app import ConfigRecord
     result = strategy.start(grid, record({"w": w0}), num_rounds=rounds,
                             train_config=ConfigRecord({C.LR: LR, C.SEED: SEED}))
     return result
@@ -159,7 +164,7 @@ def test_strategy_equals_pure_simulator(intervals, steps):
     expected = reference_run(grid, strategy, np.zeros(3), 2)
     np.testing.assert_allclose(numpy_of(result.arrays)["w"], expected, rtol=1e-12, atol=1e-14)
     # every pushed chunk is one the plan has, in the plan's order per node
-    for t, plan in strategy.plans.items():
+    for t, plan in strategy.schedules.items():
         assert set(plan.training) <= set(grid.node_ids)
     sent = {}
     for batch in grid.pushes:
@@ -167,7 +172,7 @@ def test_strategy_equals_pure_simulator(intervals, steps):
             sent.setdefault(node, []).append((start, n))
     planned = {}
     for t in (1, 2):
-        for node, chunks in strategy.plans[t].chunks.items():
+        for node, chunks in strategy.schedules[t].chunks.items():
             planned.setdefault(node, []).extend((c.start, c.num_steps) for c in chunks)
     assert sent == planned
 
@@ -178,14 +183,14 @@ def test_long_chunks_overlap_short_ones_and_diagnostics():
                          intervals="a-g", local_steps=10, budget_mode="dynamic", beta=0.4,
                          fraction_train=0.5, seed=SEED, poll_interval=0)
     run(strategy, grid, rounds=1)
-    plan = strategy.plans[1]
+    plan = strategy.schedules[1]
     z = [m for m, i in plan.intervals.items() if i == 1]
     low = [m for m, i in plan.intervals.items() if i == 10]
     assert len(z) <= 2 and len(z) + len(low) == 5  # k_max = floor(0.4 * 5) = 2
     # the low group's single 10-step chunk went out with the first push, next to z's 1-step chunks
     assert sorted(grid.pushes[0]) == sorted([(m, 0, 1) for m in z] + [(m, 0, 10) for m in low])
     assert all(node in z for batch in grid.pushes[1:] for node, _, _ in batch)
-    d = strategy.diagnostics[1]
+    d = strategy.round_log(1)
     nu = len(z) * 10 + len(low)
     assert d["syncs"] == nu and d[C.LOG_KAPPA_HAT] == pytest.approx(nu / 50)
     model_bytes = record({"w": np.zeros(3)}).count_bytes()
@@ -200,13 +205,13 @@ def test_dynacomm_group_matches_pure_function():
                          intervals="a-g", local_steps=5, budget_mode="dynamic", beta=0.6,
                          fraction_train=0.5, seed=SEED, poll_interval=0)
     run(strategy, grid, rounds=1)
-    plan = strategy.plans[1]
+    plan = strategy.schedules[1]
     active = list(plan.training)  # partition order
     q = dc.global_label_distribution(HIST)  # ALL ten clients, not the five active
     expected = dc.dynacomm([HIST[pid_of(grid, n)] for n in active], q, k_max=3, rng=[SEED, 1, 7])
     high = sorted(m for m, i in plan.intervals.items() if i == 1)
     assert high == sorted(active[i] for i in expected.members)
-    assert strategy.diagnostics[1][C.LOG_DYNAMICFL_KL] == pytest.approx(expected.kl)
+    assert strategy.round_log(1)[C.LOG_DYNAMICFL_KL] == pytest.approx(expected.kl)
 
 
 def test_fix_beta_only_rich_clients_in_the_high_group():
@@ -216,7 +221,7 @@ def test_fix_beta_only_rich_clients_in_the_high_group():
                          fraction_train=0.6, seed=SEED, poll_interval=0)
     run(strategy, grid, rounds=3)
     assert strategy.rich is not None and len(strategy.rich) == 3
-    for plan in strategy.plans.values():
+    for plan in strategy.schedules.values():
         assert {m for m, i in plan.intervals.items() if i == 4} <= strategy.rich
 
 
@@ -230,7 +235,7 @@ def test_byte_budgets():
                          server_budget=dc.server_budget_for_cap(2, NUM_NODES, 8, 1, model_bytes),
                          seed=SEED, poll_interval=0)
     run(strategy, grid, rounds=1)
-    high = [m for m, i in strategy.plans[1].intervals.items() if i == 1]
+    high = [m for m, i in strategy.schedules[1].intervals.items() if i == 1]
     assert len(high) <= 2 and all(pid_of(grid, m) % 2 == 0 for m in high)
 
 
@@ -240,7 +245,7 @@ def test_failed_client_is_dropped_and_the_round_completes():
                          intervals="a-g", local_steps=6,
                          fraction_train=1.0, seed=SEED, poll_interval=0)
     result = run(strategy, grid, rounds=1)
-    assert strategy.diagnostics[1][C.LOG_CLIENTS_FAILED] == 1
+    assert strategy.round_log(1)[C.LOG_CLIENTS_FAILED] == 1
     assert np.isfinite(numpy_of(result.arrays)["w"]).all()
 
 
@@ -251,10 +256,10 @@ def test_x_star_paper_mode_trains_only_the_high_group():
                          fraction_train=0.5,
                          seed=SEED, poll_interval=0)
     run(strategy, grid, rounds=1)
-    plan = strategy.plans[1]
+    plan = strategy.schedules[1]
     trained = {node for batch in grid.pushes for node, _, _ in batch}
     assert trained == set(plan.training) and len(trained) <= 2
-    assert strategy.diagnostics[1][C.LOG_KAPPA_HAT] == pytest.approx(len(trained) * 5 / 25)
+    assert strategy.round_log(1)[C.LOG_KAPPA_HAT] == pytest.approx(len(trained) * 5 / 25)
 
 
 def test_missing_label_counts_is_a_clear_error():
@@ -294,6 +299,29 @@ def test_l_from_eq4():
                    train_config=ConfigRecord({C.LR: LR, C.SEED: SEED, C.LOCAL_EPOCHS: 1,
                                               C.BATCH_SIZE: 10}))
     assert strategy.local_steps == int(sum(SIZES) / (NUM_NODES * 10))
-    assert strategy.diagnostics[1]["local-steps"] == strategy.local_steps
-    assert isinstance(strategy.plans[1], ds.RoundPlan)
+    assert strategy.round_log(1)["local-steps"] == strategy.local_steps
+    assert isinstance(strategy.schedules[1], ds.RoundPlan)
     assert ROUND_STEPS == "round-steps"
+
+
+def test_runs_under_flowers_own_round_loop_as_under_ours():
+    """DynamicFL honours Flower's Strategy contract: Flower's Strategy.start (its own loop)
+    and the package's run_rounds give the same models bit for bit."""
+    def final(start):
+        grid = PushPullGrid(make_app(), per_pull=3)
+        strategy = DynamicFL(query_client_info=True, intervals="a-g", local_steps=12, beta=0.4,
+                             fraction_train=0.5, seed=SEED, poll_interval=0)
+        result = start(strategy, grid)
+        return numpy_of(result.arrays)["w"], strategy.round_log(2)
+
+    def ours(strategy, grid):
+        return strategy.start(grid, record({"w": np.zeros(3)}), num_rounds=2,
+                              train_config=ConfigRecord({C.LR: LR, C.SEED: SEED}))
+
+    def flowers(strategy, grid):
+        return Strategy.start(strategy, grid, record({"w": np.zeros(3)}), num_rounds=2,
+                              train_config=ConfigRecord({C.LR: LR, C.SEED: SEED}))
+
+    (w_ours, log_ours), (w_flower, log_flower) = final(ours), final(flowers)
+    assert w_ours.tobytes() == w_flower.tobytes()
+    assert log_ours[C.LOG_SYNC_EVENTS] == log_flower[C.LOG_SYNC_EVENTS] >= 2

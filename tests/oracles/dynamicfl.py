@@ -8,8 +8,10 @@ against them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from strategies.dynamicfl_schedule import (
     Chunk,
@@ -20,7 +22,6 @@ from strategies.dynamicfl_schedule import (
     capped,
     kappa_hat,
     num_syncs,
-    weighted_average,
 )
 
 LocalStepFn = Callable[[Client, Params, int, int], Params]
@@ -187,3 +188,51 @@ def expected_kappa_hat(
         assert spec.low is not None
         total += (num_active - group_size) * count(spec.low, local_steps)
     return kappa_hat([total], num_active, local_steps)
+
+
+# ---------------------------------------------------------------- the oracle's average
+def weighted_average(models: Sequence[Params], weights: Sequence[float]) -> Params:
+    """sum_k (w_k / sum w) x_k, array by array; a single model is returned as an exact copy.
+
+    The oracle's own average, independent of the strategies' kernel
+    (:func:`strategies.aggregate.weighted_mean`, which sums in the arrays' dtype): floating
+    arrays are summed in float64 and cast back to their dtype; integer arrays (not
+    parameters) get the weighted mean, rounded.
+    """
+    if len(models) != len(weights) or not models:
+        raise ValueError(f"need the same positive number of models and weights, got "
+                         f"{len(models)}, {len(weights)}")
+    w = np.asarray(weights, dtype=np.float64)
+    if np.any(~np.isfinite(w)) or np.any(w <= 0):
+        raise ValueError(f"weights must be finite and > 0, got {w.tolist()}")
+    if len(models) == 1:
+        return _map(lambda a: np.array(a, copy=True), models[0])
+    c = w / w.sum()
+    keys = _keys(models[0])
+
+    def average(key):
+        first = _get(models[0], key)
+        acc = np.zeros(np.shape(first), dtype=np.float64)
+        for c_k, model in zip(c, models):
+            acc += c_k * np.asarray(_get(model, key), dtype=np.float64)
+        if np.issubdtype(np.asarray(first).dtype, np.floating):
+            return acc.astype(np.asarray(first).dtype)
+        return np.rint(acc).astype(np.asarray(first).dtype)
+
+    if isinstance(models[0], Mapping):
+        return {k: average(k) for k in keys}
+    return [average(k) for k in keys]
+
+
+def _keys(params: Params):
+    return list(params.keys()) if isinstance(params, Mapping) else list(range(len(params)))
+
+
+def _get(params: Params, key):
+    return params[key]
+
+
+def _map(fn, params: Params) -> Params:
+    if isinstance(params, Mapping):
+        return {k: fn(v) for k, v in params.items()}
+    return [fn(v) for v in params]
