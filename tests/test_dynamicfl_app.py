@@ -80,7 +80,7 @@ def reference_model(rc: dict, grid: PushPullAppGrid, strategy: DynamicFL) -> dic
     model = build_model(cfg.model, dataset.input_shape, dataset.num_classes)
     params = {k: v.numpy().copy() for k, v in model.state_dict().items()}
     L = strategy.local_steps
-    for t in sorted(strategy.plans):
+    for t in sorted(strategy.schedules):
         momentum: dict[int, dict] = {}  # reset every round (the default)
 
         def step(node, weights, start, n, t=t):
@@ -94,7 +94,7 @@ def reference_model(rc: dict, grid: PushPullAppGrid, strategy: DynamicFL) -> dic
             return {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
 
         weights = {node: len(data[node][1]) for node in pid}
-        params = oracle.run_plan(params, step, strategy.plans[t], weights).global_params
+        params = oracle.run_plan(params, step, strategy.schedules[t], weights).global_params
     return params
 
 
@@ -110,7 +110,7 @@ def test_two_rounds_end_to_end_equal_the_chunk_simulator(tmp_path, monkeypatch):
     assert [r[C.LOG_ROUND] for r in rounds] == [0, 1, 2]
     model_bytes = sum(v.nbytes for v in reference_model(rc, grid, strategy).values())
     for r in rounds[1:]:
-        plan = strategy.plans[r[C.LOG_ROUND]]
+        plan = strategy.schedules[r[C.LOG_ROUND]]
         z = [m for m, i in plan.intervals.items() if i == 1]
         assert r[C.LOG_DYNAMICFL_GROUP_SIZE] == len(z) <= 2  # k_max = floor(0.5 * 4)
         assert r[C.LOG_LOCAL_STEPS] == 6 and r[C.LOG_CLIENTS_SAMPLED] == 4
@@ -128,7 +128,7 @@ def test_two_rounds_end_to_end_equal_the_chunk_simulator(tmp_path, monkeypatch):
         assert r[C.LOG_UPDATE_NORM_MEAN] > 0
     # every node trained L steps a round in chunks; momentum sits in its Context.state
     trains = [node for node, kind in grid.calls if kind == "train"]
-    assert len(trains) == sum(len(c) for p in strategy.plans.values() for c in p.chunks.values())
+    assert len(trains) == sum(len(c) for p in strategy.schedules.values() for c in p.chunks.values())
     assert all(MOMENTUM_STATE in ctx.state for ctx in grid.contexts.values())
     final = torch.load(run_dir / "final_model.pt")
     expected = reference_model(rc, grid, strategy)
