@@ -1,20 +1,16 @@
-"""The one strategy-name and compatibility table: run-config ``strategy`` -> strategy.
+"""The one strategy-name table: run-config ``strategy`` -> the wiring that builds it.
 
-A strategy's own parameters are checked by its constructor (library users need the
-same rules); :func:`build_strategy` turns the constructor's ``ValueError`` into a
-:class:`~fedapp.config.ConfigError` that names the run-config key, its value and the
-``--run-config`` that fixes it. :data:`NEUTRAL_ONLY` holds the app's own rules: keys a
-strategy's run path never reads, so any value but the neutral one would be ignored.
-Later strategies plug in by adding an entry to :data:`STRATEGIES`.
+Each builder passes run-config values to a strategy's constructor. What a key may take
+(bounds, keys a strategy cannot honour, rules across keys) is declared in
+:mod:`fedapp.config_keys` and checked by :meth:`RunConfig.validate` before any builder runs;
+the constructors keep their own checks for library users, and the two are kept in agreement
+by tests/test_config_keys.py. Later strategies plug in by adding an entry to
+:data:`STRATEGIES` (and their keys to the table).
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-from collections.abc import Callable, Iterator, Mapping
-from pathlib import Path
-
+from collections.abc import Callable, Mapping
 from logging import WARNING
 
 from flwr.common.logger import FLOWER_LOGGER, log
@@ -26,9 +22,9 @@ from strategies import server_optimizers as flower
 from strategies.clock import SimClock
 from strategies.devices import FLEETS, GeneratedFleet, load_trace
 from strategies.schedules import LRSchedule
-from task.model_names import REPRESENTATION_MODELS
 
 from .config import ConfigError, RunConfig, default, flwr_run_fix
+from .config_keys import FLOWER
 
 Builder = Callable[[RunConfig], tuple[Strategy, dict]]
 
@@ -49,29 +45,31 @@ def train_config(cfg: RunConfig) -> dict[str, int | float | bool | str]:
 
 def lr_schedule(cfg: RunConfig) -> LRSchedule:
     """``lr-schedule`` and its parameters (``lr-decay``, ``lr-step-every``, ``lr-min``; T =
-    ``num-server-rounds``); checked by :class:`~strategies.schedules.LRSchedule`."""
+    ``num-server-rounds``) as the FedAvg family and DynamicFL take them."""
     return LRSchedule(cfg.lr_schedule, decay=cfg.lr_decay, step_every=cfg.lr_step_every,
                       lr_min=cfg.lr_min, num_rounds=cfg.num_server_rounds)
 
 
 def device_clock(cfg: RunConfig) -> SimClock | None:
     """The simulated clock of ``device-profiles`` (None for ``none``), not yet calibrated
-    (the ServerApp gives it the model's cost). The generator's keys are checked whatever
-    ``device-profiles`` says; a trace must be an absolute .csv / .json path."""
+    (the ServerApp gives it the model's cost). A trace that does not load is a ConfigError
+    naming ``device-profiles``."""
     kind = cfg.device_profiles
-    generated = GeneratedFleet(
-        kind if kind in FLEETS else "homogeneous", seed=cfg.seed,
-        downlink_mbps=cfg.device_downlink_mbps, uplink_mbps=cfg.device_uplink_mbps,
-        sigma=cfg.device_sigma, rich_fraction=cfg.device_rich_fraction,
-        poor_factor=cfg.device_poor_factor, availability=cfg.device_availability)
     if kind == "none":
         return None
     if kind in FLEETS:
-        return SimClock(generated)
-    if not Path(kind).is_absolute():
-        raise ValueError(f"device profiles {kind!r}: use none, {', '.join(FLEETS)}, or the "
-                         f"absolute path of a .csv / .json device trace")
-    return SimClock(load_trace(kind))
+        return SimClock(GeneratedFleet(
+            kind, seed=cfg.seed, downlink_mbps=cfg.device_downlink_mbps,
+            uplink_mbps=cfg.device_uplink_mbps, sigma=cfg.device_sigma,
+            rich_fraction=cfg.device_rich_fraction, poor_factor=cfg.device_poor_factor,
+            availability=cfg.device_availability))
+    try:
+        return SimClock(load_trace(kind))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"run config: device-profiles={kind!r}: the device trace does not "
+                          f"load ({exc}). Set it with: "
+                          f"{flwr_run_fix({'device-profiles': default('device-profiles')})}"
+                          ) from exc
 
 
 def _common(cfg: RunConfig) -> dict:
@@ -175,9 +173,7 @@ def _moon(cfg: RunConfig) -> tuple[Strategy, dict]:
 
 def _flower_common(cfg: RunConfig) -> dict:
     """Constructor arguments of Flower's own strategies. ``min_train_nodes`` 1 keeps the
-    app's m = max(floor(C K), 1) (Flower's default is 2). The ``lr-*`` keys are not read
-    (Flower's configure_train sends ``lr`` as given) but still checked."""
-    lr_schedule(cfg)
+    app's m = max(floor(C K), 1) (Flower's default is 2)."""
     return {"fraction_train": cfg.fraction_train, "fraction_evaluate": cfg.fraction_evaluate,
             "min_available_nodes": cfg.min_available_nodes, "min_train_nodes": 1,
             "min_evaluate_nodes": 1}
@@ -224,191 +220,48 @@ STRATEGIES: dict[str, Builder] = {
 
 # Flower's own classes (strategies.server_optimizers): no client table, no per-round
 # diagnostics, Flower's reply handling; the reliability suites cover fedhetero's own.
-FLOWER_STRATEGIES = ("fedavgm", "fedadam", "fedyogi", "fedadagrad")
-
-_DYNAMICFL_NEUTRAL = ({"straggler-fraction": 0.0, "weighting": "examples", "server-lr": 1.0,
-                      "server-momentum": 0.0, "round-deadline": 0.0},
-                     "every active client does exactly L local steps and each sync event sets W "
-                     "to the num-examples-weighted average")
-
-_FLOWER_NEUTRAL = {"weighting": "examples", "straggler-fraction": 0.0, "lr-schedule": "constant",
-                   "device-profiles": "none", "round-deadline": 0.0}
-_FLOWER_WHY = ("Flower's own class: it weights by num-examples, has no simulated stragglers or "
-               "simulated clock and sends lr as given")
-
-# strategy -> (keys its run path never reads, each with the one value that means "off"; why)
-NEUTRAL_ONLY: dict[str, tuple[dict[str, object], str]] = {
-    "fedveca": ({"momentum": 0.0, "weight-decay": 0.0},
-                "FedVeca's clients run plain local SGD, eq. 1"),
-    "dynamicfl": _DYNAMICFL_NEUTRAL,
-    "dynamicsgd": _DYNAMICFL_NEUTRAL,
-    "scaffold": ({"server-momentum": 0.0}, "SCAFFOLD's server step is x + eta_g mean delta y_i, "
-                 "Alg. 1 line 17"),
-    "feddyn": ({"server-momentum": 0.0}, "FedDyn's server model is the mean of the theta_k "
-               "minus h / alpha, Alg. 1"),
-    "moon": ({"server-momentum": 0.0}, "MOON's server is FedAvg's weighted average, Alg. 1"),
-    "fedavgm": (_FLOWER_NEUTRAL, _FLOWER_WHY),
-    "fedadam": ({**_FLOWER_NEUTRAL, "server-momentum": 0.0}, _FLOWER_WHY + "; beta_1 is its "
-                "momentum (server-beta1)"),
-    "fedyogi": ({**_FLOWER_NEUTRAL, "server-momentum": 0.0}, _FLOWER_WHY + "; beta_1 is its "
-                "momentum (server-beta1)"),
-    "fedadagrad": ({**_FLOWER_NEUTRAL, "server-momentum": 0.0, "server-beta1": 0.9,
-                    "server-beta2": 0.99},
-                   _FLOWER_WHY + "; FedAdagrad has no beta_1 / beta_2 (Reddi et al., Alg. 2)"),
-}
-
-
-# strategy -> (the models it can train, why): the model must provide what its client needs
-MODELS_ONLY: dict[str, tuple[tuple[str, ...], str]] = {
-    "moon": (REPRESENTATION_MODELS, "MOON's contrastive loss (Li et al. 2021, Eq. 3) needs the "
-             "representation R_w(x) of a projection head, which these models expose"),
-}
-
-# run-config key prefix -> (the strategies that read those keys, the one that checks them)
-FAMILY_KEYS: dict[str, tuple[tuple[str, ...], str]] = {
-    "fedveca-": (("fedveca",), "fedveca"),
-    "dynamicfl-": (("dynamicfl", "dynamicsgd"), "dynamicfl"),
-    "proximal-mu": (("fedprox",), "fedprox"),
-    "feddyn-": (("feddyn",), "feddyn"),
-    "moon-": (("moon",), "moon"),
-    "server-beta": (("fedadam", "fedyogi"), "fedadam"),
-    "server-tau": (("fedadam", "fedyogi", "fedadagrad"), "fedadam"),
-}
+FLOWER_STRATEGIES = FLOWER
 
 
 def build_strategy(cfg: RunConfig) -> tuple[Strategy, dict]:
     """The strategy named by ``cfg.strategy`` and its train ConfigRecord contents.
 
+    ``cfg`` has passed the table's checks (:meth:`RunConfig.validate`), so the constructor
+    sees values it accepts (tests/test_config_keys.py keeps the two in agreement).
+
     Raises
     ------
     ConfigError
-        An unknown strategy, a key the strategy cannot honour, or a value its
-        constructor rejects; the message names the run-config key(s) and the fix.
+        An unknown strategy, a device trace that does not load, or (a bug: the table allows
+        what the constructor refuses) the constructor's complaint.
     """
     if cfg.strategy not in STRATEGIES:
         raise ConfigError(
             f"run config: strategy={cfg.strategy!r} is not allowed; it must be one of "
             f"{', '.join(STRATEGIES)}. Set it with: {flwr_run_fix({'strategy': 'fedavg'})}"
         )
-    _check_neutral(cfg)
-    _check_model(cfg)
-    _check_other_families(cfg)
     try:
         return STRATEGIES[cfg.strategy](cfg)
     except ConfigError:
         raise
     except ValueError as exc:
-        raise _constructor_error(cfg, exc) from exc
-
-
-def _check_other_families(cfg: RunConfig) -> None:
-    """A key only another strategy reads (``fedveca-*`` with FedAvg) is not used, but a
-    bad value is still an error: it is checked by building the strategy that reads it
-    from the defaults plus that family's keys (all of them: some rules span two keys)."""
-    values = cfg.to_dict()
-    for prefix, (readers, checker) in FAMILY_KEYS.items():
-        family = {k: v for k, v in values.items() if k.startswith(prefix)}
-        changed = {k: v for k, v in family.items() if v != default(k)}
-        if cfg.strategy in readers or not changed:
-            continue
-        devices = {k: v for k, v in values.items() if k.startswith("device-")}  # the clock
-        probe = dataclasses.replace(RunConfig(), strategy=checker,
-                                    **{k.replace("-", "_"): v
-                                       for k, v in {**devices, **family}.items()})
-        try:
-            with _quiet():
-                STRATEGIES[checker](probe)
-        except ValueError as exc:
-            shown = ", ".join(f"{k}={v!r}" for k, v in changed.items())
-            raise ConfigError(
-                f"run config: {shown}: not a valid value ({exc}); strategy={cfg.strategy!r} "
-                f"does not read it, but a bad value is still an error. Set it with: "
-                f"{flwr_run_fix({k: default(k) for k in changed})}") from exc
+        said = f"{type(exc).__name__}: {exc}" if type(exc) is not ValueError else str(exc)
+        raise ConfigError(f"run config: strategy={cfg.strategy!r} cannot be built from this "
+                          f"run config: {said}. Change the key it names (README \"Run-config "
+                          f"keys\") with: flwr run . --run-config \"<key>=<value>\"") from exc
 
 
 def check_run_config(user_config: Mapping[str, object]) -> RunConfig:
     """Every run-config rule the ServerApp checks before training, without data or checkpoint.
 
-    ``RunConfig.from_user_config`` plus the strategy's own checks (the strategy is
-    built and dropped). Sweep planners and tests use this to reject a run up front.
+    ``RunConfig.from_user_config`` (the table's checks) plus building the strategy once
+    (its name; a device trace must load). Sweep planners and tests use this to reject a run
+    up front.
     """
     cfg = RunConfig.from_user_config(user_config)
-    with _quiet():
-        build_strategy(cfg)
-    return cfg
-
-
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """Mute Flower's logger (constructors log, e.g. "fraction_evaluate is set to 0.0")."""
-    was_disabled, FLOWER_LOGGER.disabled = FLOWER_LOGGER.disabled, True
+    was_disabled, FLOWER_LOGGER.disabled = FLOWER_LOGGER.disabled, True  # constructors log
     try:
-        yield
+        build_strategy(cfg)
     finally:
         FLOWER_LOGGER.disabled = was_disabled
-
-
-def _check_neutral(cfg: RunConfig) -> None:
-    neutral, why = NEUTRAL_ONLY.get(cfg.strategy, ({}, ""))
-    values = cfg.to_dict()
-    for key, wanted in neutral.items():
-        if values[key] != wanted:
-            raise ConfigError(
-                f"run config: {key}={values[key]!r} is not allowed with "
-                f"strategy={cfg.strategy!r} ({why}). Set it with: {flwr_run_fix({key: wanted})}"
-            )
-
-
-def _check_model(cfg: RunConfig) -> None:
-    models, why = MODELS_ONLY.get(cfg.strategy, ((), ""))
-    if models and cfg.model not in models:
-        raise ConfigError(
-            f"run config: model={cfg.model!r} is not allowed with strategy={cfg.strategy!r} "
-            f"({why}: {', '.join(models)}). Set it with: {flwr_run_fix({'model': models[0]})}")
-
-
-def _builds(cfg: RunConfig) -> bool:
-    try:
-        with _quiet():
-            _check_neutral(cfg)
-            STRATEGIES[cfg.strategy](cfg)
-    except ValueError:
-        return False
-    return True
-
-
-def _culprits(cfg: RunConfig) -> list[str]:
-    """The set keys that, put back to their default, let the strategy build.
-
-    One key at a time first (every key that fixes it alone is named: a cross-key rule
-    names both sides); else all set keys together; else none.
-    """
-    values = cfg.to_dict()
-    changed = [k for k, v in values.items() if k != "strategy" and v != default(k)]
-
-    def reset(keys: list[str]) -> RunConfig:
-        return dataclasses.replace(cfg, **{k.replace("-", "_"): default(k) for k in keys})
-
-    single = [k for k in changed if _builds(reset([k]))]
-    if single:
-        return single
-    return changed if changed and _builds(reset(changed)) else []
-
-
-def _constructor_error(cfg: RunConfig, exc: ValueError) -> ConfigError:
-    """The constructor's complaint, told in run-config keys, with a fix that builds."""
-    name, values = cfg.strategy, cfg.to_dict()
-    keys = _culprits(cfg)
-    said = f"{type(exc).__name__}: {exc}" if type(exc) is not ValueError else str(exc)
-    if not keys:
-        return ConfigError(f"run config: strategy={name!r} cannot be built from this run "
-                           f"config: {said}. Change the key it names (README \"Run-config "
-                           f"keys\") with: flwr run . --run-config \"<key>=<value>\"")
-    shown = ", ".join(f"{k}={values[k]!r}" for k in keys)
-    if len(keys) == 1:
-        head = f"{shown} is not allowed with strategy={name!r}"
-    else:
-        head = f"{shown} are not allowed together with strategy={name!r}"
-    first = dataclasses.replace(cfg, **{keys[0].replace("-", "_"): default(keys[0])})
-    fix = {keys[0]: default(keys[0])} if _builds(first) else {k: default(k) for k in keys}
-    return ConfigError(f"run config: {head}: {said}. Set it with: {flwr_run_fix(fix)}")
+    return cfg

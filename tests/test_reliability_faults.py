@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedapp.config import ConfigError, RunConfig
 from fedapp.faults import fault_of
 from tests.reliability_common import ALL_STRATEGIES, run, warnings_of
 from strategies import contract as C
@@ -33,26 +32,6 @@ def test_this_seed_has_a_round_where_every_client_fails():
     # the runs below rely on it: round 2 of seed 0 loses all 4 clients
     assert len(expected_faults(2)) == NODES and 0 < len(expected_faults(1)) < NODES
     assert {"crash", "late"} <= set(expected_faults(2).values()) | set(expected_faults(3).values())
-
-
-@pytest.mark.parametrize(
-    "key,value",
-    [
-        ("fault-crash-prob", 1.5),
-        ("fault-late-prob", -0.1),
-        ("round-timeout", 0.0),
-        ("checkpoint-every", -1),
-        ("resume-from", "relative/dir"),
-    ],
-)
-def test_fault_and_checkpoint_keys_validated(key, value):
-    with pytest.raises(ConfigError, match=key):
-        RunConfig.from_user_config({key: value})
-
-
-def test_crash_plus_late_at_most_one():
-    with pytest.raises(ConfigError, match="fault-late-prob"):
-        RunConfig.from_user_config({"fault-crash-prob": 0.6, "fault-late-prob": 0.5})
 
 
 @pytest.mark.parametrize("strategy", ALL_STRATEGIES)
