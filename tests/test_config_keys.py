@@ -96,8 +96,7 @@ RULE_CASES: dict[tuple[str, ...], tuple[list[dict], dict]] = {
 LAX: dict[str, tuple[tuple[str, ...], str]] = {
     "fraction-train": (FLOWER, "Flower's FedAvg stores fraction_train as given"),
     "fraction-evaluate": (FLOWER, "Flower's FedAvg stores fraction_evaluate as given"),
-    "min-available-nodes": (FLOWER + DYNAMICFL, "Flower's FedAvg stores min_available_nodes"),
-    "seed": (DYNAMICFL, "DynamicFL stores int(seed)"),
+    "min-available-nodes": (FLOWER, "Flower's FedAvg stores min_available_nodes"),
     "lr": (FEDOPT, "Flower's FedOpt stores eta_l as given"),
     "dynamicfl-server-budget": (DYNAMICFL, "DynamicFL stores server_budget as given"),
 }
