@@ -12,8 +12,8 @@ short sleep; everything else goes to the wrapped Grid unchanged. The sleep grows
 time since the push (:func:`pull_delay`): an exchange whose replies come within a fraction
 of a second (a small model, clients in parallel) is not held up to a whole interval after
 its last reply, and a long one is pulled every 0.1 s as before. The reply's arrays are
-pulled by Flower's ``pull_objects``, whose first retry comes after 1 s; it is shortened to
-0.05 s in this process (:mod:`fedapp.flower_pulls`).
+pulled by Flower's ``pull_objects``, whose first retry comes after 1 s; the ServerApp
+shortens it to 0.05 s (:func:`flower_patches.shorten_object_pulls`, which it asks for).
 
 Flower's ``Strategy.start`` keeps round r's training replies in a local variable
 (``train_replies``) until ``send_and_receive`` returns round r + 1's, so the ServerApp held
@@ -33,7 +33,6 @@ from typing import TYPE_CHECKING
 from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
 
-from fedapp.flower_pulls import shorten_object_pulls
 
 if TYPE_CHECKING:
     from flwr.proto.node_pb2 import NodeInfo  # pylint: disable=no-name-in-module
@@ -65,8 +64,6 @@ class ServerAppGrid(Grid):
         self.grid = grid
         self.pull_interval = float(pull_interval)
         self.last_replies: list[Message] = []  # what send_and_receive returned last
-        # the replies' arrays: first retry after 0.05 s, not Flower's 1 s (fedapp.flower_pulls)
-        shorten_object_pulls()
 
     def send_and_receive(self, messages: Iterable[Message], *,
                          timeout: float | None = None) -> Iterable[Message]:
