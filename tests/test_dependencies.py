@@ -16,10 +16,10 @@ import tomllib
 from tests.user_project import REPO
 
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
-OURS = {"strategies", "task", "fedapp", "simulation", "deploy", "flower_patches", "tests",
-        "stockapp", "barefedavg"}
-SOURCES = ["strategies", "task", "fedapp", "simulation", "deploy", "flower_patches.py", "tests",
-           "examples"]
+OURS = {"strategies", "task", "fedapp", "simulation", "deploy", "fedhetero", "flower_patches",
+        "tests", "stockapp", "barefedavg"}
+SOURCES = ["strategies", "task", "fedapp", "simulation", "deploy", "fedhetero", "flower_patches.py",
+           "tests", "examples"]
 # import name -> distribution name, where they differ
 DISTRIBUTION = {"flwr_datasets": "flwr-datasets", "tomli_w": "tomli-w", "PIL": "pillow",
                 "yaml": "pyyaml", "mlflow": "mlflow-skinny"}
