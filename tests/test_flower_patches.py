@@ -6,8 +6,7 @@ tests/test_deploy_faults.py go through the patches end to end."""
 
 from __future__ import annotations
 
-import inspect
-import re
+import json
 import subprocess
 import sys
 import time
@@ -25,14 +24,40 @@ import flower_patches as P
 from deploy.supernode import IDLE_PULL_ENV, idle_pull_seconds
 from tests.user_project import REPO
 
-KW = inspect.Parameter.KEYWORD_ONLY
 # (name, kind, default) of the keyword-only parameters whose defaults shorten_object_pulls
 # replaces, as Flower 1.42.0 declares them in both pull functions
-PULL_PARAMETERS = [("max_concurrent_pulls", KW, 2), ("max_time", KW, 7200),
-                   ("max_tries_per_object", KW, 500), ("initial_backoff", KW, 1),
-                   ("backoff_cap", KW, 10)]
+PULL_PARAMETERS = [["max_concurrent_pulls", "KEYWORD_ONLY", 2], ["max_time", "KEYWORD_ONLY", 7200],
+                   ["max_tries_per_object", "KEYWORD_ONLY", 500],
+                   ["initial_backoff", "KEYWORD_ONLY", 1], ["backoff_cap", "KEYWORD_ONLY", 10]]
 GET_EXECUTOR_PARAMETERS = ["executor_type", "executor_config", "insecure",
                            "root_certificates_path"]
+# What this Flower declares, read in a fresh interpreter: in this one a ServerApp run
+# in-process by an earlier test has asked for shorten_object_pulls already.
+DECLARED = """
+import inspect, json, re, flwr
+from flwr.supercore.inflatable import inflatable_utils as u
+from flwr.supercore.superexec import run_superexec as r
+from flwr.supernode import start_client_internal as s
+names = {"max_concurrent_pulls", "max_time", "max_tries_per_object", "initial_backoff",
+         "backoff_cap"}
+print(json.dumps({
+    "version": flwr.__version__,
+    "backoff": [u.PULL_INITIAL_BACKOFF, u.PULL_BACKOFF_CAP],
+    "pulls": {f.__name__: [[p.name, p.kind.name, p.default]
+                           for p in inspect.signature(f).parameters.values() if p.name in names]
+              for f in (u.pull_objects, u.pull_and_inflate_object_from_tree)},
+    "sleeps": re.findall(r"time\\.sleep\\(([^)]*)\\)", inspect.getsource(s)),
+    "get_executor": list(inspect.signature(r.get_executor).parameters),
+    "get_executor_calls": inspect.getsource(r.run_superexec).count("get_executor("),
+}))
+"""
+
+
+@pytest.fixture(scope="module")
+def declared() -> dict:
+    out = subprocess.run([sys.executable, "-c", DECLARED], cwd=REPO, capture_output=True,
+                         text=True, timeout=120, check=True)
+    return json.loads(out.stdout)
 
 
 @pytest.fixture
@@ -45,8 +70,8 @@ def restore_flower(monkeypatch):
 
 
 # ------------------------------------------------------------------ the pins
-def test_this_is_the_flower_the_patches_were_written_for():
-    assert flwr.__version__ == P.FLOWER_VERSION, (
+def test_this_is_the_flower_the_patches_were_written_for(declared):
+    assert flwr.__version__ == declared["version"] == P.FLOWER_VERSION, (
         f"flower_patches.py was written for flwr {P.FLOWER_VERSION}, this is flwr "
         f"{flwr.__version__}: re-read inflatable_utils.pull_objects / "
         "pull_and_inflate_object_from_tree, supernode/start_client_internal.py's sleeps and "
@@ -54,28 +79,22 @@ def test_this_is_the_flower_the_patches_were_written_for():
         "FLOWER_VERSION and the pins in this file")
 
 
-def test_the_pull_functions_keyword_defaults_are_the_ones_we_replace():
-    assert inflatable_utils.PULL_INITIAL_BACKOFF == 1  # what the docs say Flower waits
-    assert inflatable_utils.PULL_BACKOFF_CAP == 10
-    for fn in P.pull_functions():
-        params = [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()
-                  if p.name in {name for name, _, _ in PULL_PARAMETERS}]
-        assert params == PULL_PARAMETERS, f"{fn.__module__}.{fn.__name__} changed: {params}"
+def test_the_pull_functions_keyword_defaults_are_the_ones_we_replace(declared):
+    assert declared["backoff"] == [1, 10]  # what the docs say Flower waits
+    assert declared["pulls"] == {"pull_objects": PULL_PARAMETERS,
+                                 "pull_and_inflate_object_from_tree": PULL_PARAMETERS}
     P.check_object_pulls()
 
 
-def test_the_supernode_loop_sleeps_the_literals_we_map():
-    source = inspect.getsource(start_client_internal)
-    assert re.findall(r"time\.sleep\(([^)]*)\)", source) == ["3", "0.5", "0.5"]
+def test_the_supernode_loop_sleeps_the_literals_we_map(declared):
+    assert declared["sleeps"] == ["3", "0.5", "0.5"]
     assert (P.FLOWER_IDLE_SLEEP, P.FLOWER_REPLY_SLEEP) == (3, 0.5)
     P.check_supernode_waits()
 
 
-def test_the_superexec_loop_builds_its_executor_with_get_executor():
-    assert list(inspect.signature(run_superexec.get_executor).parameters) == (
-        GET_EXECUTOR_PARAMETERS)
-    loop = inspect.getsource(run_superexec.run_superexec)
-    assert loop.count("get_executor(") == 1, "run_superexec no longer calls get_executor once"
+def test_the_superexec_loop_builds_its_executor_with_get_executor(declared):
+    assert declared["get_executor"] == GET_EXECUTOR_PARAMETERS
+    assert declared["get_executor_calls"] == 1, "run_superexec no longer calls get_executor once"
     P.check_superexec_executor()
 
 
@@ -102,18 +121,20 @@ print(before == after, s.time is time, before[0][0]['initial_backoff'])
 def test_a_pull_function_without_our_keywords_is_named(restore_flower):
     fn = inflatable_utils.pull_objects
     fn.__kwdefaults__.pop("initial_backoff")
+    other = inflatable_utils.pull_and_inflate_object_from_tree.__kwdefaults__
+    before = dict(other)
     with pytest.raises(RuntimeError, match=r"pull_objects has no keyword defaults "
                                            r"\['initial_backoff'\].*flower_patches\.py"):
-        P.shorten_object_pulls()
-    assert inflatable_utils.pull_and_inflate_object_from_tree.__kwdefaults__[
-        "initial_backoff"] == 1  # nothing patched half-way
+        P.shorten_object_pulls(first_retry=0.01, longest=0.01)
+    assert other == before  # nothing patched half-way
 
 
 def test_a_supernode_loop_without_time_is_named(restore_flower, monkeypatch):
     monkeypatch.setattr(start_client_internal, "time", object())
+    before = dict(inflatable_utils.pull_objects.__kwdefaults__)
     with pytest.raises(RuntimeError, match="start_client_internal no longer imports time"):
         P.shorten_supernode_waits()
-    assert inflatable_utils.pull_objects.__kwdefaults__["initial_backoff"] == 1
+    assert inflatable_utils.pull_objects.__kwdefaults__ == before
 
 
 def test_a_superexec_loop_without_get_executor_is_named(restore_flower, monkeypatch):
@@ -179,9 +200,10 @@ def test_an_object_that_is_no_executor_is_refused_naming_what_it_lacks(restore_f
 
 @pytest.mark.parametrize("kwargs", [dict(idle=0), dict(idle=61), dict(reply=-1)])
 def test_bad_waits_are_refused(kwargs, restore_flower):
+    before = start_client_internal.time
     with pytest.raises(ValueError, match="seconds"):
         P.shorten_supernode_waits(**kwargs)
-    assert isinstance(start_client_internal.time, type(time))
+    assert start_client_internal.time is before
 
 
 def test_bad_object_pull_waits_are_refused(restore_flower):
