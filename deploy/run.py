@@ -16,7 +16,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from fedapp.registry import check_run_config
+from fedapp import check_run_config  # the app's public entry point
 from simulation.runtime import parse_overrides
 
 from .cluster import DeploySpec, LocalDeployment
@@ -65,7 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def spec_of(args: argparse.Namespace) -> tuple[DeploySpec, dict]:
     """(what to start, run-config overrides); ValueError names a bad option or run-config
-    value (the ServerApp's checks: :func:`fedapp.registry.check_run_config`)."""
+    value (the ServerApp's checks: :func:`fedapp.check_run_config`)."""
     overrides = parse_overrides(args.run_config)
     spec = DeploySpec(
         num_supernodes=args.num_supernodes,

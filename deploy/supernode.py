@@ -1,9 +1,10 @@
 """``python -m deploy.supernode ARGS``: ``flower-supernode ARGS`` with Flower's fixed waits
-shortened (:mod:`deploy.flower_waits`): an idle SuperNode pulls every 0.5 s instead of
-3 s (``FEDHETERO_SUPERNODE_IDLE_PULL`` seconds to change it; each idle SuperNode sends
-1/that requests a second to the SuperLink), it checks for its ClientApp's reply every
-0.05 s, and a message's arrays that are not there yet are asked for again after 0.05 s.
-Every argument goes to Flower's ``flower-supernode`` unchanged.
+shortened (:func:`flower_patches.shorten_supernode_waits`, asked for in :func:`main`): an
+idle SuperNode pulls every 0.5 s instead of 3 s (``FEDHETERO_SUPERNODE_IDLE_PULL`` seconds
+to change it; each idle SuperNode sends 1/that requests a second to the SuperLink), it
+checks for its ClientApp's reply every 0.05 s, and a message's arrays that are not there
+yet are asked for again after 0.05 s. Every argument goes to Flower's ``flower-supernode``
+unchanged.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import sys
 
 from flwr.supernode.cli import flower_supernode
 
-from .flower_waits import SUPERNODE_IDLE_PULL, shorten_supernode_waits
+from flower_patches import SUPERNODE_IDLE_PULL, shorten_supernode_waits
 
 IDLE_PULL_ENV = "FEDHETERO_SUPERNODE_IDLE_PULL"
 

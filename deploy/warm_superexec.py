@@ -56,18 +56,6 @@ def preload(modules: Sequence[str]) -> None:
                 name, err)
 
 
-def shorten_object_pulls() -> None:
-    """:func:`fedapp.flower_pulls.shorten_object_pulls` in this process (the children pull
-    their message's arrays from the SuperNode), then forget the ``fedapp`` package again:
-    every ClientApp must import its app's modules from its own FAB, never from here."""
-    before = set(sys.modules)
-    from fedapp.flower_pulls import shorten_object_pulls as shorten  # noqa: PLC0415
-    shorten()
-    for name in set(sys.modules) - before:
-        if name.split(".")[0] == "fedapp":
-            del sys.modules[name]
-
-
 def process_gone(pid: int) -> bool:
     """True once ``pid`` has exited, a zombie included (Flower's parent monitor tests
     ``os.kill(pid, 0)``, which a zombie passes: a SuperNode started by a Python parent that
@@ -176,6 +164,22 @@ class ForkExecutor(SubprocessExecutor):
         self.reconcile()
 
 
+def patch_flower(executor: ForkExecutor) -> None:
+    """The two Flower patches this process asks for (:mod:`flower_patches`): the children's
+    message arrays pulled with a 0.05 s first retry (the children inherit it), and
+    ``executor`` as the executor of Flower's SuperExec loop. Then forget ``flower_patches``
+    again: it ships in the app's FAB too, and every ClientApp imports the app's modules
+    from its own FAB, never from here."""
+    before = set(sys.modules)
+    import flower_patches  # noqa: PLC0415
+
+    flower_patches.shorten_object_pulls()
+    flower_patches.use_superexec_executor(executor)
+    for name in set(sys.modules) - before:
+        if name.split(".")[0] == "flower_patches":
+            del sys.modules[name]
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The ``flower-superexec`` options a SuperNode's local SuperExec needs."""
     p.add_argument("--runtime-api-address", required=True,
@@ -201,14 +205,12 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("deploy.warm_superexec: give --root-certificates CA_CERT (the Runtime "
                          "API's TLS) or --insecure (a SuperNode on this host without TLS)")
     preload([m for m in args.preload.split(",") if m.strip()])
-    shorten_object_pulls()
+    executor = ForkExecutor()
+    patch_flower(executor)  # Flower's loop builds its executor by name: it gets this one
     if args.parent_pid is not None:
         exit_with(args.parent_pid)
-    executor = ForkExecutor()
     log(INFO, "Starting SuperExec (ClientApps forked from a process with %s imported)",
         args.preload or "nothing")
-    # Flower's loop builds its executor by name; this is the one place that choice is made.
-    flower_superexec.get_executor = lambda *_args, **_kwargs: executor
     flower_superexec.run_superexec(
         runtime_api_address=args.runtime_api_address,
         insecure=args.insecure,

@@ -9,7 +9,8 @@ environment variable to change it; the simulation's ``InMemoryGrid`` sleeps its
 ``push_messages`` / ``pull_messages``; :class:`ServerAppGrid` gives a strategy that calls
 ``send_and_receive`` itself (Flower's own ``Strategy.start``) the same loop. The reply's
 arrays are pulled by Flower's ``pull_objects``, whose first retry comes after 1 s; it is
-shortened to 0.05 s in this process (:mod:`fedapp.flower_pulls`).
+shortened to 0.05 s by the ServerApp (:func:`flower_patches.shorten_object_pulls`,
+which it asks for).
 
 Flower's ``Strategy.start`` keeps round r's training replies in a local variable
 (``train_replies``) until ``send_and_receive`` returns round r + 1's, so the ServerApp held
@@ -28,7 +29,6 @@ from typing import TYPE_CHECKING
 from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
 
-from fedapp.flower_pulls import shorten_object_pulls
 from strategies.event_loop import PULL_INTERVAL, GridEventLoop
 
 if TYPE_CHECKING:
@@ -47,8 +47,6 @@ class ServerAppGrid(Grid):
         self.grid = grid
         self.pull_interval = float(pull_interval)
         self.last_replies: list[Message] = []  # what send_and_receive returned last
-        # the replies' arrays: first retry after 0.05 s, not Flower's 1 s (fedapp.flower_pulls)
-        shorten_object_pulls()
 
     def send_and_receive(self, messages: Iterable[Message], *,
                          timeout: float | None = None) -> Iterable[Message]:

@@ -2,7 +2,7 @@
 
 Each tool module has ``add_arguments(parser)`` and ``run(args) -> exit code``; its
 sub-parser is built from it, and only the chosen tool is imported. The ``fedhetero``
-command (:mod:`simulation.cli`) offers the same commands, plus ``deploy``.
+command (:mod:`fedhetero.cli`) offers the same commands, plus ``deploy`` and ``bench deploy``.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def build_parser(command: str | None = None, prog: str = PROG,
                  description: str | None = __doc__) -> argparse.ArgumentParser:
     """The CLI parser; the sub-parser of ``command`` gets its tool's arguments.
 
-    ``prog`` and ``commands`` let the ``fedhetero`` command (:mod:`simulation.cli`) build its
+    ``prog`` and ``commands`` let the ``fedhetero`` command (:mod:`fedhetero.cli`) build its
     parser the same way, with more tools.
     """
     parser = argparse.ArgumentParser(prog=prog, description=description,

@@ -1,14 +1,27 @@
 """The simulated clock's fleet as a figure (device_profiles.png of a run directory); no torch,
-so the ServerApp draws it without importing torch."""
+so the ServerApp draws it without importing torch.
+
+It reads four attributes of each device, what :class:`strategies.devices.DeviceProfile` has
+(:class:`PlottedDevice`); ``task`` imports nothing of ``strategies`` but its contract.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Protocol
 
-from strategies.devices import DeviceProfile
 
-def plot_device_profiles(devices: Mapping[int, DeviceProfile], path: Path, title: str) -> Path:
+class PlottedDevice(Protocol):
+    """What the figure reads of one device (``strategies.devices.DeviceProfile`` has it)."""
+
+    speed: float  # compute speed relative to the reference device
+    downlink_mbps: float
+    uplink_mbps: float
+    availability: float  # probability of being online in a round
+
+
+def plot_device_profiles(devices: Mapping[int, PlottedDevice], path: Path, title: str) -> Path:
     """Per partition: compute speed, downlink and uplink (log scale), and availability."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415
     from matplotlib.figure import Figure  # noqa: PLC0415

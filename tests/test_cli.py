@@ -1,5 +1,5 @@
 """Every ``fedhetero`` / ``python -m simulation`` / ``python -m deploy`` sub-command has a
-real --help, and the ``fedhetero`` console script runs."""
+real --help, and the ``fedhetero`` console script (``python -m fedhetero``) runs."""
 
 from __future__ import annotations
 
@@ -16,15 +16,17 @@ import pytest
 
 from deploy.__main__ import COMMANDS as DEPLOY_COMMANDS
 from deploy.__main__ import main as deploy_main
-from simulation.cli import COMMANDS as FEDHETERO_COMMANDS
-from simulation.cli import main as fedhetero_main
+from fedhetero.cli import COMMANDS as FEDHETERO_COMMANDS
+from fedhetero.cli import main as fedhetero_main
 from simulation.__main__ import COMMANDS
 from simulation.__main__ import main as simulation_main
 from simulation.runtime.help_format import help_with_default
 
 REPO = Path(__file__).resolve().parents[1]
 
-BENCHES = ["overhead", "efficiency", "aggregation", "sync-events", "import", "scale", "deploy"]
+BENCHES = ["overhead", "efficiency", "aggregation", "sync-events", "import", "scale", "layout",
+           "heap"]
+FEDHETERO_BENCHES = [*BENCHES, "deploy"]  # it drives deploy/: fedhetero's, not simulation's
 
 
 def help_of(main, argv: list[str], capsys) -> str:
@@ -50,6 +52,7 @@ def test_every_command_has_its_own_options(command, capsys):
 def test_bench_lists_and_documents_its_benchmarks(capsys):
     text = help_of(simulation_main, ["bench"], capsys)
     assert all(name in text for name in BENCHES)
+    assert "    deploy" not in text  # simulation/ does not import deploy/
     for name in BENCHES:
         sub = help_of(simulation_main, ["bench", name], capsys)
         assert f"usage: python -m simulation bench {name}" in sub and "--" in sub
@@ -100,7 +103,7 @@ def test_help_texts_name_the_defaults(main, argv, expected, capsys):
 
 
 def test_the_entry_points_run():
-    for module in ("simulation", "deploy"):
+    for module in ("simulation", "deploy", "fedhetero"):
         proc = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True,
                               text=True, timeout=120, check=False)
         assert proc.returncode == 0 and "COMMAND" in proc.stdout, proc.stderr
@@ -118,20 +121,29 @@ def test_fedhetero_has_every_simulation_command_and_deploy(capsys):
 def test_every_fedhetero_command_has_its_tools_options(command, capsys):
     text = help_of(fedhetero_main, [command], capsys)
     assert f"usage: fedhetero {command}" in text
-    if command in COMMANDS:  # the same options as the python -m simulation alias
+    if command == "bench":  # simulation's benches, and deploy
+        ours, simulation = options_of(text), options_of(help_of(simulation_main, [command],
+                                                                capsys))
+        assert [line for line in ours if line in simulation] == simulation
+        extra = " ".join(line for line in ours if line not in simulation)
+        assert extra.startswith("deploy ") and "deployment runtime vs simulation" in extra
+    elif command in COMMANDS:  # the same options as the python -m simulation alias
         assert options_of(text) == options_of(help_of(simulation_main, [command], capsys))
     else:
         assert options_of(text) == options_of(help_of(deploy_main, [], capsys))
 
 
 def options_of(help_text: str) -> list[str]:
-    """The option / sub-command lines of a --help text (not the usage, which wraps by prog)."""
-    body = help_text.split("\n\n", 1)[1]
-    return [line.strip() for line in body.splitlines() if line.startswith("  ")]
+    """The option / sub-command lines of a --help text (not the usage, which wraps by prog,
+    nor the description)."""
+    lines = help_text.splitlines()
+    first = next(i for i, line in enumerate(lines)
+                 if line in ("positional arguments:", "options:"))
+    return [line.strip() for line in lines[first:] if line.startswith("  ")]
 
 
 def test_fedhetero_bench_and_deploy_sub_commands(capsys):
-    for name in BENCHES:
+    for name in FEDHETERO_BENCHES:
         text = help_of(fedhetero_main, ["bench", name], capsys)
         assert f"usage: fedhetero bench {name}" in text and "--" in text
     for command in DEPLOY_COMMANDS:
@@ -165,12 +177,14 @@ def modules_loaded_by(code: str) -> set[str]:
 
 
 def test_fedhetero_imports_only_the_chosen_tool():
-    top = modules_loaded_by("import simulation.cli as c; c.build_parser()")
+    top = modules_loaded_by("import fedhetero.cli as c; c.build_parser()")
     assert not top & {"torch", "fedapp", "task", "deploy", "simulation.sweep", "simulation.run"}
-    sweep = modules_loaded_by("import simulation.cli as c; c.build_parser('sweep')")
+    sweep = modules_loaded_by("import fedhetero.cli as c; c.build_parser('sweep')")
     assert "simulation.sweep" in sweep and not sweep & {"deploy", "simulation.bench"}
-    deploy = modules_loaded_by("import simulation.cli as c; c.build_parser('deploy')")
+    deploy = modules_loaded_by("import fedhetero.cli as c; c.build_parser('deploy')")
     assert "deploy.run" in deploy and not deploy & {"torch", "simulation.sweep"}
+    bench = modules_loaded_by("import fedhetero.cli as c; c.build_parser('bench')")
+    assert {"simulation.bench", "fedhetero.deploy_bench", "deploy.cluster"} <= bench
 
 
 def test_the_console_script_entry_point_is_fedhetero_main():

@@ -16,8 +16,10 @@ import tomllib
 from tests.user_project import REPO
 
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
-OURS = {"strategies", "task", "fedapp", "simulation", "deploy", "tests", "stockapp", "barefedavg"}
-SOURCES = ["strategies", "task", "fedapp", "simulation", "deploy", "tests", "examples"]
+OURS = {"strategies", "task", "fedapp", "simulation", "deploy", "fedhetero", "flower_patches",
+        "tests", "stockapp", "barefedavg"}
+SOURCES = ["strategies", "task", "fedapp", "simulation", "deploy", "fedhetero", "flower_patches.py",
+           "tests", "examples"]
 # import name -> distribution name, where they differ
 DISTRIBUTION = {"flwr_datasets": "flwr-datasets", "tomli_w": "tomli-w", "PIL": "pillow",
                 "yaml": "pyyaml", "mlflow": "mlflow-skinny"}
@@ -37,7 +39,8 @@ def third_party_imports() -> dict[str, set[str]]:
     """{top-level module: files importing it} over the tree (absolute imports only)."""
     found: dict[str, set[str]] = {}
     for root in SOURCES:
-        for path in sorted((REPO / root).rglob("*.py")):
+        single = REPO / root
+        for path in [single] if single.is_file() else sorted(single.rglob("*.py")):
             for node in ast.walk(ast.parse(path.read_text())):
                 names = []
                 if isinstance(node, ast.Import):

@@ -156,7 +156,7 @@ def test_importing_it_does_not_import_the_app():
     come from the installed FAB, so the launcher must not import them."""
     code = ("import sys, deploy.warm_superexec; "
             "print(sorted({m.split('.')[0] for m in sys.modules} & "
-            "{'fedapp', 'strategies', 'task', 'simulation'}))")
+            "{'fedapp', 'strategies', 'task', 'simulation', 'flower_patches'}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=Path(__file__).resolve().parents[1])
     assert out.stdout.strip() == "[]"
@@ -166,15 +166,17 @@ def test_local_deployments_use_it_by_default():
     assert DeploySpec().warm_clientapps is True
 
 
-def test_it_shortens_the_object_pulls_and_forgets_the_app_package():
+def test_it_patches_flower_and_forgets_the_patch_module():
     code = ("import sys, deploy.warm_superexec as w; "
             "from flwr.supercore.inflatable import inflatable_utils as u; "
-            "w.shorten_object_pulls(); "
+            "from flwr.supercore.superexec import run_superexec as r; "
+            "e = w.ForkExecutor(); w.patch_flower(e); "
             "print(u.pull_objects.__kwdefaults__['initial_backoff'], "
-            "any(m.split('.')[0] == 'fedapp' for m in sys.modules))")
+            "r.get_executor('subprocess') is e, "
+            "any(m.split('.')[0] in ('fedapp', 'flower_patches') for m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=Path(__file__).resolve().parents[1])
-    assert out.stdout.split() == ["0.05", "False"]
+    assert out.stdout.split() == ["0.05", "True", "False"]
 
 
 def test_deploy_run_flags_choose_flowers_processes_and_an_in_memory_superlink():

@@ -14,9 +14,11 @@ aggregation's peak extra memory (from (b)).
 * ``import``: ``import strategies`` against ``import flwr.serverapp.strategy``;
 * ``sync-events``: DynamicFL's seconds per sync event against the active clients;
 * ``scale``: per-round time at 10, 100, 1,000 clients against a bare Flower FedAvg app;
-* ``deploy``: a warm round on the deployment runtime against the simulation engine;
 * ``layout``: SGD step and evaluation times, channels-last against contiguous, on this device;
 * ``heap``: SGD step time with glibc's malloc thresholds against fixed ones (CPU).
+
+``fedhetero bench`` has one more: ``deploy`` (:mod:`fedhetero.deploy_bench`), which drives
+``deploy/``; ``simulation/`` never imports ``deploy/``.
 """
 
 from __future__ import annotations
@@ -26,42 +28,42 @@ import importlib
 
 from ..runtime import HelpFormatter
 
-# bench name -> module of this package (each has HELP, add_arguments(parser), run(args))
+# bench name -> module (each has HELP, add_arguments(parser), run(args)); full names, so
+# tests/test_layers.py reads them as the imports they are
 BENCHES = {
-    "efficiency": "efficiency",
-    "overhead": "overhead",
-    "aggregation": "aggregation",
-    "import": "imports",
-    "sync-events": "sync_events",
-    "scale": "scale",
-    "deploy": "deploy",
-    "layout": "layout",
-    "heap": "heap",
+    "efficiency": "simulation.bench.efficiency",
+    "overhead": "simulation.bench.overhead",
+    "aggregation": "simulation.bench.aggregation",
+    "import": "simulation.bench.imports",
+    "sync-events": "simulation.bench.sync_events",
+    "scale": "simulation.bench.scale",
+    "layout": "simulation.bench.layout",
+    "heap": "simulation.bench.heap",
 }
 STANDARD = ("efficiency", "aggregation")  # what a plain `bench` runs, in this order
 
 
-def bench_module(name: str):
+def bench_module(name: str, benches: dict[str, str] = BENCHES):
     """The module that implements bench ``name``."""
-    return importlib.import_module(f"{__name__}.{BENCHES[name]}")
+    return importlib.import_module(benches[name])
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The bench sub-commands and their options."""
+def add_arguments(parser: argparse.ArgumentParser, benches: dict[str, str] = BENCHES) -> None:
+    """The sub-commands and options of ``benches`` (``fedhetero bench`` adds ``deploy``)."""
     sub = parser.add_subparsers(
         dest="bench", metavar="BENCH",
         help=f"one benchmark (default: {', then '.join(STANDARD)})")
-    for name in BENCHES:
-        module = bench_module(name)
+    for name in benches:
+        module = bench_module(name, benches)
         p = sub.add_parser(name, help=module.HELP, description=module.__doc__,
                            formatter_class=HelpFormatter)
         module.add_arguments(p)
 
 
-def run(args: argparse.Namespace) -> int:
-    """One benchmark, or the standard figures (a), (b), (c) in one run."""
+def run(args: argparse.Namespace, benches: dict[str, str] = BENCHES) -> int:
+    """One benchmark of ``benches``, or the standard figures (a), (b), (c) in one run."""
     if args.bench is not None:
-        bench_module(args.bench).run(args)
+        bench_module(args.bench, benches).run(args)
         return 0
     for name in STANDARD:
         print(f"\n===== python -m simulation bench {name} =====", flush=True)

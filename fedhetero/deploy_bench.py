@@ -1,4 +1,4 @@
-"""``bench deploy``: a warm round on Flower's deployment runtime against the same round on
+"""``fedhetero bench deploy``: a warm round on Flower's deployment runtime against the same round on
 its simulation engine. One run config, one seed, this machine, one run of each runtime,
 one after the other: a real ``flwr run`` on the simulation engine (Ray, one CPU and so
 one torch thread per ClientApp) and a real local deployment (one SuperLink and
@@ -26,12 +26,14 @@ import statistics
 import tempfile
 from pathlib import Path
 
+from deploy.cluster import DeploySpec, LocalDeployment
+from deploy.layout import Layout
+from deploy.runner import run_on_connection
 from fedapp.run_log import format_table, read_rounds
+from simulation.bench.common import simulation_round_seconds
+from simulation.runtime import at_least, parse_overrides
 from strategies import contract as C
 from task.cache import ROOT_ENV
-
-from ..runtime import at_least, parse_overrides
-from .common import simulation_round_seconds
 
 HELP = "deployment runtime vs simulation engine, warm rounds of one config"
 ON_DISK = "restartable; what python -m deploy run starts"
@@ -56,10 +58,6 @@ def deployed_records(config: dict, supernodes: int, work: Path, timeout: float,
                      database: bool) -> list[dict]:
     """The run log of one run on a local deployment (started and stopped here, by PID);
     ``database``: the SuperLink keeps its state in a file, else in memory."""
-    from deploy.cluster import DeploySpec, LocalDeployment  # noqa: PLC0415 - drives deploy/
-    from deploy.layout import Layout  # noqa: PLC0415
-    from deploy.runner import run_on_connection  # noqa: PLC0415
-
     out = work / "deploy-runs"
     spec = DeploySpec(num_supernodes=supernodes, num_threads=1, superlink_database=database)
     with LocalDeployment(spec, Layout(work / "deploy"), start_timeout=300) as deployment:
@@ -77,7 +75,7 @@ def deployed_records(config: dict, supernodes: int, work: Path, timeout: float,
 
 def run(args) -> None:
     if args.rounds < 2:
-        raise SystemExit("bench deploy: --rounds must be >= 2 (round 1 is not timed)")
+        raise SystemExit("fedhetero bench deploy: --rounds must be >= 2 (round 1 is not timed)")
     config = {**parse_overrides(args.run_config), "num-server-rounds": args.rounds,
               "min-available-nodes": args.supernodes}
     print(f"Run config (both runtimes): {config}; {args.supernodes} clients, one torch thread "

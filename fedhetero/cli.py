@@ -1,9 +1,11 @@
 """``fedhetero COMMAND``: run, sweep, report, bench, deploy, ... of fedhetero in one command.
 
-It dispatches by module name to the simulation tools (``python -m simulation COMMAND``) and
-to ``deploy`` (``python -m deploy COMMAND``, which itself imports only
-``simulation.runtime``); only the chosen tool is imported, so nothing below this module
-imports ``deploy``. :data:`DESCRIPTION` is what ``fedhetero --help`` says.
+It dispatches by module name (an import of the chosen tool, and only of it) to the
+simulation tools (``python -m simulation COMMAND``), to ``deploy`` (``python -m deploy
+COMMAND``) and, for ``bench``, to :mod:`fedhetero.bench` (the simulation benchmarks plus
+``deploy``). It lives above both ``simulation/`` and ``deploy/`` because it imports both;
+``simulation/`` never imports ``deploy/``. :data:`DESCRIPTION` is what ``fedhetero --help``
+says.
 """
 
 from __future__ import annotations
@@ -11,9 +13,9 @@ from __future__ import annotations
 import sys
 from importlib.metadata import PackageNotFoundError, version
 
-from .__main__ import COMMANDS as SIMULATION_COMMANDS
-from .__main__ import build_parser as build_tool_parser
-from .__main__ import chosen_command, run_tool
+from simulation.__main__ import COMMANDS as SIMULATION_COMMANDS
+from simulation.__main__ import build_parser as build_tool_parser
+from simulation.__main__ import chosen_command, run_tool
 
 PROG = "fedhetero"
 DESCRIPTION = """\
@@ -30,6 +32,7 @@ examples:
 # name -> (module with add_arguments(parser) and run(args), one-line summary)
 COMMANDS = {
     **SIMULATION_COMMANDS,
+    "bench": ("fedhetero.bench", SIMULATION_COMMANDS["bench"][1]),
     "deploy": ("deploy.__main__",
                "Flower's deployment runtime: SuperLink + SuperNodes (its own sub-commands)"),
 }
