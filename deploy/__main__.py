@@ -1,18 +1,21 @@
 """``python -m deploy COMMAND``: Flower's deployment runtime for this app on this machine.
 
 Commands: ``run`` (SuperLink + N SuperNodes, one ``flwr run``, stop all). See
-deploy/README.md for several machines. ``fedhetero deploy COMMAND`` is the same CLI.
+deploy/README.md for several machines. ``fedhetero deploy COMMAND`` runs this CLI in a child
+process (:data:`PROG_ENV` names it ``fedhetero deploy`` in its usage lines).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from simulation.runtime import HelpFormatter, stop_on_sigterm
 
 from . import run as run_command
 
+PROG_ENV = "FEDHETERO_DEPLOY_PROG"  # the program name usage lines show (default python -m deploy)
 COMMANDS = {"run": (run_command, "start SuperLink + SuperNodes, flwr run, stop everything")}
 
 
@@ -33,7 +36,8 @@ def run(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The CLI parser: one sub-parser per command, built by its module."""
-    parser = argparse.ArgumentParser(prog="python -m deploy", description=__doc__,
+    parser = argparse.ArgumentParser(prog=os.environ.get(PROG_ENV, "python -m deploy"),
+                                     description=__doc__,
                                      formatter_class=HelpFormatter)
     add_arguments(parser)
     return parser

@@ -14,7 +14,7 @@ import sys
 
 from flwr.supernode.cli import flower_supernode
 
-from flower_patches import SUPERNODE_IDLE_PULL, shorten_supernode_waits
+from fedapp.flower_patches import SUPERNODE_IDLE_PULL, shorten_supernode_waits
 
 IDLE_PULL_ENV = "FEDHETERO_SUPERNODE_IDLE_PULL"
 

@@ -165,18 +165,18 @@ class ForkExecutor(SubprocessExecutor):
 
 
 def patch_flower(executor: ForkExecutor) -> None:
-    """The two Flower patches this process asks for (:mod:`flower_patches`): the children's
-    message arrays pulled with a 0.05 s first retry (the children inherit it), and
-    ``executor`` as the executor of Flower's SuperExec loop. Then forget ``flower_patches``
-    again: it ships in the app's FAB too, and every ClientApp imports the app's modules
-    from its own FAB, never from here."""
+    """The two Flower patches this process asks for (:mod:`fedapp.flower_patches`): the
+    children's message arrays pulled with a 0.05 s first retry (the children inherit it), and
+    ``executor`` as the executor of Flower's SuperExec loop. Then forget the app's modules
+    again: they ship in the app's FAB, and every ClientApp imports them from its own FAB,
+    never from here."""
     before = set(sys.modules)
-    import flower_patches  # noqa: PLC0415
+    from fedapp import flower_patches  # noqa: PLC0415
 
     flower_patches.shorten_object_pulls()
     flower_patches.use_superexec_executor(executor)
     for name in set(sys.modules) - before:
-        if name.split(".")[0] == "flower_patches":
+        if name.split(".")[0] == "fedapp":
             del sys.modules[name]
 
 

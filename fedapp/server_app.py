@@ -16,7 +16,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
-from flower_patches import shorten_object_pulls
+from fedapp.flower_patches import shorten_object_pulls
 from strategies import contract as C
 from strategies.devices import write_trace
 from strategies.participation import participation_of

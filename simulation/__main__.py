@@ -2,7 +2,8 @@
 
 Each tool module has ``add_arguments(parser)`` and ``run(args) -> exit code``; its
 sub-parser is built from it, and only the chosen tool is imported. The ``fedhetero``
-command (:mod:`fedhetero.cli`) offers the same commands, plus ``deploy`` and ``bench deploy``.
+command (:mod:`simulation.cli`) offers the same commands, plus ``deploy`` (``python -m
+deploy`` in a child process).
 """
 
 from __future__ import annotations
@@ -36,15 +37,19 @@ COMMANDS = {
 
 def build_parser(command: str | None = None, prog: str = PROG,
                  commands: dict[str, tuple[str, str]] = COMMANDS,
-                 description: str | None = __doc__) -> argparse.ArgumentParser:
+                 description: str | None = __doc__,
+                 passthrough: dict[str, str] | None = None) -> argparse.ArgumentParser:
     """The CLI parser; the sub-parser of ``command`` gets its tool's arguments.
 
-    ``prog`` and ``commands`` let the ``fedhetero`` command (:mod:`fedhetero.cli`) build its
-    parser the same way, with more tools.
+    ``prog``, ``commands`` and ``passthrough`` (commands listed with their summary whose
+    arguments another program parses) let the ``fedhetero`` command (:mod:`simulation.cli`)
+    build its parser the same way, with ``deploy``.
     """
     parser = argparse.ArgumentParser(prog=prog, description=description,
                                      formatter_class=HelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, summary in (passthrough or {}).items():
+        sub.add_parser(name, help=summary, description=summary, add_help=False)
     for name, (module, summary) in commands.items():
         tool_parser = sub.add_parser(name, help=summary, description=summary,
                                      formatter_class=HelpFormatter)

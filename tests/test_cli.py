@@ -1,5 +1,5 @@
 """Every ``fedhetero`` / ``python -m simulation`` / ``python -m deploy`` sub-command has a
-real --help, and the ``fedhetero`` console script (``python -m fedhetero``) runs."""
+real --help, and the ``fedhetero`` console script runs."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import pytest
 
 from deploy.__main__ import COMMANDS as DEPLOY_COMMANDS
 from deploy.__main__ import main as deploy_main
-from fedhetero.cli import COMMANDS as FEDHETERO_COMMANDS
-from fedhetero.cli import main as fedhetero_main
+from simulation.cli import COMMANDS as FEDHETERO_COMMANDS
+from simulation.cli import main as fedhetero_main
 from simulation.__main__ import COMMANDS
 from simulation.__main__ import main as simulation_main
 from simulation.runtime.help_format import help_with_default
@@ -25,8 +25,7 @@ from simulation.runtime.help_format import help_with_default
 REPO = Path(__file__).resolve().parents[1]
 
 BENCHES = ["overhead", "efficiency", "aggregation", "sync-events", "import", "scale", "layout",
-           "heap"]
-FEDHETERO_BENCHES = [*BENCHES, "deploy"]  # it drives deploy/: fedhetero's, not simulation's
+           "heap", "deploy"]
 
 
 def help_of(main, argv: list[str], capsys) -> str:
@@ -52,7 +51,6 @@ def test_every_command_has_its_own_options(command, capsys):
 def test_bench_lists_and_documents_its_benchmarks(capsys):
     text = help_of(simulation_main, ["bench"], capsys)
     assert all(name in text for name in BENCHES)
-    assert "    deploy" not in text  # simulation/ does not import deploy/
     for name in BENCHES:
         sub = help_of(simulation_main, ["bench", name], capsys)
         assert f"usage: python -m simulation bench {name}" in sub and "--" in sub
@@ -103,7 +101,7 @@ def test_help_texts_name_the_defaults(main, argv, expected, capsys):
 
 
 def test_the_entry_points_run():
-    for module in ("simulation", "deploy", "fedhetero"):
+    for module in ("simulation", "deploy"):
         proc = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True,
                               text=True, timeout=120, check=False)
         assert proc.returncode == 0 and "COMMAND" in proc.stdout, proc.stderr
@@ -111,26 +109,17 @@ def test_the_entry_points_run():
 
 # ------------------------------------------------------------------ the fedhetero command
 def test_fedhetero_has_every_simulation_command_and_deploy(capsys):
-    assert set(FEDHETERO_COMMANDS) == set(COMMANDS) | {"deploy"}
+    assert set(FEDHETERO_COMMANDS) == set(COMMANDS)
     text = help_of(fedhetero_main, [], capsys)
     assert text.startswith("usage: fedhetero ")
-    assert all(f"    {name}" in text for name in FEDHETERO_COMMANDS), text
+    assert all(f"    {name}" in text for name in [*FEDHETERO_COMMANDS, "deploy"]), text
 
 
 @pytest.mark.parametrize("command", sorted(FEDHETERO_COMMANDS))
 def test_every_fedhetero_command_has_its_tools_options(command, capsys):
     text = help_of(fedhetero_main, [command], capsys)
     assert f"usage: fedhetero {command}" in text
-    if command == "bench":  # simulation's benches, and deploy
-        ours, simulation = options_of(text), options_of(help_of(simulation_main, [command],
-                                                                capsys))
-        assert [line for line in ours if line in simulation] == simulation
-        extra = " ".join(line for line in ours if line not in simulation)
-        assert extra.startswith("deploy ") and "deployment runtime vs simulation" in extra
-    elif command in COMMANDS:  # the same options as the python -m simulation alias
-        assert options_of(text) == options_of(help_of(simulation_main, [command], capsys))
-    else:
-        assert options_of(text) == options_of(help_of(deploy_main, [], capsys))
+    assert options_of(text) == options_of(help_of(simulation_main, [command], capsys))
 
 
 def options_of(help_text: str) -> list[str]:
@@ -142,25 +131,32 @@ def options_of(help_text: str) -> list[str]:
     return [line.strip() for line in lines[first:] if line.startswith("  ")]
 
 
+def fedhetero_child(argv: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "simulation.cli", *argv], cwd=REPO,
+                          capture_output=True, text=True, timeout=120, check=False)
+
+
 def test_fedhetero_bench_and_deploy_sub_commands(capsys):
-    for name in FEDHETERO_BENCHES:
+    for name in BENCHES:
         text = help_of(fedhetero_main, ["bench", name], capsys)
         assert f"usage: fedhetero bench {name}" in text and "--" in text
-    for command in DEPLOY_COMMANDS:
-        text = help_of(fedhetero_main, ["deploy", command], capsys)
-        assert f"usage: fedhetero deploy {command}" in text
-        assert "--num-supernodes" in text and "--tls" in text
+    for command in DEPLOY_COMMANDS:  # python -m deploy in a child process, named fedhetero
+        done = fedhetero_child(["deploy", command, "--help"])
+        assert done.returncode == 0, done.stderr
+        assert f"usage: fedhetero deploy {command}" in done.stdout
+        assert "--num-supernodes" in done.stdout and "--tls" in done.stdout
 
 
 def test_fedhetero_usage_errors(capsys):
     for argv, expected in ((["run", "-c", "no-equals-sign"], "expected KEY=VALUE"),
                            (["no-such-command"], "invalid choice"),
-                           ([], "required: COMMAND"),
-                           (["deploy"], "required: COMMAND")):
+                           ([], "required: COMMAND")):
         with pytest.raises(SystemExit) as exit_info:
             fedhetero_main(argv)
         assert exit_info.value.code == 2, argv
         assert expected in capsys.readouterr().err, argv
+    done = fedhetero_child(["deploy"])  # deploy's own usage error, its exit code
+    assert done.returncode == 2 and "required: COMMAND" in done.stderr
 
 
 def test_fedhetero_version(capsys):
@@ -177,14 +173,12 @@ def modules_loaded_by(code: str) -> set[str]:
 
 
 def test_fedhetero_imports_only_the_chosen_tool():
-    top = modules_loaded_by("import fedhetero.cli as c; c.build_parser()")
+    top = modules_loaded_by("import simulation.cli as c; c.build_parser()")
     assert not top & {"torch", "fedapp", "task", "deploy", "simulation.sweep", "simulation.run"}
-    sweep = modules_loaded_by("import fedhetero.cli as c; c.build_parser('sweep')")
+    sweep = modules_loaded_by("import simulation.cli as c; c.build_parser('sweep')")
     assert "simulation.sweep" in sweep and not sweep & {"deploy", "simulation.bench"}
-    deploy = modules_loaded_by("import fedhetero.cli as c; c.build_parser('deploy')")
-    assert "deploy.run" in deploy and not deploy & {"torch", "simulation.sweep"}
-    bench = modules_loaded_by("import fedhetero.cli as c; c.build_parser('bench')")
-    assert {"simulation.bench", "fedhetero.deploy_bench", "deploy.cluster"} <= bench
+    bench = modules_loaded_by("import simulation.cli as c; c.build_parser('bench')")
+    assert "simulation.bench.deploy" in bench and not bench & {"deploy", "deploy.cluster"}
 
 
 def test_the_console_script_entry_point_is_fedhetero_main():

@@ -16,9 +16,9 @@ import tomllib
 from tests.user_project import REPO
 
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
-OURS = {"strategies", "task", "fedapp", "simulation", "deploy", "fedhetero", "flower_patches",
+OURS = {"strategies", "task", "fedapp", "simulation", "deploy",
         "tests", "stockapp", "barefedavg"}
-SOURCES = ["strategies", "task", "fedapp", "simulation", "deploy", "fedhetero", "flower_patches.py",
+SOURCES = ["strategies", "task", "fedapp", "simulation", "deploy",
            "tests", "examples"]
 # import name -> distribution name, where they differ
 DISTRIBUTION = {"flwr_datasets": "flwr-datasets", "tomli_w": "tomli-w", "PIL": "pillow",

@@ -20,7 +20,7 @@ from flwr.supercore.superexec import run_superexec
 from flwr.supercore.superexec.executor import SubprocessExecutor
 from flwr.supernode import start_client_internal
 
-import flower_patches as P
+from fedapp import flower_patches as P
 from deploy.supernode import IDLE_PULL_ENV, idle_pull_seconds
 from tests.user_project import REPO
 
@@ -107,7 +107,7 @@ from flwr.supercore.superexec import run_superexec as r
 from flwr.supernode import start_client_internal as s
 before = ([dict(f.__kwdefaults__) for f in (u.pull_objects, u.pull_and_inflate_object_from_tree)],
           s.time, r.get_executor)
-import flower_patches
+from fedapp import flower_patches
 after = ([dict(f.__kwdefaults__) for f in (u.pull_objects, u.pull_and_inflate_object_from_tree)],
          s.time, r.get_executor)
 print(before == after, s.time is time, before[0][0]['initial_backoff'])

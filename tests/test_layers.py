@@ -1,12 +1,14 @@
 """ARCHITECTURE.md's layers, read from the source with ``ast`` (tests/import_scan.py).
 
 ```
-fedhetero (the command, the deploy bench) ──► simulation/, deploy/
 deploy/ ──► simulation.runtime ──► (flwr CLI, processes, Ray)
-deploy/ ──► the app's public entry points (fedapp.__all__)
+deploy/ ──► the app's public entry points (fedapp.__all__, fedapp.flower_patches)
 simulation/ ──► fedapp ──► task ──► strategies.contract      strategies ──► flwr, numpy only
-fedapp, deploy/ ──► flower_patches ──► flwr only (the one opt-in module of Flower patches)
+fedapp.flower_patches ──► flwr only (the one opt-in module of Flower patches)
 ```
+
+(``fedhetero deploy`` and ``bench deploy`` run ``python -m deploy`` as a child process: no
+module state is shared, so no arrow.)
 
 A layer may import its own modules and whatever its arrows reach, following them on
 (``simulation`` reaches ``strategies`` through ``fedapp``); deploy/'s arrow into the app
@@ -15,7 +17,7 @@ module level, inside functions, under ``TYPE_CHECKING``, ``import_module("...")`
 string that names a module (a dispatch table). And nobody imports a ``_private`` name or
 module from another module. A failure names the file, the line and the import.
 
-Flower's internals are patched only in ``flower_patches`` (tests/test_flower_patches.py
+Flower's internals are patched only in ``fedapp.flower_patches`` (tests/test_flower_patches.py
 pins them): no other module assigns to, ``setattr``s or ``delattr``s a name in a flwr
 module, nor touches a function's ``__kwdefaults__`` / ``__defaults__`` / ``__code__``.
 (Setting a property of a Flower object through its setter, e.g. ``TaskIdentity.run_id``
@@ -38,19 +40,18 @@ from tests.import_scan import Import, SourceRoot, module_imports, python_files
 REPO = Path(__file__).resolve().parents[1]
 APP = SourceRoot(REPO)
 BARE_APP = SourceRoot(REPO / "simulation" / "bench" / "bare_app")  # a Flower app of its own
-LAYERED = ["strategies", "task", "fedapp", "simulation", "deploy", "fedhetero", "flower_patches"]
+LAYERED = ["strategies", "task", "fedapp", "simulation", "deploy"]
 
 # layer -> the layers its arrows point at (ARCHITECTURE.md, "Layers"; module docstring)
 ARROWS = {
-    "fedhetero": {"simulation", "deploy"},
-    "deploy": {"simulation.runtime", "flower_patches"},  # + fedapp's public names, below
+    "deploy": {"simulation.runtime", "fedapp.flower_patches"},  # + fedapp's public names
     "simulation": {"fedapp", "simulation.runtime"},
     "simulation.runtime": set(),
-    "fedapp": {"task", "strategies", "flower_patches"},
+    "fedapp": {"task", "strategies", "fedapp.flower_patches"},
     "task": {"strategies.contract"},
     "strategies": {"strategies.contract"},
     "strategies.contract": set(),
-    "flower_patches": set(),
+    "fedapp.flower_patches": set(),
     "barefedavg": set(),  # the bench's bare Flower app: nothing of ours
 }
 PUBLIC_APP_IMPORTERS = {"deploy"}  # may take fedapp.__all__'s names, and only those
@@ -58,7 +59,7 @@ PUBLIC_APP_IMPORTERS = {"deploy"}  # may take fedapp.__all__'s names, and only t
 THIRD_PARTY = {
     "strategies": {"flwr", "numpy"},
     "strategies.contract": {"flwr", "numpy"},
-    "flower_patches": {"flwr"},
+    "fedapp.flower_patches": {"flwr"},
 }
 LAZY_THIRD_PARTY = {"strategies.client": {"torch", "torchvision"}}  # inside functions only
 
@@ -74,7 +75,7 @@ KNOWN_EXCEPTIONS = {
 
 def layer_of(module: str) -> str | None:
     """The layer (a key of :data:`ARROWS`) a module of ours belongs to; None: not ours."""
-    for layer in ("simulation.runtime", "strategies.contract"):
+    for layer in ("simulation.runtime", "strategies.contract", "fedapp.flower_patches"):
         if module == layer or module.startswith(f"{layer}."):
             return layer
     top = module.split(".")[0]
@@ -202,15 +203,14 @@ def test_the_apps_public_names_exist():
 def test_every_dispatch_table_entry_is_read_as_an_import(imports):
     """The CLIs' command and bench tables name modules; the scan sees each as an import."""
     strings = {(imp.importer, imp.target) for imp in imports if imp.how == "module name"}
-    assert ("fedhetero.cli", "deploy.__main__") in strings
-    assert ("fedhetero.bench", "fedhetero.deploy_bench") in strings
+    assert ("simulation.bench", "simulation.bench.deploy") in strings
     assert ("simulation.__main__", "simulation.run") in strings
     assert ("simulation.bench", "simulation.bench.efficiency") in strings
 
 
 # ------------------------------------------------------------------ Flower patches
 FUNCTION_INTERNALS = {"__kwdefaults__", "__defaults__", "__code__"}
-PATCH_MODULE = "flower_patches.py"
+PATCH_MODULE = "fedapp/flower_patches.py"
 
 
 def is_flower_module(dotted: str) -> bool:
@@ -266,7 +266,7 @@ def flower_patches_in(path: Path, rel: str) -> list[str]:
 
 
 def test_flower_is_patched_only_in_flower_patches():
-    paths = [p for p in python_files(REPO, LAYERED) if p.name != PATCH_MODULE]
+    paths = [p for p in python_files(REPO, LAYERED) if p != REPO / PATCH_MODULE]
     patches = [line for p in paths for line in flower_patches_in(p, str(p.relative_to(REPO)))]
     assert not patches, ("Flower patched outside flower_patches.py (move it there, opt-in, "
                          "with a pin in tests/test_flower_patches.py):\n" + "\n".join(patches))
@@ -306,7 +306,7 @@ def write(root: Path, files: dict[str, str]) -> None:
 
 
 def scan(tmp_path: Path, files: dict[str, str], public: set[str] = frozenset()) -> list[str]:
-    packages = {"strategies", "task", "fedapp", "simulation", "deploy", "fedhetero"}
+    packages = {"strategies", "task", "fedapp", "simulation", "deploy"}
     write(tmp_path, {f"{p}/__init__.py": "" for p in packages}
           | {"simulation/runtime/__init__.py": "", "strategies/client/__init__.py": ""}
           | files)
@@ -340,10 +340,10 @@ def test_import_module_literals_and_dispatch_strings_into_deploy_are_named(tmp_p
             """})
     assert bad == [
         "simulation/cli.py:2: module name deploy.run: simulation may import only "
-        "['fedapp', 'flower_patches', 'simulation.runtime', 'strategies', "
+        "['fedapp', 'fedapp.flower_patches', 'simulation.runtime', 'strategies', "
         "'strategies.contract', 'task']",
         "simulation/cli.py:4: call deploy.run (inside a function): simulation may import only "
-        "['fedapp', 'flower_patches', 'simulation.runtime', 'strategies', "
+        "['fedapp', 'fedapp.flower_patches', 'simulation.runtime', 'strategies', "
         "'strategies.contract', 'task']"]
 
 
@@ -367,7 +367,7 @@ def test_deploy_takes_only_the_apps_public_names(tmp_path):
                      from fedapp import build_strategy
                  """}
     bad = scan(tmp_path, files, public={"check_run_config"})
-    reason = ("deploy may import only ['flower_patches', 'simulation.runtime']; of the app "
+    reason = ("deploy may import only ['fedapp.flower_patches', 'simulation.runtime']; of the app "
               "only fedapp's public names ['check_run_config']")
     assert bad == [f"deploy/run.py:2: from fedapp.registry.check_run_config: {reason}",
                    f"deploy/run.py:6: from fedapp.build_strategy: {reason}"]

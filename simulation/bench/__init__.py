@@ -15,10 +15,9 @@ aggregation's peak extra memory (from (b)).
 * ``sync-events``: DynamicFL's seconds per sync event against the active clients;
 * ``scale``: per-round time at 10, 100, 1,000 clients against a bare Flower FedAvg app;
 * ``layout``: SGD step and evaluation times, channels-last against contiguous, on this device;
-* ``heap``: SGD step time with glibc's malloc thresholds against fixed ones (CPU).
-
-``fedhetero bench`` has one more: ``deploy`` (:mod:`fedhetero.deploy_bench`), which drives
-``deploy/``; ``simulation/`` never imports ``deploy/``.
+* ``heap``: SGD step time with glibc's malloc thresholds against fixed ones (CPU);
+* ``deploy``: a warm round on a local deployment (``python -m deploy run``, a child process)
+  against the simulation engine.
 """
 
 from __future__ import annotations
@@ -39,6 +38,7 @@ BENCHES = {
     "scale": "simulation.bench.scale",
     "layout": "simulation.bench.layout",
     "heap": "simulation.bench.heap",
+    "deploy": "simulation.bench.deploy",
 }
 STANDARD = ("efficiency", "aggregation")  # what a plain `bench` runs, in this order
 
@@ -49,7 +49,7 @@ def bench_module(name: str, benches: dict[str, str] = BENCHES):
 
 
 def add_arguments(parser: argparse.ArgumentParser, benches: dict[str, str] = BENCHES) -> None:
-    """The sub-commands and options of ``benches`` (``fedhetero bench`` adds ``deploy``)."""
+    """The sub-commands and options of ``benches``."""
     sub = parser.add_subparsers(
         dest="bench", metavar="BENCH",
         help=f"one benchmark (default: {', then '.join(STANDARD)})")

@@ -1,9 +1,9 @@
-"""``fedhetero bench deploy``: a warm round on Flower's deployment runtime against the same round on
-its simulation engine. One run config, one seed, this machine, one run of each runtime,
+"""``fedhetero bench deploy``: a warm round on Flower's deployment runtime against the same round
+on its simulation engine. One run config, one seed, this machine, one run of each runtime,
 one after the other: a real ``flwr run`` on the simulation engine (Ray, one CPU and so
 one torch thread per ClientApp) and a real local deployment (one SuperLink and
-``--supernodes`` SuperNodes on 127.0.0.1, ``num-threads=1`` in each node config, the
-deployment ``deploy/`` starts). Both runs use one fresh on-disk data cache (filled in the
+``--supernodes`` SuperNodes on 127.0.0.1, one torch thread each: ``python -m deploy run``,
+run as a user runs it, in a child process; ``simulation/`` never imports ``deploy/``). Both runs use one fresh on-disk data cache (filled in the
 first round of the first run). Round 1 of each run (Ray or process start, data decoding)
 is excluded: the ratio is over rounds 2..R of the run logs' ``wall-seconds``, which
 include the ServerApp's test-set evaluation in both runtimes.
@@ -23,17 +23,17 @@ import argparse
 import os
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
-from deploy.cluster import DeploySpec, LocalDeployment
-from deploy.layout import Layout
-from deploy.runner import run_on_connection
 from fedapp.run_log import format_table, read_rounds
-from simulation.bench.common import simulation_round_seconds
-from simulation.runtime import at_least, parse_overrides
 from strategies import contract as C
 from task.cache import ROOT_ENV
+
+from ..runtime import PROJECT_ROOT, at_least, parse_overrides
+from .common import simulation_round_seconds
 
 HELP = "deployment runtime vs simulation engine, warm rounds of one config"
 ON_DISK = "restartable; what python -m deploy run starts"
@@ -56,17 +56,21 @@ def warm(records: list[dict]) -> list[float]:
 
 def deployed_records(config: dict, supernodes: int, work: Path, timeout: float,
                      database: bool) -> list[dict]:
-    """The run log of one run on a local deployment (started and stopped here, by PID);
-    ``database``: the SuperLink keeps its state in a file, else in memory."""
+    """The run log of one run of ``python -m deploy run`` (a local deployment it starts and
+    stops itself); ``database``: the SuperLink keeps its state in a file, else in memory."""
     out = work / "deploy-runs"
-    spec = DeploySpec(num_supernodes=supernodes, num_threads=1, superlink_database=database)
-    with LocalDeployment(spec, Layout(work / "deploy"), start_timeout=300) as deployment:
-        deployment.start()
-        result = run_on_connection(spec.connection, deployment.cli_env,
-                                   {**config, "output-dir": str(out)}, timeout=timeout,
-                                   capture=True)
-    if result.returncode != 0:
-        raise RuntimeError(f"the deployed run ended {result.status}:\n{result.output[-3000:]}")
+    command = [sys.executable, "-m", "deploy", "run", "--num-supernodes", str(supernodes),
+               "--num-threads", "1", "--workdir", str(work / "deploy"),
+               "--timeout", str(timeout)]
+    if not database:
+        command.append("--in-memory-superlink")
+    for key, value in {**config, "output-dir": str(out)}.items():
+        command += ["-c", f"{key}={value!r}" if isinstance(value, str) else f"{key}={value}"]
+    done = subprocess.run(command, cwd=PROJECT_ROOT, capture_output=True, text=True,
+                          timeout=timeout + 600)
+    if done.returncode != 0:
+        raise RuntimeError(f"python -m deploy run ended with exit code {done.returncode}:\n"
+                           f"{(done.stdout + done.stderr)[-3000:]}")
     (run_dir,) = out.iterdir()
     records = read_rounds(run_dir)
     shutil.rmtree(out)  # the next deployment writes its own
