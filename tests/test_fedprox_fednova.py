@@ -35,7 +35,7 @@ from strategies import WEIGHTINGS, FedAvg, FedNova, FedProx
 from strategies import aggregate as agg
 from strategies import sampling
 from strategies import contract as C
-from task import train as task_train
+from strategies.client import local_sgd
 from task.models import ClassifierModule
 from tests.inprocess import InProcessGrid
 from tests.messages import instruction, numpy_of, record
@@ -309,7 +309,7 @@ def test_momentum_norm_matches_torch_sgd_displacement(tau, rho):
     # the project's own local solver does the same
     model = LinearLoss(w0, g)
     x, y = torch.zeros(4, 1), torch.zeros(4, dtype=torch.int64)
-    result = task_train.local_sgd(model, x, y, lr=lr, batch_size=2, steps=tau, momentum=rho)
+    result = local_sgd(model, x, y, lr=lr, batch_size=2, steps=tau, momentum=rho)
     assert result.local_steps == tau
     expected = lr * g * agg.fednova_norm_momentum(tau, rho)
     assert w0 - float(model.w.detach()) == pytest.approx(expected, rel=1e-12)
@@ -327,7 +327,7 @@ def test_proximal_norm_matches_local_sgd_displacement(tau, mu):
     assert w0 - w == pytest.approx(expected, rel=1e-12)
     model = LinearLoss(w0, g)
     x, y = torch.zeros(4, 1), torch.zeros(4, dtype=torch.int64)
-    task_train.local_sgd(model, x, y, lr=lr, batch_size=2, steps=tau, proximal_mu=mu)
+    local_sgd(model, x, y, lr=lr, batch_size=2, steps=tau, proximal_mu=mu)
     assert w0 - float(model.w.detach()) == pytest.approx(expected, rel=1e-12)
 
 
@@ -339,7 +339,7 @@ def test_fednova_with_momentum_norms_recovers_average_gradient():
     clients = []
     for g, tau in zip(gs, taus):
         model = LinearLoss(w0, g)
-        task_train.local_sgd(model, torch.zeros(4, 1), torch.zeros(4, dtype=torch.int64),
+        local_sgd(model, torch.zeros(4, 1), torch.zeros(4, dtype=torch.int64),
                              lr=lr, batch_size=4, steps=tau, momentum=rho)
         clients.append({"w": model.w.detach().numpy().copy()})
     a = [agg.fednova_norm_momentum(t, rho) for t in taus]
