@@ -311,7 +311,7 @@ def test_a_callers_own_optimizer_runs_as_built_on_the_same_batches():
         loss = hand.loss(hand(x[idx]), y[idx])
         loss.backward()
         reference.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     assert all_equal(params(mine), params(hand))
     assert result.local_steps == 8 and result.train_loss == pytest.approx(sum(losses) / 8,
                                                                           rel=1e-12)
