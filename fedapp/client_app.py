@@ -1,11 +1,14 @@
-"""ClientApp: @train / @evaluate / @query on top of task's local solver.
+"""ClientApp: @train / @evaluate / @query: task's model, data and optimiser in the one
+local-SGD loop of ``strategies.client``.
 
 The strategy-specific client work goes through the same ``strategies.client`` helpers
-any user's ClientApp calls: ``client_info_reply`` (the query), ``report_local_steps``
-(FedNova's tau_i), ``fedveca_train`` (FedVeca), ``train_chunk`` (DynamicFL),
-``ScaffoldClient`` (SCAFFOLD; c_i in ``context.state``), ``FedDynClient`` (FedDyn; the
-linear term in ``context.state``) and ``MoonClient`` (MOON; the previous local model in
-``context.state``).
+any user's ClientApp calls, on the optimiser the task builds from the train message
+(:func:`task.train.sgd_optimizer`): ``client_info_reply`` (the query),
+``report_local_steps`` (FedNova's tau_i), ``ProximalTerm`` (FedProx), ``fedveca_train``
+(FedVeca), ``train_chunk`` (DynamicFL), ``ScaffoldClient`` (SCAFFOLD; c_i in
+``context.state``), ``FedDynClient`` (FedDyn; the linear term in ``context.state``) and
+``MoonClient`` (MOON; the previous local model in ``context.state``); every step runs in
+``strategies.client.local_sgd``.
 
 Each node finds its data by ``partition-id`` / ``num-partitions`` in its node config
 (simulation sets both; a deployed SuperNode names them in ``--node-config``, and
@@ -33,6 +36,7 @@ from strategies.records import to_record  # the .npy bytes written with one copy
 from strategies.client import (
     FedDynClient,
     MoonClient,
+    ProximalTerm,
     ScaffoldClient,
     client_info_reply,
     client_seed,
@@ -43,6 +47,7 @@ from strategies.client import (
     is_moon_message,
     is_scaffold_message,
     label_counts,
+    local_sgd,
     report_local_steps,
     train_chunk,
 )
@@ -201,8 +206,6 @@ def _epochs(value: object) -> int | float:
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     """Local SGD on this node's partition; replies the model and the statistics."""
-    from task.train import local_sgd  # noqa: PLC0415
-
     apply_threads(context)
     x, y, part, cfg = local_data(context)
     model = received_model(msg, cfg, part)
@@ -221,25 +224,27 @@ def train(msg: Message, context: Context) -> Message:
         return train_fedveca(msg, model, x, y, cfg, seed, partition_id)
     if is_dynamicfl_chunk(config):  # a DynamicFL chunk [start-step, start-step + num-steps)
         return train_dynamicfl_chunk(msg, context, model, x, y, cfg, partition_id)
+    optimizer = app_optimizer(model, config, cfg)
     lr = float(config.get(C.LR, cfg.lr))
+    mu = float(config.get(C.PROXIMAL_MU, 0.0))
+    if mu > 0:  # FedProx: mu (w - w^t) on every gradient; mu = 0 runs no proximal code at all
+        ProximalTerm(model, mu).wrap(optimizer)
     # SCAFFOLD: c_i from context.state (or the server's copy); every step corrected
     scaffold = ScaffoldClient(msg, context.state, lr=lr) if is_scaffold_message(msg) else None
     # FedDyn: the linear term from context.state; the regulariser's gradient before each step
     feddyn = FedDynClient(msg, context.state) if is_feddyn_message(msg) else None
     # MOON: w^t and the previous local model (context.state); l_sup + mu l_con per step
     moon = MoonClient(msg, context.state, model) if is_moon_message(msg) else None
+    for helper in (scaffold, feddyn):
+        if helper is not None:
+            helper.wrap(optimizer, model)
     result = local_sgd(
         model, x, y,
-        lr=lr,
+        optimizer=optimizer,
         batch_size=int(config.get(C.BATCH_SIZE, cfg.batch_size)),
         epochs=_epochs(config.get(C.LOCAL_EPOCHS, cfg.local_epochs)),
         steps=int(config.get(C.LOCAL_STEPS, cfg.local_steps)),
-        momentum=float(config.get(C.MOMENTUM, cfg.momentum)),
-        weight_decay=float(config.get(C.WEIGHT_DECAY, cfg.weight_decay)),
-        proximal_mu=float(config.get(C.PROXIMAL_MU, 0.0)),
         seed=seed,
-        after_step=None if scaffold is None else scaffold.correct,
-        before_step=None if feddyn is None else feddyn.regularise,
         forward=None if moon is None else moon.forward,
     )
     metrics = {C.NUM_EXAMPLES: result.num_examples, C.TRAIN_LOSS: result.train_loss}
@@ -253,9 +258,18 @@ def train(msg: Message, context: Context) -> Message:
     return Message(content, reply_to=msg)
 
 
+def app_optimizer(model: torch.nn.Module, config: object, cfg: RunConfig) -> torch.optim.SGD:
+    """The task's SGD with the train config's lr / momentum / weight-decay (the run config's
+    where the message has none): the optimiser the helpers wrap."""
+    from task.train import sgd_optimizer  # noqa: PLC0415 - torch
+
+    return sgd_optimizer(model, config, lr=cfg.lr, momentum=cfg.momentum,
+                         weight_decay=cfg.weight_decay)
+
+
 def train_fedveca(msg: Message, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
                   cfg: RunConfig, seed: int, partition_id: int) -> Message:
-    """FedVeca's client (Alg. 2): tau plain SGD steps, grad F_i(w_k), beta and delta."""
+    """FedVeca's client (Alg. 2): tau plain SGD steps (eq. 1), grad F_i(w_k), beta and delta."""
     content = fedveca_train(model, (x, y), msg.content[C.CONFIG], partition_id=partition_id,
                             seed=seed, lr=cfg.lr, batch_size=cfg.batch_size,
                             beta_mode=cfg.fedveca_beta_mode,
@@ -266,12 +280,12 @@ def train_fedveca(msg: Message, model: torch.nn.Module, x: torch.Tensor, y: torc
 def train_dynamicfl_chunk(msg: Message, context: Context, model: torch.nn.Module,
                           x: torch.Tensor, y: torch.Tensor, cfg: RunConfig,
                           partition_id: int) -> Message:
-    """DynamicFL (Le et al., Alg. 1): one chunk of the round's batch stream; the run config
-    gives the optimiser settings the chunk's config lacks; momentum in context.state."""
+    """DynamicFL (Le et al., Alg. 1): one chunk of the round's batch stream with the task's
+    SGD (the run config gives what the chunk's config lacks); its momentum in context.state."""
+    config = msg.content[C.CONFIG]
     content = train_chunk(
-        model, (x, y), msg.content[C.CONFIG], context.state, partition_id=partition_id,
-        lr=cfg.lr, batch_size=cfg.batch_size, momentum=cfg.momentum,
-        weight_decay=cfg.weight_decay, seed=cfg.seed,
+        model, (x, y), config, context.state, partition_id=partition_id,
+        optimizer=app_optimizer(model, config, cfg), batch_size=cfg.batch_size, seed=cfg.seed,
     )
     return Message(content, reply_to=msg)
 

@@ -6,7 +6,14 @@ the names from here. Run-log keys are the ``LOG_*`` names at the end.
 
 Server -> client (ConfigRecord ``"config"`` of a train / evaluate / query message)
 Client -> server (MetricRecord ``"metrics"`` and ArrayRecord ``"arrays"`` of a reply)
+
+Besides the keys, one piece of arithmetic both sides must agree on: :func:`steps_for_epochs`,
+the local steps that ``local-epochs`` E means (the server plans FedNova's tau_i and the
+stragglers' work with it; the clients' local-SGD loop runs it).
 """
+
+import math
+from fractions import Fraction
 
 # Record names inside a Message's RecordDict (Flower's own defaults).
 ARRAYS = "arrays"
@@ -23,6 +30,25 @@ MOMENTUM = "momentum"  # float in [0, 1)
 WEIGHT_DECAY = "weight-decay"  # float >= 0
 PROXIMAL_MU = "proximal-mu"  # float >= 0 (Flower's FedProx key)
 SEED = "seed"  # int, run seed; clients derive (seed, round, partition) streams
+
+
+def steps_for_epochs(num_examples: int, batch_size: int, epochs: float) -> int:
+    """tau_i = floor(E n_i / B) local steps, at least 1; B = 0 or B >= n_i gives floor(E).
+
+    What ``local-epochs`` E means in this contract: a stream of minibatches of exactly B
+    (McMahan et al. 2017, Alg. 1's ClientUpdate as fedhetero runs it,
+    :func:`strategies.client.local_sgd`), not whole passes. E may be any number > 0; a
+    fraction of an epoch is taken as the decimal it prints as, so no float rounding moves
+    the floor (0.57 * 100 gives 57, not 56). 0 for n_i <= 0 or E <= 0.
+    """
+    if num_examples <= 0 or epochs <= 0:
+        return 0
+    if batch_size <= 0 or batch_size >= num_examples:
+        return max(1, math.floor(epochs))
+    if isinstance(epochs, int):
+        return max(1, (epochs * num_examples) // batch_size)
+    return max(1, math.floor(Fraction(repr(float(epochs))) * num_examples / batch_size))
+
 
 # Query messages ask for client facts before sampling.
 QUERY = "query"  # str, what is asked

@@ -32,7 +32,8 @@ class FedProx(FedAvg):
     Contract
     --------
     As :class:`FedAvg`; the ClientApp must read ``config["proximal-mu"]`` and add
-    mu (w - w_t) to its gradients (``task.train.local_sgd(..., proximal_mu=mu)``).
+    mu (w - w_t) to its gradients (``strategies.client.ProximalTerm``, or
+    ``strategies.client.local_sgd(..., proximal_mu=mu)``).
     """
 
     def __init__(self, *, proximal_mu: float = 0.01, straggler_policy: str = "partial",

@@ -280,7 +280,7 @@ class Participation:
 
     def full_local_steps(self, node_id: int, config: ConfigRecord) -> int:
         """tau_i of a client doing what ``config`` asks: ``local-steps`` if set, else
-        floor(E n_i / B) (:func:`strategies.sampling.steps_for_epochs`)."""
+        floor(E n_i / B) (:func:`strategies.contract.steps_for_epochs`)."""
         steps = int(config.get(C.LOCAL_STEPS, 0))
         if steps > 0:
             return steps
@@ -288,7 +288,7 @@ class Participation:
         n = self.info(node_id).num_examples
         if not n:
             return max(int(epochs), 1)
-        return max(sampling.steps_for_epochs(n, int(config.get(C.BATCH_SIZE, 0)), epochs), 1)
+        return max(C.steps_for_epochs(n, int(config.get(C.BATCH_SIZE, 0)), epochs), 1)
 
     def examples_per_step(self, node_id: int, config: ConfigRecord, owner: str) -> int:
         """b_i = min(B, n_i) examples per local step; n_i for a full batch (B = 0)."""

@@ -99,23 +99,6 @@ def round_stragglers(
     return {i: int(s) for i, s in zip(chosen, straggler_steps(rng, full))}
 
 
-def steps_for_epochs(num_examples: int, batch_size: int, epochs: float) -> int:
-    """tau_i = floor(E n_i / B) local steps, at least 1; B = 0 or B >= n_i gives floor(E).
-
-    What fedhetero's own client runs for ``local-epochs`` E (``task.train`` uses this
-    function): a stream of minibatches, not whole passes. E may be any number
-    > 0; a fraction of an epoch is taken as the decimal it prints as, so no float rounding
-    moves the floor (0.57 * 100 gives 57, not 56).
-    """
-    if num_examples <= 0 or epochs <= 0:
-        return 0
-    if batch_size <= 0 or batch_size >= num_examples:
-        return max(1, math.floor(epochs))
-    if isinstance(epochs, int):
-        return max(1, (epochs * num_examples) // batch_size)
-    return max(1, math.floor(Fraction(repr(float(epochs))) * num_examples / batch_size))
-
-
 def dataloader_steps(num_examples: int, batch_size: int, epochs: float, *,
                      drop_last: bool = False) -> int:
     """SGD steps of a stock PyTorch loop, ``for _ in range(E): for batch in DataLoader(...)``.

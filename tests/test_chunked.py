@@ -1,5 +1,6 @@
 """DynamicFL's chunked local solver (strategies/client/dynamicfl.py): chunks equal one
-uninterrupted run; the message-level helper ``train_chunk`` and its optimiser defaults."""
+uninterrupted run (SGD with momentum, and the caller's own Adam); the message-level helper
+``train_chunk``, its optimiser defaults and the optimiser state it carries."""
 
 from __future__ import annotations
 
@@ -11,12 +12,14 @@ from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 from strategies import contract as C
 from strategies.client import as_tensors, batch_stream, client_seed, label_counts, train_chunk
 from strategies.client.dynamicfl import (
-    MOMENTUM_META,
-    MOMENTUM_STATE,
+    OPTIMIZER_META,
+    OPTIMIZER_STATE,
     PAPER_DEFAULTS,
     chunk_steps,
     is_dynamicfl_chunk,
-    load_momentum,
+    load_chunk_state,
+    run_chunk,
+    save_chunk_state,
 )
 from task.models import build_model
 
@@ -67,12 +70,10 @@ def test_chunks_equal_one_uninterrupted_run_bit_for_bit(chunks, rho, wd, name):
         weights = ArrayRecord(model.state_dict())  # the server's message
         model = _model(name)
         model.load_state_dict(weights.to_torch_state_dict())
-        buffers = load_momentum(state, 1, start)
+        carried = load_chunk_state(state, 1, start, "SGD")
         r = chunk_steps(model, x, y, lr=0.05, batch_size=8, start_step=start, num_steps=k, round_steps=L,
-                        seed=11, momentum=rho, weight_decay=wd, momentum_state=buffers)
-        if r.momentum:
-            state[MOMENTUM_STATE] = ArrayRecord(r.momentum)
-            state[MOMENTUM_META] = ConfigRecord({"round": 1, "next-step": start + k})
+                        seed=11, momentum=rho, weight_decay=wd, optimizer_state=carried)
+        save_chunk_state(state, r.optimizer_state, 1, start + k, "SGD")
         losses.append((r.train_loss, k))
         start += k
     for (name, a), b in zip(whole.state_dict().items(), model.state_dict().values()):
@@ -94,7 +95,7 @@ def test_helper_keeps_momentum_in_context_state_and_resets_each_round():
     x, y = _data()
     model, state = _model(), RecordDict()
     reply = train_chunk(model, (x, y), _cfg(1, 0, 2, 5), state, partition_id=4)
-    assert state[MOMENTUM_META]["next-step"] == 2 and state[MOMENTUM_META]["round"] == 1
+    assert state[OPTIMIZER_META]["next-step"] == 2 and state[OPTIMIZER_META]["round"] == 1
     metrics = reply[C.METRICS]
     assert metrics[C.NUM_EXAMPLES] == len(y) and metrics[C.LOCAL_STEPS_TAKEN] == 2
     assert metrics[C.PARTITION_ID] == 4 and set(reply[C.ARRAYS]) == set(model.state_dict())
@@ -106,11 +107,13 @@ def test_helper_keeps_momentum_in_context_state_and_resets_each_round():
                 weight_decay=PAPER_DEFAULTS[C.WEIGHT_DECAY])  # not in the config: the paper's
     assert _same(ref, model)
     # new round, step 0: momentum is reset (None), unless kept across rounds
-    assert load_momentum(state, 2, 0) is None
-    kept = load_momentum(state, 2, 0, keep_across_rounds=True)
-    assert kept is not None and set(kept) == {n for n, _ in model.named_parameters()}
+    assert load_chunk_state(state, 2, 0, "SGD") is None
+    kept = load_chunk_state(state, 2, 0, "SGD", keep_across_rounds=True)
+    assert set(kept) == {f"{n}/momentum_buffer" for n, _ in model.named_parameters()}
     # a mid-round chunk that does not continue the stored buffers starts from zero
-    assert load_momentum(state, 1, 3) is None
+    assert load_chunk_state(state, 1, 3, "SGD") is None
+    # state of another kind of optimiser is not loaded into this one
+    assert load_chunk_state(state, 1, 5, "Adam") is None
 
 
 class _Pairs(torch.utils.data.Dataset):
@@ -173,3 +176,53 @@ def test_label_counts():
     assert label_counts([0, 0, 3], 4) == [2, 0, 0, 1]
     with pytest.raises(ValueError):
         label_counts([0, 5], 4)
+
+
+def test_the_callers_adam_runs_the_chunks_and_its_state_is_carried_bit_for_bit(caplog):
+    """A fresh Adam per message (as a ClientApp builds it), its moments and step counts
+    carried in Context.state, equals one Adam running all L steps at once."""
+    x, y = _data()
+    chunks, L = [2, 1, 4], 7
+    whole = _model()
+    adam = torch.optim.Adam(whole.parameters(), lr=1e-3, weight_decay=1e-4)
+    run_chunk(whole, adam, x, y, batch_size=8, start_step=0, num_steps=L, round_steps=L,
+              seed=client_seed(3, 1, 4))
+    model, state, start = _model(), RecordDict(), 0
+    with caplog.at_level("WARNING", logger="strategies.client.dynamicfl"):
+        for k in chunks:
+            weights = ArrayRecord(model.state_dict())  # the server's message
+            model = _model()
+            model.load_state_dict(weights.to_torch_state_dict())
+            mine = torch.optim.Adam(model.parameters(), lr=1e-3, weight_decay=1e-4)
+            reply = train_chunk(model, (x, y), _cfg(1, start, k, L), state, partition_id=4,
+                                optimizer=mine, metrics={"train_loss": 0.25})
+            assert reply[C.METRICS]["train_loss"] == 0.25  # the caller's metric, kept
+            assert reply[C.METRICS][C.LOCAL_STEPS_TAKEN] == k
+            start += k
+    assert not caplog.records
+    assert _same(whole, model)
+    assert state[OPTIMIZER_META]["optimizer"] == "Adam"
+    assert float(mine.state_dict()["state"][0]["step"]) == L
+
+
+def test_plain_sgd_keeps_no_arrays_and_a_later_chunk_does_not_warn(caplog):
+    x, y = _data()
+    model, state = _model(), RecordDict()
+    with caplog.at_level("WARNING", logger="strategies.client.dynamicfl"):
+        train_chunk(model, (x, y), _cfg(1, 0, 2, 4, **{C.MOMENTUM: 0.0, C.WEIGHT_DECAY: 0.0}),
+                    state, partition_id=1)
+        assert len(state[OPTIMIZER_STATE]) == 0 and state[OPTIMIZER_META]["next-step"] == 2
+        train_chunk(model, (x, y), _cfg(1, 2, 2, 4, **{C.MOMENTUM: 0.0, C.WEIGHT_DECAY: 0.0}),
+                    state, partition_id=1)
+    assert not caplog.records
+    ref = _model()
+    chunk_steps(ref, x, y, lr=0.05, batch_size=8, start_step=0, num_steps=4,
+                seed=client_seed(3, 1, 1))
+    assert _same(ref, model)
+
+
+def test_a_restarted_node_mid_round_starts_afresh_with_a_warning(caplog):
+    x, y = _data()
+    with caplog.at_level("WARNING", logger="strategies.client.dynamicfl"):
+        train_chunk(_model(), (x, y), _cfg(1, 3, 2, 5), RecordDict(), partition_id=1)
+    assert "step 3 of round 1 found no optimizer state" in caplog.text

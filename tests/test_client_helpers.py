@@ -1,4 +1,5 @@
-"""strategies.client: the client-info reply, FedNova's step report, and client state."""
+"""strategies.client: the client-info reply, FedNova's step report, FedProx's message test,
+client state and carried optimiser state."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from strategies import contract as C
 from strategies.client import (
     client_info_reply,
     is_client_info_query,
+    is_fedprox_message,
     load_arrays,
     load_meta,
     loader_steps,
@@ -110,3 +112,36 @@ def test_writable_tensor_copies_read_only_arrays_only():
     assert writable[0] == 5.0  # a writable array is shared, not copied
     already = torch.zeros(2)
     assert writable_tensor(already) is already
+
+
+def test_is_fedprox_message_reads_flowers_key():
+    def train(config):
+        return Message(content=RecordDict({C.CONFIG: ConfigRecord(config)}),
+                       message_type=MessageType.TRAIN, dst_node_id=5)
+
+    assert is_fedprox_message(train({C.PROXIMAL_MU: 0.01, C.LR: 0.1}))
+    assert not is_fedprox_message(train({C.LR: 0.1}))
+
+
+def test_optimizer_state_round_trip_and_errors():
+    """SGD's momentum buffers out as named arrays and into a fresh optimiser, bit for bit;
+    state of a parameter the optimiser does not hold is refused by name."""
+    from strategies.client.optimizer_state import (  # noqa: PLC0415
+        load_optimizer_state, optimizer_state_arrays)
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    first = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(4, 3)).sum().backward()
+    first.step()
+    arrays = optimizer_state_arrays(first, model)
+    assert set(arrays) == {"weight/momentum_buffer", "bias/momentum_buffer"}
+    fresh = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    load_optimizer_state(fresh, model, arrays)
+    for p in model.parameters():
+        assert torch.equal(fresh.state[p]["momentum_buffer"], first.state[p]["momentum_buffer"])
+    with pytest.raises(ValueError, match="'head/momentum_buffer' names a parameter 'head'"):
+        load_optimizer_state(fresh, model, {"head/momentum_buffer": np.zeros(2)})
+    other = torch.nn.Linear(3, 2)
+    with pytest.raises(ValueError, match="parameter the model does not have"):
+        optimizer_state_arrays(first, other)

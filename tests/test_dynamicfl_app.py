@@ -25,11 +25,11 @@ from fedapp.registry import build_strategy
 from fedapp.run_log import read_rounds
 from strategies import DynamicFL
 from strategies import contract as C
-from strategies.client.dynamicfl import MOMENTUM_STATE
+from strategies.client import client_seed
+from strategies.client.dynamicfl import OPTIMIZER_STATE
 from strategies.client.dynamicfl import chunk_steps as train_chunk
 from task.data import PartitionSpec, client_data, load_dataset
 from task.models import build_model
-from task.train import client_seed
 from tests.inprocess import InProcessGrid
 from tests.oracles import dynamicfl as oracle
 
@@ -89,8 +89,8 @@ def reference_model(rc: dict, grid: PushPullAppGrid, strategy: DynamicFL) -> dic
             r = train_chunk(model, x, y, lr=cfg.lr, batch_size=cfg.batch_size, start_step=start,
                             num_steps=n, round_steps=L, seed=client_seed(cfg.seed, t, pid[node]),
                             momentum=cfg.momentum,
-                            momentum_state=momentum.get(node))
-            momentum[node] = r.momentum
+                            optimizer_state=momentum.get(node))
+            momentum[node] = r.optimizer_state
             return {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
 
         weights = {node: len(data[node][1]) for node in pid}
@@ -129,7 +129,7 @@ def test_two_rounds_end_to_end_equal_the_chunk_simulator(tmp_path, monkeypatch):
     # every node trained L steps a round in chunks; momentum sits in its Context.state
     trains = [node for node, kind in grid.calls if kind == "train"]
     assert len(trains) == sum(len(c) for p in strategy.schedules.values() for c in p.chunks.values())
-    assert all(MOMENTUM_STATE in ctx.state for ctx in grid.contexts.values())
+    assert all(OPTIMIZER_STATE in ctx.state for ctx in grid.contexts.values())
     final = torch.load(run_dir / "final_model.pt")
     expected = reference_model(rc, grid, strategy)
     # Equal up to float32 rounding: run alone this is bit for bit, but after other tests in the

@@ -178,3 +178,34 @@ def test_federation_of_quadratics_reaches_the_global_optimum(momentum):
     assert np.abs(theta["w"] - optimum).max() < 5e-3
     # FedAvg with exact local minimisation ends at the mean of the a_i: the bias FedDyn removes
     assert np.abs(a.mean(0) - optimum).max() > 0.1
+
+
+def test_wrapping_the_users_momentum_optimizer_equals_regularising_by_hand():
+    """feddyn.wrap(optimizer, model): the regulariser's gradient before every step of the
+    user's own optimiser (momentum 0.5), bit for bit as regularise() before each step; the
+    hook is off again after finish."""
+    finals = []
+    for wrapped in (False, True):
+        state = RecordDict()
+        model = Quadratic([1.0, 0.5], h=[2.0, 1.0])
+        feddyn = FedDynClient(train_message([1.0, 0.5], attached=[0.3, -0.2], state_round=2),
+                              state)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.5)
+        if wrapped:
+            assert feddyn.wrap(optimizer, model) is optimizer
+        for _ in range(3):
+            optimizer.zero_grad()
+            model.loss().backward()
+            if not wrapped:
+                feddyn.regularise(model)
+            optimizer.step()
+        reply = feddyn.finish(model, {C.NUM_EXAMPLES: 4, "train_loss": 0.25})
+        assert reply[C.METRICS]["train_loss"] == 0.25 and feddyn.steps == 3
+        finals.append((model.w.detach().clone(), state.array_records["feddyn-linear-term"]["w"]
+                       .numpy().copy()))
+        optimizer.zero_grad()
+        model.loss().backward()
+        optimizer.step()
+        assert feddyn.steps == 3  # finish took the hook off
+    assert torch.equal(finals[0][0], finals[1][0])
+    np.testing.assert_array_equal(finals[0][1], finals[1][1])

@@ -35,7 +35,7 @@ from strategies import WEIGHTINGS, FedAvg, FedNova, FedProx
 from strategies import aggregate as agg
 from strategies import sampling
 from strategies import contract as C
-from task import train as task_train
+from strategies.client import local_sgd
 from task.models import ClassifierModule
 from tests.inprocess import InProcessGrid
 from tests.messages import instruction, numpy_of, prepared_round, record
@@ -306,7 +306,7 @@ def test_momentum_norm_matches_torch_sgd_displacement(tau, rho):
     # the project's own local solver does the same
     model = LinearLoss(w0, g)
     x, y = torch.zeros(4, 1), torch.zeros(4, dtype=torch.int64)
-    result = task_train.local_sgd(model, x, y, lr=lr, batch_size=2, steps=tau, momentum=rho)
+    result = local_sgd(model, x, y, lr=lr, batch_size=2, steps=tau, momentum=rho)
     assert result.local_steps == tau
     expected = lr * g * agg.fednova_norm_momentum(tau, rho)
     assert w0 - float(model.w.detach()) == pytest.approx(expected, rel=1e-12)
@@ -324,7 +324,7 @@ def test_proximal_norm_matches_local_sgd_displacement(tau, mu):
     assert w0 - w == pytest.approx(expected, rel=1e-12)
     model = LinearLoss(w0, g)
     x, y = torch.zeros(4, 1), torch.zeros(4, dtype=torch.int64)
-    task_train.local_sgd(model, x, y, lr=lr, batch_size=2, steps=tau, proximal_mu=mu)
+    local_sgd(model, x, y, lr=lr, batch_size=2, steps=tau, proximal_mu=mu)
     assert w0 - float(model.w.detach()) == pytest.approx(expected, rel=1e-12)
 
 
@@ -336,7 +336,7 @@ def test_fednova_with_momentum_norms_recovers_average_gradient():
     clients = []
     for g, tau in zip(gs, taus):
         model = LinearLoss(w0, g)
-        task_train.local_sgd(model, torch.zeros(4, 1), torch.zeros(4, dtype=torch.int64),
+        local_sgd(model, torch.zeros(4, 1), torch.zeros(4, dtype=torch.int64),
                              lr=lr, batch_size=4, steps=tau, momentum=rho)
         clients.append({"w": model.w.detach().numpy().copy()})
     a = [agg.fednova_norm_momentum(t, rho) for t in taus]
@@ -347,23 +347,15 @@ def test_fednova_with_momentum_norms_recovers_average_gradient():
 
 
 # ================================================================ step counts and stragglers
-@pytest.mark.parametrize("n", [0, 1, 5, 10, 33, 100])
-@pytest.mark.parametrize("batch", [0, 1, 3, 10, 32, 100, 1000])
-@pytest.mark.parametrize("epochs", [0, 1, 2, 5])
-def test_steps_for_epochs_twins_agree(n, batch, epochs):
-    assert sampling.steps_for_epochs(n, batch,
-                                     epochs) == task_train.steps_for_epochs(n, batch, epochs)
-
-
 def test_steps_for_epochs_hand_computed():
-    assert sampling.steps_for_epochs(100, 32, 2) == 6  # floor(200 / 32)
-    assert sampling.steps_for_epochs(10, 8, 2) == 2
-    assert sampling.steps_for_epochs(10, 0, 3) == 3  # full batch: E steps
-    assert sampling.steps_for_epochs(10, 10, 3) == 3  # B >= n: E steps
-    assert sampling.steps_for_epochs(10, 50, 3) == 3
-    assert sampling.steps_for_epochs(0, 8, 3) == 0
-    assert sampling.steps_for_epochs(10, 8, 0) == 0
-    assert sampling.steps_for_epochs(3, 2, 1) == 1  # floor(1.5)
+    assert C.steps_for_epochs(100, 32, 2) == 6  # floor(200 / 32)
+    assert C.steps_for_epochs(10, 8, 2) == 2
+    assert C.steps_for_epochs(10, 0, 3) == 3  # full batch: E steps
+    assert C.steps_for_epochs(10, 10, 3) == 3  # B >= n: E steps
+    assert C.steps_for_epochs(10, 50, 3) == 3
+    assert C.steps_for_epochs(0, 8, 3) == 0
+    assert C.steps_for_epochs(10, 8, 0) == 0
+    assert C.steps_for_epochs(3, 2, 1) == 1  # floor(1.5)
 
 
 @pytest.mark.parametrize("m", [10, 7])

@@ -4,7 +4,8 @@
   model after tau full-batch steps are known in closed form;
 * a brute-force reference that stores the whole trajectory (what the online version
   avoids) on the squared-SVM and a small CNN, for both beta modes, with minibatches;
-* the SGD steps equal task.train.local_sgd's (same seed, same batches);
+* the SGD steps are strategies.client.local_sgd's, bit for bit (same loop, seed, batches);
+* the caller's own optimiser (momentum): beta from the measured ||w_k - w^lambda||;
 * the whole app in one process (ServerApp + ClientApp through the in-process Grid).
 """
 
@@ -22,9 +23,9 @@ from torch import nn
 from fedapp.client_app import app as client_app
 from fedapp.run_log import read_rounds
 from fedapp.server_app import app as server_app
+from strategies.client import batch_indices, local_sgd
 from strategies.client.fedveca import fedveca_steps, fedveca_train, local_gradient, subsample_seed
 from task.models import ClassifierModule, LinearSVM, cnn_fedveca
-from task.train import batch_indices, local_sgd
 from tests.inprocess import InProcessGrid
 from strategies import contract as C
 
@@ -112,8 +113,9 @@ def test_bad_arguments():
 
 
 # ---------------------------------------------------------------- brute-force reference
-def reference(model_fn, x, y, tau, lr, batch_size, mode, g2, seed):
-    """Alg. 2 with the whole trajectory stored; beta's denominator from the stored models."""
+def reference(model_fn, x, y, tau, lr, batch_size, mode, g2, seed, momentum=0.0):
+    """Alg. 2 with the whole trajectory stored; beta's denominator from the stored models.
+    ``momentum`` > 0: the steps are heavy-ball SGD (v <- rho v + g, w <- w - lr v)."""
     model = model_fn()
     params = list(model.parameters())
     w0 = [p.detach().clone() for p in params]
@@ -128,12 +130,13 @@ def reference(model_fn, x, y, tau, lr, batch_size, mode, g2, seed):
 
     h = grad_at(w0, x, y)
     batches = batch_indices(len(y), batch_size, torch.Generator().manual_seed(seed))
-    trajectory, grads = [w0], []
+    trajectory, grads, velocity = [w0], [], None
     for _ in range(tau):
         idx = next(batches)
         g = grad_at(trajectory[-1], x[idx], y[idx])
         grads.append((g, idx))
-        trajectory.append([w - lr * gi for w, gi in zip(trajectory[-1], g)])
+        velocity = g if velocity is None else [momentum * v + gi for v, gi in zip(velocity, g)]
+        trajectory.append([w - lr * v for w, v in zip(trajectory[-1], velocity)])
     betas, deltas = [], []
     for lam in range(1, tau):
         g, idx = grads[lam]
@@ -178,7 +181,8 @@ def test_online_estimates_equal_trajectory_reference(mode, which):
         torch.testing.assert_close(result.grad[name], hi, rtol=1e-10, atol=1e-12)
 
 
-def test_steps_equal_local_sgd():
+def test_steps_are_local_sgds_bit_for_bit():
+    """The gradient capture only reads the gradients: the steps are local_sgd's, bit for bit."""
     torch.manual_seed(1)
     x, y = torch.rand(50, 1, 8, 8), torch.randint(0, 10, (50,))
     state = cnn_fedveca((1, 8, 8), 10).state_dict()
@@ -186,9 +190,39 @@ def test_steps_equal_local_sgd():
     a.load_state_dict(state), b.load_state_dict(state)
     r = fedveca_steps(a, x, y, tau=5, lr=0.1, batch_size=16, seed=4, gnorm2_prev=1.0)
     base = local_sgd(b, x, y, lr=0.1, batch_size=16, steps=5, seed=4)
+    assert r.beta is not None
     for k, v in b.state_dict().items():
-        torch.testing.assert_close(r.arrays[k], v, rtol=1e-5, atol=1e-6)
-    assert r.train_loss == pytest.approx(base.train_loss, rel=1e-5)
+        assert torch.equal(r.arrays[k], v), k
+    assert r.train_loss == base.train_loss
+
+
+@pytest.mark.parametrize("mode", ["same-batch", "literal"])
+def test_a_callers_momentum_optimizer_runs_and_beta_measures_the_distance(mode):
+    """With the caller's SGD momentum 0.9 the steps are heavy-ball steps and beta's
+    denominator is the measured ||w_k - w^lambda|| (the trajectory reference's)."""
+    torch.manual_seed(0)
+    x = torch.rand(32, 1, 8, 8, dtype=torch.float64)
+    y = torch.randint(0, 10, (32,))
+    state = cnn_fedveca((1, 8, 8), 10).double().state_dict()
+
+    def model_fn():
+        m = cnn_fedveca((1, 8, 8), 10).double()
+        m.load_state_dict(state)
+        return m
+
+    tau, lr, bs, g2, seed = 6, 0.05, 8, 0.7, 11
+    beta, delta, w_tau, _ = reference(model_fn, x, y, tau, lr, bs, mode, g2, seed, momentum=0.9)
+    model = model_fn()
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    result = fedveca_steps(model, x, y, tau=tau, batch_size=bs, beta_mode=mode, gnorm2_prev=g2,
+                           seed=seed, optimizer=optimizer)
+    assert result.beta == pytest.approx(beta, rel=1e-8)
+    assert result.delta == pytest.approx(delta, rel=1e-8)
+    for (name, _), w in zip(model.named_parameters(), w_tau):
+        torch.testing.assert_close(result.arrays[name], w, rtol=1e-10, atol=1e-12)
+    _, _, plain_w, _ = reference(model_fn, x, y, tau, lr, bs, mode, g2, seed)
+    first = next(name for name, _ in model.named_parameters())
+    assert not torch.allclose(result.arrays[first], plain_w[0])  # momentum: not plain SGD
 
 
 def test_grad_keys_floating_state_only_and_zero_for_buffers():
@@ -269,6 +303,8 @@ def test_fedveca_end_to_end_in_process(tmp_path):
 
 
 # ---------------------------------------------------------------- the message-level helper
+from strategies.client import client_seed  # noqa: E402
+
 def test_fedveca_train_reply_equals_fedveca_steps_and_reads_a_dataloader():
     """fedveca_train(model, loader, config) = fedveca_steps on the loader's tensors, in the
     dataset's order, with the config's tau / lr / B and the default seed."""
@@ -301,6 +337,34 @@ def test_fedveca_train_reply_equals_fedveca_steps_and_reads_a_dataloader():
         assert torch.equal(value, ref.grad[key])
     with pytest.raises(ValueError, match="local-steps"):
         fedveca_train(a, (x, y), ConfigRecord({C.LR: 0.1}))
+
+
+def test_fedveca_train_runs_the_callers_optimizer_and_keeps_its_metrics(caplog):
+    from flwr.app import ConfigRecord
+
+    torch.manual_seed(0)
+    x, y = torch.randn(30, 5), torch.randint(0, 3, (30,))
+    torch.manual_seed(1)
+    a = nn.Sequential(nn.Linear(5, 3))
+    torch.manual_seed(1)
+    b = nn.Sequential(nn.Linear(5, 3))
+    config = ConfigRecord({C.LOCAL_STEPS: 4, C.LR: 0.1, C.BATCH_SIZE: 7, C.SERVER_ROUND: 3})
+    mine = torch.optim.SGD(a.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-3)
+    with caplog.at_level("WARNING", logger="strategies.client.fedveca"):
+        reply = fedveca_train(a, (x, y), config, partition_id=2, optimizer=mine,
+                              metrics={"train_loss": 1.5, C.NUM_EXAMPLES: -1})
+    assert not caplog.records  # built with the config's lr: nothing to say
+    reference = torch.optim.SGD(b.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-3)
+    base = local_sgd(b, x, y, batch_size=7, steps=4, seed=client_seed(0, 3, 2),
+                     optimizer=reference)
+    for key, value in reply[C.ARRAYS].to_torch_state_dict().items():
+        assert torch.equal(value, b.state_dict()[key]), key
+    metrics = reply[C.METRICS]
+    assert metrics["train_loss"] == 1.5  # the caller's own metric, kept
+    assert metrics[C.NUM_EXAMPLES] == 30 and metrics[C.TRAIN_LOSS] == base.train_loss
+    with caplog.at_level("WARNING", logger="strategies.client.fedveca"):
+        fedveca_train(a, (x, y), config, optimizer=torch.optim.Adam(a.parameters(), lr=1e-3))
+    assert "lr [0.001] is not the eta = 0.1" in caplog.text
 
 
 # ---------------------------------------------------------------- a template-style ClientApp

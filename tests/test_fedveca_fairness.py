@@ -15,9 +15,8 @@ from simulation.experiments.fedveca.centralized import centralized_sgd, even_che
 from simulation.experiments.fedveca.fairness import (baseline_taus, budget, checkpoints, e_avg,
                                                      first_reach, partition_sizes, steps_per_round)
 from simulation.experiments.fedveca.plots import build, first_reach_rows
-from strategies import sampling
 from strategies import contract as C
-from task import train as task_train
+from strategies.client import local_sgd
 from task.models import LinearSVM
 
 SIZES = [10000, 10000, 10000, 12000, 18000]  # FedVeca Case 3 on a 60k training set
@@ -118,13 +117,12 @@ def test_partition_sizes_from_label_counts(tmp_path):
     ],
 )
 def test_fractional_epochs(n, b, e, expected):
-    assert task_train.steps_for_epochs(n, b, e) == expected
-    assert sampling.steps_for_epochs(n, b, e) == expected
+    assert C.steps_for_epochs(n, b, e) == expected
 
 
 def test_local_sgd_runs_a_fraction_of_an_epoch():
     x, y = torch.rand(50, 1, 2, 2), torch.randint(0, 2, (50,))
-    result = task_train.local_sgd(
+    result = local_sgd(
         LinearSVM((1, 2, 2)), x, y, lr=0.01, batch_size=10, epochs=0.45, seed=0
     )
     assert result.local_steps == 2  # floor(0.45 * 50 / 10) = floor(2.25)

@@ -22,7 +22,7 @@ STEPS = textwrap.dedent("""
     from task.heap import keep_step_memory
     from task.layout import training_layout
     from task.models import build_model
-    from task.train import local_sgd
+    from strategies.client import local_sgd
     print("kept", keep_step_memory())
     torch.set_num_threads(1)
     model = training_layout(build_model("cnn-mcmahan", (1, 28, 28), 10), (1, 28, 28))

@@ -63,14 +63,7 @@ THIRD_PARTY = {
 }
 LAZY_THIRD_PARTY = {"strategies.client": {"torch", "torchvision"}}  # inside functions only
 
-# The one known exception. task/train.py shares the batch order and the step count
-# u = floor(E n / B) with strategies.client by importing them; the SGD-loop work of
-# issue 41 (one local-SGD loop with hooks) removes these imports. Delete this entry then:
-# test_the_known_exception_is_still_needed fails once it is stale.
-KNOWN_EXCEPTIONS = {
-    ("task/train.py", "strategies.client.batches"),
-    ("task/train.py", "strategies.sampling"),
-}
+KNOWN_EXCEPTIONS: set[tuple[str, str]] = set()  # none: every import follows the arrows
 
 
 def layer_of(module: str) -> str | None:

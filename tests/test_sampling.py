@@ -4,6 +4,7 @@ the local work a client runs for E epochs (hand-computed numbers)."""
 import numpy as np
 import pytest
 
+from strategies import contract as C
 from strategies import sampling
 
 
@@ -121,4 +122,4 @@ def test_dataloader_steps_by_hand(n, b, e, drop_last, expected):
     (100, 32, 1, 3), (100, 32, 2, 6), (10, 32, 2, 2), (100, 0, 3, 3), (100, 1, 0.57, 57),
 ])
 def test_steps_for_epochs_is_floor_e_n_over_b(n, b, e, expected):
-    assert sampling.steps_for_epochs(n, b, e) == expected
+    assert C.steps_for_epochs(n, b, e) == expected

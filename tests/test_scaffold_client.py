@@ -152,3 +152,42 @@ def test_federation_of_quadratics_converges_with_momentum(momentum, lr, toleranc
     # (plain SGD: 0.9 -> 3e-5 in 15 rounds; momentum 0.9, reset every round: 0.9 -> 0.18)
     assert np.abs(x - optimum).max() < tolerance * max(start, 1.0)
     assert np.isfinite(c).all() and np.abs(c).max() < 1.0
+
+
+def test_wrapping_the_users_momentum_optimizer_equals_correcting_by_hand():
+    """scaffold.wrap(optimizer, model): the correction after every step of the user's own
+    optimiser (momentum 0.9, weight decay), bit for bit as correct() after each step; the
+    hook is off again after finish."""
+    results = []
+    for wrapped in (False, True):
+        model = Quadratic([1.0, -2.0], h=[2.0, 0.5])
+        scaffold = ScaffoldClient(train_message([1.0, -2.0], [0.5, -0.1]), RecordDict())
+        optimizer = torch.optim.SGD(model.parameters(), lr=scaffold.lr, momentum=0.9,
+                                    weight_decay=1e-2)
+        if wrapped:
+            assert scaffold.wrap(optimizer, model) is optimizer
+        for _ in range(4):
+            optimizer.zero_grad()
+            model.loss().backward()
+            optimizer.step()
+            if not wrapped:
+                scaffold.correct(model)
+        reply = scaffold.finish(model, {C.NUM_EXAMPLES: 10, "train_loss": 0.5})
+        assert reply[C.METRICS]["train_loss"] == 0.5 and reply[C.METRICS][C.LOCAL_STEPS_TAKEN] == 4
+        results.append((model.w.detach().clone(), numpy_of(reply[C.SCAFFOLD_DELTA_C])["w"]))
+        before = model.w.detach().clone()
+        optimizer.zero_grad()
+        model.loss().backward()
+        optimizer.step()  # after finish: no correction, no step counted
+        assert scaffold.steps == 4 and not torch.equal(model.w.detach(), before)
+    assert torch.equal(results[0][0], results[1][0])
+    np.testing.assert_array_equal(results[0][1], results[1][1])
+
+
+def test_wrap_refuses_an_optimizer_at_another_rate_than_eta_l():
+    model = Quadratic([1.0])
+    scaffold = ScaffoldClient(train_message([1.0], [0.5], lr=0.1), RecordDict())
+    with pytest.raises(ValueError, match=r"lr \[0.01\] is not eta_l = 0.1"):
+        scaffold.wrap(torch.optim.SGD(model.parameters(), lr=0.01), model)
+    explicit = ScaffoldClient(train_message([1.0], [0.5], lr=0.1), RecordDict(), lr=0.01)
+    explicit.wrap(torch.optim.Adam(model.parameters(), lr=0.01), model)  # eta_l given: fine

@@ -188,7 +188,8 @@ def evaluate(msg: Message, context: Context):
 }
 
 # The user's ClientApp with every strategy's helper: the template's train handler plus
-# a branch per helper, and a query handler.
+# a branch per helper, on the user's own optimiser (SGD with momentum 0.9), which the
+# helpers wrap or run; the replies keep the user's train_loss; and a query handler.
 HELPER_TRAIN = '''
 import torch.nn.functional as F
 
@@ -197,6 +198,23 @@ from strategies.client import (FedDynClient, MoonClient, ScaffoldClient, as_tens
                                is_feddyn_message, is_fedveca_round, is_moon_message,
                                is_scaffold_message, label_counts, loader_steps,
                                report_local_steps, train_chunk)
+
+
+def train_with(model, trainloader, optimizer, epochs, forward=None):
+    """The user's loop; ``forward`` gives (logits, extra loss) when a helper changes the loss."""
+    running_loss = 0.0
+    for _ in range(epochs):
+        for batch in trainloader:
+            optimizer.zero_grad()
+            if forward is None:
+                logits, extra = model(batch["img"]), 0.0
+            else:
+                logits, extra = forward(model, batch["img"])
+            loss = F.cross_entropy(logits, batch["label"])
+            (loss + extra).backward()
+            optimizer.step()
+            running_loss += loss.item()
+    return running_loss / (epochs * len(trainloader))
 
 
 @app.train()
@@ -208,47 +226,29 @@ def train(msg: Message, context: Context):
     num_partitions = context.node_config["num-partitions"]
     trainloader, _ = load_data(partition_id, num_partitions)
     config = msg.content["config"]
-    if is_fedveca_round(config):  # FedVeca: tau plain-SGD steps, grad, beta, delta
+    if is_fedveca_round(config):  # FedVeca: tau plain-SGD steps (eq. 1), grad, beta, delta
         content = fedveca_train(model, trainloader, config, partition_id=partition_id)
         return Message(content=content, reply_to=msg)
+    optimizer = torch.optim.SGD(model.parameters(), lr=config["lr"], momentum=0.9)  # the user's
     if is_dynamicfl_chunk(config):  # DynamicFL: one chunk of the round's batch stream
         content = train_chunk(model, trainloader, config, context.state,
-                              partition_id=partition_id)
+                              partition_id=partition_id, optimizer=optimizer)
         return Message(content=content, reply_to=msg)
     epochs = context.run_config["local-epochs"]
+    helper, forward = None, None
     if is_scaffold_message(msg):  # SCAFFOLD: c_i in context.state, every step corrected
-        scaffold = ScaffoldClient(msg, context.state)
-        optimizer = torch.optim.SGD(model.parameters(), lr=scaffold.lr)
-        for _ in range(epochs):
-            for batch in trainloader:
-                optimizer.zero_grad()
-                F.cross_entropy(model(batch["img"]), batch["label"]).backward()
-                optimizer.step()
-                scaffold.correct(model)
-        content = scaffold.finish(model, {"num-examples": len(trainloader.dataset)})
-        return Message(content=content, reply_to=msg)
-    if is_feddyn_message(msg):  # FedDyn: the regulariser's gradient before every step
-        feddyn = FedDynClient(msg, context.state)
-        optimizer = torch.optim.SGD(model.parameters(), lr=config["lr"])
-        for _ in range(epochs):
-            for batch in trainloader:
-                optimizer.zero_grad()
-                F.cross_entropy(model(batch["img"]), batch["label"]).backward()
-                feddyn.regularise(model)
-                optimizer.step()
-        content = feddyn.finish(model, {"num-examples": len(trainloader.dataset)})
-        return Message(content=content, reply_to=msg)
-    if is_moon_message(msg):  # MOON: l_sup + mu l_con, the previous model in context.state
-        moon = MoonClient(msg, context.state, model)
-        optimizer = torch.optim.SGD(model.parameters(), lr=config["lr"])
-        for _ in range(epochs):
-            for batch in trainloader:
-                optimizer.zero_grad()
-                logits, contrastive = moon.forward(model, batch["img"])
-                (F.cross_entropy(logits, batch["label"]) + contrastive).backward()
-                optimizer.step()
-        content = moon.finish(model, {"num-examples": len(trainloader.dataset)})
-        return Message(content=content, reply_to=msg)
+        helper = ScaffoldClient(msg, context.state)
+        helper.wrap(optimizer, model)
+    elif is_feddyn_message(msg):  # FedDyn: the regulariser's gradient before every step
+        helper = FedDynClient(msg, context.state)
+        helper.wrap(optimizer, model)
+    elif is_moon_message(msg):  # MOON: l_sup + mu l_con, the previous model in context.state
+        helper = MoonClient(msg, context.state, model)
+        forward = helper.forward
+    if helper is not None:
+        train_loss = train_with(model, trainloader, optimizer, epochs, forward)
+        metrics = {"train_loss": train_loss, "num-examples": len(trainloader.dataset)}
+        return Message(content=helper.finish(model, metrics), reply_to=msg)
     train_loss = train_fn(model, trainloader, epochs, config["lr"], device)
     metrics = {"train_loss": train_loss, "num-examples": len(trainloader.dataset)}
     metrics = report_local_steps(metrics, loader_steps(trainloader, epochs))  # FedNova's tau_i

@@ -22,7 +22,8 @@ from task.evaluate import evaluate
 from task.heap import keep_step_memory
 from task.layout import inference_layout, training_layout
 from task.models import build_model
-from task.train import client_seed, local_sgd, resolve_device
+from strategies.client import client_seed, local_sgd
+from task.train import resolve_device
 
 from ..runtime import at_least, option_type, run_app
 

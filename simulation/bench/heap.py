@@ -46,7 +46,7 @@ def sgd_steps(job: tuple) -> tuple[float, int]:
     from task.heap import keep_step_memory  # noqa: PLC0415
     from task.layout import training_layout  # noqa: PLC0415
     from task.models import build_model  # noqa: PLC0415
-    from task.train import local_sgd  # noqa: PLC0415
+    from strategies.client import local_sgd  # noqa: PLC0415
 
     if keep:
         keep_step_memory()

@@ -19,7 +19,8 @@ from task.evaluate import evaluate
 from task.heap import keep_step_memory
 from task.layout import inference_layout, training_layout
 from task.models import build_model
-from task.train import local_sgd, resolve_device
+from strategies.client import local_sgd
+from task.train import resolve_device
 
 from .common import settled
 

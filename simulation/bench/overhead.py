@@ -21,7 +21,7 @@ from task.data import PartitionSpec, client_data, load_dataset
 from task.heap import keep_step_memory
 from task.layout import training_layout
 from task.models import build_model
-from task.train import local_sgd
+from strategies.client import local_sgd
 
 from .common import (add_workload_arguments, bare_torch_round_seconds,
                      simulation_round_seconds, workload)

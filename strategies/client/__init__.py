@@ -9,9 +9,11 @@ torch is not installed.
 strategy           what the ClientApp adds                           helper
 =================  ================================================  ======================
 every strategy     ``@app.query()`` answering the client-info query  ``client_info_reply``
-FedAvg, FedProx    nothing (a stock ClientApp works unchanged)       --
+FedAvg             nothing (a stock ClientApp works unchanged)       --
+FedProx            optional: mu (w - w^t) on every gradient (a       ``ProximalTerm``
+                   stock ClientApp runs FedAvg's local steps)
 FedNova            the steps it took, in its reply metrics           ``report_local_steps``
-FedVeca            tau plain-SGD steps + grad, beta, delta           ``fedveca_train``
+FedVeca            tau steps + grad, beta, delta                     ``fedveca_train``
 DynamicFL          one chunk of the round's batch stream             ``train_chunk``
 SCAFFOLD           a correction after every step, option II          ``ScaffoldClient``
 FedDyn             the regulariser's gradient before every step      ``FedDynClient``
@@ -22,6 +24,14 @@ restorable state   state the server can restore (SCAFFOLD's c_i,     ``resolve_s
                    FedDyn's linear term, MOON's previous model):     ``save_state``
                    resume, lost replies, restarts
 =================  ================================================  ======================
+
+The helpers wrap the optimiser you built (momentum, Adam, weight decay, a schedule) instead
+of replacing it: ``ProximalTerm``, ``ScaffoldClient`` and ``FedDynClient`` install
+themselves on it (``wrap(optimizer)``: a step hook of that optimiser), ``fedveca_train``
+and ``train_chunk`` run it (``optimizer=``; plain SGD from the config without one), and
+each takes your reply metrics (``finish(model, metrics)``, ``metrics=``) and adds its own.
+Every local step they run goes through one loop, :func:`sgd_steps` (:func:`local_sgd` for
+E epochs or a fixed number of steps), which fedhetero's own ClientApp runs too.
 
 Restorable client state (:mod:`strategies.client_state` on the server,
 :func:`resolve_state` / :func:`save_state` here): every train message carries
@@ -41,20 +51,23 @@ from .data import as_tensors
 from .dynamicfl import is_dynamicfl_chunk, train_chunk
 from .feddyn import FedDynClient, is_feddyn_message
 from .fednova import loader_steps, report_local_steps
+from .fedprox import ProximalTerm, is_fedprox_message
 from .fedveca import fedveca_train, is_fedveca_round
 from .info import client_info_reply, is_client_info_query, label_counts
 from .moon import (MissingRepresentation, MoonClient, contrastive_loss, has_representation,
                    is_moon_message)
 from .scaffold import ScaffoldClient, is_scaffold_message
+from .sgd_loop import LocalResult, local_sgd, sgd_steps
 from .state import (ClientStateLost, clear_arrays, load_arrays, load_meta, resolve_state,
                     save_arrays, save_state)
 
 __all__ = [
-    "ClientStateLost", "FedDynClient", "MissingRepresentation", "MoonClient", "ScaffoldClient",
-    "as_tensors", "batch_indices", "batch_stream", "clear_arrays", "client_info_reply",
-    "client_seed", "contrastive_loss", "fedveca_train", "has_representation",
-    "is_client_info_query", "is_dynamicfl_chunk", "is_feddyn_message", "is_fedveca_round",
-    "is_moon_message", "is_scaffold_message", "label_counts", "load_arrays", "load_meta",
-    "loader_steps", "report_local_steps", "resolve_state", "save_arrays", "save_state",
+    "ClientStateLost", "FedDynClient", "LocalResult", "MissingRepresentation", "MoonClient",
+    "ProximalTerm", "ScaffoldClient", "as_tensors", "batch_indices", "batch_stream",
+    "clear_arrays", "client_info_reply", "client_seed", "contrastive_loss", "fedveca_train",
+    "has_representation", "is_client_info_query", "is_dynamicfl_chunk", "is_feddyn_message",
+    "is_fedprox_message", "is_fedveca_round", "is_moon_message", "is_scaffold_message",
+    "label_counts", "load_arrays", "load_meta", "loader_steps", "local_sgd",
+    "report_local_steps", "resolve_state", "save_arrays", "save_state", "sgd_steps",
     "train_chunk",
 ]

@@ -7,14 +7,19 @@ make a chunked round equal to one uninterrupted L-step run, bit for bit:
 * the **batch stream** is a pure function of (seed, round, partition): concatenated
   reshuffled passes over the local data cut into minibatches of B; step l uses batch l
   whatever the chunking (:func:`strategies.client.batches.batch_stream`);
-* the **optimizer momentum** is carried from one chunk to the next in ``Context.state``
-  (:mod:`strategies.client.state`), reset at the first chunk of a new round unless
-  ``keep_momentum_across_rounds`` (the official code's behaviour).
+* the **optimiser state** (SGD's momentum buffers, Adam's moments, ...) is carried from
+  one chunk to the next in ``Context.state``
+  (:mod:`strategies.client.optimizer_state`), reset at the first chunk of a new round
+  unless ``keep_momentum_across_rounds`` (the official code's behaviour).
 
-:func:`train_chunk` is the helper a ClientApp calls on a DynamicFL train message;
-:func:`chunk_steps` is the same SGD on tensors with the momentum passed in and out.
+The steps are those of the one local-SGD loop (:func:`strategies.client.sgd_steps`):
+:func:`run_chunk` feeds it the chunk's rows of the stream with any optimiser;
+:func:`train_chunk` is the helper a ClientApp calls on a DynamicFL train message (with
+your own optimiser, or SGD as below); :func:`chunk_steps` is SGD on tensors with the
+state passed in and out.
 
-Optimiser settings, each taken from the first place that has it:
+Without your optimiser, ``train_chunk`` builds ``torch.optim.SGD``, each setting taken
+from the first place that has it:
 
 1. the train config the strategy sends (``lr``, ``batch-size``, ``momentum``,
    ``weight-decay``, ``seed``; DynamicFL always sends ``lr``);
@@ -27,23 +32,27 @@ Optimiser settings, each taken from the first place that has it:
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from flwr.app import MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from .. import contract as C
 from ..records import to_record
 from .batches import batch_stream, client_seed
 from .data import loader_batch_size, tensors_for
-from .state import load_arrays, load_meta, save_arrays
+from .optimizer_state import load_optimizer_state, optimizer_state_arrays
+from .sgd_loop import LocalResult, LossFn, plain_sgd, sgd_steps
+from .state import load_arrays, load_meta, meta_key
 
 log = logging.getLogger(__name__)
 
-MOMENTUM_STATE = "dynamicfl-momentum"  # Context.state ArrayRecord: momentum buffer per parameter
-MOMENTUM_META = MOMENTUM_STATE + "-meta"  # its ConfigRecord: round and next step of the buffers
+# Context.state ArrayRecord: the optimiser's state after the last chunk (optimizer_state)
+OPTIMIZER_STATE = "dynamicfl-optimizer-state"
+OPTIMIZER_META = meta_key(OPTIMIZER_STATE)  # its ConfigRecord: round and next step
+ROUND, NEXT_STEP, KIND = "round", "next-step", "optimizer"  # the meta's scalars
 
 # Le et al., hyper-parameter table ("Shared parameter"): used when nobody else says.
 PAPER_DEFAULTS = {C.BATCH_SIZE: 10, C.LR: 0.01, C.MOMENTUM: 0.9, C.WEIGHT_DECAY: 5e-4}
@@ -57,12 +66,53 @@ def is_dynamicfl_chunk(config: Mapping) -> bool:
 
 @dataclass(frozen=True)
 class ChunkResult:
-    """One chunk's outcome; ``momentum`` is what to pass as ``momentum_state`` next time."""
+    """One chunk's outcome; ``optimizer_state`` is what to pass as ``optimizer_state`` next
+    time (:func:`strategies.client.optimizer_state.optimizer_state_arrays`)."""
 
     num_examples: int
     local_steps: int
     train_loss: float
-    momentum: dict[str, Any]
+    optimizer_state: dict[str, Any]
+
+
+def chunk_batches(x: Any, y: Any, *, batch_size: int, start_step: int, num_steps: int,
+                  seed: int, round_steps: int = 0) -> Iterator[tuple[Any, Any]]:
+    """Minibatches [start_step, start_step + num_steps) of the round's stream on (x, y).
+
+    ``seed`` is the client's stream seed for this round (``client_seed(seed, round, pid)``);
+    ``round_steps`` (L) only sizes the cached stream (0: just long enough for this chunk).
+    """
+    import torch  # noqa: PLC0415  (lazy: strategies never needs torch at import)
+
+    n = len(y)
+    if n == 0:
+        raise ValueError("this client has no training data; a DynamicFL client needs at least "
+                         "one example")
+    if start_step < 0 or num_steps < 1:
+        raise ValueError(f"need start-step >= 0 and num-steps >= 1, got {start_step}, {num_steps}")
+    length = max(int(round_steps), start_step + num_steps)
+    rows = batch_stream(n, int(batch_size), length, int(seed))[start_step:start_step + num_steps]
+    for row in torch.from_numpy(np.array(rows, dtype=np.int64)).to(x.device):
+        yield x[row], y[row]
+
+
+def run_chunk(model: Any, optimizer: Any, x: Any, y: Any, *, batch_size: int, start_step: int,
+              num_steps: int, seed: int, round_steps: int = 0, clip_norm: float | None = None,
+              loss_fn: LossFn | None = None) -> LocalResult:
+    """The chunk's steps with ``optimizer`` (any, as given: its state is the caller's), in
+    place; ``clip_norm`` clips the gradient norm before each step."""
+    import torch  # noqa: PLC0415
+
+    clip = None
+    if clip_norm is not None:
+        def clip(m: Any, _x: Any, _y: Any) -> None:
+            torch.nn.utils.clip_grad_norm_(m.parameters(), clip_norm)
+    steps, loss = sgd_steps(
+        model, optimizer,
+        chunk_batches(x, y, batch_size=batch_size, start_step=start_step, num_steps=num_steps,
+                      seed=seed, round_steps=round_steps),
+        loss_fn=loss_fn, on_gradients=clip)
+    return LocalResult(num_examples=len(y), local_steps=steps, train_loss=loss)
 
 
 def chunk_steps(
@@ -80,88 +130,67 @@ def chunk_steps(
     weight_decay: float = 0.0,
     nesterov: bool = False,
     clip_norm: float | None = None,
-    momentum_state: Mapping[str, Any] | None = None,
+    optimizer_state: Mapping[str, Any] | None = None,
 ) -> ChunkResult:
-    """Steps [start_step, start_step + num_steps) of the round's batch stream, in place.
+    """Steps [start_step, start_step + num_steps) of the round's batch stream with SGD, in place.
 
-    ``seed`` is the client's stream seed for this round (``client_seed(seed, round, pid)``);
-    ``round_steps`` (L) only sizes the cached stream (0: just long enough for this chunk).
-    ``momentum_state`` (parameter name -> buffer) continues the previous chunk's momentum;
-    None or empty starts from zero, as ``torch.optim.SGD`` does. Data and model must be on
-    the same device. Returns the mean minibatch loss over the chunk and the new buffers (CPU).
+    ``optimizer_state`` (from the previous chunk's :class:`ChunkResult`) continues its
+    momentum; None or empty starts from zero, as ``torch.optim.SGD`` does. Data and model
+    must be on the same device. Returns the mean minibatch loss over the chunk and the
+    optimiser's state (CPU arrays).
     """
-    import torch  # noqa: PLC0415  (lazy: strategies never needs torch at import)
-    import torch.nn.functional as F  # noqa: PLC0415, N812
-
-    n = len(y)
-    if n == 0:
-        raise ValueError("this client has no training data; a DynamicFL client needs at least "
-                         "one example")
-    if start_step < 0 or num_steps < 1:
-        raise ValueError(f"need start-step >= 0 and num-steps >= 1, got {start_step}, {num_steps}")
-    length = max(int(round_steps), start_step + num_steps)
-    rows = batch_stream(n, int(batch_size), length, int(seed))[start_step:start_step + num_steps]
-    named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
-    optimizer = torch.optim.SGD([p for _, p in named], lr=lr, momentum=momentum,
-                                weight_decay=weight_decay, nesterov=nesterov and momentum > 0)
-    if momentum > 0 and momentum_state:
-        for name, p in named:
-            if name in momentum_state:
-                buf = torch.as_tensor(momentum_state[name])
-                optimizer.state[p]["momentum_buffer"] = buf.to(p.device, p.dtype).clone()
-    loss_fn = getattr(model, "loss", None) or F.cross_entropy
-    model.train()
-    loss_sum = torch.zeros((), dtype=torch.float64, device=x.device)
-    index = torch.from_numpy(np.array(rows, dtype=np.int64)).to(x.device)
-    for row in index:
-        optimizer.zero_grad(set_to_none=True)
-        loss = loss_fn(model(x[row]), y[row])
-        loss.backward()
-        if clip_norm is not None:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
-        optimizer.step()
-        loss_sum += loss.detach()
-    buffers = {}
-    if momentum > 0:
-        for name, p in named:
-            buf = optimizer.state[p].get("momentum_buffer")
-            if buf is not None:
-                buffers[name] = buf.detach().cpu().clone()
-    return ChunkResult(num_examples=n, local_steps=num_steps,
-                       train_loss=float(loss_sum) / num_steps, momentum=buffers)
+    optimizer = plain_sgd(model, lr, momentum, weight_decay, nesterov)
+    if optimizer_state:
+        load_optimizer_state(optimizer, model, optimizer_state)
+    result = run_chunk(model, optimizer, x, y, batch_size=batch_size, start_step=start_step,
+                       num_steps=num_steps, seed=seed, round_steps=round_steps,
+                       clip_norm=clip_norm)
+    return ChunkResult(num_examples=result.num_examples, local_steps=result.local_steps,
+                       train_loss=result.train_loss,
+                       optimizer_state=optimizer_state_arrays(optimizer, model))
 
 
-def load_momentum(state: RecordDict, server_round: int, start_step: int,
-                  keep_across_rounds: bool = False) -> dict[str, np.ndarray] | None:
-    """The momentum buffers to continue with, from ``Context.state`` (None: start from zero).
+def load_chunk_state(state: RecordDict, server_round: int, start_step: int, kind: str,
+                     keep_across_rounds: bool = False) -> dict[str, np.ndarray] | None:
+    """The optimiser state to continue with, from ``Context.state`` (None: start afresh).
 
-    Within a round the stored buffers must end where this chunk starts; at step 0 of a new
-    round they are dropped unless ``keep_across_rounds``. A chunk that finds no (or stale)
-    buffers mid-round, e.g. after a node restart, starts from zero with a warning.
+    Within a round the stored state must end where this chunk starts and come from an
+    optimiser of the same ``kind`` (class name); at step 0 of a new round it is dropped
+    unless ``keep_across_rounds``. A chunk that finds no (or stale) state mid-round, e.g.
+    after a node restart, starts afresh with a warning.
     """
-    buffers, meta = load_arrays(state, MOMENTUM_STATE), load_meta(state, MOMENTUM_STATE)
-    if buffers is None or meta is None:
+    meta = load_meta(state, OPTIMIZER_STATE)
+    arrays = load_arrays(state, OPTIMIZER_STATE) or {}
+    if meta is None:
         if start_step > 0:
-            log.warning("DynamicFL chunk at step %d of round %d found no momentum in "
-                        "Context.state; starting from zero momentum", start_step, server_round)
+            log.warning("DynamicFL chunk at step %d of round %d found no optimizer state in "
+                        "Context.state; starting from a fresh optimizer", start_step,
+                        server_round)
         return None
-    same_round = int(meta["round"]) == server_round and int(meta["next-step"]) == start_step
+    same_round = int(meta[ROUND]) == server_round and int(meta[NEXT_STEP]) == start_step
     if start_step == 0 and not same_round:
         if not keep_across_rounds:
             return None
     elif not same_round:
-        log.warning("DynamicFL chunk at step %d of round %d: stored momentum is from round %s "
-                    "step %s; starting from zero momentum", start_step, server_round,
-                    meta["round"], meta["next-step"])
+        log.warning("DynamicFL chunk at step %d of round %d: the stored optimizer state is "
+                    "from round %s step %s; starting from a fresh optimizer", start_step,
+                    server_round, meta[ROUND], meta[NEXT_STEP])
         return None
-    return buffers
+    if meta.get(KIND) != kind:
+        log.warning("DynamicFL chunk at step %d of round %d: the stored optimizer state is a "
+                    "%s's, this chunk runs a %s; starting from a fresh optimizer", start_step,
+                    server_round, meta.get(KIND), kind)
+        return None
+    return arrays
 
 
-def save_momentum(state: RecordDict, buffers: Mapping[str, Any], server_round: int,
-                  next_step: int) -> None:
-    """Store the buffers in ``Context.state`` (no buffers: forget the stored ones)."""
-    save_arrays(state, MOMENTUM_STATE, buffers,
-                meta={"round": int(server_round), "next-step": int(next_step)})
+def save_chunk_state(state: RecordDict, arrays: Mapping[str, Any], server_round: int,
+                     next_step: int, kind: str) -> None:
+    """Keep the optimiser's state (possibly none, e.g. plain SGD) and where it ends."""
+    state[OPTIMIZER_STATE] = ArrayRecord(
+        {name: Array(np.ascontiguousarray(value)) for name, value in arrays.items()})
+    state[OPTIMIZER_META] = ConfigRecord({ROUND: int(server_round), NEXT_STEP: int(next_step),
+                                          KIND: kind})
 
 
 def _setting(config: Mapping, key: str, given: Any, fallback: Any = None) -> Any:
@@ -186,6 +215,8 @@ def train_chunk(
     state: RecordDict,
     *,
     partition_id: int,
+    optimizer: Any = None,
+    metrics: Mapping[str, Any] | None = None,
     lr: float | None = None,
     batch_size: int | None = None,
     momentum: float | None = None,
@@ -195,7 +226,7 @@ def train_chunk(
     clip_norm: float | None = None,
     keep_momentum_across_rounds: bool = False,
 ) -> RecordDict:
-    """Train one DynamicFL chunk as a train message asks; momentum kept in ``state``.
+    """Train one DynamicFL chunk as a train message asks; optimiser state kept in ``state``.
 
     Parameters
     ----------
@@ -209,23 +240,32 @@ def train_chunk(
         The message's ConfigRecord: ``server-round``, ``start-step``, ``num-steps``,
         ``round-steps`` and whatever optimiser keys the strategy sends.
     state
-        ``context.state``: the momentum buffers between chunks.
+        ``context.state``: the optimiser's state between chunks.
     partition_id
         ``context.node_config["partition-id"]``: with ``seed`` and the round, it fixes
         the batch stream; also sent back as ``partition-id``.
+    optimizer
+        Your own optimiser over ``model``'s parameters (momentum, Adam, weight decay, a
+        fresh one per message is fine): it runs the chunk as you built it (build it with
+        ``config["lr"]`` to follow the strategy's learning rate), its state continued from
+        the previous chunk. None: ``torch.optim.SGD`` from the config and the keywords
+        below (module docstring).
+    metrics
+        Your own metrics for the reply; the keys below are added to them.
     lr, batch_size, momentum, weight_decay, seed
         Used when the config does not carry the key (see the module docstring for the
         full order: config, these, the DataLoader's batch size, the paper's values;
-        the seed falls back to 0).
+        the seed falls back to 0). With ``optimizer``, only ``batch_size`` and ``seed``.
     nesterov, clip_norm, keep_momentum_across_rounds
-        Optimiser variants; defaults as ``torch.optim.SGD`` and the paper.
+        Optimiser variants; defaults as ``torch.optim.SGD`` and the paper
+        (``keep_momentum_across_rounds`` carries any optimiser's state into the next round).
 
     Returns
     -------
     RecordDict
-        ``"arrays"`` (the model after the chunk) and ``"metrics"`` with ``num-examples``
-        (|D_m|, the aggregation weight), ``train-loss``, ``local-steps`` and
-        ``partition-id``. Reply with ``Message(content, reply_to=msg)``.
+        ``"arrays"`` (the model after the chunk) and ``"metrics"``: ``metrics`` plus
+        ``num-examples`` (|D_m|, the aggregation weight), ``train-loss``, ``local-steps``
+        and ``partition-id``. Reply with ``Message(content, reply_to=msg)``.
     """
     if not is_dynamicfl_chunk(config):
         raise ValueError(f"a DynamicFL chunk config carries '{C.START_STEP}'; this one has "
@@ -234,26 +274,30 @@ def train_chunk(
     server_round = int(config.get(C.SERVER_ROUND, 0))
     start = int(config[C.START_STEP])
     steps = int(config.get(C.NUM_STEPS, config.get(C.LOCAL_STEPS, 1)))
-    rho = float(_setting(config, C.MOMENTUM, momentum))
-    buffers = load_momentum(state, server_round, start, keep_momentum_across_rounds) \
-        if rho > 0 else None
+    if optimizer is None:
+        optimizer = plain_sgd(
+            model, float(_setting(config, C.LR, lr)),
+            float(_setting(config, C.MOMENTUM, momentum)),
+            float(_setting(config, C.WEIGHT_DECAY, weight_decay)), nesterov)
+    kind = type(optimizer).__name__
+    carried = load_chunk_state(state, server_round, start, kind, keep_momentum_across_rounds)
+    if carried:
+        load_optimizer_state(optimizer, model, carried)
     run_seed = int(config.get(C.SEED, 0 if seed is None else seed))
-    result = chunk_steps(
-        model, x, y,
-        lr=float(_setting(config, C.LR, lr)),
+    result = run_chunk(
+        model, optimizer, x, y,
         batch_size=int(_setting(config, C.BATCH_SIZE, batch_size, loader_batch_size(data))),
-        start_step=start, num_steps=steps,
-        round_steps=int(config.get(C.ROUND_STEPS, 0)),
-        seed=client_seed(run_seed, server_round, int(partition_id)),
-        momentum=rho, weight_decay=float(_setting(config, C.WEIGHT_DECAY, weight_decay)),
-        nesterov=nesterov, clip_norm=clip_norm, momentum_state=buffers,
+        start_step=start, num_steps=steps, round_steps=int(config.get(C.ROUND_STEPS, 0)),
+        seed=client_seed(run_seed, server_round, int(partition_id)), clip_norm=clip_norm,
     )
-    save_momentum(state, result.momentum, server_round, start + steps)
-    metrics = MetricRecord({
+    save_chunk_state(state, optimizer_state_arrays(optimizer, model), server_round,
+                     start + steps, kind)
+    out = dict(metrics or {})
+    out.update({
         C.NUM_EXAMPLES: result.num_examples,
         C.TRAIN_LOSS: result.train_loss,
         C.LOCAL_STEPS_TAKEN: result.local_steps,
         C.PARTITION_ID: int(partition_id),
     })
     arrays = to_record({k: v.detach().cpu().numpy() for k, v in model.state_dict().items()})
-    return RecordDict({C.ARRAYS: arrays, C.METRICS: metrics})
+    return RecordDict({C.ARRAYS: arrays, C.METRICS: MetricRecord(out)})

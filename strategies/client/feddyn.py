@@ -5,17 +5,19 @@ grad L_k(theta_k^{t-1}) (from ``Context.state``, or the server's copy:
 :func:`strategies.client.state.resolve_state`); the loop calls
 :meth:`~FedDynClient.regularise` after every ``loss.backward()`` and before the optimiser
 step, and :meth:`~FedDynClient.finish` at the end, which updates the linear term in
-``Context.state`` and builds the reply::
+``Context.state`` and builds the reply. The optimiser is yours; :meth:`~FedDynClient.wrap`
+makes every one of its steps call ``regularise`` first::
 
     feddyn = FedDynClient(msg, context.state)    # theta^{t-1}, alpha, grad L_k(theta_k^{t-1})
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
-    for batch in loader:
-        optimizer.zero_grad()
-        loss_fn(model(batch["img"]), batch["label"]).backward()
-        feddyn.regularise(model)                  # + alpha (theta - theta^{t-1}) - grad L_k
-        optimizer.step()
-    content = feddyn.finish(model, {"num-examples": len(loader.dataset)})
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    feddyn.wrap(optimizer, model)                 # + alpha (theta - theta^{t-1}) - grad L_k
+    train_loss = your_training_loop(model, optimizer, loader)
+    content = feddyn.finish(model, {"train_loss": train_loss,
+                                    "num-examples": len(loader.dataset)})
     return Message(content=content, reply_to=msg)
+
+(Without ``wrap``, call ``feddyn.regularise(model)`` between ``loss.backward()`` and
+``optimizer.step()``.)
 
 The loop then minimises Algorithm 1's local objective
 L_k(theta) - <grad L_k(theta_k^{t-1}), theta> + (alpha / 2) ||theta - theta^{t-1}||^2;
@@ -36,6 +38,7 @@ from .. import feddyn_math as fm
 from ..client_state import state_digest
 from ..records import to_numpy
 from .data import writable_tensor
+from .optimizer_hooks import StepHooks
 from .state import resolve_state, save_state
 
 STATE_KEY = "feddyn-linear-term"  # Context.state: grad L_k(theta_k^{t-1})
@@ -80,6 +83,14 @@ class FedDynClient:
             state, STATE_KEY, msg.content, initial=fm.zero_state(self.global_model))
         self.steps = 0
         self._terms: dict[str, tuple[Any, Any]] | None = None  # (theta^{t-1}, grad L_k), torch
+        self._hooks = StepHooks()
+
+    def wrap(self, optimizer: Any, model: Any) -> Any:
+        """Call :meth:`regularise` at the start of every ``optimizer.step()`` (a pre-step
+        hook on this optimiser, after ``backward()`` filled ``.grad``; taken off by
+        :meth:`finish`); returns ``optimizer``."""
+        self._hooks.install("FedDynClient", optimizer, before=lambda: self.regularise(model))
+        return optimizer
 
     def regularise(self, model: Any) -> None:
         """Add alpha (theta - theta^{t-1}) - grad L_k(theta_k^{t-1}) to every trained
@@ -126,8 +137,10 @@ class FedDynClient:
         must hold ``num-examples``) plus ``state-round`` and ``state-digest`` of the linear
         term this round started from.
         """
+        self._hooks.remove()
         if self.steps < 1:
-            raise ValueError("FedDyn: the regulariser was never applied; call "
+            raise ValueError("FedDyn: the regulariser was never applied; wrap the optimizer "
+                             "(feddyn.wrap(optimizer, model)) or call "
                              "FedDynClient.regularise(model) after every loss.backward()")
         state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
         local = {k: np.asarray(v.numpy()) for k, v in state.items() if k in self.linear_term}

@@ -1,7 +1,7 @@
 """FedVeca's client procedure (Luo et al., arXiv 2209.13803, Algorithm 2) for any PyTorch model.
 
 :func:`fedveca_train` is what a ClientApp calls on a FedVeca train message: it runs the
-tau_(k,i) plain-SGD steps the server asked for (eq. 1) from the received model w_k and
+tau_(k,i) local steps the server asked for (eq. 1) from the received model w_k and
 returns the reply content a FedVeca server needs:
 
 * ``"arrays"``: the local model after tau steps (the server turns it into G_(k,i), eq. 5);
@@ -16,12 +16,16 @@ returns the reply content a FedVeca server needs:
 * metrics ``delta`` = max_{lambda=1..tau-1} ||sum_{s=0..lambda} g^s||^2 /
   ((lambda + 1) ||grad F(w_{k-1})||^2) (Assumption 4 as written in Alg. 2 lines 17-18).
 
-:func:`fedveca_steps` is the same computation on tensors, returning a
-:class:`FedVecaResult`. Everything is computed online with O(1) model-sized buffers:
-h_i, the running sum sum_s g^s and, in ``same-batch`` mode, a copy of w_k. For plain SGD
-w_k - w^lambda = lr * sum_{s<lambda} g^s exactly, so the running sum also gives beta's
-denominator. The loss must be a mean over the batch (plus terms that do not depend on
-the batch, such as the squared SVM's (l2/2)||w||^2). torch is imported inside the functions.
+The steps are those of :func:`strategies.client.local_sgd` (the one local-SGD loop; same
+seed, same minibatches), with :class:`GradientCapture` reading each step's gradient
+g^lambda after ``backward()``. The optimiser is plain SGD at the config's eta (eq. 1)
+unless the caller passes its own. :func:`fedveca_steps` is the same computation on
+tensors, returning a :class:`FedVecaResult`. Everything is computed online with O(1)
+model-sized buffers: h_i, the running sum sum_s g^s (for plain SGD, eta times it is
+w_k - w^lambda exactly, beta's denominator) and, in ``same-batch`` mode or with another
+optimiser, a copy of w_k. The loss must be a
+mean over the batch (plus terms that do not depend on the batch, such as the squared
+SVM's (l2/2)||w||^2). torch is imported inside the functions.
 """
 
 from __future__ import annotations
@@ -30,13 +34,19 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import logging
+
 import numpy as np
 from flwr.app import MetricRecord, RecordDict
 
 from .. import contract as C
 from ..records import to_record
-from .batches import batch_indices, client_seed
+from .batches import client_seed
 from .data import loader_batch_size, tensors_for
+from .optimizer_hooks import learning_rates
+from .sgd_loop import default_loss, local_sgd, plain_sgd
+
+log = logging.getLogger(__name__)
 
 BETA_MODES = ("same-batch", "literal")
 DEFAULT_LR = 0.01  # eta when neither the config nor the caller gives ``lr``
@@ -67,14 +77,6 @@ class FedVecaResult:
 def is_fedveca_round(config: Mapping) -> bool:
     """True when a train message's config comes from a FedVeca server (estimator keys)."""
     return C.FEDVECA_ESTIMATE in config or C.GNORM2_PREV in config
-
-
-def default_loss(model: Any) -> LossFn:
-    """The model's own ``loss(outputs, targets)`` when it has one, else mean cross-entropy."""
-    import torch.nn.functional as F  # noqa: PLC0415, N812
-
-    own = getattr(model, "loss", None)
-    return own if callable(own) else F.cross_entropy
 
 
 def subsample_seed(seed: int) -> int:
@@ -135,16 +137,97 @@ def local_gradient(model: Any, x: Any, y: Any, loss_fn: LossFn | None = None,
     return total, loss_sum
 
 
-def _check(mode: str, beta_mode: str, tau: int, lr: float, n: int) -> None:
+def _check(mode: str, beta_mode: str, tau: int, lr: float | None, optimizer: Any,
+           n: int) -> None:
     if mode not in BETA_MODES:
         raise ValueError(f"beta_mode {beta_mode!r} is not known; "
                          f"use one of {', '.join(BETA_MODES)}")
     if tau < 1:
         raise ValueError(f"tau must be >= 1 local step, got {tau}")
-    if not lr > 0:
-        raise ValueError(f"lr must be > 0, got {lr}")
+    if optimizer is None and not (lr is not None and lr > 0):
+        raise ValueError(f"lr must be > 0 (eta of eq. 1) when no optimizer is given, got {lr}")
     if n == 0:
         raise ValueError("FedVeca needs at least one local example")
+
+
+class GradientCapture:
+    """beta and delta of Alg. 2 (lines 15-18), online, from each step's gradient g^lambda.
+
+    Called by the loop after every ``backward()`` (``on_gradients``), while the weights
+    are still w^lambda. Keeps h_i = grad F_i(w_k) and sum_{s<lambda} g^s; and a copy of w_k
+    where needed (``same-batch`` mode, or a measured denominator).
+
+    Parameters
+    ----------
+    model
+        The model at w_k (before any step).
+    h
+        grad F_i(w_k), one tensor per trained parameter (:func:`local_gradient`).
+    loss_fn
+        The loss the steps use (``same-batch`` mode evaluates it at w_k).
+    mode
+        ``"same-batch"`` or ``"literal"`` (module docstring).
+    gnorm2_prev
+        ||grad F(w_{k-1})||^2 > 0, delta's normaliser.
+    sgd_lr
+        eta when the steps are plain SGD (eq. 1): then w_k - w^lambda = eta sum_{s<lambda}
+        g^s exactly, and beta's denominator is computed so (no float32 cancellation of
+        two nearby weights). None (another optimiser): ||w_k - w^lambda|| is measured.
+    """
+
+    def __init__(self, model: Any, h: list[Any], loss_fn: LossFn, mode: str,
+                 gnorm2_prev: float, sgd_lr: float | None) -> None:
+        import torch  # noqa: PLC0415
+
+        named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+        self.params = [p for _, p in named]
+        self.h = h
+        self.gnorm2_prev = gnorm2_prev
+        self.sgd_lr = sgd_lr
+        self.start = None  # w_k, for a measured ||w_k - w^lambda||
+        if sgd_lr is None:
+            self.start = [p.detach().clone() for p in self.params]
+        self.anchor = None  # w_k as leaves, for grad F_i(w_k; b_lambda) in same-batch mode
+        if mode == "same-batch":
+            self.anchor = {f"model.{name}": p.detach().clone().requires_grad_(True)
+                           for name, p in named}
+            self.objective = _objective(model, loss_fn)
+        self.running = [torch.zeros_like(p) for p in self.params]  # sum_{s < lambda} g^s
+        self.step = 0  # lambda
+        self.beta = 0.0
+        self.delta = 0.0
+
+    def distance(self) -> float:
+        """||w_k - w^lambda|| at the current weights w^lambda."""
+        if self.start is None:
+            return self.sgd_lr * _sq_norm(self.running) ** 0.5  # eq. (1)
+        return _sq_norm_diff(self.start, self.params) ** 0.5
+
+    def __call__(self, model: Any, xb: Any, yb: Any) -> None:
+        import torch  # noqa: PLC0415
+
+        g = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        lam = self.step
+        if lam >= 1:
+            distance = self.distance()
+            if distance > 1e-12:
+                if self.anchor is None:  # literal: ||h_i - g^lambda||
+                    numerator = _sq_norm_diff(self.h, g) ** 0.5
+                else:  # same-batch: ||grad F_i(w_k; b) - grad F_i(w^lambda; b)||
+                    at_anchor = torch.autograd.grad(
+                        torch.func.functional_call(self.objective, self.anchor, (xb, yb),
+                                                   strict=False),
+                        list(self.anchor.values()), allow_unused=True)
+                    at_anchor = [a if a is not None else torch.zeros_like(p)
+                                 for a, p in zip(at_anchor, self.params)]
+                    numerator = _sq_norm_diff(at_anchor, g) ** 0.5
+                self.beta = max(self.beta, numerator / distance)
+        with torch.no_grad():
+            for r, gi in zip(self.running, g):
+                r.add_(gi)
+        if lam >= 1:  # ||sum_{s<=lambda} g^s||^2 / ((lambda + 1) ||grad F(w_{k-1})||^2)
+            self.delta = max(self.delta, _sq_norm(self.running) / ((lam + 1) * self.gnorm2_prev))
+        self.step += 1
 
 
 def fedveca_steps(
@@ -153,7 +236,7 @@ def fedveca_steps(
     y: Any,
     *,
     tau: int,
-    lr: float,
+    lr: float | None = None,
     batch_size: int,
     beta_mode: str = "same-batch",
     gnorm2_prev: float = 0.0,
@@ -162,8 +245,9 @@ def fedveca_steps(
     seed: int = 0,
     loss_fn: LossFn | None = None,
     chunk_size: int = 1000,
+    optimizer: Any = None,
 ) -> FedVecaResult:
-    """One FedVeca client round (Alg. 2) on tensors: ``tau`` plain SGD steps, in place.
+    """One FedVeca client round (Alg. 2) on tensors: ``tau`` local steps, in place.
 
     Parameters
     ----------
@@ -174,6 +258,7 @@ def fedveca_steps(
     lr, batch_size
         eta and B; a fresh minibatch of B examples per step (B = 0 or >= n: full batch),
         cut from one permutation per epoch (:func:`strategies.client.batches.batch_indices`).
+        ``lr`` builds the plain SGD of eq. (1) and is needed only without ``optimizer``.
     beta_mode
         ``"same-batch"`` (default) or ``"literal"`` (``"same_batch"`` is accepted too).
     gnorm2_prev
@@ -187,19 +272,23 @@ def fedveca_steps(
         Seeds the minibatch order and the subsample.
     loss_fn
         ``loss_fn(outputs, targets)``, a batch mean; default: ``model.loss`` or cross-entropy.
+    optimizer
+        The caller's own optimiser over ``model``'s parameters (momentum, Adam, ...); None:
+        ``torch.optim.SGD(lr)``, the paper's eq. (1), where beta's denominator
+        ||w_k - w^lambda|| = eta ||sum_{s<lambda} g^s||; with another optimiser it is
+        measured from a copy of w_k.
     """
     import torch  # noqa: PLC0415
 
     mode = str(beta_mode).replace("_", "-")
     n = len(y)
-    _check(mode, beta_mode, tau, lr, n)
+    _check(mode, beta_mode, tau, lr, optimizer, n)
     loss_fn = loss_fn or default_loss(model)
     if estimate is None:
         estimate = gnorm2_prev > 0
     estimate = bool(estimate) and tau >= 2 and np.isfinite(gnorm2_prev) and gnorm2_prev > 0
     model.train()
     named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
-    params = [p for _, p in named]
 
     # h_i = grad F_i(w_k) (Alg. 2 line 9), before the steps: it only depends on w_k.
     if 0 < grad_subsample < n:
@@ -209,41 +298,13 @@ def fedveca_steps(
     else:
         h, loss_at_global = local_gradient(model, x, y, loss_fn, chunk_size)
 
-    objective = _objective(model, loss_fn)
-    anchor = None
-    if estimate and mode == "same-batch":  # w_k, for grad F_i(w_k; b_lambda)
-        anchor = {f"model.{name}": p.detach().clone().requires_grad_(True) for name, p in named}
-    running = [torch.zeros_like(p) for p in params]  # sum_{s < lambda} g^s
-    beta, delta = 0.0, 0.0
-    batches = batch_indices(n, batch_size, torch.Generator().manual_seed(seed))
-    loss_sum = 0.0
-    for lam in range(tau):
-        idx = next(batches).to(x.device)
-        xb, yb = x[idx], y[idx]
-        loss = loss_fn(model(xb), yb)
-        grads = torch.autograd.grad(loss, params, allow_unused=True)
-        g = [gi if gi is not None else torch.zeros_like(p) for gi, p in zip(grads, params)]
-        loss_sum += float(loss.detach())
-        if estimate and lam >= 1:
-            distance = lr * _sq_norm(running) ** 0.5  # ||w_k - w^lambda|| for plain SGD
-            if distance > 1e-12:
-                if anchor is None:  # literal: ||h_i - g^lambda||
-                    numerator = _sq_norm_diff(h, g) ** 0.5
-                else:  # same-batch: ||grad F_i(w_k; b) - grad F_i(w^lambda; b)||
-                    at_anchor = torch.autograd.grad(
-                        torch.func.functional_call(objective, anchor, (xb, yb), strict=False),
-                        list(anchor.values()), allow_unused=True)
-                    at_anchor = [a if a is not None else torch.zeros_like(p)
-                                 for a, p in zip(at_anchor, params)]
-                    numerator = _sq_norm_diff(at_anchor, g) ** 0.5
-                beta = max(beta, numerator / distance)
-        with torch.no_grad():
-            for r, gi in zip(running, g):
-                r.add_(gi)
-            if estimate and lam >= 1:  # ||sum_{s<=lambda} g^s||^2 / ((lambda + 1) g2)
-                delta = max(delta, _sq_norm(running) / ((lam + 1) * gnorm2_prev))
-            for p, gi in zip(params, g):  # eq. (1): w <- w - eta g
-                p.add_(gi, alpha=-lr)
+    capture = None
+    if estimate:
+        capture = GradientCapture(model, h, loss_fn, mode, gnorm2_prev,
+                                  sgd_lr=lr if optimizer is None else None)
+    result = local_sgd(model, x, y, batch_size=batch_size, steps=tau, seed=seed,
+                       optimizer=plain_sgd(model, lr) if optimizer is None else optimizer,
+                       on_gradients=capture, loss_fn=loss_fn)
 
     by_name = {name: hi for (name, _), hi in zip(named, h)}
     state = model.state_dict()
@@ -252,11 +313,11 @@ def fedveca_steps(
     return FedVecaResult(
         arrays={k: v.detach().cpu() for k, v in state.items()},
         grad=grad,
-        beta=beta if estimate else None,
-        delta=delta if estimate else None,
-        local_steps=tau,
+        beta=capture.beta if capture is not None else None,
+        delta=capture.delta if capture is not None else None,
+        local_steps=result.local_steps,
         num_examples=n,
-        train_loss=loss_sum / tau,
+        train_loss=result.train_loss,
         loss_at_global=loss_at_global,
     )
 
@@ -274,6 +335,8 @@ def fedveca_train(
     grad_subsample: int = 0,
     loss_fn: LossFn | None = None,
     chunk_size: int = 1000,
+    optimizer: Any = None,
+    metrics: Mapping[str, Any] | None = None,
 ) -> RecordDict:
     """The whole FedVeca client side of one train message, as the reply's RecordDict.
 
@@ -299,14 +362,21 @@ def fedveca_train(
         ``batch_size``, then to 32; eta to 0.01.
     beta_mode, grad_subsample, loss_fn, chunk_size
         As :func:`fedveca_steps`.
+    optimizer
+        Your own optimiser over ``model``'s parameters (momentum, Adam, weight decay), run
+        for the tau steps as you built it; None: plain SGD at the config's ``lr`` (eq. 1).
+        The server's choice of tau (eq. 15) reasons about eta = the ``lr`` it sent: an
+        optimiser at another rate is used, with one warning.
+    metrics
+        Your own metrics for the reply; the FedVeca keys below are added to them.
 
     Returns
     -------
     RecordDict
-        ``"arrays"`` (the local model), ``"grad"`` (grad F_i(w_k)) and ``"metrics"`` with
-        ``num-examples``, ``train-loss``, ``local-steps``, ``loss-at-global`` and, when the
-        server asked for estimates, ``beta`` and ``delta`` (plus ``partition-id``). Reply
-        with ``Message(content, reply_to=msg)``.
+        ``"arrays"`` (the local model), ``"grad"`` (grad F_i(w_k)) and ``"metrics"``:
+        ``metrics`` plus ``num-examples``, ``train-loss``, ``local-steps``,
+        ``loss-at-global`` and, when the server asked for estimates, ``beta`` and ``delta``
+        (plus ``partition-id``). Reply with ``Message(content, reply_to=msg)``.
     """
     if C.LOCAL_STEPS not in config:
         raise ValueError(f"a FedVeca train config carries '{C.LOCAL_STEPS}' (tau); this one has "
@@ -316,10 +386,15 @@ def fedveca_train(
         seed = client_seed(int(config.get(C.SEED, 0)), int(config.get(C.SERVER_ROUND, 0)),
                            int(partition_id or 0))
     fallback_b = batch_size if batch_size is not None else loader_batch_size(data)
+    eta = float(config.get(C.LR, DEFAULT_LR if lr is None else lr))
+    if optimizer is not None and learning_rates(optimizer) - {eta}:
+        log.warning("FedVeca client: the optimizer's lr %s is not the eta = %s the server "
+                    "chooses tau by (config '%s'); build it with lr=config['%s']",
+                    sorted(learning_rates(optimizer)), eta, C.LR, C.LR)
     result = fedveca_steps(
         model, x, y,
         tau=int(config[C.LOCAL_STEPS]),
-        lr=float(config.get(C.LR, DEFAULT_LR if lr is None else lr)),
+        lr=eta, optimizer=optimizer,
         batch_size=int(config.get(C.BATCH_SIZE, fallback_b or DEFAULT_BATCH_SIZE)),
         beta_mode=str(config.get(C.BETA_MODE, beta_mode)),
         gnorm2_prev=float(config.get(C.GNORM2_PREV, 0.0)),
@@ -327,19 +402,20 @@ def fedveca_train(
         grad_subsample=int(config.get(C.GRAD_SUBSAMPLE, grad_subsample)),
         seed=seed, loss_fn=loss_fn, chunk_size=chunk_size,
     )
-    metrics = {
+    out = dict(metrics or {})
+    out.update({
         C.NUM_EXAMPLES: result.num_examples,
         C.TRAIN_LOSS: result.train_loss,
         C.LOCAL_STEPS_TAKEN: result.local_steps,
         C.LOSS_AT_GLOBAL: result.loss_at_global,
-    }
+    })
     if partition_id is not None:
-        metrics[C.PARTITION_ID] = int(partition_id)
+        out[C.PARTITION_ID] = int(partition_id)
     if result.beta is not None:
-        metrics[C.BETA] = result.beta
-        metrics[C.DELTA] = result.delta
+        out[C.BETA] = result.beta
+        out[C.DELTA] = result.delta
     return RecordDict({
         C.ARRAYS: to_record({k: np.asarray(v) for k, v in result.arrays.items()}),
         C.GRAD: to_record({k: np.asarray(v) for k, v in result.grad.items()}),
-        C.METRICS: MetricRecord(metrics),
+        C.METRICS: MetricRecord(out),
     })

@@ -22,14 +22,21 @@ calls :meth:`~MoonClient.finish` at the end, which keeps the trained model in
 ``Context.state`` as the next round's w_i^{t-1} and builds the reply::
 
     moon = MoonClient(msg, context.state, model)   # w^t, w_i^{t-1}, mu, tau
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)   # your own
+    train_loss = 0.0
     for batch in loader:
         optimizer.zero_grad()
         logits, contrastive = moon.forward(model, batch["img"])   # mu * l_con
-        (F.cross_entropy(logits, batch["label"]) + contrastive).backward()   # Eq. (4)
+        loss = F.cross_entropy(logits, batch["label"])
+        (loss + contrastive).backward()                            # Eq. (4)
         optimizer.step()
-    content = moon.finish(model, {"num-examples": len(loader.dataset)})
+        train_loss += loss.item() / len(loader)
+    content = moon.finish(model, {"train_loss": train_loss,
+                                  "num-examples": len(loader.dataset)})
     return Message(content=content, reply_to=msg)
+
+fedhetero's own loop takes the same function: ``strategies.client.local_sgd(...,
+forward=moon.forward)``.
 
 Without a previous local model (a client's first round) the contrastive term is 0, so the
 round is plain training with l_sup, as in the authors' code's first round.

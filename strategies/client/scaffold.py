@@ -5,17 +5,24 @@ PyTorch training loop.
 the server's copy: :func:`strategies.client.state.resolve_state`); the loop calls
 :meth:`~ScaffoldClient.correct` after every optimiser step and
 :meth:`~ScaffoldClient.finish` at the end, which applies option II, keeps c_i in
-``Context.state`` and builds the reply::
+``Context.state`` and builds the reply. The optimiser is yours (momentum, weight decay,
+...); :meth:`~ScaffoldClient.wrap` makes every one of its steps call ``correct``::
 
     scaffold = ScaffoldClient(msg, context.state)        # x, c, c_i and eta_l = config lr
-    optimizer = torch.optim.SGD(model.parameters(), lr=scaffold.lr)
+    optimizer = torch.optim.SGD(model.parameters(), lr=scaffold.lr, momentum=0.9)
+    scaffold.wrap(optimizer, model)                      # y_i <- y_i - eta_l (c - c_i) per step
+    train_loss = 0.0
     for batch in loader:
         optimizer.zero_grad()
-        loss_fn(model(batch["img"]), batch["label"]).backward()
+        loss = loss_fn(model(batch["img"]), batch["label"])
+        loss.backward()
         optimizer.step()
-        scaffold.correct(model)                           # y_i <- y_i - eta_l (c - c_i)
-    content = scaffold.finish(model, {"num-examples": len(loader.dataset)})
+        train_loss += loss.item() / len(loader)
+    content = scaffold.finish(model, {"train_loss": train_loss,
+                                      "num-examples": len(loader.dataset)})
     return Message(content=content, reply_to=msg)
+
+(Without ``wrap``, call ``scaffold.correct(model)`` right after every ``optimizer.step()``.)
 
 Why after the step: with plain SGD, ``optimizer.step()`` then ``correct`` is line 10,
 y_i <- y_i - eta_l (g_i(y_i) + c - c_i). With momentum rho (NIID-Bench runs SCAFFOLD with
@@ -40,6 +47,7 @@ from .. import contract as C
 from .. import scaffold_math as sm
 from ..client_state import state_digest
 from ..records import to_numpy, to_record
+from .optimizer_hooks import StepHooks, learning_rates
 from .state import resolve_state, save_state
 
 STATE_KEY = "scaffold-c-i"  # Context.state: this client's control variate c_i
@@ -88,6 +96,23 @@ class ScaffoldClient:
             state, STATE_KEY, msg.content, initial=sm.zero_control(self.control))  # c_i
         self.steps = 0
         self._terms: dict[str, Any] | None = None  # c - c_i per trained parameter, torch
+        self._hooks = StepHooks()
+
+    def wrap(self, optimizer: Any, model: Any) -> Any:
+        """Call :meth:`correct` after every ``optimizer.step()`` (a post-step hook on this
+        optimiser, taken off by :meth:`finish`); returns ``optimizer``.
+
+        Raises ValueError when the optimiser's ``lr`` is not eta_l (option II divides by
+        K eta_l, so the steps must be taken at that rate).
+        """
+        rates = learning_rates(optimizer)
+        if rates and rates != {self.lr}:
+            raise ValueError(
+                f"SCAFFOLD: the optimizer's lr {sorted(rates)} is not eta_l = {self.lr} (the "
+                f"train config's '{C.LR}'), which option II divides by; build the optimizer "
+                f"with lr=scaffold.lr, or pass ScaffoldClient(msg, state, lr=...)")
+        self._hooks.install("ScaffoldClient", optimizer, after=lambda: self.correct(model))
+        return optimizer
 
     def correct(self, model: Any) -> None:
         """y_i <- y_i - eta_l (c - c_i) on every trained parameter; call it once after every
@@ -113,8 +138,10 @@ class ScaffoldClient:
         ``metrics``: ``metrics`` (it must hold ``num-examples``) plus ``local-steps`` (K),
         ``state-round`` and ``state-digest`` of the c_i this round started from.
         """
+        self._hooks.remove()
         if self.steps < 1:
-            raise ValueError("SCAFFOLD: no local step was counted; call "
+            raise ValueError("SCAFFOLD: no local step was counted; wrap the optimizer "
+                             "(scaffold.wrap(optimizer, model)) or call "
                              "ScaffoldClient.correct(model) after every optimizer.step()")
         trained = {name: p.detach().cpu().numpy() for name, p in model.named_parameters()
                    if p.requires_grad and name in self.control}

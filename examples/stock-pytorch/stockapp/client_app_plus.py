@@ -3,10 +3,12 @@ FedDyn and MOON.
 
 To use them, point ``clientapp`` in pyproject.toml at ``stockapp.client_app_plus:app``.
 Everything else is the template's own code (``client_app.py``, unchanged); fedhetero's
-``strategies.client`` helpers do the strategy-specific work, and a query handler reports
-the partition and label histogram.
+``strategies.client`` helpers do the strategy-specific work on the template's own
+optimiser (they wrap it, they do not replace it), the replies keep the template's
+``train_loss``, and a query handler reports the partition and label histogram.
 """
 
+import torch
 import torch.nn.functional as F
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
@@ -26,6 +28,7 @@ from strategies.client import (
     is_moon_message,
     is_scaffold_message,
     label_counts,
+    sgd_steps,
     train_chunk,
 )
 
@@ -37,6 +40,11 @@ def local_data(context: Context):
     node, run = context.node_config, context.run_config
     return load_data(node["partition-id"], node["num-partitions"], run["data-dir"],
                      run["max-examples"])
+
+
+def template_optimizer(model: Net, msg: Message):
+    """The optimiser the template's ``train`` builds (stockapp.task.train)."""
+    return torch.optim.SGD(model.parameters(), lr=msg.content["config"]["lr"])
 
 
 def batches(x, y, context: Context):
@@ -56,35 +64,22 @@ def net_representation(model: Net, x):
 
 
 def drift_corrected(msg: Message, context: Context, model: Net, x, y):
-    """SCAFFOLD, FedDyn or MOON: the template's SGD loop with the helper's one change."""
-    import torch  # noqa: PLC0415
-
-    lr = msg.content["config"]["lr"]
+    """SCAFFOLD, FedDyn or MOON: the template's optimiser and batches with the helper's change
+    (a step hook on the optimiser, or MOON's loss), run by the one loop of strategies.client."""
+    optimizer = template_optimizer(model, msg)
+    forward = None
     if is_scaffold_message(msg):  # every step corrected by c - c_i (c_i in context.state)
         helper = ScaffoldClient(msg, context.state)
-        optimizer = torch.optim.SGD(model.parameters(), lr=helper.lr)
-        for xb, yb in batches(x, y, context):
-            optimizer.zero_grad()
-            F.cross_entropy(model(xb), yb).backward()
-            optimizer.step()
-            helper.correct(model)
+        helper.wrap(optimizer, model)
     elif is_feddyn_message(msg):  # the regulariser's gradient added before every step
         helper = FedDynClient(msg, context.state)
-        optimizer = torch.optim.SGD(model.parameters(), lr=lr)
-        for xb, yb in batches(x, y, context):
-            optimizer.zero_grad()
-            F.cross_entropy(model(xb), yb).backward()
-            helper.regularise(model)
-            optimizer.step()
+        helper.wrap(optimizer, model)
     else:  # MOON: l_sup + mu l_con against w^t and this client's previous model
         helper = MoonClient(msg, context.state, model, representation=net_representation)
-        optimizer = torch.optim.SGD(model.parameters(), lr=lr)
-        for xb, yb in batches(x, y, context):
-            optimizer.zero_grad()
-            logits, contrastive = helper.forward(model, xb)
-            (F.cross_entropy(logits, yb) + contrastive).backward()
-            optimizer.step()
-    return helper.finish(model, {"num-examples": len(y)})
+        forward = helper.forward
+    _, train_loss = sgd_steps(model, optimizer, batches(x, y, context), loss_fn=F.cross_entropy,
+                              forward=forward)
+    return helper.finish(model, {"train_loss": train_loss, "num-examples": len(y)})
 
 
 @app.train()
@@ -99,10 +94,12 @@ def train(msg: Message, context: Context):
     partition_id = context.node_config["partition-id"]
     if drift:
         content = drift_corrected(msg, context, model, *data)
-    elif is_fedveca_round(config):  # tau plain-SGD steps, the local gradient, beta, delta
-        content = fedveca_train(model, data, config, partition_id=partition_id)
-    else:  # one DynamicFL chunk; momentum across chunks in context.state
-        content = train_chunk(model, data, config, context.state, partition_id=partition_id)
+    elif is_fedveca_round(config):  # tau steps of the template's SGD, grad F_i(w_k), beta, delta
+        content = fedveca_train(model, data, config, partition_id=partition_id,
+                                optimizer=template_optimizer(model, msg))
+    else:  # one DynamicFL chunk of the template's SGD; its state across chunks in context.state
+        content = train_chunk(model, data, config, context.state, partition_id=partition_id,
+                              optimizer=template_optimizer(model, msg))
     return Message(content, reply_to=msg)
 
 

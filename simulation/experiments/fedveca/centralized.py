@@ -29,7 +29,7 @@ from task.evaluate import evaluate
 from task.heap import keep_step_memory
 from task.layout import training_layout
 from task.models import build_model
-from task.train import batch_indices
+from strategies.client import batch_indices
 
 from ...runtime import at_least
 from .fairness import checkpoints as cumulative_checkpoints
@@ -57,7 +57,7 @@ def centralized_sgd(
 ) -> int:
     """Plain SGD on (x, y) up to ``checkpoints[-1]`` steps of B examples each.
 
-    The minibatches are cut from fresh epoch permutations (``task.train.batch_indices``,
+    The minibatches are cut from fresh epoch permutations (``strategies.client.batch_indices``,
     as the clients do). After the step count reaches each checkpoint k (1-based index),
     ``on_checkpoint(k, steps_so_far, mean_minibatch_loss_since_last_checkpoint)`` runs.
     Returns the number of steps taken.

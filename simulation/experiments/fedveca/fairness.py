@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from strategies import contract as C
-from task.train import steps_for_epochs
+from strategies.contract import steps_for_epochs
 
 
 @dataclass(frozen=True)

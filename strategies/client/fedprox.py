@@ -1,0 +1,70 @@
+"""FedProx's client side (Li et al., MLSys 2020, Eq. 2), on the user's own optimiser.
+
+FedProx's client minimises h_k(w; w^t) = F_k(w) + (mu / 2) ||w - w^t||^2 around the
+received model w^t, i.e. every local gradient gets mu (w - w^t). A stock ClientApp that
+ignores the server's ``proximal-mu`` (Flower's key) runs FedAvg locally and the server
+cannot tell; :class:`ProximalTerm` adds the term to any loop::
+
+    if is_fedprox_message(msg):                      # the config carries proximal-mu
+        ProximalTerm(model, msg.content["config"]["proximal-mu"]).wrap(optimizer)
+    train_loss = your_training_loop(model, optimizer, ...)
+
+The term enters ``.grad`` before each step (an optimiser pre-step hook), so the
+optimiser's momentum and weight decay act on the whole of h_k.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flwr.app import Message
+
+from .. import contract as C
+from .optimizer_hooks import StepHooks
+
+
+def is_fedprox_message(msg: Message) -> bool:
+    """True when a train message's config carries ``proximal-mu`` (a FedProx server)."""
+    return C.CONFIG in msg.content.config_records and C.PROXIMAL_MU in msg.content[C.CONFIG]
+
+
+class ProximalTerm:
+    """mu (w - w^t) added to every parameter's gradient, w^t the weights at construction.
+
+    Parameters
+    ----------
+    model
+        The local model holding the received global model w^t (copied here).
+    mu
+        mu >= 0 (``proximal-mu``); 0 makes :meth:`apply` a no-op.
+    """
+
+    def __init__(self, model: Any, mu: float) -> None:
+        mu = float(mu)
+        if not mu >= 0:
+            raise ValueError(f"proximal-mu must be >= 0, got {mu}")
+        self.mu = mu
+        self.model = model
+        self.anchor = [p.detach().clone() for p in model.parameters()]  # w^t
+        self._hooks = StepHooks()
+
+    def apply(self) -> None:
+        """``p.grad += mu (p - p^t)`` for every parameter that has a gradient: call it after
+        ``loss.backward()``, before ``optimizer.step()`` (or let :meth:`wrap` do it)."""
+        import torch  # noqa: PLC0415  (lazy: strategies never needs torch at import)
+
+        if self.mu == 0:
+            return
+        with torch.no_grad():
+            for p, p0 in zip(self.model.parameters(), self.anchor):
+                if p.grad is not None:
+                    p.grad.add_(p - p0, alpha=self.mu)
+
+    def wrap(self, optimizer: Any) -> Any:
+        """Apply the term before every ``optimizer.step()``; returns ``optimizer``."""
+        self._hooks.install("ProximalTerm", optimizer, before=self.apply)
+        return optimizer
+
+    def unwrap(self) -> None:
+        """Take the term off the optimiser."""
+        self._hooks.remove()
