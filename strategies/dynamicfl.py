@@ -30,7 +30,7 @@ from . import aggregate as agg
 from . import contract as C
 from . import dynacomm as dc
 from . import dynamicfl_schedule as ds
-from . import records, sampling, schedules
+from . import records, sampling, schedules, trust_gate
 from .clock import SimClock, byte_budget
 from .contract import COMM_BUDGET, NUM_STEPS, ROUND_STEPS, START_STEP  # noqa: F401 (chunk keys)
 from .fedavg import clock_timer
@@ -285,7 +285,7 @@ drift_diagnostics
             timeout=self.query_timeout, owner=type(self).__name__, warned=self._warned_query)
         self.budgets.update({n: self.clients[n].comm_budget for n in nodes
                              if n not in known and self.clients[n].comm_budget is not None})
-        return nodes
+        return records.usable_nodes(nodes, self.clients)  # grouping needs every node's facts
 
     def ordered_nodes(self, node_ids: list[int]) -> list[int]:
         """Nodes sorted by reported partition id; nodes without one after, by node id."""
@@ -507,7 +507,7 @@ drift_diagnostics
                         continue
                     if not reply.has_error():
                         answered.add(chunk.client)
-                    if not self.accept_chunk_reply(reply, chunk.client):
+                    if not self.accept_chunk_reply(reply, chunk.client, chunk.num_steps):
                         failed.add(chunk.client)
                         continue
                     gap = self.contract_gap(reply)
@@ -576,10 +576,11 @@ drift_diagnostics
                                        / sum(w for _, w in last_losses))
         return final, stats
 
-    def accept_chunk_reply(self, reply: Message, node: int) -> bool:
-        """A usable chunk reply: :func:`strategies.records.reply_problem`'s checks (no error,
-        the model's keys / shapes / dtypes, num-examples a positive integer, finite
-        metrics), and finite arrays."""
+    def accept_chunk_reply(self, reply: Message, node: int, num_steps: int | None = None
+                           ) -> bool:
+        """A usable chunk reply: the trust gate's checks (no error, the real bytes of the
+        model's arrays, num-examples within the size the client reported, ``local-steps``
+        within the chunk's ``num_steps``, finite metrics and arrays)."""
         if reply.has_error():
             log(WARNING, "Node %d failed a chunk: %s", reply.metadata.src_node_id,
                 reply.error.reason)
@@ -587,10 +588,16 @@ drift_diagnostics
         if C.ARRAYS not in reply.content:
             log(WARNING, "Node %d replied without '%s'", reply.metadata.src_node_id, C.ARRAYS)
             return False
-        problem = self.reply_problem(reply) if self.current_arrays is not None else None
+        problem = None
+        if self.current_arrays is not None:
+            problem = records.reply_problem(
+                reply, self.current_arrays,
+                sent=None if num_steps is None else {C.LOCAL_STEPS: num_steps},
+                reported_size=self.clients.get(node, ClientInfo()).num_examples)
         if problem:
-            log(WARNING, "Node %d: chunk reply rejected: %s; dropped for the rest of the round",
-                reply.metadata.src_node_id, problem)
+            trust_gate.log_refused("Chunk reply", reply.metadata.src_node_id,
+                                   trust_gate.partition_of(self.clients, node),
+                                   f"{problem}; dropped for the rest of the round")
             return False
         bad = agg.all_finite(to_numpy(reply.content[C.ARRAYS]))
         if bad is not None:
@@ -609,6 +616,12 @@ drift_diagnostics
     def reply_problem(self, reply: Message) -> str | None:
         """What is wrong with a reply, or None (:func:`strategies.records.reply_problem`)."""
         return records.reply_problem(reply, self.current_arrays)
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]
+                           ) -> MetricRecord | None:
+        """Flower's weighted mean of the evaluate metrics over the replies the trust gate
+        accepts (:func:`strategies.trust_gate.aggregate_evaluate`)."""
+        return trust_gate.aggregate_evaluate(replies, self.clients)
 
     def weight_of(self, node: int, reply: Message) -> float:
         """|D_m|: the reply's num-examples, else the query's."""
@@ -658,6 +671,8 @@ drift_diagnostics
             log(INFO, "[ROUND %s/%s]", current_round, num_rounds)
             self.current_arrays = arrays  # what chunk replies are checked against
             new = self.train_round(current_round, num_rounds, arrays, train_config, grid, timeout)
+            if new is not None and not trust_gate.adoptable_model(to_numpy(new), current_round):
+                new = None
             self.diagnostics.setdefault(current_round, {})[C.LOG_MODEL_KEPT] = new is None
             if new is not None:
                 arrays = result.arrays = new

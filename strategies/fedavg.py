@@ -33,6 +33,7 @@ from . import contract as C
 from . import records
 from . import sampling
 from . import schedules
+from . import trust_gate
 from .clock import RoundTimer, SimClock
 from .records import ClientInfo
 
@@ -232,7 +233,8 @@ class FedAvg(FlowerFedAvg):
         nodes, self._warned_query = records.update_clients(
             grid, self.clients, min_nodes=self.min_available_nodes, query=self.query_client_info,
             timeout=self.query_timeout, owner=type(self).__name__, warned=self._warned_query)
-        return nodes
+        # the clock keys profiles by partition id: nodes whose answer was refused sit out
+        return nodes if self.timer is None else records.usable_nodes(nodes, self.clients)
 
     def ordered_nodes(self, node_ids: list[int]) -> list[int]:
         """Nodes sorted by reported partition id; nodes without one after, by node id."""
@@ -536,6 +538,9 @@ class FedAvg(FlowerFedAvg):
         if new is None:
             log(WARNING, "Round %d: no usable reply, the global model is kept", server_round)
             return None, None
+        if not trust_gate.adoptable_model(new, server_round):
+            self.diagnostics.setdefault(server_round, {})[C.LOG_MODEL_KEPT] = True
+            return None, None
         metrics = records.mean_metrics(accepted)
         if C.TRAIN_LOSS in metrics or C.STOCK_TRAIN_LOSS in metrics:
             self.diagnostics[server_round][C.LOG_TRAIN_LOSS] = metrics.get(
@@ -567,13 +572,25 @@ class FedAvg(FlowerFedAvg):
         """True if the reply can be aggregated; else one log line saying why."""
         problem = self.reply_problem(reply)
         if problem:
-            log(WARNING, "Reply from node %d rejected: %s", reply.metadata.src_node_id, problem)
+            node = reply.metadata.src_node_id
+            trust_gate.log_refused("Reply", node, trust_gate.partition_of(self.clients, node),
+                                   problem)
             return False
         return True
 
     def reply_problem(self, reply: Message) -> str | None:
-        """What is wrong with a reply, or None (:func:`strategies.records.reply_problem`)."""
-        return records.reply_problem(reply, self.current_arrays)
+        """What is wrong with a reply, or None (:func:`strategies.records.reply_problem`:
+        the trust gate, against the model, config and size this node was sent / reported)."""
+        node = reply.metadata.src_node_id
+        size = self.clients.get(node, ClientInfo()).num_examples
+        return records.reply_problem(reply, self.current_arrays,
+                                     sent=self.sent_configs.get(node), reported_size=size)
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]
+                           ) -> MetricRecord | None:
+        """Flower's weighted mean of the evaluate metrics over the replies the trust gate
+        accepts (:func:`strategies.trust_gate.aggregate_evaluate`)."""
+        return trust_gate.aggregate_evaluate(replies, self.clients)
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict:

@@ -25,6 +25,7 @@ from flwr.serverapp import Grid
 from . import contract as C
 from . import feddyn_math as fm
 from . import records
+from . import trust_gate
 from .stateful import StatefulFedAvg
 
 FEDDYN_HELPER = "strategies.client.feddyn.FedDynClient"
@@ -152,7 +153,9 @@ class FedDyn(StatefulFedAvg):
 
         self.accept_states(server_round, accepted, new_linear_term)
         if drift is not None:
-            self.h = fm.h_step(self.h, drift, self.alpha, len(self.all_nodes))
+            self.h = trust_gate.finite_or_previous(
+                fm.h_step(self.h, drift, self.alpha, len(self.all_nodes)), self.h,
+                "FedDyn's h", server_round)
         self.diagnostics[server_round][C.LOG_FEDDYN_H_NORM] = fm.norm(self.h)
         new = None if average is None else fm.server_model(average, self.h, self.alpha)
         return self.train_result(server_round, new, accepted)

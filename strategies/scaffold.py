@@ -25,6 +25,7 @@ from flwr.serverapp import Grid
 from . import contract as C
 from . import records
 from . import scaffold_math as sm
+from . import trust_gate
 from .stateful import StatefulFedAvg
 
 SCAFFOLD_HELPER = "strategies.client.scaffold.ScaffoldClient"
@@ -156,8 +157,9 @@ class Scaffold(StatefulFedAvg):
 
         self.accept_states(server_round, accepted, new_control)
         if total is not None:
-            self.control = sm.control_step(self.control, total, len(accepted),
-                                           len(self.all_nodes))
+            self.control = trust_gate.finite_or_previous(
+                sm.control_step(self.control, total, len(accepted), len(self.all_nodes)),
+                self.control, "SCAFFOLD's c", server_round)
         diag = self.diagnostics.setdefault(server_round, {})
         diag[C.LOG_BYTES_UP] = diag.get(C.LOG_BYTES_UP, 0) + up_bytes
         diag[C.LOG_SCAFFOLD_C_NORM] = sm.norm(self.control)
@@ -171,6 +173,9 @@ class Scaffold(StatefulFedAvg):
         return None
 
     def state_reply_problem(self, reply: Message) -> str | None:
-        """delta c_i with c's keys, shapes and dtypes, finite."""
-        return records.arrays_problem(C.SCAFFOLD_DELTA_C, reply.content[C.SCAFFOLD_DELTA_C],
-                                      self.control)
+        """delta c_i: real bytes with c's keys, shapes and dtypes, finite, and within option
+        II's ||c|| + ||x - y_i|| / (K eta_l) (:func:`strategies.trust_gate.
+        scaffold_delta_problem`)."""
+        return trust_gate.scaffold_delta_problem(
+            reply, control=self.control, global_model=self.current_arrays,
+            sent=self.sent_configs.get(reply.metadata.src_node_id))
