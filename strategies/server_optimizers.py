@@ -38,6 +38,7 @@ from flwr.serverapp.strategy import FedAdam as FlowerFedAdam
 from flwr.serverapp.strategy import FedAvgM as FlowerFedAvgM
 from flwr.serverapp.strategy import FedYogi as FlowerFedYogi
 
+from . import contract as C
 from . import trust_gate
 
 STATE_VERSION = 1
@@ -121,11 +122,11 @@ class TrustGated:
         """What the gate refuses in a train reply, or None."""
         content = reply.content
         if len(content.array_records) != 1 or len(content.metric_records) != 1:
-            return (f"needs exactly one ArrayRecord and one MetricRecord, got "
-                    f"{len(content.array_records)} and {len(content.metric_records)}")
-        return trust_gate.train_reply_problem(reply, _expected(self.current_arrays),
-                                              sent=self.sent_config,
-                                              reported_size=None)
+            return (f"needs exactly one ArrayRecord ('arrays') and one MetricRecord "
+                    f"('metrics'), got {len(content.array_records)} and "
+                    f"{len(content.metric_records)}")
+        return trust_gate.train_reply_problem(reply, _expected(self.current_arrays, reply),
+                                              sent=self.sent_config, reported_size=None)
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]
                            ) -> MetricRecord | None:
@@ -133,9 +134,27 @@ class TrustGated:
         return trust_gate.aggregate_evaluate(replies)
 
 
-def _expected(current: object) -> dict:
-    """The arrays sent this round: FedAvgM keeps an ArrayRecord, FedOpt a dict of arrays."""
-    return dict(current.items()) if current is not None else {}
+def _expected(current: object, reply: Message) -> dict[str, trust_gate.ArraySpec]:
+    """The specs a reply's arrays must have: the shapes sent this round (FedAvgM keeps an
+    ArrayRecord, FedOpt a dict of arrays) and their dtypes, except that a floating array may
+    come back in another floating dtype than sent: Flower's FedOpt computes its update in
+    float64 and sends float64 from round 2 on, while the clients train and answer float32."""
+    if current is None:
+        return {}
+    declared = reply.content.array_records.get(C.ARRAYS, {})
+    specs = {}
+    for key, value in current.items():
+        spec = trust_gate.spec_of(value)
+        own = declared.get(key)
+        if own is not None and spec.dtype.kind == "f":
+            try:
+                dtype = np.dtype(own.dtype)
+            except TypeError:
+                dtype = spec.dtype
+            if dtype.kind == "f":
+                spec = trust_gate.ArraySpec(spec.shape, dtype)
+        specs[key] = spec
+    return specs
 
 
 def _as_dict(value: object) -> dict | None:

@@ -162,8 +162,12 @@ def npy_view(data: bytes | bytearray | memoryview, field: str) -> np.ndarray:
     size = len(data)
     if size < 10:
         raise Refused(field, f"has {size} bytes: too short for an .npy header (truncated)")
-    width = 2 if data[6] == 1 else 4
-    start = 8 + width
+    if bytes(data[:6]) != b"\x93NUMPY":
+        raise Refused(field, "is not .npy data (bad magic)")
+    version = (data[6], data[7])
+    if version not in ((1, 0), (2, 0)):
+        raise Refused(field, f"has .npy version {version[0]}.{version[1]}, not 1.0 or 2.0")
+    start = 8 + (2 if version == (1, 0) else 4)
     if size < start:
         raise Refused(field, f"has {size} bytes: too short for an .npy header (truncated)")
     length = int.from_bytes(bytes(data[8:start]), "little")

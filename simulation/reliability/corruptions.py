@@ -279,10 +279,20 @@ GATE_STRATEGY_KINDS: dict[str, tuple[str, ...]] = {
 }
 
 
+# Flower's FedOpt classes send float64 from round 2 on (their update is float64) while the
+# clients answer float32, so behind the gate any floating dtype is accepted where a floating
+# one was sent (strategies.server_optimizers): a float64 reply is not malformed for them
+FLOWER_STRATEGIES = ("fedavgm", "fedadam", "fedyogi", "fedadagrad")
+NOT_MALFORMED_FOR_FLOWER = ("wrong-dtype",)
+
+
 def gate_kinds_for(strategy: str) -> list[str]:
     """Every malformed-reply class the trust-gate matrix puts a strategy's replies through:
     the reliability classes (:func:`kinds_for`), the gate's generic ones, its own."""
-    return [*kinds_for(strategy), *GATE_KINDS, *GATE_STRATEGY_KINDS.get(strategy, ())]
+    kinds = [*kinds_for(strategy), *GATE_KINDS, *GATE_STRATEGY_KINDS.get(strategy, ())]
+    if strategy in FLOWER_STRATEGIES:
+        kinds = [k for k in kinds if k not in NOT_MALFORMED_FOR_FLOWER]
+    return kinds
 
 
 def kinds_for(strategy: str | None) -> list[str]:
