@@ -164,13 +164,18 @@ def attach_states(mirror: ClientStateMirror, messages: Iterable[Message],
 def state_problem(mirror: ClientStateMirror, key: str, sent_round: int,
                   metrics: Mapping[str, object]) -> str | None:
     """Why a reply did not start from the state the server holds, or None: its
-    ``state-round`` differs from the one sent, or its ``state-digest`` from the copy's
-    (both optional in the reply; checked when present)."""
+    ``state-round`` / ``state-digest`` are not integers in 0..2^63 - 1 (a bool or a float is
+    refused), its ``state-round`` differs from the one sent, or its ``state-digest`` from
+    the copy's (both optional in the reply; checked when present)."""
     used = metrics.get(C.STATE_ROUND_USED, sent_round)
+    digest = metrics.get(C.STATE_DIGEST)
+    for name, value in ((C.STATE_ROUND_USED, used), (C.STATE_DIGEST, digest)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or not 0 <= value < 2**63):
+            return f"'{name}' must be an integer in 0..2^63 - 1, got {value!r}"
     if used != sent_round:
         return (f"the client started from its state of round {used!r}, the server's copy "
                 f"is of round {sent_round}")
-    digest = metrics.get(C.STATE_DIGEST)
     expected = mirror.digest_of(key)
     if sent_round > 0 and digest is not None and digest != expected:
         return (f"the client's state of round {sent_round} differs from the server's copy "

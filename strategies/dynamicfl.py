@@ -30,7 +30,7 @@ from . import aggregate as agg
 from . import contract as C
 from . import dynacomm as dc
 from . import dynamicfl_schedule as ds
-from . import records, schedules
+from . import records, schedules, trust_gate
 from .clock import SimClock, byte_budget
 from .contract import NUM_STEPS, ROUND_STEPS, START_STEP
 from .event_loop import GridEventLoop
@@ -321,7 +321,7 @@ drift_diagnostics, participation
         nodes = self.participation.ordered(self.participation.connected(grid))
         self.budgets.update({n: clients[n].comm_budget for n in nodes
                              if n not in known and clients[n].comm_budget is not None})
-        return nodes
+        return records.usable_nodes(nodes, clients)  # grouping needs every node's facts
 
     def global_distribution(self, nodes: list[int]) -> np.ndarray:
         """p(Y) from ALL connected clients' label counts (paper Sec. 3.1)."""
@@ -472,6 +472,9 @@ drift_diagnostics, participation
             server_round, len(active), len(z),
             f"{selection.kl:.4f}" if math.isfinite(selection.kl) else "-",
             run.events, cost.kappa_hat)
+        if new is not None and not trust_gate.adoptable_model(to_numpy(new), server_round):
+            new = None
+            report.add(dataclasses.replace(report.get(Aggregation), model_kept=True))
         if new is None:
             log(WARNING, "Round %d: no usable reply at step L, the global model is kept",
                 server_round)
@@ -497,23 +500,33 @@ drift_diagnostics, participation
         return schedules.round_lr(schedule, server_round, lr0)
 
     # ------------------------------------------------------------------ replies
-    def accept_chunk_reply(self, reply: Message, arrays: ArrayRecord) -> bool:
-        """A usable chunk reply: :func:`strategies.records.reply_problem`'s checks against the
-        round's global model (no error, its keys / shapes / dtypes, num-examples a positive
-        integer, finite metrics), and finite arrays; else one log line."""
+    def accept_chunk_reply(self, reply: Message, arrays: ArrayRecord, chunk: ds.Chunk) -> bool:
+        """A usable chunk reply: the trust gate's checks against the round's global model
+        (no error, the real bytes of its arrays, num-examples within the size the client
+        reported, ``local-steps`` within the chunk's steps, finite metrics and arrays); else
+        one log line naming node and partition."""
         node = reply.metadata.src_node_id
         if reply.has_error():
             log(WARNING, "Node %d failed a chunk: %s", node, reply.error.reason)
             return False
-        problem = records.reply_problem(reply, arrays)
+        problem = records.reply_problem(
+            reply, arrays, sent={C.LOCAL_STEPS: chunk.num_steps},
+            reported_size=self.participation.info(chunk.client).num_examples)
         if problem is None:
             bad = agg.all_finite(to_numpy(reply.content[C.ARRAYS]))
             problem = None if bad is None else f"array '{bad}' has NaN or Inf"
         if problem:
-            log(WARNING, "Node %d: chunk reply rejected: %s; dropped for the rest of the round",
-                node, problem)
+            trust_gate.log_refused("Chunk reply", node,
+                                   self.participation.info(chunk.client).partition_id,
+                                   f"{problem}; dropped for the rest of the round")
             return False
         return True
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]
+                           ) -> MetricRecord | None:
+        """Flower's weighted mean of the evaluate metrics over the replies the trust gate
+        accepts (:func:`strategies.trust_gate.aggregate_evaluate`)."""
+        return trust_gate.aggregate_evaluate(replies, self.participation.clients)
 
     def contract_gap(self, reply: Message) -> str | None:
         """What a chunk reply lacks of the chunk contract (``local-steps``), or None."""
@@ -575,7 +588,7 @@ class SyncEvents:
         """Hold a usable reply until its chunk's end step; a bad one fails its client."""
         if not reply.has_error():
             self.answered.add(chunk.client)
-        if not self.strategy.accept_chunk_reply(reply, self.arrays):
+        if not self.strategy.accept_chunk_reply(reply, self.arrays, chunk):
             self.failed.add(chunk.client)
             return
         gap = self.strategy.contract_gap(reply)

@@ -28,7 +28,7 @@ from flwr.serverapp.strategy import Result
 
 from . import aggregate as agg
 from . import contract as C
-from . import records, schedules
+from . import records, schedules, trust_gate
 from .clock import SimClock
 from .participation import (STRAGGLER_POLICIES, STRAGGLER_UNITS, Participation, check_choice,
                             check_fraction)
@@ -328,9 +328,12 @@ class FedAvg(FlowerFedAvg):
         if new is None:
             log(WARNING, "Round %d: no usable reply, the global model is kept", plan.server_round)
             return None, None
+        aggregation = plan.report.get(Aggregation)
+        if not trust_gate.adoptable_model(new, plan.server_round):
+            plan.report.add(Aggregation(**{**vars(aggregation), "model_kept": True}))
+            return None, None
         metrics = records.mean_metrics(accepted)
         loss = metrics.get(C.TRAIN_LOSS, metrics.get(C.STOCK_TRAIN_LOSS))
-        aggregation = plan.report.get(Aggregation)
         if loss is not None and aggregation is not None:
             plan.report.add(Aggregation(**{**vars(aggregation), "train_loss": loss}))
         return records.to_record(new), MetricRecord({**plan.report.metric_items(), **metrics})
@@ -365,13 +368,25 @@ class FedAvg(FlowerFedAvg):
         """True if the reply can be aggregated; else one log line saying why."""
         problem = self.reply_problem(plan, reply)
         if problem:
-            log(WARNING, "Reply from node %d rejected: %s", reply.metadata.src_node_id, problem)
+            node = reply.metadata.src_node_id
+            trust_gate.log_refused("Reply", node, plan.tasks[node].partition_id
+                                   if node in plan.tasks else None, problem)
             return False
         return True
 
     def reply_problem(self, plan: RoundPlan, reply: Message) -> str | None:
-        """What is wrong with a reply, or None (:func:`strategies.records.reply_problem`)."""
-        return records.reply_problem(reply, plan.arrays)
+        """What is wrong with a reply, or None: the trust gate
+        (:func:`strategies.trust_gate.train_reply_problem`) against the model and config this
+        node was sent and the size it reported."""
+        node = reply.metadata.src_node_id
+        return records.reply_problem(reply, plan.arrays, sent=plan.sent(node),
+                                     reported_size=self.participation.info(node).num_examples)
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]
+                           ) -> MetricRecord | None:
+        """Flower's weighted mean of the evaluate metrics over the replies the trust gate
+        accepts (:func:`strategies.trust_gate.aggregate_evaluate`)."""
+        return trust_gate.aggregate_evaluate(replies, self.participation.clients)
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict:

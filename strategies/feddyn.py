@@ -23,7 +23,7 @@ from flwr.common.logger import log
 
 from . import contract as C
 from . import feddyn_math as fm
-from . import records
+from . import records, trust_gate
 from .round_plan import ClientTask, RoundPlan
 from .round_report import FedDynSection
 from .stateful import StatefulFedAvg
@@ -150,7 +150,9 @@ class FedDyn(StatefulFedAvg):
 
         self.accept_states(plan, accepted, new_linear_term)
         if drift is not None:
-            self.h = fm.h_step(self.h, drift, self.alpha, len(plan.nodes))
+            self.h = trust_gate.finite_or_previous(
+                fm.h_step(self.h, drift, self.alpha, len(plan.nodes)), self.h, "FedDyn's h",
+                plan.server_round)
         plan.report.add(FedDynSection(fm.norm(self.h)))
         new = None if average is None else fm.server_model(average, self.h, self.alpha)
         return self.train_result(plan, new, accepted)

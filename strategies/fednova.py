@@ -21,6 +21,7 @@ from . import aggregate as agg
 from . import contract as C
 from . import records
 from . import sampling
+from . import trust_gate
 from .fedavg import FedAvg
 from .round_plan import RoundPlan
 from .round_report import FedNovaSection
@@ -107,9 +108,11 @@ class FedNova(FedAvg):
         """eq. (6) over the accepted replies, then optional server momentum."""
         a_norms = [self.a_norm(plan, r) for r in replies]
         n = [float(r.content[C.METRICS][C.NUM_EXAMPLES]) for r in replies]
-        new, self.momentum_buffer, used, tau_eff = agg.fednova_update(
+        new, buffer, used, tau_eff = agg.fednova_update(
             global_arrays, models, agg.coefficients_fednova(n, a_norms), self.server_lr,
             self.momentum_buffer, self.server_momentum, on_reject=self.rejecter(replies))
+        self.momentum_buffer = trust_gate.finite_or_previous(
+            buffer, self.momentum_buffer, "FedNova's server momentum v", plan.server_round)
         if used:
             plan.report.add(FedNovaSection([round(float(a_norms[k]), 4) for k in used], tau_eff))
         return new, used

@@ -21,6 +21,7 @@ from flwr.serverapp import Grid
 from . import aggregate as agg
 from . import contract as C
 from . import fedveca_math as vm
+from . import trust_gate
 from .fednova import FedNova
 from .records import to_numpy
 from .round_plan import ClientTask, RoundPlan
@@ -289,17 +290,9 @@ class FedVeca(FedNova):
             return f"FedVeca needs an ArrayRecord '{C.GRAD}' (grad F_i at the received model)"
         expected = {k: a for k, a in plan.arrays.items()
                     if np.issubdtype(np.dtype(a.dtype), np.floating)}
-        grad = content[C.GRAD]
-        if set(grad.keys()) != set(expected):
-            missing = sorted(set(expected) - set(grad.keys()))
-            extra = sorted(set(grad.keys()) - set(expected))
-            return (f"'{C.GRAD}' keys differ from the model's floating arrays (missing {missing}, "
-                    f"unexpected {extra})")
-        for key, array in grad.items():
-            if tuple(array.shape) != tuple(expected[key].shape):
-                return (f"'{C.GRAD}' array '{key}' has shape {tuple(array.shape)}, "
-                        f"expected {tuple(expected[key].shape)}")
-        # NaN / Inf in 'grad' are found while summing eq. (8) (aggregate_train)
+        problem = trust_gate.arrays_problem(C.GRAD, content[C.GRAD], expected)  # real bytes
+        if problem:
+            return problem
         if plan.sent(reply.metadata.src_node_id).get(C.FEDVECA_ESTIMATE, False):
             for key in (C.BETA, C.DELTA):
                 value = metrics.get(key)
@@ -337,22 +330,11 @@ class FedVeca(FedNova):
         it covers: those whose gradient has NaN / Inf are left out (one log line each)."""
         grads = [to_numpy(r.content[C.GRAD]) for r in replies]
         sizes = [float(r.content[C.METRICS][C.NUM_EXAMPLES]) for r in replies]
-        if not replies:
-            return None, replies
-        total = vm.GradientSum()
-        for g, n in zip(grads, sizes):
-            total.add(g, n)
-        if total.non_finite_key() is None:
-            return total.mean(), replies
-        kept = []
-        for reply, g in zip(replies, grads):
-            bad_key = agg.all_finite(g)
-            if bad_key is None:
-                kept.append(reply)
-            else:
-                log(WARNING, "Reply from node %d rejected: '%s' array '%s' has NaN or Inf",
-                    reply.metadata.src_node_id, C.GRAD, bad_key)
-        return self.global_gradient(kept)
+        result = vm.gradient_mean(grads, sizes)  # no recursion: eq. (8) in <= 3 passes
+        for k, bad_key in result.rejected:
+            log(WARNING, "Reply from node %d rejected: '%s' array '%s' has NaN or Inf",
+                replies[k].metadata.src_node_id, C.GRAD, bad_key)
+        return result.mean, [replies[k] for k in result.kept]
 
     def update_step_sizes(self, plan: RoundPlan, accepted: list[Message],
                           grad: agg.NDArrays) -> None:

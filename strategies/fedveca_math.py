@@ -121,6 +121,65 @@ class GradientSum:
         return self.acc.mean()
 
 
+@dataclass(frozen=True)
+class GradientMean:
+    """eq. (8) over the usable client gradients: the mean (None when none is usable), the
+    indices it covers, and (index, key) of each gradient left out for NaN / Inf."""
+
+    mean: NDArrays | None
+    kept: tuple[int, ...]
+    rejected: tuple[tuple[int, str], ...]
+
+
+def gradient_mean(grads: Sequence[Mapping[str, np.ndarray]],
+                  num_examples: Sequence[float]) -> GradientMean:
+    """eq. (8), grad F(w_k) = sum_i p_i grad F_i(w_k), p_i = D_i / sum_j D_j, without
+    recursion, in at most three streamed sums:
+
+    1. sum_i D_i grad_i / sum_i D_i over all gradients (:class:`GradientSum`): when finite,
+       that is the mean (every finite run takes only this pass);
+    2. otherwise the gradients with NaN / Inf are left out and the sum is formed again;
+    3. if it still overflows (finite gradients whose D_i-weighted float32 sum exceeds the
+       float32 range), the weights are p_i themselves: a convex combination, bounded by
+       max_i |grad_i| elementwise up to rounding.
+
+    The mean is None when no gradient is left or even step 3 is not finite.
+    """
+    if len(grads) != len(num_examples):
+        raise ValueError(f"{len(grads)} gradients but {len(num_examples)} sizes")
+
+    def streamed(indices: Sequence[int], weights: Sequence[float]) -> GradientSum:
+        total = GradientSum()
+        for k, w in zip(indices, weights):
+            total.add(grads[k], w)
+        return total
+
+    indices = list(range(len(grads)))
+    sizes = [float(n) for n in num_examples]
+    rejected: list[tuple[int, str]] = []
+    if not indices:
+        return GradientMean(None, (), ())
+    total = streamed(indices, sizes)
+    if total.non_finite_key() is not None:
+        kept = []
+        for k in indices:
+            bad_key = agg.all_finite(grads[k])
+            if bad_key is None:
+                kept.append(k)
+            else:
+                rejected.append((k, bad_key))
+        indices = kept
+        if not indices:
+            return GradientMean(None, (), tuple(rejected))
+        total = streamed(indices, [sizes[k] for k in indices])
+        if total.non_finite_key() is not None:
+            whole = sum(sizes[k] for k in indices)
+            total = streamed(indices, [sizes[k] / whole for k in indices])
+            if total.non_finite_key() is not None:
+                return GradientMean(None, (), tuple(rejected))
+    return GradientMean(total.mean(), tuple(indices), tuple(rejected))
+
+
 def global_gradient(grads: Sequence[Mapping[str, np.ndarray]],
                     num_examples: Sequence[float]) -> NDArrays:
     """eq. (8) for a list of client gradients (see :class:`GradientSum` for streaming)."""

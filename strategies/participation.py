@@ -175,7 +175,8 @@ class Participation:
             grid, self.clients, min_nodes=self.min_available_nodes,
             query=self.query_client_info, timeout=self.query_timeout, owner=self.owner,
             warned=self._warned_query)
-        return nodes
+        # the clock keys profiles by partition id: nodes whose answer was refused sit out
+        return nodes if self.timer is None else records.usable_nodes(nodes, self.clients)
 
     def ordered(self, node_ids: Sequence[int]) -> list[int]:
         """Nodes sorted by reported partition id; nodes without one after, by node id."""

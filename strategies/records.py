@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import functools
 import io
 import math
 import time
@@ -23,6 +22,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from . import contract as C
+from . import trust_gate
 
 NDArrays = dict[str, np.ndarray]
 
@@ -35,55 +35,23 @@ class ClientContractError(RuntimeError):
 
 
 # ------------------------------------------------------------------ arrays
-@functools.lru_cache(maxsize=4096)
-def npy_header(prefix: bytes) -> tuple[tuple[int, ...], bool, np.dtype, int] | None:
-    """(shape, fortran order, dtype, data offset) of an ``.npy`` version 1.0 / 2.0 header,
-    read by numpy's own reader; None if ``prefix`` is not one. Cached: the replies of a
-    round repeat the same few headers."""
-    header = io.BytesIO(prefix)
-    try:
-        version = np.lib.format.read_magic(header)
-        read_header = {(1, 0): np.lib.format.read_array_header_1_0,
-                       (2, 0): np.lib.format.read_array_header_2_0}.get(version)
-        if read_header is None:
-            return None
-        shape, fortran_order, dtype = read_header(header)
-    except ValueError:
-        return None
-    return shape, fortran_order, dtype, header.tell()
-
-
-def array_view(array: Array) -> np.ndarray:
+def array_view(array: Array, key: str = "?") -> np.ndarray:
     """The numpy array of a Flower ``Array``, read-only and without a copy.
 
-    ``Array.numpy()`` runs ``np.load``, which copies the bytes into a new array; here
-    numpy's own ``.npy`` header reader finds shape, dtype and order (:func:`npy_header`),
-    and the array is a view of the ``Array``'s bytes (it lives as long as they do).
-    Anything that is not a plain numeric ``.npy`` (another ``stype``, an object dtype)
-    goes through ``Array.numpy()``, which raises for it as Flower does.
+    ``Array.numpy()`` runs ``np.load``, which copies the bytes into a new array; here the
+    trust gate reads the ``.npy`` header with numpy's own reader and the array is a view
+    of the ``Array``'s bytes (it lives as long as they do). Anything but exactly one plain
+    numeric ``.npy`` payload whose bytes agree with the declared shape and dtype (another
+    ``stype``, an object dtype, truncated or trailing bytes) raises
+    :class:`strategies.trust_gate.Refused` (:func:`strategies.trust_gate.read_array`).
     """
-    data = array.data
-    if array.stype != SType.NUMPY or len(data) < 12:
-        return array.numpy()
-    # magic (6) + version (2) + header length (2 bytes in 1.0, 4 in 2.0) + header
-    if data[6] == 1:
-        end = 10 + int.from_bytes(data[8:10], "little")
-    else:
-        end = 12 + int.from_bytes(data[8:12], "little")
-    if end > min(len(data), 1 << 16):  # not a header numpy writes: np.load decides
-        return array.numpy()
-    parsed = npy_header(bytes(data[:end]))
-    if parsed is None or parsed[2].hasobject:
-        return array.numpy()  # np.load gives Flower's error
-    shape, fortran_order, dtype, offset = parsed
-    flat = np.frombuffer(data, dtype=dtype, count=math.prod(shape), offset=offset)
-    return flat.reshape(shape, order="F" if fortran_order else "C")
+    return trust_gate.read_array(array, None, trust_gate.array_label("", key))
 
 
 def to_numpy(record: ArrayRecord) -> NDArrays:
     """ArrayRecord -> {key: numpy array}: read-only views of the record's bytes
     (:func:`array_view`; copy an array before changing it)."""
-    return {key: array_view(array) for key, array in record.items()}
+    return {key: array_view(array, key) for key, array in record.items()}
 
 
 def array_of(value: np.ndarray) -> Array:
@@ -121,6 +89,7 @@ class ClientInfo:
     label_counts: list[int] | None = None
     comm_budget: float | None = None
     unreached: bool = False  # the query never reached the node: ask again next round
+    refused: bool = False  # the trust gate refused its answer: treated as no answer
 
 
 # error codes of a query that never reached the ClientApp (Flower's SuperLink answers a
@@ -141,34 +110,42 @@ def wait_for_nodes(grid: Grid, min_nodes: int) -> list[int]:
     return nodes
 
 
+def client_info(node: int, reply: Message) -> ClientInfo:
+    """The facts of one answered client-info query, checked by the trust gate
+    (:func:`strategies.trust_gate.client_facts`): a refused field drops the whole answer
+    (one WARNING naming node, field, value and fix) and the node counts as one that did
+    not answer (``refused``)."""
+    if C.METRICS not in reply.content.metric_records:
+        return ClientInfo()
+    facts = trust_gate.client_facts(reply.content[C.METRICS])
+    if isinstance(facts, trust_gate.FactRefusal):
+        log(WARNING, "%s", facts.line(node))
+        return ClientInfo(refused=True)
+    return ClientInfo(partition_id=facts.partition_id, num_examples=facts.num_examples,
+                      label_counts=facts.label_counts, comm_budget=facts.comm_budget)
+
+
 def query_client_info(grid: Grid, node_ids: list[int], timeout: float) -> dict[int, ClientInfo]:
     """Ask each node for its ``partition-id``, ``num-examples``, ``label-counts`` and
     ``comm-budget`` (a ``query`` message; see :data:`QUERY_HELPER`). A node that does
     not answer gets an empty :class:`ClientInfo`, marked ``unreached`` when the query
-    never got to its ClientApp (no reply, or an :data:`UNREACHED` error)."""
+    never got to its ClientApp (no reply, or an :data:`UNREACHED` error); an answer the
+    trust gate refuses (:func:`client_info`) an empty one marked ``refused``."""
     content = RecordDict({C.CONFIG: ConfigRecord({C.QUERY: C.QUERY_CLIENT_INFO})})
     messages = [Message(content=content, message_type=MessageType.QUERY, dst_node_id=n)
                 for n in node_ids]
     table = {n: ClientInfo(unreached=True) for n in node_ids}
     for reply in grid.send_and_receive(messages, timeout=timeout):
         node = reply.metadata.src_node_id
+        if node not in table:  # a reply from a node that was not asked
+            log(WARNING, "Client-info reply from node %s ignored: it was not asked", node)
+            continue
         if reply.has_error():  # e.g. the node's data is missing: its reason says why
             log(WARNING, "Node %s could not answer the '%s' query: %s",
                 node, C.QUERY_CLIENT_INFO, reply.error.reason)
             table[node] = ClientInfo(unreached=reply.error.code in UNREACHED)
             continue
-        info = table[node] = ClientInfo()
-        if C.METRICS not in reply.content:
-            continue
-        metrics = reply.content[C.METRICS]
-        if C.PARTITION_ID in metrics:
-            info.partition_id = int(metrics[C.PARTITION_ID])
-        if C.NUM_EXAMPLES in metrics:
-            info.num_examples = int(metrics[C.NUM_EXAMPLES])
-        if C.LABEL_COUNTS in metrics:
-            info.label_counts = [int(c) for c in metrics[C.LABEL_COUNTS]]
-        if C.COMM_BUDGET in metrics:
-            info.comm_budget = float(metrics[C.COMM_BUDGET])
+        table[node] = client_info(node, reply)
     return table
 
 
@@ -191,7 +168,7 @@ def update_clients(grid: Grid, clients: dict[int, ClientInfo], *, min_nodes: int
         if not warned:
             warn_no_query(owner)
         return nodes, True
-    clients.update(query_client_info(grid, unknown, timeout))
+    enter_clients(clients, query_client_info(grid, unknown, timeout), nodes)
     unreached = [n for n in unknown if clients[n].unreached]
     if unreached:
         log(INFO, "%s: the '%s' query did not reach node(s) %s; asking again next round",
@@ -204,6 +181,31 @@ def update_clients(grid: Grid, clients: dict[int, ClientInfo], *, min_nodes: int
             QUERY_HELPER)
         return nodes, True
     return nodes, warned
+
+
+def enter_clients(clients: dict[int, ClientInfo], answers: Mapping[int, ClientInfo],
+                  connected: Iterable[int]) -> None:
+    """Enter ``answers`` in ``clients`` (in place) in node-id order; an answer whose partition
+    id another connected node already holds, or whose label counts have another length than
+    the other connected nodes', is refused (:func:`strategies.trust_gate.facts_conflict`: one
+    WARNING; the node counts as one that did not answer)."""
+    connected = list(connected)
+    for node in sorted(answers):
+        info = answers[node]
+        others = [clients[n] for n in connected if n != node and n in clients]
+        facts = trust_gate.ClientFacts(info.partition_id, info.num_examples, info.label_counts,
+                                       info.comm_budget)
+        conflict = trust_gate.facts_conflict(facts, others)
+        if conflict is not None:
+            log(WARNING, "%s", conflict.line(node))
+            info = ClientInfo(refused=True)
+        clients[node] = info
+
+
+def usable_nodes(nodes: Iterable[int], clients: Mapping[int, ClientInfo]) -> list[int]:
+    """``nodes`` without those whose client-info answer the trust gate refused (for what
+    needs every node's facts: the simulated clock, DynamicFL's grouping)."""
+    return [n for n in nodes if not getattr(clients.get(n), "refused", False)]
 
 
 def partition_order(nodes: Iterable[int], clients: Mapping[int, ClientInfo]) -> list[int]:
@@ -276,56 +278,24 @@ def number_problem(name: str, value: object, *, integer: bool = False, low: floa
     return f"'{name}' must be {kind} {'>' if strict else '>='} {low:g}, got {value!r}"
 
 
-def reply_problem(reply: Message, expected: ArrayRecord) -> str | None:
-    """What makes a train reply unusable, or None: a client error, missing records,
-    ``num-examples`` not a positive integer, a non-finite metric, or arrays whose keys,
-    shapes or dtypes differ from the global model's. (NaN / Inf inside the arrays are
-    found while aggregating, without a second deserialisation.)"""
-    if reply.has_error():
-        return f"client error: {reply.error.reason}"
-    content = reply.content
-    if C.ARRAYS not in content or C.METRICS not in content:
-        return f"needs an ArrayRecord '{C.ARRAYS}' and a MetricRecord '{C.METRICS}'"
-    metrics = content[C.METRICS]
-    n = metrics.get(C.NUM_EXAMPLES)
-    if n == 0 and not isinstance(n, bool):
-        return f"'{C.NUM_EXAMPLES}' is 0 (an empty partition?): nothing to aggregate, skipped"
-    if number_problem(C.NUM_EXAMPLES, n, integer=True):
-        return f"'{C.NUM_EXAMPLES}' must be a positive integer, got {n!r}"
-    for key, value in metrics.items():
-        values = value if isinstance(value, list) else [value]
-        if any(isinstance(v, float) and not math.isfinite(v) for v in values):
-            return f"metric '{key}' is NaN or Inf ({value!r})"
-    arrays = content[C.ARRAYS]
-    if set(arrays.keys()) != set(expected.keys()):
-        missing = sorted(set(expected.keys()) - set(arrays.keys()))
-        extra = sorted(set(arrays.keys()) - set(expected.keys()))
-        return (f"array keys differ from the global model's (missing {missing}, "
-                f"unexpected {extra})")
-    for key, array in arrays.items():
-        ref = expected[key]
-        if tuple(array.shape) != tuple(ref.shape) or array.dtype != ref.dtype:
-            return (f"array '{key}' is {array.dtype}{tuple(array.shape)}, "
-                    f"expected {ref.dtype}{tuple(ref.shape)}")
-    return None
+def reply_problem(reply: Message, expected: ArrayRecord, *,
+                  sent: Mapping[str, object] | None = None,
+                  reported_size: int | None = None) -> str | None:
+    """What makes a train reply unusable, or None: the trust gate's
+    :func:`strategies.trust_gate.train_reply_problem` (client error, missing records,
+    ``num-examples`` within the size the client reported, ``local-steps`` within the steps
+    ``sent``, ``a-norm`` bounded, finite metrics, the real bytes of every array against the
+    global model ``expected``, finite arrays of bounded norm)."""
+    return trust_gate.train_reply_problem(reply, expected, sent=sent,
+                                          reported_size=reported_size)
 
 
 def arrays_problem(name: str, record: ArrayRecord, expected: Mapping[str, np.ndarray]
                    ) -> str | None:
-    """What makes ArrayRecord ``name`` of a reply unusable, or None: keys, shapes or dtypes
-    that differ from ``expected``, or NaN / Inf (deserialises the record once)."""
-    if set(record.keys()) != set(expected):
-        missing = sorted(set(expected) - set(record.keys()))
-        extra = sorted(set(record.keys()) - set(expected))
-        return f"'{name}' keys differ (missing {missing}, unexpected {extra})"
-    for key, array in record.items():
-        ref = expected[key]
-        if tuple(array.shape) != tuple(ref.shape) or array.dtype != ref.dtype:
-            return (f"'{name}' array '{key}' is {array.dtype}{tuple(array.shape)}, "
-                    f"expected {ref.dtype}{tuple(ref.shape)}")
-        if not np.isfinite(array.numpy()).all():
-            return f"'{name}' array '{key}' has NaN or Inf"
-    return None
+    """What makes ArrayRecord ``name`` of a reply unusable, or None: the real bytes of each
+    array against ``expected`` and finite values of bounded norm
+    (:func:`strategies.trust_gate.arrays_problem`)."""
+    return trust_gate.arrays_problem(name, record, expected)
 
 
 def contract_error(strategy: str, server_round: int, num_replies: int, missing: str,

@@ -22,7 +22,7 @@ from flwr.app import ArrayRecord, Message, MetricRecord
 from flwr.common.logger import log
 
 from . import contract as C
-from . import records
+from . import records, trust_gate
 from . import scaffold_math as sm
 from .round_plan import RoundPlan
 from .round_report import ScaffoldSection
@@ -151,7 +151,9 @@ class Scaffold(StatefulFedAvg):
 
         self.accept_states(plan, accepted, new_control)
         if total is not None:
-            self.control = sm.control_step(self.control, total, len(accepted), len(plan.nodes))
+            self.control = trust_gate.finite_or_previous(
+                sm.control_step(self.control, total, len(accepted), len(plan.nodes)),
+                self.control, "SCAFFOLD's c", plan.server_round)
         plan.report.add(ScaffoldSection(sm.norm(self.control)))
 
     # ------------------------------------------------------------------ replies
@@ -163,6 +165,9 @@ class Scaffold(StatefulFedAvg):
         return None
 
     def state_reply_problem(self, plan: RoundPlan, reply: Message) -> str | None:
-        """delta c_i with c's keys, shapes and dtypes, finite."""
-        return records.arrays_problem(C.SCAFFOLD_DELTA_C, reply.content[C.SCAFFOLD_DELTA_C],
-                                      self.control)
+        """delta c_i: real bytes with c's keys, shapes and dtypes, finite, and within option
+        II's ||c|| + ||x - y_i|| / (K eta_l) (:func:`strategies.trust_gate.
+        scaffold_delta_problem`)."""
+        return trust_gate.scaffold_delta_problem(
+            reply, control=self.control, global_model=plan.arrays,
+            sent=plan.sent(reply.metadata.src_node_id))

@@ -116,3 +116,43 @@ def control_step(control: Mapping[str, np.ndarray], delta_sum: Mapping[str, np.n
 def norm(arrays: Mapping[str, np.ndarray]) -> float:
     """||c||_2 over all arrays (a run-log diagnostic)."""
     return float(np.sqrt(sum(float(np.vdot(v, v)) for v in arrays.values())))
+
+
+
+DELTA_TOLERANCE = 1e-3
+"""Relative slack of :func:`delta_bound` for rounding (option II is evaluated in float64
+and rounded to the parameter dtype: ~6e-8 relative; 1e-3 also admits clients that evaluate
+it in float32 or in another order)."""
+
+
+def delta_bound(control: Mapping[str, np.ndarray], global_model: Mapping[str, np.ndarray],
+                local_model: Mapping[str, np.ndarray], steps: int, lr: float,
+                tolerance: float = DELTA_TOLERANCE) -> float:
+    """The largest ||delta c_i||_2 option II can produce for this reply:
+
+        delta c_i = c_i+ - c_i = -c + (x - y_i) / (K eta_l)          (Alg. 1 lines 12-13)
+        ||delta c_i|| <= ||c|| + ||x - y_i|| / (K eta_l)              (triangle inequality)
+
+    from what the server knows: the c and x it sent, the y_i of the reply, the eta_l it
+    sent, and K (the reply's ``local-steps``; 1, the loosest, when it reports none), times
+    1 + ``tolerance`` for rounding. Over c's keys (a key not in ``local_model`` moves 0).
+    """
+    c2 = drift2 = 0.0
+    for key, c in control.items():
+        c64 = np.asarray(c, dtype=np.float64)
+        c2 += float(np.vdot(c64, c64))
+        if key in local_model:
+            d = (np.asarray(global_model[key], dtype=np.float64)
+                 - np.asarray(local_model[key], dtype=np.float64))
+            drift2 += float(np.vdot(d, d))
+    bound = np.sqrt(c2) + np.sqrt(drift2) / (float(steps) * float(lr))
+    return float(bound * (1.0 + tolerance) + 1e-12)
+
+
+def delta_norm(delta: Mapping[str, np.ndarray]) -> float:
+    """||delta c_i||_2 over all arrays, in float64."""
+    total = 0.0
+    for value in delta.values():
+        v = np.asarray(value, dtype=np.float64)
+        total += float(np.vdot(v, v))
+    return float(np.sqrt(total))

@@ -8,7 +8,10 @@ optimiser steps are Flower's code. Each subclass adds only
 * a check of its parameters in the constructor (Flower's constructors take any value);
 * ``state_dict`` / ``load_state_dict``, which map the attributes the Flower class keeps
   across rounds (FedAvgM: the current arrays and the momentum vector; FedOpt: the current
-  arrays, m_t and v_t), so ``resume-from`` continues the optimiser where it was.
+  arrays, m_t and v_t), so ``resume-from`` continues the optimiser where it was;
+* the trust gate (:class:`TrustGated`): every train and evaluate reply is checked by
+  :mod:`strategies.trust_gate` before Flower's code reads it (a bad one costs only itself,
+  one WARNING), and a new model or optimiser state with NaN / Inf is not adopted.
 
 Sampling is Flower's ``sample_nodes``: ``random.sample`` over the connected node ids,
 with Python's global ``random``. fedhetero's ServerApp seeds it with the run's ``seed``
@@ -23,13 +26,20 @@ from __future__ import annotations
 
 import inspect
 import math
+from logging import WARNING
+from collections.abc import Iterable
 
 import numpy as np
-from flwr.app import Array, ArrayRecord
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.common.logger import log
+from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAdagrad as FlowerFedAdagrad
 from flwr.serverapp.strategy import FedAdam as FlowerFedAdam
 from flwr.serverapp.strategy import FedAvgM as FlowerFedAvgM
 from flwr.serverapp.strategy import FedYogi as FlowerFedYogi
+
+from . import contract as C
+from . import trust_gate
 
 STATE_VERSION = 1
 
@@ -58,13 +68,114 @@ def _record(value: ArrayRecord | None) -> dict | None:
     return None if value is None else {k: np.array(a.numpy(), copy=True) for k, a in value.items()}
 
 
-class FedAvgM(FlowerFedAvgM):
+class TrustGated:
+    """The trust gate around a Flower strategy's ``aggregate_train`` / ``aggregate_evaluate``.
+
+    A train reply reaches Flower's code only when :func:`strategies.trust_gate.
+    train_reply_problem` accepts it against the arrays and config sent (the real bytes of
+    every array, ``num-examples`` within :data:`strategies.trust_gate.MAX_NUM_EXAMPLES`: these
+    strategies do not query sizes, ``local-steps`` within the steps sent, finite metrics),
+    it has exactly one ArrayRecord and one MetricRecord, and its metric keys are those most
+    replies share (Flower raises for mixed keys). The new model and the optimiser's state
+    (:attr:`STATE_ATTRIBUTES`) are adopted only when finite; else the previous ones are kept.
+    """
+
+    STATE_ATTRIBUTES: tuple[str, ...] = ()
+    current_arrays: object
+    sent_config: ConfigRecord | None = None  # the train config of the round (its steps)
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        """Flower's messages; the config sent is kept for the replies' step bound."""
+        self.sent_config = ConfigRecord(dict(config))
+        return super().configure_train(server_round, arrays, config, grid)
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]
+                        ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Flower's aggregation over the replies the gate accepts; the previous model and
+        state are kept when the result is not finite."""
+        accepted = []
+        for reply in replies:
+            problem = None if reply.has_error() else self.reply_problem(reply)
+            if problem:
+                trust_gate.log_refused("Reply", reply.metadata.src_node_id, None, problem)
+            else:
+                accepted.append(reply)
+        answered = {id(r) for r in trust_gate.same_metric_keys(
+            [r for r in accepted if not r.has_error()], "Reply")}
+        accepted = [r for r in accepted if r.has_error() or id(r) in answered]
+        saved = {name: getattr(self, name) for name in self.STATE_ATTRIBUTES}
+        arrays, metrics = super().aggregate_train(server_round, accepted)
+        bad = next((name for name in self.STATE_ATTRIBUTES
+                    if trust_gate.non_finite_key(_as_dict(getattr(self, name)))), None)
+        if bad is not None:
+            log(WARNING, "Round %d: %s's new %s is not finite; the previous model and state "
+                "are kept", server_round, type(self).__name__, bad)
+        elif arrays is None or trust_gate.adoptable_model(trust_gate.record_views(arrays),
+                                                          server_round):
+            return arrays, metrics
+        for name, value in saved.items():
+            setattr(self, name, value)
+        return None, None
+
+    def reply_problem(self, reply: Message) -> str | None:
+        """What the gate refuses in a train reply, or None."""
+        content = reply.content
+        if len(content.array_records) != 1 or len(content.metric_records) != 1:
+            return (f"needs exactly one ArrayRecord ('arrays') and one MetricRecord "
+                    f"('metrics'), got {len(content.array_records)} and "
+                    f"{len(content.metric_records)}")
+        return trust_gate.train_reply_problem(reply, _expected(self.current_arrays, reply),
+                                              sent=self.sent_config, reported_size=None)
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]
+                           ) -> MetricRecord | None:
+        """Flower's weighted mean over the evaluate replies the gate accepts."""
+        return trust_gate.aggregate_evaluate(replies)
+
+
+def _expected(current: object, reply: Message) -> dict[str, trust_gate.ArraySpec]:
+    """The specs a reply's arrays must have: the shapes sent this round (FedAvgM keeps an
+    ArrayRecord, FedOpt a dict of arrays) and their dtypes, except that a floating array may
+    come back in another floating dtype than sent: Flower's FedOpt computes its update in
+    float64 and sends float64 from round 2 on, while the clients train and answer float32."""
+    if current is None:
+        return {}
+    declared = reply.content.array_records.get(C.ARRAYS, {})
+    specs = {}
+    for key, value in current.items():
+        spec = trust_gate.spec_of(value)
+        own = declared.get(key)
+        if own is not None and spec.dtype.kind == "f":
+            try:
+                dtype = np.dtype(own.dtype)
+            except TypeError:
+                dtype = spec.dtype
+            if dtype.kind == "f":
+                spec = trust_gate.ArraySpec(spec.shape, dtype)
+        specs[key] = spec
+    return specs
+
+
+def _as_dict(value: object) -> dict | None:
+    """An optimiser state attribute as {key: array} for the finiteness check."""
+    if value is None:
+        return None
+    if isinstance(value, ArrayRecord):
+        return trust_gate.record_views(value)
+    if isinstance(value, dict):
+        return value
+    return {str(k): v for k, v in enumerate(value)}
+
+
+class FedAvgM(TrustGated, FlowerFedAvgM):
     """Flower's FedAvgM (Hsu et al. 2019) with parameter checks and a ``state_dict``.
 
     Parameters as Flower's (``server_learning_rate`` > 0, ``server_momentum`` in [0, 1)).
     """
 
     FLOWER_CLASS = FlowerFedAvgM
+    STATE_ATTRIBUTES = ("current_arrays", "momentum_vector")
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -91,6 +202,8 @@ class FedAvgM(FlowerFedAvgM):
 
 class _FedOptState:
     """``state_dict`` of Flower's FedOpt family: ``current_arrays``, ``m_t``, ``v_t``."""
+
+    STATE_ATTRIBUTES = ("m_t", "v_t")
 
     current_arrays: dict | None
     m_t: dict | None
@@ -124,7 +237,7 @@ def _check_adaptive(strategy, *, betas: bool) -> None:
         _check("beta_2", strategy.beta_2, 0.0, 1.0)
 
 
-class FedAdam(_FedOptState, FlowerFedAdam):
+class FedAdam(_FedOptState, TrustGated, FlowerFedAdam):
     """Flower's FedAdam (Reddi et al. 2021, Alg. 2) with parameter checks and a ``state_dict``.
 
     Parameters as Flower's (``eta``, ``tau`` > 0; ``beta_1``, ``beta_2`` in [0, 1)).
@@ -137,7 +250,7 @@ class FedAdam(_FedOptState, FlowerFedAdam):
         _check_adaptive(self, betas=True)
 
 
-class FedYogi(_FedOptState, FlowerFedYogi):
+class FedYogi(_FedOptState, TrustGated, FlowerFedYogi):
     """Flower's FedYogi (Reddi et al. 2021, Alg. 2) with parameter checks and a ``state_dict``.
 
     Parameters as Flower's (``eta``, ``tau`` > 0; ``beta_1``, ``beta_2`` in [0, 1)).
@@ -150,7 +263,7 @@ class FedYogi(_FedOptState, FlowerFedYogi):
         _check_adaptive(self, betas=True)
 
 
-class FedAdagrad(_FedOptState, FlowerFedAdagrad):
+class FedAdagrad(_FedOptState, TrustGated, FlowerFedAdagrad):
     """Flower's FedAdagrad (Reddi et al. 2021, Alg. 2) with parameter checks and a
     ``state_dict``. Parameters as Flower's (``eta``, ``tau`` > 0; no beta_1, beta_2)."""
 

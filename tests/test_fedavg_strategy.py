@@ -157,8 +157,9 @@ def test_aggregate_examples_hand_computed():
 
 
 def test_aggregate_examples_uses_reply_num_examples():
-    # n_k comes from the reply (what was trained on), not the query answer
-    s = prepared("examples", [0.0, 0.0], {1: 999, 2: 1}, {1: 1, 2: 1})
+    # n_k comes from the reply (what was trained on), not the query answer (the trust
+    # gate only bounds it by the query answer: 30 <= 31)
+    s = prepared("examples", [0.0, 0.0], {1: 999, 2: 31}, {1: 1, 2: 1})
     arrays, _ = s.aggregate_train(1, [good(1, [1.0, 2.0], 10), good(2, [3.0, 6.0], 30)])
     np.testing.assert_allclose(result_w(arrays), [2.5, 5.0])
 

@@ -1,12 +1,18 @@
-"""Malformed train replies for the reliability tests and table: :data:`CORRUPTIONS` maps
-a kind (missing or bad ``num-examples``, NaN/Inf arrays or metrics, wrong keys, shapes,
-dtypes, missing records) to a function (reply, message) -> corrupted reply.
-:data:`STRATEGY_KINDS` names the kinds that only mean something to one strategy (FedVeca's
-metrics, SCAFFOLD's delta c_i, the client-state echo of SCAFFOLD, FedDyn and MOON);
-:func:`kinds_for` is what a strategy's replies are put through."""
+"""Malformed train replies for the reliability tests, the faults table and the trust-gate
+matrix: :data:`CORRUPTIONS` maps a kind (missing or bad ``num-examples``, NaN/Inf arrays
+or metrics, wrong keys, shapes, dtypes, missing records, and crafted ``.npy`` payloads
+whose bytes disagree with their declared shape and dtype: :data:`PAYLOAD_KINDS`) to a
+function (reply, message) -> corrupted reply. :data:`STRATEGY_KINDS` names the kinds that
+only mean something to one strategy (FedVeca's metrics and gradient, SCAFFOLD's delta c_i,
+the client-state echo of SCAFFOLD, FedDyn and MOON); :func:`kinds_for` is what a
+strategy's replies are put through by the reliability suites (the classes they always
+had); :data:`GATE_KINDS` adds the trust gate's classes."""
 
 from __future__ import annotations
 
+import io
+
+import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 
 from strategies import contract as C
@@ -101,6 +107,90 @@ def _without_state_echo(reply, msg):
     return _replace(reply, msg, metrics=metrics)
 
 
+# ------------------------------------------------------------------ crafted .npy payloads
+def _npy(value: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, value, allow_pickle=False)
+    return buffer.getvalue()
+
+
+def _header(descr: str, shape: tuple, pad_to: int = 0) -> bytes:
+    """An .npy 1.0 header for ``descr`` / ``shape``, padded with spaces to ``pad_to`` bytes."""
+    text = f"{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape!r}, }}"
+    body = text.ljust(max(pad_to, len(text) + 1) - 1) + "\n"
+    return b"\x93NUMPY\x01\x00" + len(body).to_bytes(2, "little") + body.encode("latin1")
+
+
+def _payload(how: str, value: np.ndarray) -> Array:
+    """An Array that declares ``value``'s dtype and shape but carries crafted bytes."""
+    dtype, shape = str(value.dtype), tuple(value.shape)
+    good = _npy(value)
+    stype = "numpy.ndarray"
+    if how == "other-bytes":  # another array's bytes: the layer plus one element, 1-D
+        data = _npy(np.concatenate([value.reshape(-1), value.reshape(-1)[:1]]))
+    elif how == "one-element":  # broadcast silently into the layer before the gate
+        data = _npy(value.reshape(-1)[:1].copy())
+    elif how == "truncated":
+        data = good[:-4]
+    elif how == "trailing-bytes":
+        data = good + b"\0\0\0\0"
+    elif how == "wrong-stype":
+        data, stype = good, "torch.Tensor"
+    elif how == "bad-magic":
+        data = b"\x93NUMPZ" + good[6:]
+    elif how == "long-header":  # a valid header padded to 60,000 bytes
+        data = _header(value.dtype.str, shape, pad_to=60_000) + value.tobytes()
+    elif how == "object-dtype":  # a pickle header: Flower's np.load would refuse, numpy views
+        data = _header("|O", shape) + b"\0" * (8 * value.size)
+    elif how == "dtype-mismatch":  # float64 bytes under a float32 declaration
+        data = _npy(value.astype(np.float64))
+    elif how == "shape-mismatch":  # the same byte count, flattened
+        data = _npy(np.ascontiguousarray(value.reshape(-1)))
+    else:
+        raise ValueError(f"unknown payload corruption {how!r}")
+    return Array(dtype=dtype, shape=shape, stype=stype, data=data)
+
+
+PAYLOADS = ("other-bytes", "one-element", "truncated", "trailing-bytes", "wrong-stype",
+            "bad-magic", "long-header", "object-dtype", "dtype-mismatch", "shape-mismatch")
+
+
+def _target_key(record: ArrayRecord) -> str:
+    """The array a payload corruption replaces: the second floating array (not the first
+    in order: the broadcast of a 1-element payload went unnoticed there), else the first."""
+    floating = [k for k, a in record.items() if np.dtype(a.dtype).kind == "f"
+                and len(a.shape) >= (2 if len(a.shape) else 0)]
+    floating = floating or [k for k, a in record.items() if np.dtype(a.dtype).kind == "f"]
+    return floating[1] if len(floating) > 1 else floating[0]
+
+
+def _craft(reply: Message, msg: Message, how: str, name: str = C.ARRAYS) -> Message:
+    """``reply`` with one array of ArrayRecord ``name`` replaced by a crafted payload."""
+    if name not in reply.content.array_records:
+        return reply
+    record = reply.content[name]
+    key = _target_key(record)
+    arrays = dict(record.items())
+    arrays[key] = _payload(how, record[key].numpy())
+    content = RecordDict(dict(reply.content.items()))
+    content[name] = ArrayRecord(arrays)
+    return Message(content, reply_to=msg)
+
+
+def _scale(reply: Message, msg: Message, name: str, value: float) -> Message:
+    """``reply`` with every element of one floating array of record ``name`` set to
+    ``value`` (a huge finite value: finite, but its square overflows float32)."""
+    if name not in reply.content.array_records:
+        return reply
+    record = reply.content[name]
+    key = _target_key(record)
+    arrays = {k: a for k, a in record.items()}
+    arrays[key] = Array(np.full(tuple(record[key].shape), value, dtype=record[key].dtype))
+    content = RecordDict(dict(reply.content.items()))
+    content[name] = ArrayRecord(arrays)
+    return Message(content, reply_to=msg)
+
+
 CORRUPTIONS = {
     "num-examples-missing": lambda r, m: _with_metric(r, m, C.NUM_EXAMPLES, remove=True),
     "num-examples-zero": lambda r, m: _with_metric(r, m, C.NUM_EXAMPLES, 0),
@@ -128,6 +218,40 @@ CORRUPTIONS = {
     "client-state-echo-missing": _without_state_echo,
 }
 
+# the trust gate's classes (strategies/trust_gate.py; docs/reliability.md)
+GATE_CORRUPTIONS = {
+    **{f"npy-{how}": (lambda r, m, how=how: _craft(r, m, how)) for how in PAYLOADS},
+    "huge-finite-array": lambda r, m: _scale(r, m, C.ARRAYS, 1e30),
+    "num-examples-float-huge": lambda r, m: _with_metric(r, m, C.NUM_EXAMPLES, 1e300),
+    "num-examples-huge": lambda r, m: _with_metric(r, m, C.NUM_EXAMPLES, 10**12),
+    "local-steps-huge": lambda r, m: _with_metric(r, m, C.LOCAL_STEPS_TAKEN, 10**12),
+    "local-steps-zero": lambda r, m: _with_metric(r, m, C.LOCAL_STEPS_TAKEN, 0),
+    "local-steps-fraction": lambda r, m: _with_metric(r, m, C.LOCAL_STEPS_TAKEN, 1.5),
+    "a-norm-huge": lambda r, m: _with_metric(r, m, C.A_NORM, 1e12),
+    "a-norm-zero": lambda r, m: _with_metric(r, m, C.A_NORM, 0.0),
+    "metrics-missing": lambda r, m: _replace(r, m, drop=(C.METRICS,)),
+    # SCAFFOLD: delta c_i = 1e30 (finite: the norm bound), a 1-element or truncated payload
+    "scaffold-delta-c-huge": lambda r, m: _scale(r, m, C.SCAFFOLD_DELTA_C, 1e30),
+    # finite and of a plausible norm for an array, far beyond what option II gives this reply
+    "scaffold-delta-c-inflated": lambda r, m: _scale(r, m, C.SCAFFOLD_DELTA_C, 1e4),
+    "scaffold-delta-c-one-element": lambda r, m: _craft(r, m, "one-element",
+                                                         C.SCAFFOLD_DELTA_C),
+    "scaffold-delta-c-truncated": lambda r, m: _craft(r, m, "truncated", C.SCAFFOLD_DELTA_C),
+    # FedVeca: grad F_i as a 1-element or truncated payload, NaN, or 3e38 (finite float32
+    # whose num-examples-weighted sum overflows: the recursion of global_gradient)
+    "grad-one-element": lambda r, m: _craft(r, m, "one-element", C.GRAD),
+    "grad-truncated": lambda r, m: _craft(r, m, "truncated", C.GRAD),
+    "grad-nan": lambda r, m: _scale(r, m, C.GRAD, float("nan")),
+    "grad-overflow": lambda r, m: _scale(r, m, C.GRAD, 3e38),
+    "beta-negative": lambda r, m: (_with_metric(r, m, C.BETA, -1.0)
+                                   if C.BETA in _metrics(r) else r),
+    # SCAFFOLD, FedDyn, MOON: the client-state echo as a float (Flower's MetricRecord has no
+    # bool: a bool never arrives; 1.0 == 1 passed the old check)
+    "client-state-round-float": lambda r, m: (
+        _with_metric(r, m, C.STATE_ROUND_USED, float(_metrics(r)[C.STATE_ROUND_USED]))
+        if C.STATE_DIGEST in _metrics(r) else r),
+}
+
 # kinds that only corrupt one strategy's replies (the others pass them unchanged)
 STRATEGY_KINDS: dict[str, tuple[str, ...]] = {
     "fedveca": ("strategy-metrics-missing",),
@@ -138,6 +262,37 @@ STRATEGY_KINDS: dict[str, tuple[str, ...]] = {
 }
 GENERIC_KINDS = tuple(sorted(set(CORRUPTIONS) - {k for ks in STRATEGY_KINDS.values()
                                                   for k in ks}))
+CORRUPTIONS.update(GATE_CORRUPTIONS)  # after GENERIC_KINDS: the reliability suites' classes
+
+
+# the trust gate's classes: every strategy's replies, then the strategies' own ones
+GATE_KINDS: tuple[str, ...] = tuple(k for k in GATE_CORRUPTIONS if not k.startswith(
+    ("scaffold-", "grad-", "beta-", "client-state-")))
+GATE_STRATEGY_KINDS: dict[str, tuple[str, ...]] = {
+    "fedveca": ("grad-one-element", "grad-truncated", "grad-nan", "grad-overflow",
+                "beta-negative"),
+    "scaffold": ("scaffold-delta-c-huge", "scaffold-delta-c-inflated",
+                 "scaffold-delta-c-one-element",
+                 "scaffold-delta-c-truncated", "client-state-round-float"),
+    "feddyn": ("client-state-round-float",),
+    "moon": ("client-state-round-float",),
+}
+
+
+# Flower's FedOpt classes send float64 from round 2 on (their update is float64) while the
+# clients answer float32, so behind the gate any floating dtype is accepted where a floating
+# one was sent (strategies.server_optimizers): a float64 reply is not malformed for them
+FLOWER_STRATEGIES = ("fedavgm", "fedadam", "fedyogi", "fedadagrad")
+NOT_MALFORMED_FOR_FLOWER = ("wrong-dtype",)
+
+
+def gate_kinds_for(strategy: str) -> list[str]:
+    """Every malformed-reply class the trust-gate matrix puts a strategy's replies through:
+    the reliability classes (:func:`kinds_for`), the gate's generic ones, its own."""
+    kinds = [*kinds_for(strategy), *GATE_KINDS, *GATE_STRATEGY_KINDS.get(strategy, ())]
+    if strategy in FLOWER_STRATEGIES:
+        kinds = [k for k in kinds if k not in NOT_MALFORMED_FOR_FLOWER]
+    return kinds
 
 
 def kinds_for(strategy: str | None) -> list[str]:
