@@ -4,12 +4,16 @@ Mirrors what the simulation engine does per message: one Context per node that k
 its ``state`` across rounds, the node config ``partition-id`` / ``num-partitions``,
 and an error reply when the ClientApp raises. It is :class:`simulation.reliability.FaultGrid`
 (the reliability tools' Grid) with no kill and no reply hook; ``queue`` and ``call`` are
-what the tests' own Grid subclasses build on.
+what the tests' own Grid subclasses build on. :class:`EchoGrid` is a bare Grid whose nodes
+echo the arrays they got, and which counts the replies still alive at each push.
 """
 
 from __future__ import annotations
 
-from flwr.app import Message
+import gc
+import weakref
+
+from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 
 from simulation.reliability import FaultGrid
 
@@ -30,3 +34,36 @@ class InProcessGrid(FaultGrid):
     def call(self, msg: Message) -> Message:
         """One ClientApp call; an exception becomes an error reply, as in the simulation engine."""
         return self.deliver(msg, timeout=None)
+
+
+class EchoGrid:
+    """Two nodes that echo the arrays they got; at each push, how many of the replies pulled
+    so far are still alive."""
+
+    def __init__(self) -> None:
+        self.pulled, self.alive_at_push, self.pending = [], [], {}
+
+    def get_node_ids(self):
+        return [1, 2]
+
+    def push_messages(self, messages):
+        gc.collect()
+        self.alive_at_push.append(sum(ref() is not None for ref in self.pulled))
+        ids = []
+        for msg in messages:
+            msg.metadata.__dict__["_message_id"] = message_id = f"m{len(self.pending) + 1}"
+            self.pending[message_id] = msg
+            ids.append(message_id)
+        return ids
+
+    def pull_messages(self, message_ids):
+        replies = []
+        for message_id in message_ids:
+            msg = self.pending[message_id]
+            arrays = ArrayRecord([a.copy() for a in msg.content["arrays"].to_numpy_ndarrays()])
+            reply = Message(RecordDict({"arrays": arrays,
+                                        "metrics": MetricRecord({"num-examples": 1})}),
+                            reply_to=msg)
+            self.pulled.append(weakref.ref(reply))
+            replies.append(reply)
+        return replies

@@ -4,20 +4,18 @@ one starts."""
 
 from __future__ import annotations
 
-import gc
-import weakref
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord
 from flwr.serverapp.strategy import FedAvg
 from flwr.supercore.task_identity import TaskIdentity
 
 from fedapp.grid import ServerAppGrid
 from strategies import event_loop
 from strategies.event_loop import FIRST_PULL_DELAY, PULL_INTERVAL, pull_delay
-from tests.inprocess import InProcessGrid
+from tests.inprocess import EchoGrid, InProcessGrid
 
 
 class Clock:
@@ -114,39 +112,6 @@ def test_the_previous_replies_are_let_go_when_the_next_exchange_starts(clock):
     assert len(first) == 2
     second = grid.send_and_receive([object()] * 2, timeout=5)
     assert first == [] and len(second) == 2 and len(kept) == 2
-
-
-class EchoGrid:
-    """Two nodes that reply with the arrays they got; at each push, how many of the replies
-    pulled so far are still alive somewhere."""
-
-    def __init__(self) -> None:
-        self.pulled, self.alive_at_push, self.pending = [], [], {}
-
-    def get_node_ids(self):
-        return [1, 2]
-
-    def push_messages(self, messages):
-        gc.collect()
-        self.alive_at_push.append(sum(ref() is not None for ref in self.pulled))
-        ids = []
-        for msg in messages:
-            msg.metadata.__dict__["_message_id"] = message_id = f"m{len(self.pending) + 1}"
-            self.pending[message_id] = msg
-            ids.append(message_id)
-        return ids
-
-    def pull_messages(self, message_ids):
-        replies = []
-        for message_id in message_ids:
-            msg = self.pending[message_id]
-            arrays = ArrayRecord([a.copy() for a in msg.content["arrays"].to_numpy_ndarrays()])
-            reply = Message(RecordDict({"arrays": arrays,
-                                        "metrics": MetricRecord({"num-examples": 1})}),
-                            reply_to=msg)
-            self.pulled.append(weakref.ref(reply))
-            replies.append(reply)
-        return replies
 
 
 def test_flowers_loop_holds_no_reply_of_an_earlier_exchange():

@@ -3,8 +3,6 @@ round plan and report, and the one round loop (resume by ``first_round``)."""
 
 from __future__ import annotations
 
-import gc
-import weakref
 from types import SimpleNamespace
 
 import numpy as np
@@ -21,7 +19,7 @@ from strategies.round_plan import RoundPlan
 from strategies.round_report import (Aggregation, ClockTime, FedVecaSection, Participation as
                                      ParticipationSection, RoundReport)
 from strategies.rounds import round_log, run_rounds
-from tests.inprocess import InProcessGrid
+from tests.inprocess import EchoGrid, InProcessGrid
 from tests.messages import numpy_of, record
 
 
@@ -225,39 +223,6 @@ def test_resuming_at_round_r_gives_the_uninterrupted_models(cls):
     assert evaluated == [3, 4]  # round 2's model is not evaluated again
     with pytest.raises(ValueError, match="first_round"):
         run_rounds(strategy(), InProcessGrid(counting_app(), 6, {}), first.arrays, first_round=0)
-
-
-class EchoGrid:
-    """Two nodes that echo the arrays they got; at each push, how many of the replies pulled
-    so far are still alive."""
-
-    def __init__(self) -> None:
-        self.pulled, self.alive_at_push, self.pending = [], [], {}
-
-    def get_node_ids(self):
-        return [1, 2]
-
-    def push_messages(self, messages):
-        gc.collect()
-        self.alive_at_push.append(sum(ref() is not None for ref in self.pulled))
-        ids = []
-        for msg in messages:
-            msg.metadata.__dict__["_message_id"] = message_id = f"m{len(self.pending) + 1}"
-            self.pending[message_id] = msg
-            ids.append(message_id)
-        return ids
-
-    def pull_messages(self, message_ids):
-        replies = []
-        for message_id in message_ids:
-            msg = self.pending[message_id]
-            arrays = ArrayRecord([a.copy() for a in msg.content["arrays"].to_numpy_ndarrays()])
-            reply = Message(RecordDict({"arrays": arrays,
-                                        "metrics": MetricRecord({"num-examples": 1})}),
-                            reply_to=msg)
-            self.pulled.append(weakref.ref(reply))
-            replies.append(reply)
-        return replies
 
 
 def test_the_round_loop_holds_no_reply_of_an_earlier_exchange():

@@ -17,27 +17,7 @@ from task.layout import inference_layout, training_layout
 from task.models import ClassifierModule, build_model
 from task.train import resolve_device, sgd_optimizer
 
-SHAPE = (1, 4, 4)
-NUM_CLASSES = 3
-
-
-# ----------------------------------------------------------------- helpers
-def tiny_data(n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(n, *SHAPE, generator=g), torch.randint(0, NUM_CLASSES, (n,), generator=g)
-
-
-def tiny_model(seed: int = 0) -> ClassifierModule:
-    torch.manual_seed(seed)
-    return build_model("mlp-2nn", SHAPE, NUM_CLASSES)
-
-
-def params(model: nn.Module) -> list[torch.Tensor]:
-    return [p.detach().clone() for p in model.parameters()]
-
-
-def all_equal(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
-    return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
+from tests.tiny_torch import SHAPE, all_equal, params, tiny_data, tiny_model
 
 
 class Quadratic(ClassifierModule):
