@@ -171,6 +171,7 @@ def start(strategy_name: str, rounds: int, num_nodes: int, reply_hook: Callable,
     """Run ``strategy_name`` for ``rounds`` rounds on ``num_nodes`` in-process ClientApps
     with ``reply_hook``; per round (round, model finite, WARNING lines). Exceptions
     propagate (the run did not complete)."""
+    from fedapp.client_app import NUM_THREADS  # noqa: PLC0415
     from fedapp.client_app import app as client_app  # noqa: PLC0415
     from fedapp.config import RunConfig  # noqa: PLC0415
     from fedapp.registry import build_strategy  # noqa: PLC0415
@@ -180,6 +181,8 @@ def start(strategy_name: str, rounds: int, num_nodes: int, reply_hook: Callable,
     strategy, train_config = build_strategy(cfg)
     random.seed(cfg.seed)  # Flower's own strategies sample with Python's random
     grid = FaultGrid(client_app, num_nodes, rc, reply_hook=reply_hook)
+    for context in grid.contexts.values():  # one torch thread: tiny models, shared cores
+        context.node_config[NUM_THREADS] = 1
     handler = WarningLines()
     rounds_seen: list[tuple[int, bool, list[str]]] = []
 
@@ -190,6 +193,9 @@ def start(strategy_name: str, rounds: int, num_nodes: int, reply_hook: Callable,
             rounds_seen.append((server_round, finite, lines))
         return None
 
+    import torch  # noqa: PLC0415
+
+    threads = torch.get_num_threads()  # the ClientApp sets 1 (num-threads): restored after
     logger = logging.getLogger("flwr")
     logger.addHandler(handler)
     try:
@@ -198,11 +204,12 @@ def start(strategy_name: str, rounds: int, num_nodes: int, reply_hook: Callable,
                        evaluate_config=ConfigRecord({C.SEED: cfg.seed}), evaluate_fn=evaluate)
     finally:
         logger.removeHandler(handler)
+        torch.set_num_threads(threads)
     return grid, handler, rounds_seen
 
 
 def run_strategy(strategy: str, kinds: Sequence[str] | None = None,
-                 num_nodes: int = 3) -> MatrixRun:
+                 num_nodes: int = 2) -> MatrixRun:
     """The matrix row of one strategy (module docstring)."""
     kinds = list(kinds if kinds is not None else gate_kinds_for(strategy))
     try:
