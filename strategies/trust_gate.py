@@ -478,16 +478,16 @@ class FactRefusal:
 
 def client_facts(metrics: Mapping[str, object]) -> ClientFacts | FactRefusal:
     """The checked facts of one client-info reply's MetricRecord, or the first refused field:
-    partition id an integer in [0, MAX_PARTITION_ID]; num-examples in 1..MAX_NUM_EXAMPLES;
-    label counts a list of at most MAX_LABELS integers in 0..MAX_NUM_EXAMPLES; comm-budget a
+    partition id an integer in [0, MAX_PARTITION_ID]; num-examples in 0..MAX_NUM_EXAMPLES (0:
+    an empty partition, an honest fact; its train replies are skipped); label counts a list of at most MAX_LABELS integers in 0..MAX_NUM_EXAMPLES; comm-budget a
     finite number > 0."""
     pid = metrics.get(C.PARTITION_ID)
     if pid is not None and not (is_integer(pid) and 0 <= pid <= MAX_PARTITION_ID):
         return FactRefusal(C.PARTITION_ID, pid,
                            f"is not an integer in 0..{MAX_PARTITION_ID}")
     n = metrics.get(C.NUM_EXAMPLES)
-    if n is not None and not (is_integer(n) and 1 <= n <= MAX_NUM_EXAMPLES):
-        return FactRefusal(C.NUM_EXAMPLES, n, f"is not an integer in 1..{MAX_NUM_EXAMPLES} "
+    if n is not None and not (is_integer(n) and 0 <= n <= MAX_NUM_EXAMPLES):
+        return FactRefusal(C.NUM_EXAMPLES, n, f"is not an integer in 0..{MAX_NUM_EXAMPLES} "
                                               f"(trust_gate.MAX_NUM_EXAMPLES)")
     counts = metrics.get(C.LABEL_COUNTS)
     if counts is not None and not (

@@ -175,7 +175,7 @@ def test_a_norm_bound_is_tau_over_one_minus_rho():
 # ---------------------------------------------------------------- client-info answers
 @pytest.mark.parametrize("field, value", [
     (C.PARTITION_ID, float("nan")), (C.PARTITION_ID, -1), (C.PARTITION_ID, 2.5),
-    (C.PARTITION_ID, tg.MAX_PARTITION_ID + 1), (C.NUM_EXAMPLES, 0),
+    (C.PARTITION_ID, tg.MAX_PARTITION_ID + 1), (C.NUM_EXAMPLES, -1), (C.NUM_EXAMPLES, 2.5),
     (C.NUM_EXAMPLES, tg.MAX_NUM_EXAMPLES + 1), (C.LABEL_COUNTS, 5), (C.LABEL_COUNTS, [1, -1]),
     (C.LABEL_COUNTS, []), (C.COMM_BUDGET, float("inf")), (C.COMM_BUDGET, 0.0),
 ])
@@ -185,6 +185,13 @@ def test_client_facts_refuse_each_bad_field(field, value):
     assert isinstance(refused, tg.FactRefusal) and refused.field == field
     line = refused.line(77)
     assert "node 77" in line and f"'{field}'" in line and "Fix" in line
+
+
+def test_an_empty_partition_is_an_honest_fact():
+    """n = 0 is what a node with an empty partition truthfully answers; its train replies are
+    skipped (tests/test_reliability_data.py), its facts are kept."""
+    facts = tg.client_facts({C.PARTITION_ID: 3, C.NUM_EXAMPLES: 0, C.LABEL_COUNTS: [0, 0]})
+    assert facts == tg.ClientFacts(3, 0, [0, 0], None)
 
 
 def test_client_facts_and_conflicts():
