@@ -15,9 +15,9 @@ from strategies import contract as C
 from strategies.client import LocalResult, ProximalTerm, batch_indices, client_seed, local_sgd
 from strategies.client.sgd_loop import sgd_steps
 from task.evaluate import evaluate
-from task.models import ClassifierModule, build_model
+from task.models import build_model
 
-from tests.tiny_torch import SHAPE, all_equal, params, tiny_data, tiny_model
+from tests.tiny_torch import SHAPE, Quadratic, all_equal, params, tiny_data, tiny_model
 
 
 def distance(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
@@ -29,20 +29,6 @@ def record_batches(model: nn.Module) -> list[int]:
     sizes: list[int] = []
     model.register_forward_hook(lambda _m, inputs, _out: sizes.append(len(inputs[0])))
     return sizes
-
-
-class Quadratic(ClassifierModule):
-    """One parameter w, loss 0.5 * (w - 3)^2 whatever the data."""
-
-    def __init__(self, w0: float = 0.0):
-        super().__init__()
-        self.w = nn.Parameter(torch.tensor([w0], dtype=torch.float64))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.zeros(len(x), 1, dtype=torch.float64)
-
-    def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return 0.5 * ((self.w - 3.0) ** 2).sum()
 
 
 def quad_run(steps: int, **kwargs) -> tuple[float, LocalResult]:

@@ -14,24 +14,10 @@ from strategies import contract as C
 from strategies.client import local_sgd
 from task.evaluate import EvalResult, evaluate
 from task.layout import inference_layout, training_layout
-from task.models import ClassifierModule, build_model
+from task.models import build_model
 from task.train import resolve_device, sgd_optimizer
 
-from tests.tiny_torch import SHAPE, all_equal, params, tiny_data, tiny_model
-
-
-class Quadratic(ClassifierModule):
-    """One parameter w, loss 0.5 * (w - 3)^2 whatever the data."""
-
-    def __init__(self, w0: float = 0.0):
-        super().__init__()
-        self.w = nn.Parameter(torch.tensor([w0], dtype=torch.float64))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.zeros(len(x), 1, dtype=torch.float64)
-
-    def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return 0.5 * ((self.w - 3.0) ** 2).sum()
+from tests.tiny_torch import SHAPE, Quadratic, all_equal, params, tiny_data, tiny_model
 
 
 # ----------------------------------------------------------------- the app's optimiser

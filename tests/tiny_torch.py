@@ -27,3 +27,17 @@ def params(model: nn.Module) -> list[torch.Tensor]:
 
 def all_equal(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
     return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+class Quadratic(ClassifierModule):
+    """One parameter w, loss 0.5 * (w - 3)^2 whatever the data."""
+
+    def __init__(self, w0: float = 0.0):
+        super().__init__()
+        self.w = nn.Parameter(torch.tensor([w0], dtype=torch.float64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(len(x), 1, dtype=torch.float64)
+
+    def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return 0.5 * ((self.w - 3.0) ** 2).sum()
