@@ -70,7 +70,8 @@ EVAL_ACCURACY = "eval-accuracy"  # float, evaluate reply
 # float, ||grad F(w_{k-1})||^2 (eq. 8) for delta; 0.0 when not known (k = 0)
 GNORM2_PREV = "gnorm2-prev"
 FEDVECA_ESTIMATE = "fedveca-estimate"  # bool, True when beta and delta are wanted (k >= 1)
-BETA_MODE = "beta-mode"  # str, "same-batch" or "literal" (FedVeca Assumption 3)
+BETA_MODE = "beta-mode"  # str, one of BETA_MODES (FedVeca Assumption 3)
+BETA_MODES = ("same-batch", "literal")  # the client-side beta estimators
 GRAD_SUBSAMPLE = "grad-subsample"  # int >= 0, examples for grad F_i(w_k); 0 = the whole local set
 # client -> server
 GRAD = "grad"  # ArrayRecord: grad F_i(w_k), the local full-data gradient at the received model

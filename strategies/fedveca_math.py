@@ -33,12 +33,13 @@ from fractions import Fraction
 import numpy as np
 
 from . import aggregate as agg
+from . import contract as C
 
 NDArrays = dict[str, np.ndarray]
 
 TAU_MIN = 2  # Alg. 1 lines 19-21: tau <= 1 is reset to 2 (Thm. 1 needs tau > 1)
 FLOOR_TOLERANCE = 1e-9  # relative; see the module docstring
-BETA_MODES = ("same-batch", "literal")  # client-side beta estimator (Assumption 3)
+BETA_MODES = C.BETA_MODES  # client-side beta estimator (Assumption 3), the contract's values
 
 # Why a client's next tau is what it is (logged per client).
 RULE = "rule"  # eq. (15), then <= 1 -> 2, then the cap

@@ -48,7 +48,7 @@ from .sgd_loop import default_loss, local_sgd, plain_sgd
 
 log = logging.getLogger(__name__)
 
-BETA_MODES = ("same-batch", "literal")
+BETA_MODES = C.BETA_MODES
 DEFAULT_LR = 0.01  # eta when neither the config nor the caller gives ``lr``
 DEFAULT_BATCH_SIZE = 32  # B when neither the config, the caller nor a DataLoader gives one
 
