@@ -509,7 +509,7 @@ drift_diagnostics, participation
         if reply.has_error():
             log(WARNING, "Node %d failed a chunk: %s", node, reply.error.reason)
             return False
-        problem = records.reply_problem(
+        problem = trust_gate.train_reply_problem(
             reply, arrays, sent={C.LOCAL_STEPS: chunk.num_steps},
             reported_size=self.participation.info(chunk.client).num_examples)
         if problem is None:

@@ -379,8 +379,9 @@ class FedAvg(FlowerFedAvg):
         (:func:`strategies.trust_gate.train_reply_problem`) against the model and config this
         node was sent and the size it reported."""
         node = reply.metadata.src_node_id
-        return records.reply_problem(reply, plan.arrays, sent=plan.sent(node),
-                                     reported_size=self.participation.info(node).num_examples)
+        return trust_gate.train_reply_problem(
+            reply, plan.arrays, sent=plan.sent(node),
+            reported_size=self.participation.info(node).num_examples)
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]
                            ) -> MetricRecord | None:

@@ -19,7 +19,6 @@ from flwr.common.logger import log
 
 from . import aggregate as agg
 from . import contract as C
-from . import records
 from . import sampling
 from . import trust_gate
 from .fedavg import FedAvg
@@ -165,20 +164,3 @@ class FedNova(FedAvg):
             log(WARNING, "FedNova: replies carry no '%s'; tau_i is taken as the %s (report it "
                 "with %s to be exact)", C.LOCAL_STEPS_TAKEN, rule, REPORT_STEPS_HELPER)
         return max(tau, 1)
-
-    def reply_problem(self, plan: RoundPlan, reply: Message) -> str | None:
-        """FedAvg's checks plus: ``local-steps`` an integer >= 1, ``a-norm`` finite and > 0."""
-        problem = super().reply_problem(plan, reply)
-        if problem:
-            return problem
-        metrics = reply.content[C.METRICS]
-        steps = metrics.get(C.LOCAL_STEPS_TAKEN)
-        if steps is not None:
-            problem = records.number_problem(C.LOCAL_STEPS_TAKEN, steps, integer=True, low=1,
-                                             strict=False)
-            if problem:
-                return problem
-        a_norm = metrics.get(C.A_NORM)
-        if a_norm is not None:
-            return records.number_problem(C.A_NORM, a_norm)
-        return None

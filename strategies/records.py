@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import io
-import math
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -205,7 +204,7 @@ def enter_clients(clients: dict[int, ClientInfo], answers: Mapping[int, ClientIn
 def usable_nodes(nodes: Iterable[int], clients: Mapping[int, ClientInfo]) -> list[int]:
     """``nodes`` without those whose client-info answer the trust gate refused (for what
     needs every node's facts: the simulated clock, DynamicFL's grouping)."""
-    return [n for n in nodes if not getattr(clients.get(n), "refused", False)]
+    return [n for n in nodes if not clients.get(n, ClientInfo()).refused]
 
 
 def partition_order(nodes: Iterable[int], clients: Mapping[int, ClientInfo]) -> list[int]:
@@ -265,39 +264,6 @@ def query_required(strategy: str, what: str, alternative: str) -> ValueError:
 
 
 # ------------------------------------------------------------------ replies
-def number_problem(name: str, value: object, *, integer: bool = False, low: float = 0.0,
-                   strict: bool = True) -> str | None:
-    """None if ``value`` is a finite real (an integer if asked) > ``low`` (>= if not
-    ``strict``), else what is wrong with it."""
-    ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
-          and math.isfinite(value) and (value > low if strict else value >= low)
-          and (not integer or value == int(value)))
-    if ok:
-        return None
-    kind = "an integer" if integer else "a finite number"
-    return f"'{name}' must be {kind} {'>' if strict else '>='} {low:g}, got {value!r}"
-
-
-def reply_problem(reply: Message, expected: ArrayRecord, *,
-                  sent: Mapping[str, object] | None = None,
-                  reported_size: int | None = None) -> str | None:
-    """What makes a train reply unusable, or None: the trust gate's
-    :func:`strategies.trust_gate.train_reply_problem` (client error, missing records,
-    ``num-examples`` within the size the client reported, ``local-steps`` within the steps
-    ``sent``, ``a-norm`` bounded, finite metrics, the real bytes of every array against the
-    global model ``expected``, finite arrays of bounded norm)."""
-    return trust_gate.train_reply_problem(reply, expected, sent=sent,
-                                          reported_size=reported_size)
-
-
-def arrays_problem(name: str, record: ArrayRecord, expected: Mapping[str, np.ndarray]
-                   ) -> str | None:
-    """What makes ArrayRecord ``name`` of a reply unusable, or None: the real bytes of each
-    array against ``expected`` and finite values of bounded norm
-    (:func:`strategies.trust_gate.arrays_problem`)."""
-    return trust_gate.arrays_problem(name, record, expected)
-
-
 def contract_error(strategy: str, server_round: int, num_replies: int, missing: str,
                    helper: str) -> ClientContractError:
     """The error of a round in which every reply lacks what the strategy's contract needs."""
