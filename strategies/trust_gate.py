@@ -29,6 +29,7 @@ is checked (docs/reliability.md lists it with the attacks it stops):
 
 from __future__ import annotations
 
+import functools
 import io
 import math
 import numbers
@@ -132,6 +133,7 @@ def specs_of(arrays: Mapping[str, object]) -> dict[str, ArraySpec]:
 
 
 @lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=4096)
 def _parse_header(prefix: bytes) -> tuple[tuple[int, ...], bool, np.dtype, int] | str:
     """(shape, fortran order, dtype, data offset) of an ``.npy`` 1.0 / 2.0 header read by
     numpy's own reader, or what is wrong with it. Cached: a round's replies repeat the same
@@ -229,13 +231,12 @@ def value_problem(view: np.ndarray) -> str | None:
     One summing pass: the float32 sum of squares is finite exactly when the norm is at most
     MAX_NORM and no element is NaN / Inf."""
     if np.issubdtype(view.dtype, np.floating):
-        flat = view.reshape(-1)
+        flat = view.ravel(order="K")  # a view of the bytes in memory order (no copy)
+        with np.errstate(over="ignore", invalid="ignore"):
+            squares = float(np.dot(flat, flat))  # BLAS: in the array's own dtype
         if view.dtype == np.float64:
-            squares = float(np.einsum("i,i->", flat, flat))
             ok = squares <= MAX_NORM * MAX_NORM
         else:
-            with np.errstate(over="ignore", invalid="ignore"):
-                squares = float(np.einsum("i,i->", flat, flat, dtype=np.float32))
             ok = math.isfinite(squares)
         if ok:
             return None
