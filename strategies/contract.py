@@ -200,6 +200,17 @@ LOG_FEDDYN_H_NORM = "feddyn-h-norm"  # float, ||h^t|| after the round (Alg. 1)
 # --- MOON (strategies/moon.py) ----------------------------------------------------
 LOG_MOON_CONTRASTIVE_LOSS = MOON_CONTRASTIVE_LOSS  # float, num-examples-weighted mean l_con
 
+# --- asynchronous strategies (strategies/fedbuff.py, strategies/fedasync.py) -------
+# One round = one server model update (FedBuff: a full buffer; FedAsync: updates-per-round
+# applied client updates).
+LOG_STALENESS = "staleness"  # list[int], staleness of each client update applied this round
+LOG_CONCURRENCY = "concurrency"  # int, client tasks in flight when the round's update was made
+LOG_BUFFER_FILL = "buffer-fill"  # int, client updates in the buffer at the server step
+LOG_CLIENT_UPDATES = "client-updates"  # int, client updates applied since the start
+LOG_MODEL_VERSION = "model-version"  # int, server model versions made since the start
+# --- over-commitment (strategies/participation.py, any synchronous strategy) ----------
+LOG_CLIENTS_LATE = "clients-late"  # int, over-committed clients whose replies came after the m-th
+
 # Keys that count client state the server sends again (strategies.client_state): in the
 # first round after a resume the server resends every client's copy, so that round's record
 # differs from an uninterrupted run's in these keys only.

@@ -66,6 +66,7 @@ class GridEventLoop(Generic[Tag]):
         self.pushed = 0  # messages pushed so far: a tag's push number breaks clock ties
         self.push_number: dict[Tag, int] = {}
         self.pushed_at = self.now()
+        self.held: dict[Tag, Message] = {}  # replies pulled but not yet delivered, by tag
 
     def push(self, messages: Sequence[Message], tags: Sequence[Tag]) -> list[Tag]:
         """Push ``messages`` (tagged ``tags``, one each); the tags of those the link did not
@@ -100,16 +101,28 @@ class GridEventLoop(Generic[Tag]):
     def run_until(self, done: Callable[[], bool],
                   on_reply: Callable[[Tag, Message], None],
                   timeout: float | None = None,
-                  waiting_for: Callable[[], Iterable[Tag]] | None = None) -> list[Tag]:
+                  waiting_for: Callable[[], Iterable[Tag]] | None = None,
+                  hold_after_done: bool = False) -> list[Tag]:
         """Pull until ``done()`` (checked after every pull), calling ``on_reply(tag, reply)``
         for each reply as it comes; the callback may push more. Stops when nothing is pending
         any more; after ``timeout`` seconds (None: no limit) the messages still pending
         whose tags are in ``waiting_for()`` (default: all pending) are given up. Returns the
-        tags given up (their replies are never delivered)."""
+        tags given up (their replies are never delivered). With ``hold_after_done``, replies
+        of a pull that come after ``done()`` turned true are held for the next call (which
+        delivers them first) instead of delivered."""
         deadline = None if timeout is None else self.now() + timeout
+        held, self.held = list(self.held.items()), {}
+        for number, (tag, reply) in enumerate(held):
+            if done():
+                self.held.update(held[number:])
+                return []
+            on_reply(tag, reply)
         while not done() and self.pending:
             arrived = self.poll()
             for tag, reply in arrived:
+                if hold_after_done and done():
+                    self.held[tag] = reply
+                    continue
                 on_reply(tag, reply)
             if done() or not self.pending:
                 break
@@ -129,11 +142,12 @@ class GridEventLoop(Generic[Tag]):
         simulated completion time ``completion(tag)`` (ties: push order): an arrived reply
         waits until every pending message that completes earlier has replied or been given
         up. After ``timeout`` seconds the pending messages are given up, the held replies
-        delivered in order, and the tags given up returned."""
+        delivered in order, and the tags given up returned. Replies pulled but not delivered
+        when ``done()`` turns true are held for the next call."""
         def key(tag: Tag) -> tuple[float, int]:
             return completion(tag), self.push_number.get(tag, 0)
 
-        arrived: dict[Tag, Message] = {}
+        arrived = self.held
 
         def deliver() -> None:
             while arrived and not done():

@@ -30,10 +30,10 @@ from . import aggregate as agg
 from . import contract as C
 from . import records, schedules, trust_gate
 from .clock import SimClock
-from .participation import (STRAGGLER_POLICIES, STRAGGLER_UNITS, Participation, check_choice,
-                            check_fraction)
+from .participation import (STRAGGLER_POLICIES, STRAGGLER_UNITS, ModelWork, Participation,
+                            check_choice, check_fraction)
 from .round_plan import ClientTask, RoundPlan
-from .round_report import Aggregation
+from .round_report import Aggregation, OverCommitment
 from .round_report import Participation as ParticipationSection
 from .round_report import RoundReport
 from .rounds import run_rounds
@@ -44,7 +44,7 @@ WEIGHTINGS = ("examples", "uniform", "pre-erratum", "scheme-i", "scheme-ii")
 QUERY_WEIGHTINGS = ("pre-erratum", "scheme-i", "scheme-ii")  # need every client's n_k
 
 
-class FedAvg(FlowerFedAvg):
+class FedAvg(ModelWork, FlowerFedAvg):
     """Federated Averaging (McMahan et al. 2017, Algorithm 1) with heterogeneity options.
 
     Parameters
@@ -78,7 +78,8 @@ class FedAvg(FlowerFedAvg):
         (:class:`strategies.participation.Participation`). Without it, one is built from
         ``seed``, ``min_available_nodes`` (Flower's default, 2), ``query_client_info``,
         ``query_timeout``, ``straggler_fraction`` / ``straggler_policy`` /
-        ``straggler_unit``, ``clock`` and ``round_deadline``, which that class documents.
+        ``straggler_unit``, ``clock``, ``round_deadline`` and ``over_commitment``, which
+        that class documents.
 
     Notes
     -----
@@ -96,9 +97,6 @@ class FedAvg(FlowerFedAvg):
 
     CLIENT_HELPER: str | None = None
     """``strategies.client`` helper a ClientApp calls to honour the contract (subclasses)."""
-    min_partial_steps: int = 1
-    """Fewest local steps a deadline straggler is sent; fewer fit: it gets no work."""
-
     def __init__(
         self, *, fraction_train: float = 1.0, fraction_evaluate: float = 1.0,
         weighting: str = "examples", server_lr: float = 1.0, seed: int = 0,
@@ -108,7 +106,7 @@ class FedAvg(FlowerFedAvg):
         drift_diagnostics: bool = False,
         lr_schedule: schedules.LRSchedule | schedules.Schedule | str | None = None,
         clock: SimClock | None = None, round_deadline: float | None = None,
-        participation: Participation | None = None,
+        over_commitment: float = 0.0, participation: Participation | None = None,
     ) -> None:
         check_fraction("fraction_evaluate", fraction_evaluate, allow_zero=True)
         check_choice("weighting", weighting, WEIGHTINGS)
@@ -125,7 +123,7 @@ class FedAvg(FlowerFedAvg):
                 query_client_info=query_client_info, query_timeout=query_timeout,
                 straggler_fraction=straggler_fraction, straggler_policy=straggler_policy,
                 straggler_unit=straggler_unit, clock=clock, round_deadline=round_deadline,
-                owner=type(self).__name__)
+                over_commitment=over_commitment, owner=type(self).__name__)
         if weighting in QUERY_WEIGHTINGS and not participation.query_client_info:
             raise records.query_required(
                 type(self).__name__, f"weighting={weighting!r} (every client's n_k)",
@@ -209,24 +207,6 @@ class FedAvg(FlowerFedAvg):
     def prepared_messages(self, plan: RoundPlan, messages: list[Message]) -> list[Message]:
         """The round's train messages as they are pushed (subclasses attach records)."""
         return messages
-
-    # ------------------------------------------------------------------ the work (ClientWork)
-    def full_local_steps(self, node_id: int, config: ConfigRecord) -> int:
-        """tau_i of a non-straggler: ``local-steps`` if set, else floor(E n_i / B)."""
-        return self.participation.full_local_steps(node_id, config)
-
-    def examples_per_step(self, node_id: int, config: ConfigRecord) -> int:
-        """b_i = min(B, n_i) examples per local step; n_i for a full batch (B = 0)."""
-        return self.participation.examples_per_step(node_id, config, type(self).__name__)
-
-    def extra_examples(self, node_id: int, config: ConfigRecord) -> int:
-        """e_i of :mod:`strategies.clock` eq. (1): none for FedAvg."""
-        return 0
-
-    def expected_bytes(self, arrays: ArrayRecord) -> tuple[int, int]:
-        """Bytes down and up per client as the clock plans them: the model each way."""
-        size = arrays.count_bytes()
-        return size, size
 
     # ------------------------------------------------------------------ aggregate
     def aggregate_train(
@@ -345,7 +325,9 @@ class FedAvg(FlowerFedAvg):
 
     # ------------------------------------------------------------------ replies
     def checked_replies(self, plan: RoundPlan, replies: Iterable[Message]) -> list[Message]:
-        """The replies that pass :meth:`reply_problem`, in partition order.
+        """The replies that pass :meth:`reply_problem`, in partition order; in an
+        over-committed round the first m of them on the simulated clock
+        (:meth:`strategies.participation.Participation.first_replies`).
 
         Raises :class:`strategies.records.ClientContractError` when every reply that came
         without a client error lacks what this strategy's contract needs
@@ -357,7 +339,12 @@ class FedAvg(FlowerFedAvg):
         if answered and all(gaps) and self.CLIENT_HELPER:
             raise records.contract_error(type(self).__name__, plan.server_round, len(answered),
                                          gaps[0], self.CLIENT_HELPER)
-        return [r for r in ordered if self.accept_reply(plan, r)]
+        usable = [r for r in ordered if self.accept_reply(plan, r)]
+        if plan.close_after is None:
+            return usable
+        first, late = self.participation.first_replies(plan, usable, self)
+        plan.report.add(OverCommitment(late))
+        return first
 
     def contract_gap(self, reply: Message) -> str | None:
         """What a reply without a client error lacks of this strategy's own contract, or

@@ -41,7 +41,7 @@ from .records import ClientInfo
 from .round_plan import ClientTask, RoundPlan
 from .round_report import ClockTime
 
-__all__ = ["ClientWork", "Participation", "RandomSelection", "SelectionPolicy",
+__all__ = ["ClientWork", "ModelWork", "Participation", "RandomSelection", "SelectionPolicy",
            "STRAGGLER_POLICIES", "STRAGGLER_UNITS", "check_choice", "check_fraction",
            "check_whole", "participation_of"]
 
@@ -66,6 +66,32 @@ class ClientWork(Protocol):
 
     def expected_bytes(self, arrays: ArrayRecord) -> tuple[int, int]:
         """Bytes down and up per client, as planned."""
+
+
+class ModelWork:
+    """:class:`ClientWork` of a strategy that sends the model and gets a model back (FedAvg,
+    FedBuff, FedAsync, ...): tau_i and b_i from the task's config and the client's facts,
+    no extra examples, the model each way. Needs ``self.participation``."""
+
+    participation: Participation
+    min_partial_steps: int = 1
+
+    def full_local_steps(self, node_id: int, config: ConfigRecord) -> int:
+        """tau_i of a non-straggler: ``local-steps`` if set, else floor(E n_i / B)."""
+        return self.participation.full_local_steps(node_id, config)
+
+    def examples_per_step(self, node_id: int, config: ConfigRecord) -> int:
+        """b_i = min(B, n_i) examples per local step; n_i for a full batch (B = 0)."""
+        return self.participation.examples_per_step(node_id, config, type(self).__name__)
+
+    def extra_examples(self, node_id: int, config: ConfigRecord) -> int:
+        """e_i of :mod:`strategies.clock` eq. (1): none."""
+        return 0
+
+    def expected_bytes(self, arrays: ArrayRecord) -> tuple[int, int]:
+        """Bytes down and up per client as the clock plans them: the model each way."""
+        size = arrays.count_bytes()
+        return size, size
 
 
 class SelectionPolicy(Protocol):
@@ -117,6 +143,10 @@ class Participation:
     round_deadline : float, optional
         D, simulated seconds per round (needs ``clock``): the alternative to
         ``straggler_fraction``.
+    over_commitment : float
+        o >= 0: select ceil((1 + o) m) clients and close the round at the first m usable
+        replies on the simulated clock (as FedScale and Oort do; needs ``clock``); the
+        others' replies are late and left out.
     selection : SelectionPolicy, optional
         Who trains among the online clients (default :class:`RandomSelection`).
     owner : str
@@ -128,7 +158,8 @@ class Participation:
                  query_timeout: float = 600.0, straggler_fraction: float = 0.0,
                  straggler_policy: str = "drop", straggler_unit: str = "steps",
                  clock: SimClock | None = None, round_deadline: float | None = None,
-                 selection: SelectionPolicy | None = None, owner: str = "FedAvg") -> None:
+                 over_commitment: float = 0.0, selection: SelectionPolicy | None = None,
+                 owner: str = "FedAvg") -> None:
         check_fraction("fraction_train", fraction_train, allow_zero=False)
         check_whole("seed", seed, minimum=0)
         check_whole("min_available_nodes", min_available_nodes, minimum=1)
@@ -143,6 +174,14 @@ class Participation:
             raise ValueError(f"round_deadline={round_deadline} and straggler_fraction="
                              f"{straggler_fraction} are alternatives (the deadline makes the "
                              f"stragglers); set straggler_fraction=0 or round_deadline=None")
+        if not (isinstance(over_commitment, (int, float)) and not isinstance(over_commitment, bool)
+                and 0 <= over_commitment <= 10):
+            raise ValueError(f"over_commitment must be a number in [0, 10] (0.3: 30% more "
+                             f"clients than needed), got {over_commitment!r}")
+        if over_commitment > 0 and self.timer is None:
+            raise ValueError(f"over_commitment={over_commitment} closes a round at its first "
+                             f"replies on the simulated clock: pass clock=SimClock(...) too")
+        self.over_commitment = float(over_commitment)
         self.fraction_train = float(fraction_train)
         self.seed = int(seed)
         self.min_available_nodes = int(min_available_nodes)
@@ -166,6 +205,9 @@ class Participation:
         if self.timer is not None:
             lines.append(f"Simulated clock: {type(self.timer.clock.fleet).__name__}, deadline "
                          f"{self.timer.deadline or 'none'}, policy '{self.straggler_policy}'")
+        if self.over_commitment > 0:
+            lines.append(f"Over-commitment: {100 * self.over_commitment:g}% more clients "
+                         f"selected, the round closes at the first m replies")
         return lines
 
     def connected(self, grid: Grid) -> list[int]:
@@ -210,6 +252,9 @@ class Participation:
         ``config`` with a straggler's reduced work."""
         nodes = self.ordered(self.connected(grid))
         online, m = self.online_nodes(server_round, nodes)
+        close_after = None
+        if self.over_commitment > 0 and m:
+            close_after, m = m, min(math.ceil((1 + self.over_commitment) * m), len(online))
         picks: dict[int, int] = {}
         if online:
             probabilities = self.data_shares(online) if draw_by_data_size else None
@@ -234,7 +279,7 @@ class Participation:
             straggler_work=reduced,
             unavailable=len(nodes) - len(online) if self.timer is not None else None,
             deadline_dropped=len(draws) - len(sent) if self.timer is not None else 0,
-            bytes_down=down, bytes_up=up)
+            bytes_down=down, bytes_up=up, close_after=close_after)
 
     def online_nodes(self, server_round: int, ordered: list[int]) -> tuple[list[int], int | None]:
         """The nodes that can be selected this round and m: all of them and None (m =
@@ -313,20 +358,11 @@ class Participation:
         if self.timer is None:
             return None
         replies = {r.metadata.src_node_id: r for r in accepted}
-        times = []
-        for node, task in plan.tasks.items():
-            steps = int(task.config.get(C.LOCAL_STEPS, 0)) or work.full_local_steps(
-                node, task.config)
-            up = plan.bytes_up
-            reply = replies.get(node)
-            if reply is not None:
-                taken = reply.content[C.METRICS].get(C.LOCAL_STEPS_TAKEN)
-                if isinstance(taken, int) and not isinstance(taken, bool) and taken >= 1:
-                    steps = taken
-                up = sum(rec.count_bytes() for rec in reply.content.array_records.values())
-            times.append(self.timer.client_seconds(
-                self.partition_of(node), steps, work.examples_per_step(node, task.config),
-                plan.bytes_down, up, work.extra_examples(node, task.config)))
+        tasks = plan.tasks
+        if plan.close_after is not None and len(accepted) >= plan.close_after:
+            tasks = {node: tasks[node] for node in replies}  # closed at the m-th reply
+        times = [self.client_time(plan, task, replies.get(node), work)
+                 for node, task in tasks.items()]
         wait = self.timer.wait
         seconds = self.timer.finish_round(times, waited_for_deadline=plan.deadline_dropped > 0)
         log(INFO, "Simulated clock: round %d took %.4g s (%d client(s) cut by the deadline, "
@@ -334,6 +370,35 @@ class Participation:
             plan.stragglers if self.timer.deadline is not None else 0, plan.deadline_dropped,
             self.timer.elapsed)
         return ClockTime(seconds, self.timer.elapsed, wait if wait > 0 else None)
+
+    def client_time(self, plan: RoundPlan, task: ClientTask, reply: Message | None,
+                    work: ClientWork) -> float:
+        """t_i of eq. (1) for one task: the steps and array bytes of its reply, else (no
+        usable reply) the planned ones."""
+        node = task.node_id
+        steps = int(task.config.get(C.LOCAL_STEPS, 0)) or work.full_local_steps(node, task.config)
+        up = plan.bytes_up
+        if reply is not None:
+            taken = reply.content[C.METRICS].get(C.LOCAL_STEPS_TAKEN)
+            if isinstance(taken, int) and not isinstance(taken, bool) and taken >= 1:
+                steps = taken
+            up = sum(rec.count_bytes() for rec in reply.content.array_records.values())
+        return self.timer.client_seconds(
+            self.partition_of(node), steps, work.examples_per_step(node, task.config),
+            plan.bytes_down, up, work.extra_examples(node, task.config))
+
+    def first_replies(self, plan: RoundPlan, usable: list[Message], work: ClientWork
+                      ) -> tuple[list[Message], int]:
+        """Over-commitment: the first ``plan.close_after`` = m of the ``usable`` replies by
+        simulated completion time (ties: their order), in their order, and how many came
+        later; all of them, 0 when the round is not over-committed."""
+        m = plan.close_after
+        if m is None or len(usable) <= m:
+            return usable, 0
+        times = [self.client_time(plan, plan.tasks[r.metadata.src_node_id], r, work)
+                 for r in usable]
+        first = sorted(sorted(range(len(usable)), key=lambda k: times[k])[:m])
+        return [usable[k] for k in first], len(usable) - m
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict:

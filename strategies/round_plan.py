@@ -49,7 +49,8 @@ class RoundPlan:
     ``straggler_work`` maps each selected straggler to its reduced work (0: none fits the
     deadline), those not sent work included; ``bytes_down`` / ``bytes_up`` are what the
     clock expects each client to move; ``deadline_dropped`` the sampled clients not sent
-    work because nothing of it fits the round's deadline.
+    work because nothing of it fits the round's deadline; ``close_after`` the m replies
+    an over-committed round closes at (None: it waits for all).
     """
 
     server_round: int
@@ -63,6 +64,7 @@ class RoundPlan:
     deadline_dropped: int = 0
     bytes_down: int = 0
     bytes_up: int = 0
+    close_after: int | None = None
     report: RoundReport = field(default=None)  # type: ignore[assignment]
 
     def __post_init__(self) -> None:

@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 
 from . import contract as C
 
-__all__ = ["Aggregation", "ClientStateSection", "ClockTime", "Drift", "DynamicFLSection",
-           "FedVecaEstimates",
-           "FedDynSection", "FedNovaSection", "FedVecaSection", "MoonSection", "Participation",
-           "RoundReport", "ScaffoldSection", "Section", "logged"]
+__all__ = ["Aggregation", "AsyncUpdate", "ClientStateSection", "ClockTime", "Drift",
+           "DynamicFLSection", "FedDynSection", "FedNovaSection", "FedVecaEstimates",
+           "FedVecaSection", "MoonSection", "OverCommitment", "Participation", "RoundReport",
+           "ScaffoldSection", "Section", "logged"]
 
 
 def logged(key: str, *, keep_none: bool = False, default: object = None):
@@ -87,6 +87,25 @@ class ClockTime(Section):
     seconds: float = logged(C.LOG_SIM_SECONDS, default=0.0)
     elapsed: float = logged(C.LOG_SIM_ELAPSED, default=0.0)
     wait: float | None = logged(C.LOG_SIM_WAIT_SECONDS)
+
+
+@dataclass(frozen=True)
+class AsyncUpdate(Section):
+    """An asynchronous round: the server update and the client updates it applied
+    (:mod:`strategies.staleness`)."""
+
+    staleness: list[int] = logged(C.LOG_STALENESS, default=())
+    concurrency: int = logged(C.LOG_CONCURRENCY, default=0)
+    buffer_fill: int = logged(C.LOG_BUFFER_FILL, default=0)
+    client_updates: int = logged(C.LOG_CLIENT_UPDATES, default=0)
+    model_version: int = logged(C.LOG_MODEL_VERSION, default=0)
+
+
+@dataclass(frozen=True)
+class OverCommitment(Section):
+    """A round closed at its first m replies (:mod:`strategies.participation`)."""
+
+    late: int = logged(C.LOG_CLIENTS_LATE, default=0)
 
 
 @dataclass(frozen=True)
