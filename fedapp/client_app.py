@@ -212,7 +212,9 @@ def train(msg: Message, context: Context) -> Message:
     config = msg.content[C.CONFIG]
     partition_id, _ = partition_of(context)
     server_round = int(config.get(C.SERVER_ROUND, 0))
-    seed = client_seed(int(config.get(C.SEED, cfg.seed)), server_round, partition_id)
+    # an asynchronous task draws its own batches: several may fall in one round
+    batches = int(config.get(C.ASYNC_TASK, server_round))
+    seed = client_seed(int(config.get(C.SEED, cfg.seed)), batches, partition_id)
     apply_fault(int(config.get(C.SEED, cfg.seed)), server_round, partition_id,
                 cfg.fault_crash_prob, cfg.fault_late_prob,  # fault-*-prob (docs/reliability.md)
                 cfg.round_timeout)

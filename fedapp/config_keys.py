@@ -28,11 +28,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from strategies import STRAGGLER_POLICIES, STRAGGLER_UNITS, WEIGHTINGS
+from strategies.async_tasks import ARRIVAL_ORDERS
 from strategies.devices import FLEETS
 from strategies.dynacomm import BUDGET_MODES
 from strategies.dynamicfl_schedule import X_STAR_MODES, parse_interval_spec
 from strategies.fedveca_math import BETA_MODES, TAU_MIN, normalise_beta_mode
 from strategies.schedules import DECAYING, SCHEDULES
+from strategies.staleness import STALENESS_FUNCTIONS
 from task.data import DATASET_NAMES, check_dataset_name
 from task.model_names import MODEL_NAMES, REPRESENTATION_MODELS
 from task.partition import PARTITION_NAMES
@@ -45,9 +47,11 @@ APP = "app"
 FEDAVG_FAMILY = ("fedavg", "fedsgd", "fedprox", "fednova", "fedveca", "scaffold", "feddyn", "moon")
 DYNAMICFL = ("dynamicfl", "dynamicsgd")
 OURS = FEDAVG_FAMILY + DYNAMICFL
+ASYNC = ("fedbuff", "fedasync")
+CLOCKED = OURS + ASYNC  # the strategies with a simulated clock
 FEDOPT = ("fedadam", "fedyogi", "fedadagrad")
 FLOWER = ("fedavgm", *FEDOPT)  # Flower's own classes (strategies.server_optimizers)
-ALL = OURS + FLOWER
+ALL = OURS + ASYNC + FLOWER
 INT64_MAX = 2**63 - 1  # Flower's records and TOML hold 64-bit integers
 NIID_BENCH_SEEDS = 2**32  # numpy's legacy RandomState takes seeds below 2**32
 
@@ -188,12 +192,16 @@ FLOWER_WHY = ("Flower's own class: it weights by num-examples, has no simulated 
               "simulated clock and sends lr as given")
 FEDOPT_WHY = FLOWER_WHY + "; beta_1 is its momentum (server-beta1)"
 ADAGRAD_WHY = "FedAdagrad has no beta_1 / beta_2 (Reddi et al., Alg. 2)"
+ASYNC_WHY = ("an asynchronous strategy keeps async-concurrency clients training and waits for "
+             "no round: no per-round sampling, stragglers, deadline or lr schedule")
+FEDBUFF_WHY = "FedBuff's server step averages the buffer, 1/K sum of the weighted updates"
+FEDASYNC_WHY = "FedAsync's server step is its mixing weight fedasync-alpha (Xie et al., Alg. 1)"
 
 NO_SERVER_MOMENTUM = (Only(("fedveca",), (0.0,), FEDVECA_WHY),
                       Only(DYNAMICFL, (0.0,), DYNAMICFL_WHY),
                       Only(("scaffold",), (0.0,), SCAFFOLD_WHY),
                       Only(("feddyn",), (0.0,), FEDDYN_WHY), Only(("moon",), (0.0,), MOON_WHY),
-                      Only(FEDOPT, (0.0,), FEDOPT_WHY))
+                      Only(FEDOPT, (0.0,), FEDOPT_WHY), Only(("fedasync",), (0.0,), FEDASYNC_WHY))
 
 KEYS: tuple[Key, ...] = (
     Key("num-server-rounds", 10, "federated rounds (T of the cosine lr-schedule)",
@@ -210,7 +218,9 @@ KEYS: tuple[Key, ...] = (
         "[docs/fedveca.md](docs/fedveca.md)); `dynamicfl` and `dynamicsgd` (DynaComm grouping, "
         "two sync frequencies: [docs/dynamicfl.md](docs/dynamicfl.md)); `fedavgm`, `fedadam`, "
         "`fedyogi`, `fedadagrad` (Flower's own classes: [Flower's server optimisers]"
-        "(#flowers-server-optimisers-by-name))", choices=ALL),
+        "(#flowers-server-optimisers-by-name)); asynchronous: `fedbuff` (Nguyen et al. "
+        "AISTATS'22), `fedasync` (Xie, Koyejo and Gupta 2019) ([docs/async.md](docs/async.md))",
+        choices=ALL),
     Key("weighting", "examples",
         "aggregation scheme: `examples` n_k/m_t over the sampled clients (McMahan et al. Alg. 1 "
         "with its erratum); `uniform` 1/|S| (SCAFFOLD's Algorithm 1; FedDyn's 1/|P_t| mean of "
@@ -224,9 +234,11 @@ KEYS: tuple[Key, ...] = (
                    "SCAFFOLD and FedDyn average over the sampled clients: 'examples' "
                    "(NIID-Bench's form) or 'uniform' (Algorithm 1)"),
               Only(DYNAMICFL, ("examples",), DYNAMICFL_WHY),
-              Only(FLOWER, ("examples",), FLOWER_WHY))),
+              Only(FLOWER, ("examples",), FLOWER_WHY),
+              Only(("fedbuff",), ("examples",), FEDBUFF_WHY),
+              Only(("fedasync",), ("examples",), FEDASYNC_WHY))),
     Key("fraction-train", 1.0, "C: fraction of clients sampled per round, m = max(⌊C·K⌋, 1)",
-        ALL, FRACTION),
+        OURS + FLOWER, FRACTION, only=(Only(ASYNC, (1.0,), ASYNC_WHY),)),
     Key("fraction-evaluate", 0.0,
         "fraction of clients asked to evaluate the global model on their own data (0 = off; "
         "the server always evaluates on the test set). The constructors' default is Flower's "
@@ -238,14 +250,17 @@ KEYS: tuple[Key, ...] = (
         "SCAFFOLD's global step size eta_g; FedAvgM's server learning rate). For `fedadam`, "
         "`fedyogi`, `fedadagrad` it is η of Reddi et al.'s Algorithm 2, where 1.0 is rarely "
         "right (Flower's defaults: 0.1, 0.01, 0.1; a warning says so)",
-        FEDAVG_FAMILY + FLOWER, above(0.0),
+        FEDAVG_FAMILY + FLOWER + ("fedbuff",), above(0.0),
         only=(Only(("fedveca",), (1.0,), FEDVECA_WHY),
-              Only(("feddyn",), (1.0,), FEDDYN_WHY), Only(DYNAMICFL, (1.0,), DYNAMICFL_WHY))),
+              Only(("feddyn",), (1.0,), FEDDYN_WHY), Only(DYNAMICFL, (1.0,), DYNAMICFL_WHY),
+              Only(("fedasync",), (1.0,), FEDASYNC_WHY))),
     Key("proximal-mu", 0.01,
         "FedProx's mu: clients minimise F_k(w) + (mu/2)·‖w − w_t‖² (0 = FedAvg exactly)",
         ("fedprox",), at_least(0.0)),
-    Key("server-momentum", 0.0, "FedNova's optional server momentum, and FedAvgM's momentum",
-        ("fednova", "fedveca", "fedavgm"), BELOW_ONE, only=NO_SERVER_MOMENTUM),
+    Key("server-momentum", 0.0,
+        "FedNova's optional server momentum, FedBuff's (m ← β·m + Δ̄, x ← x + η_g·m), and "
+        "FedAvgM's momentum", ("fednova", "fedveca", "fedbuff", "fedavgm"), BELOW_ONE,
+        only=NO_SERVER_MOMENTUM),
     Key("server-beta1", 0.9, "β₁ of `fedadam` and `fedyogi` (Flower's default)",
         ("fedadam", "fedyogi"), BELOW_ONE, only=(Only(("fedadagrad",), (0.9,), ADAGRAD_WHY),)),
     Key("server-beta2", 0.99, "β₂ of `fedadam` and `fedyogi` (Flower's default)",
@@ -257,7 +272,7 @@ KEYS: tuple[Key, ...] = (
         "are stragglers that do only part of their local work, uniform in 1..τ_i steps "
         "(τ_i = `local-steps`, or ⌊E·n_i/B⌋)", FEDAVG_FAMILY, UNIT,
         only=(Only(("fedveca",), (0.0,), FEDVECA_WHY), Only(DYNAMICFL, (0.0,), DYNAMICFL_WHY),
-              Only(FLOWER, (0.0,), FLOWER_WHY))),
+              Only(FLOWER, (0.0,), FLOWER_WHY), Only(ASYNC, (0.0,), ASYNC_WHY))),
     Key("straggler-policy", "auto",
         "`drop` (FedAvg in the FedProx paper: stragglers are not waited for, nothing is sent to "
         "them), `partial` (their partial updates are aggregated), or `auto` = `drop` for "
@@ -275,27 +290,33 @@ KEYS: tuple[Key, ...] = (
         "FedNova, FedVeca), not sent work under `drop` (FedAvg); the realistic alternative to "
         "`straggler-fraction` (not both). [docs/clock.md](docs/clock.md)",
         FEDAVG_FAMILY, at_least(0.0), note="(0 = wait for every reply)",
-        only=(Only(DYNAMICFL, (0.0,), DYNAMICFL_WHY),)),
+        only=(Only(DYNAMICFL, (0.0,), DYNAMICFL_WHY), Only(ASYNC, (0.0,), ASYNC_WHY))),
+    Key("over-commitment", 0.0,
+        "o: sample ⌈(1 + o)·m⌉ clients and close the round at the first m replies on the "
+        "simulated clock (needs `device-profiles`; FedScale's and Oort's over-commitment, 0.3 "
+        "there); the later replies are left out and logged as `clients-late`",
+        FEDAVG_FAMILY, Interval(0.0, 10.0), note="(0 = off)",
+        only=(Only(DYNAMICFL, (0.0,), DYNAMICFL_WHY), Only(ASYNC, (0.0,), ASYNC_WHY))),
     Key("device-profiles", "none",
         "the simulated clock's fleet, per partition: `none` (no clock), `homogeneous`, "
         "`lognormal`, `two-tier` (DynamicFL's rich / poor), or the absolute path of a `.csv` / "
         "`.json` device trace ([format](docs/clock.md#trace-format)); logs `sim-seconds` and "
-        "`sim-elapsed` per round", OURS, check=_device_profiles,
+        "`sim-elapsed` per round", CLOCKED, check=_device_profiles,
         note=f"none, {', '.join(FLEETS)}, or the absolute path of a .csv / .json device trace",
         only=(Only(FLOWER, ("none",), FLOWER_WHY),)),
     Key("device-downlink-mbps", 20.0, "the reference (median) downlink bandwidth, Mbit/s",
-        OURS, above(0.0)),
+        CLOCKED, above(0.0)),
     Key("device-uplink-mbps", 5.0, "the reference (median) uplink bandwidth, Mbit/s",
-        OURS, above(0.0)),
+        CLOCKED, above(0.0)),
     Key("device-sigma", 1.0, "`lognormal`: σ of log speed and log bandwidths",
-        OURS, at_least(0.0)),
+        CLOCKED, at_least(0.0)),
     Key("device-rich-fraction", 0.3, "`two-tier`: probability that a partition is rich",
-        OURS, UNIT),
+        CLOCKED, UNIT),
     Key("device-poor-factor", 10.0,
         "`two-tier`: how many times slower a poor device computes and transfers",
-        OURS, at_least(1.0)),
+        CLOCKED, at_least(1.0)),
     Key("device-availability", 1.0, "probability that a generated device is online in a round "
-        "(offline devices are not sampled)", OURS, UNIT),
+        "(offline devices are not sampled)", CLOCKED, UNIT),
     Key("device-reference-gflops", 1.0,
         "training speed of the speed-1 device, GFLOP/s: the seconds per example are the "
         "model's training FLOPs (3 × 2 × forward MACs) / this", interval=above(0.0)),
@@ -344,6 +365,29 @@ KEYS: tuple[Key, ...] = (
         "CIFAR-100); 0 = FedAvg on the same model", ("moon",), at_least(0.0)),
     Key("moon-temperature", 0.5, "MOON's temperature τ of Eq. 3 (the paper's default)",
         ("moon",), above(0.0)),
+    Key("async-concurrency", 20,
+        "clients training at once in `fedbuff` / `fedasync` (FedBuff's concurrency); a freed "
+        "client's slot goes at once to an idle online client with the newest model",
+        ASYNC, at_least(1)),
+    Key("async-arrival", "simulated",
+        "order in which `fedbuff` / `fedasync` apply replies: `simulated` (by simulated "
+        "completion time on the device profiles, first sent first applied without them: "
+        "deterministic, the same in simulation and deployment, resumable bit for bit) or "
+        "`real-time` (as they arrive; not reproducible)", ASYNC, choices=ARRIVAL_ORDERS),
+    Key("async-staleness", "auto",
+        "s(τ), the weight of an update τ model versions old: `fedbuff` 1/√(1+τ), `constant`, "
+        "`polynomial` (τ+1)^−0.5, `hinge` (1 for τ ≤ 4, else 1/(10(τ−4)+1)); `auto` = `fedbuff` "
+        "for `fedbuff`, `polynomial` for `fedasync`", ASYNC,
+        choices=("auto", *STALENESS_FUNCTIONS)),
+    Key("fedbuff-buffer-size", 10, "K, client updates per FedBuff server step (one round)",
+        ("fedbuff",), at_least(1)),
+    Key("fedasync-alpha", 0.6, "FedAsync's α: x ← (1 − α·s(τ))·x + α·s(τ)·x_client",
+        ("fedasync",), Interval(0.0, 1.0, open_low=True)),
+    Key("fedasync-updates-per-round", 10,
+        "client updates FedAsync mixes in per round (each round is evaluated; 10 = as much "
+        "client work per round as FedBuff's K = 10)", ("fedasync",), at_least(1)),
+    Key("fedasync-rho", 0.0, "FedAsync's proximal ρ, sent to clients as `proximal-mu` "
+        "(0 = not sent)", ("fedasync",), at_least(0.0)),
     Key("dataset", "fashion-mnist",
         "`fashion-mnist`, `mnist`, `cifar10`, `cifar100`, `synthetic` (FedProx's "
         "Synthetic(α, β)), or `hf:<hub-id>` (a Hugging Face image dataset via flwr-datasets; "
@@ -403,7 +447,7 @@ KEYS: tuple[Key, ...] = (
         "lr·d^(t−1) (McMahan et al.'s 0.99 per round); `inverse` lr/(1 + a(t−1)) (Li et al. "
         "ICLR'20's β/(t+γ)); `step` lr·d^⌊(t−1)/k⌋; `cosine` lr → `lr-min` over "
         "`num-server-rounds` (DynamicFL's)", OURS, choices=SCHEDULES,
-        only=(Only(FLOWER, ("constant",), FLOWER_WHY),)),
+        only=(Only(FLOWER, ("constant",), FLOWER_WHY), Only(ASYNC, ("constant",), ASYNC_WHY))),
     Key("lr-decay", 0.99, "d of `exponential` / `step` (at most 1); a of `inverse`", OURS,
         above(0.0)),
     Key("lr-step-every", 10, "k of `step`: rounds between decays", OURS, at_least(1)),
@@ -413,7 +457,7 @@ KEYS: tuple[Key, ...] = (
     Key("weight-decay", 0.0, "local L2 weight decay", interval=at_least(0.0),
         only=(Only(("fedveca",), (0.0,), FEDVECA_WHY),)),
     Key("seed", 0, "seeds the initial model, client sampling (per round) and every client's "
-        "batch order (per round and partition)", (APP, *OURS), Interval(0, INT64_MAX),
+        "batch order (per round and partition)", (APP, *CLOCKED), Interval(0, INT64_MAX),
         note="(numpy's seeding takes no negative seed)"),
     Key("device", "auto", "torch device of training and evaluation", check=_device,
         note="auto, cpu, cuda or cuda:N"),
@@ -453,6 +497,10 @@ KEYS: tuple[Key, ...] = (
 )
 
 RULES: tuple[Rule, ...] = (
+    Rule(("over-commitment", "device-profiles"),
+         lambda v: v["over-commitment"] == 0 or v["device-profiles"] != "none",
+         "over-commitment closes a round at its first replies on the simulated clock: it needs "
+         "device-profiles other than 'none'"),
     Rule(("fedveca-tau-init", "fedveca-tau-max"),
          lambda v: v["fedveca-tau-init"] <= v["fedveca-tau-max"],
          "fedveca-tau-init <= fedveca-tau-max (the cap on every tau)"),

@@ -16,7 +16,8 @@ from logging import WARNING
 from flwr.common.logger import FLOWER_LOGGER, log
 from flwr.serverapp.strategy import Strategy
 
-from strategies import DynamicFL, FedAvg, FedDyn, FedNova, FedProx, FedVeca, Moon, Scaffold
+from strategies import (DynamicFL, FedAsync, FedAvg, FedBuff, FedDyn, FedNova, FedProx, FedVeca,
+                        Moon, Scaffold)
 from strategies import contract as C
 from strategies import server_optimizers as flower
 from strategies.clock import SimClock
@@ -91,6 +92,7 @@ def _common(cfg: RunConfig) -> dict:
         "lr_schedule": lr_schedule(cfg),
         "clock": device_clock(cfg),
         "round_deadline": cfg.round_deadline or None,
+        "over_commitment": cfg.over_commitment,
     }
     if cfg.straggler_policy != "auto":
         kwargs["straggler_policy"] = cfg.straggler_policy
@@ -171,6 +173,33 @@ def _moon(cfg: RunConfig) -> tuple[Strategy, dict]:
         train_config(cfg)
 
 
+def _async_common(cfg: RunConfig, default_staleness: str) -> dict:
+    """Constructor arguments of FedBuff and FedAsync (the client-info query is on: the
+    clock's profiles and a resume's in-flight tasks are keyed by partition id)."""
+    staleness = cfg.async_staleness
+    return {
+        "concurrency": cfg.async_concurrency,
+        "arrival": cfg.async_arrival,
+        "staleness": default_staleness if staleness == "auto" else staleness,
+        "fraction_evaluate": cfg.fraction_evaluate,
+        "seed": cfg.seed,
+        "min_available_nodes": cfg.min_available_nodes,
+        "query_client_info": True,
+        "clock": device_clock(cfg),
+    }
+
+
+def _fedbuff(cfg: RunConfig) -> tuple[Strategy, dict]:
+    return FedBuff(buffer_size=cfg.fedbuff_buffer_size, server_lr=cfg.server_lr,
+                   server_momentum=cfg.server_momentum,
+                   **_async_common(cfg, "fedbuff")), train_config(cfg)
+
+
+def _fedasync(cfg: RunConfig) -> tuple[Strategy, dict]:
+    return FedAsync(alpha=cfg.fedasync_alpha, updates_per_round=cfg.fedasync_updates_per_round,
+                    rho=cfg.fedasync_rho, **_async_common(cfg, "polynomial")), train_config(cfg)
+
+
 def _flower_common(cfg: RunConfig) -> dict:
     """Constructor arguments of Flower's own strategies. ``min_train_nodes`` 1 keeps the
     app's m = max(floor(C K), 1) (Flower's default is 2)."""
@@ -212,6 +241,8 @@ STRATEGIES: dict[str, Builder] = {
     "scaffold": _scaffold,
     "feddyn": _feddyn,
     "moon": _moon,
+    "fedbuff": _fedbuff,
+    "fedasync": _fedasync,
     "fedavgm": _fedavgm,
     "fedadam": lambda cfg: _adaptive(flower.FedAdam, cfg),
     "fedyogi": lambda cfg: _adaptive(flower.FedYogi, cfg),

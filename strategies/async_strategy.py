@@ -119,6 +119,11 @@ class AsyncStrategy(ModelWork, FlowerFedAvg):
         """The round's new model (None: kept), after :meth:`update_ready`."""
         raise NotImplementedError
 
+    def partial_update(self) -> ArrayRecord | None:
+        """The model of a round that ended before its server update (too many failures):
+        None, the model is kept (FedBuff's buffer waits for the next round)."""
+        return None
+
     def buffer_fill(self) -> int:
         """Client updates in the server update just made."""
         return len(self.updates.staleness)
@@ -160,7 +165,8 @@ class AsyncStrategy(ModelWork, FlowerFedAvg):
         self.tasks.run(grid, lambda: (self.version, self.model), config, self, self.on_reply,
                        self.on_lost, self.round_over, self.timeout)
         fill = self.buffer_fill()
-        new = self.server_update(server_round) if self.update_ready() else None
+        new = self.server_update(server_round) if self.update_ready() else \
+            self.partial_update()
         if new is not None and not trust_gate.adoptable_model(records.to_numpy(new),
                                                               server_round):
             new = None

@@ -17,8 +17,9 @@ Arrival orders:
   a clock every task takes the same time: first sent, first applied.
 * ``"real-time"``: replies are applied as they arrive (for real fleets; not reproducible).
 
-A task's config carries ``server-round`` = its task number (1, 2, ...): clients seed their
-batches by it, so each task draws its own batches and a re-sent task the same ones.
+A task's config carries ``server-round`` (the round being made) and ``async-task`` = its
+task number (1, 2, ...): fedhetero's clients seed their batches by the task number, so each
+task draws its own batches and a re-sent task the same ones.
 In-flight tasks, the model versions they were sent and the simulated time are the state
 of :meth:`AsyncTasks.state_dict`; a resumed run sends the in-flight tasks again, each to
 the node that now serves its partition.
@@ -102,8 +103,8 @@ class AsyncTasks:
             timeout: float | None) -> None:
         """Keep ``concurrency`` tasks in flight with the newest ``model()`` (version, arrays)
         and hand each reply to ``on_reply`` in the arrival order, until ``done()``; replies
-        pulled after that wait for the next call. The tasks still in flight ``timeout``
-        seconds into a wait are given up (their clients freed) and handed to ``on_lost``.
+        pulled after that wait for the next call. A task without a reply ``timeout`` seconds
+        after it was sent is given up (its client freed) and handed to ``on_lost``.
         Raises RuntimeError when no client can be sent a task
         and none is in flight."""
         if self.loop is None or self.loop.grid is not grid:
@@ -129,9 +130,10 @@ class AsyncTasks:
                                    f"connected and idle) and none is training")
             if self.arrival == "simulated":
                 given_up = self.loop.run_in_clock_order(
-                    done, handle, lambda n: self.in_flight[n].done_at, timeout)
+                    done, handle, lambda n: self.in_flight[n].done_at, expire_after=timeout)
             else:
-                given_up = self.loop.run_until(done, handle, timeout, hold_after_done=True)
+                given_up = self.loop.run_until(done, handle, hold_after_done=True,
+                                               expire_after=timeout)
             for number in given_up:
                 task = self.in_flight.pop(number)
                 self.now = max(self.now, task.done_at)
@@ -191,12 +193,12 @@ class AsyncTasks:
 
     def new_task(self, node: int, version: int, config: ConfigRecord, work: ClientWork,
                  arrays: ArrayRecord) -> AsyncTask:
-        """Task number ``next_number`` for ``node``: ``config`` with ``server-round`` = the
+        """Task number ``next_number`` for ``node``: ``config`` with ``async-task`` = the
         task number, completing t_i (eq. 1) after now."""
         number = self.next_number
         self.next_number += 1
         own = ConfigRecord(dict(config))
-        own[C.SERVER_ROUND] = number + 1
+        own[C.ASYNC_TASK] = number + 1
         done_at = float(number)
         timer = self.participation.timer
         if timer is not None:

@@ -22,6 +22,7 @@ METRICS = "metrics"
 
 # --- server -> client: ConfigRecord "config" ------------------------------------
 SERVER_ROUND = "server-round"  # int, injected every round (Flower's key)
+ASYNC_TASK = "async-task"  # int, an asynchronous task's number (1, 2, ...): seeds its batches
 LR = "lr"  # float, local learning rate of this round (lr_t under a schedule)
 LOCAL_EPOCHS = "local-epochs"  # number > 0 (fractions allowed), used when LOCAL_STEPS is 0
 LOCAL_STEPS = "local-steps"  # int >= 0; > 0 means "exactly this many SGD steps"
@@ -211,10 +212,11 @@ LOG_MODEL_VERSION = "model-version"  # int, server model versions made since the
 # --- over-commitment (strategies/participation.py, any synchronous strategy) ----------
 LOG_CLIENTS_LATE = "clients-late"  # int, over-committed clients whose replies came after the m-th
 
-# Keys that count client state the server sends again (strategies.client_state): in the
-# first round after a resume the server resends every client's copy, so that round's record
-# differs from an uninterrupted run's in these keys only.
-LOG_RESEND_KEYS = frozenset({LOG_BYTES_DOWN, LOG_CLIENT_STATE_ATTACHED})
+# Keys that count what the server sends again after a resume: every client's copy of its
+# state (strategies.client_state), an asynchronous strategy's tasks in flight at the
+# checkpoint (strategies.async_tasks). The first round after a resume differs from an
+# uninterrupted run's in these keys only.
+LOG_RESEND_KEYS = frozenset({LOG_BYTES_DOWN, LOG_CLIENT_STATE_ATTACHED, LOG_CLIENTS_SAMPLED})
 
 # --- the simulated clock (strategies/clock.py; any strategy given a SimClock) --------
 LOG_SIM_SECONDS = "sim-seconds"  # float, simulated seconds of the round (strategies.clock eq. 1)

@@ -65,6 +65,7 @@ class GridEventLoop(Generic[Tag]):
         self.pending: dict[str, Tag] = {}  # message id -> tag, in push order
         self.pushed = 0  # messages pushed so far: a tag's push number breaks clock ties
         self.push_number: dict[Tag, int] = {}
+        self.push_time: dict[Tag, float] = {}
         self.pushed_at = self.now()
         self.held: dict[Tag, Message] = {}  # replies pulled but not yet delivered, by tag
 
@@ -76,11 +77,12 @@ class GridEventLoop(Generic[Tag]):
         if not messages:
             return []
         ids = list(self.grid.push_messages(messages))
+        self.pushed_at = self.now()
         for message_id, tag in zip(ids, tags):
             self.pending[message_id] = tag
             self.push_number[tag] = self.pushed
+            self.push_time[tag] = self.pushed_at
             self.pushed += 1
-        self.pushed_at = self.now()
         return list(tags[len(ids):])
 
     def pending_tags(self) -> list[Tag]:
@@ -102,14 +104,17 @@ class GridEventLoop(Generic[Tag]):
                   on_reply: Callable[[Tag, Message], None],
                   timeout: float | None = None,
                   waiting_for: Callable[[], Iterable[Tag]] | None = None,
-                  hold_after_done: bool = False) -> list[Tag]:
+                  hold_after_done: bool = False,
+                  expire_after: float | None = None) -> list[Tag]:
         """Pull until ``done()`` (checked after every pull), calling ``on_reply(tag, reply)``
         for each reply as it comes; the callback may push more. Stops when nothing is pending
         any more; after ``timeout`` seconds (None: no limit) the messages still pending
         whose tags are in ``waiting_for()`` (default: all pending) are given up. Returns the
         tags given up (their replies are never delivered). With ``hold_after_done``, replies
         of a pull that come after ``done()`` turned true are held for the next call (which
-        delivers them first) instead of delivered."""
+        delivers them first) instead of delivered. With ``expire_after``, a message without a
+        reply that many seconds after its own push is given up (the call returns its tag,
+        with those of the others that expired by then)."""
         deadline = None if timeout is None else self.now() + timeout
         held, self.held = list(self.held.items()), {}
         for number, (tag, reply) in enumerate(held):
@@ -126,6 +131,9 @@ class GridEventLoop(Generic[Tag]):
                 on_reply(tag, reply)
             if done() or not self.pending:
                 break
+            expired = self.expired(expire_after)
+            if expired:
+                return expired
             if deadline is not None and self.now() >= deadline:
                 late = set(waiting_for() if waiting_for is not None else self.pending.values())
                 lost = [tag for tag in self.pending.values() if tag in late]
@@ -137,13 +145,16 @@ class GridEventLoop(Generic[Tag]):
     def run_in_clock_order(self, done: Callable[[], bool],
                            on_reply: Callable[[Tag, Message], None],
                            completion: Callable[[Tag], float],
-                           timeout: float | None = None) -> list[Tag]:
+                           timeout: float | None = None,
+                           expire_after: float | None = None) -> list[Tag]:
         """As :meth:`run_until`, but ``on_reply`` gets the replies in the order of their
         simulated completion time ``completion(tag)`` (ties: push order): an arrived reply
         waits until every pending message that completes earlier has replied or been given
         up. After ``timeout`` seconds the pending messages are given up, the held replies
-        delivered in order, and the tags given up returned. Replies pulled but not delivered
-        when ``done()`` turns true are held for the next call."""
+        delivered in order, and the tags given up returned. With ``expire_after``, only the
+        messages without a reply that many seconds after their own push are given up (the
+        replies they held back delivered). Replies pulled but not delivered when ``done()``
+        turns true are held for the next call."""
         def key(tag: Tag) -> tuple[float, int]:
             return completion(tag), self.push_number.get(tag, 0)
 
@@ -162,6 +173,10 @@ class GridEventLoop(Generic[Tag]):
             deliver()
             if done() or not self.pending:
                 continue
+            expired = self.expired(expire_after)
+            if expired:
+                deliver()
+                return expired
             if deadline is not None and self.now() >= deadline:
                 lost = list(self.pending.values())
                 self.pending.clear()
@@ -169,6 +184,18 @@ class GridEventLoop(Generic[Tag]):
                 return lost
             self.sleep(pull_delay(self.now() - self.pushed_at, self.pull_interval))
         return []
+
+    def expired(self, expire_after: float | None) -> list[Tag]:
+        """The pending tags pushed ``expire_after`` seconds ago or more, taken off pending
+        (none without ``expire_after``)."""
+        if expire_after is None:
+            return []
+        now = self.now()
+        expired = [t for t in self.pending.values() if now - self.push_time[t] >= expire_after]
+        if expired:
+            gone = set(expired)
+            self.pending = {i: t for i, t in self.pending.items() if t not in gone}
+        return expired
 
     def exchange(self, messages: Iterable[Message], timeout: float | None) -> list[Message]:
         """Push ``messages`` and pull their replies until all are in or ``timeout`` seconds

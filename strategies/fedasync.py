@@ -59,10 +59,7 @@ class FedAsync(AsyncStrategy):
         if not (isinstance(rho, (int, float)) and rho >= 0):
             raise ValueError(f"rho must be >= 0, got {rho!r}")
         super().__init__(concurrency=concurrency, **kwargs)
-        if isinstance(staleness, Staleness):
-            self.staleness = staleness
-        else:
-            self.staleness = Staleness(staleness, a=10.0 if staleness == "hinge" else 0.5)
+        self.staleness = staleness if isinstance(staleness, Staleness) else Staleness(staleness)
         self.alpha, self.rho = float(alpha), float(rho)
         self.updates_per_round = int(updates_per_round)
         self.mixed = 0
@@ -93,3 +90,7 @@ class FedAsync(AsyncStrategy):
     def server_update(self, server_round: int) -> ArrayRecord | None:
         """The model after the round's mixes."""
         return self.model
+
+    def partial_update(self) -> ArrayRecord | None:
+        """The mixes a round made before it ended short: each was a server update."""
+        return self.model if self.mixed else None

@@ -39,17 +39,19 @@ class Staleness:
     ``"fedbuff"``: 1 / sqrt(1 + tau) (FedBuff, Sec. 5). ``"constant"``: 1.
     ``"polynomial"``: (tau + 1)^(-a) (FedAsync, Sec. 3; a = 0.5 in its experiments).
     ``"hinge"``: 1 for tau <= b, else 1 / (a (tau - b) + 1) (FedAsync, Sec. 3; a = 10,
-    b = 4 in its experiments).
+    b = 4 in its experiments). Without ``a``, the paper's for the function.
     """
 
     name: str = "fedbuff"
-    a: float = 0.5
+    a: float | None = None  # None: the paper's, 0.5 (polynomial) or 10 (hinge)
     b: float = 4.0
 
     def __post_init__(self) -> None:
         if self.name not in STALENESS_FUNCTIONS:
             raise ValueError(f"staleness={self.name!r} is not known; use one of "
                              f"{', '.join(STALENESS_FUNCTIONS)}")
+        if self.a is None:
+            object.__setattr__(self, "a", 10.0 if self.name == "hinge" else 0.5)
         for key in ("a", "b"):
             value = getattr(self, key)
             if not (isinstance(value, (int, float)) and not isinstance(value, bool)

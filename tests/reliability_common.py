@@ -14,6 +14,8 @@ from strategies import contract as C
 
 # fedhetero's own strategies (Flower's fedavgm, ... have tests/test_server_optimizers.py)
 ALL_STRATEGIES = OWN_STRATEGIES
+ASYNC_STRATEGIES = ["fedasync", "fedbuff"]  # no round to fail: a failed task frees its client
+SYNC_STRATEGIES = [s for s in ALL_STRATEGIES if s not in ASYNC_STRATEGIES]
 
 BASE = {
     "dataset": "synthetic",

@@ -56,6 +56,7 @@ CONTEXT: dict[str, dict] = {
     "strategy": {"model": "cnn-small-moon"},
     "fedveca-tau-max": {"fedveca-tau-init": 2},
     "round-deadline": CLOCK,
+    "over-commitment": CLOCK,
     "dynamicfl-budget-seconds": {**CLOCK, "dynamicfl-budget-mode": "budget"},
     **{k.name: CLOCK for k in KEYS if k.name.startswith("device-") and k.used_by != (APP,)},
 }
@@ -72,6 +73,8 @@ RULE_CASES: dict[tuple[str, ...], tuple[list[dict], dict]] = {
         [{"lr-schedule": "exponential", "lr-decay": 1.5},
          {"lr-schedule": "step", "lr-decay": 2.0, "strategy": "dynamicfl"}],
         {"lr-schedule": "inverse", "lr-decay": 2.0}),
+    ("over-commitment", "device-profiles"): ([{"over-commitment": 0.3}],
+                                             {**CLOCK, "over-commitment": 0.3}),
     ("round-deadline", "device-profiles"): ([{"round-deadline": 5.0}],
                                             {**CLOCK, "round-deadline": 5.0}),
     ("round-deadline", "straggler-fraction"): (

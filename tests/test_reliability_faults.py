@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fedapp.faults import fault_of
-from tests.reliability_common import ALL_STRATEGIES, run, warnings_of
+from tests.reliability_common import ASYNC_STRATEGIES, SYNC_STRATEGIES, run, warnings_of
 from strategies import contract as C
 
 CRASH, LATE, NODES, ROUNDS = 0.3, 0.2, 4, 3
@@ -34,7 +34,7 @@ def test_this_seed_has_a_round_where_every_client_fails():
     assert {"crash", "late"} <= set(expected_faults(2).values()) | set(expected_faults(3).values())
 
 
-@pytest.mark.parametrize("strategy", ALL_STRATEGIES)
+@pytest.mark.parametrize("strategy", SYNC_STRATEGIES)
 def test_strategies_keep_going_count_failures_and_keep_the_model(strategy, tmp_path, caplog):
     grid, _, rounds, final = run(
         strategy,
@@ -60,6 +60,31 @@ def test_strategies_keep_going_count_failures_and_keep_the_model(strategy, tmp_p
     assert late == {
         (p, r) for r in range(1, ROUNDS + 1) for p, f in expected_faults(r).items() if f == "late"
     }
+
+
+@pytest.mark.parametrize("strategy", ASYNC_STRATEGIES)
+def test_async_strategies_free_failed_clients_and_keep_making_updates(strategy, tmp_path):
+    # every task of a faulty (round, partition) faults; round 2 loses all 4 partitions, so it
+    # ends after 5 failures per concurrency slot: FedBuff keeps the model (its buffer is not
+    # full), FedAsync keeps the mixes of the tasks sent in round 1 that came back
+    grid, _, rounds, final = run(
+        strategy, tmp_path, NODES,
+        **{"num-server-rounds": ROUNDS, "fault-crash-prob": CRASH, "fault-late-prob": LATE,
+           "async-concurrency": 2, "fedbuff-buffer-size": 2, "fedasync-updates-per-round": 2},
+    )
+    assert [r["round"] for r in rounds] == list(range(ROUNDS + 1))
+    for r in rounds[1:]:
+        faults = expected_faults(r["round"])
+        assert faults or r[C.LOG_CLIENTS_FAILED] == 0  # a partition may not be asked at all
+        assert r[C.LOG_MODEL_KEPT] is (len(faults) == NODES and (
+            strategy == "fedbuff" or r[C.LOG_CLIENTS_RECEIVED] == 0)), (r, faults)
+    lost = rounds[2]
+    assert lost[C.LOG_CLIENTS_FAILED] == 5 * 2 and lost[C.LOG_CLIENTS_RECEIVED] < 2
+    assert rounds[3][C.LOG_CLIENTS_RECEIVED] >= 1 and not rounds[3][C.LOG_MODEL_KEPT]
+    assert all(torch.isfinite(v).all() for v in final.values() if v.is_floating_point())
+    late_rounds = {r for _, r in grid.late}
+    assert late_rounds <= {r for r in range(1, ROUNDS + 1)
+                           if "late" in expected_faults(r).values()}
 
 
 def test_fedveca_tau_table_only_moves_for_clients_that_replied(tmp_path):
