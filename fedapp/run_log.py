@@ -89,7 +89,7 @@ class RunLog:
 
     @property
     def model_path(self) -> Path:
-        """Where the final model goes (a torch state dict: ``task.models.save_state_dict``)."""
+        """Where the final model goes (a torch state dict: :mod:`fedapp.model_file`)."""
         return self.directory / MODEL_NAME
 
     def save_model(self, state_dict: dict) -> Path:
