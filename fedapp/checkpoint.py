@@ -1,17 +1,25 @@
 """Checkpoint / resume of a run (run config ``checkpoint-every``, ``resume-from``).
 
-Every ``checkpoint-every`` rounds the ServerApp writes ``checkpoint.pkl`` into the run
-directory (temp file, fsync, ``os.replace``: a crash while writing leaves the previous
-checkpoint intact). It holds, at the end of round r:
+Every ``checkpoint-every`` rounds the ServerApp writes a checkpoint into the run directory:
+``checkpoint-round<r>-<token>.npz`` (every numpy array) and ``checkpoint.json`` (everything
+else, as typed JSON: :mod:`fedapp.checkpoint_format`, plus the SHA-256 of the ``.npz`` and
+of the JSON state, checked on load). Both are written atomically (:mod:`fedapp.atomic_file`:
+temp file, fsync, ``os.replace``, fsync of the folder), the ``.npz`` first: the JSON names
+the ``.npz`` it belongs to, so a crash or a full disk at any point leaves the previous
+checkpoint whole. Nothing is unpickled when a checkpoint is read (``np.load(...,
+allow_pickle=False)``, JSON); a ``checkpoint.pkl`` of fedhetero before format 2 is refused.
+A checkpoint holds, at the end of round r:
 
 * the global model (numpy arrays, exact bytes, key order kept);
 * the strategy's cross-round state (``strategy.state_dict()``: FedNova's momentum
   buffer, FedVeca's tau table / L / previous gradient, DynamicFL's L / rich set / budgets,
   SCAFFOLD's c and its copy of every client's c_i, Flower's FedAvgM / FedOpt moments);
-* the server's RNG states (numpy, Python ``random``; the ServerApp draws from no torch RNG:
-  its torch side is a child process, fedapp.evaluation_process);
+* the server's RNG states (numpy, Python ``random``). No torch RNG state: the ServerApp
+  draws from no torch RNG (its torch side is a child process, fedapp.evaluation_process,
+  that only evaluates), and clients seed every draw from (seed, round, partition);
 * the run-log records of rounds 0..r and the elapsed seconds;
-* the resolved run config, to refuse resuming a different experiment.
+* the resolved run config and its digest (:func:`config_digest`), to refuse resuming a
+  different experiment (and, in a sweep, a checkpoint of another variant or seed).
 
 ``resume-from=<run dir>`` starts a *new* run directory (the old one is left as it
 was), seeds its ``rounds.jsonl`` with rounds 0..r from the checkpoint and runs rounds
@@ -26,9 +34,13 @@ round r+1 with the true round numbers.
 
 from __future__ import annotations
 
-import os
-import pickle
+import contextlib
+import hashlib
+import json
 import random
+import re
+import secrets
+import zipfile
 from collections.abc import Callable
 from logging import INFO
 from pathlib import Path
@@ -42,48 +54,193 @@ from flwr.serverapp.strategy import Result, Strategy
 from strategies import contract as C
 from strategies import rounds
 
+from .atomic_file import write_atomically, write_bytes_atomically
+from .checkpoint_format import CheckpointFormatError, decode, dumps, encode, loads
 from .config import ConfigError, default
 
-CHECKPOINT_NAME = "checkpoint.pkl"
-FORMAT_VERSION = 1
+CHECKPOINT_NAME = "checkpoint.json"
+LEGACY_NAME = "checkpoint.pkl"  # format 1 (a pickle): refused
+FORMAT_NAME = "fedhetero-checkpoint"
+FORMAT_VERSION = 2
+ARRAYS_FILE = re.compile(r"checkpoint-round[0-9]{1,9}-[0-9a-f]{8}\.npz")
+MAX_JSON_BYTES = 1 << 30  # the JSON holds no arrays; a larger one is not a checkpoint
 # Keys a resumed run may change; every other run-config value must equal the checkpoint's.
 MAY_DIFFER = ("num-server-rounds", "checkpoint-every", "resume-from", "output-dir", "data-dir",
               "allow-download", "device", "round-timeout", "tracking", "tracking-dir")
+# Keys left out of the config digest: a resumed run's own resume-from names its source
+NOT_DIGESTED = ("resume-from",)
+PAYLOAD_KEYS = ("format", "round", "arrays", "strategy-class", "strategy", "rng", "records",
+                C.LOG_ELAPSED_SECONDS, "run-config", "config-digest")
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (the disk is full, ...); the previous one is whole."""
+
+
+def config_digest(run_config: dict) -> str:
+    """SHA-256 of the resolved run config (``RunConfig.to_dict()``), ``resume-from`` aside:
+    equal digests mean the same experiment, variant and seed (and output folder)."""
+    kept = {k: v for k, v in run_config.items() if k not in NOT_DIGESTED}
+    return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()
 
 
 # ----------------------------------------------------------------- files
 def save_checkpoint(directory: Path, payload: dict) -> Path:
-    """Atomically write ``payload`` to ``directory/checkpoint.pkl``."""
-    path = Path(directory) / CHECKPOINT_NAME
-    tmp = path.with_name(f".{CHECKPOINT_NAME}.tmp")
-    with tmp.open("wb") as handle:
-        pickle.dump(payload, handle, protocol=pickle.HIGHEST_PROTOCOL)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    """Write ``payload`` (:func:`make_payload`) as ``directory/checkpoint.json`` and its
+    ``.npz``; the previous checkpoint stays whole until the new one is. Raises
+    CheckpointWriteError (naming the file and the cause) when a write fails."""
+    directory = Path(directory)
+    tree, arrays = encode(payload)  # before any write: a value it cannot hold changes nothing
+    arrays_path = directory / f"checkpoint-round{int(payload['round'])}-{secrets.token_hex(4)}.npz"
+    path = directory / CHECKPOINT_NAME
+    try:
+        write_atomically(arrays_path, lambda handle: np.savez(handle, **arrays))
+        state = dumps(tree)
+        manifest = {"format": FORMAT_NAME, "format-version": FORMAT_VERSION,
+                    "round": int(payload["round"]), "config-digest": payload["config-digest"],
+                    "arrays-file": arrays_path.name, "arrays-sha256": file_sha256(arrays_path),
+                    "state-sha256": text_sha256(state), "state": tree}
+        write_bytes_atomically(path, (dumps(manifest) + "\n").encode())
+    except OSError as exc:
+        with contextlib.suppress(OSError):  # not referenced by any checkpoint.json
+            arrays_path.unlink(missing_ok=True)
+        raise CheckpointWriteError(
+            exc.errno, f"the checkpoint of round {payload['round']} could not be written "
+            f"({exc.filename or directory}: {exc.strerror or exc}); the previous checkpoint in "
+            f"{directory}, if any, is whole. Free space (or fix the folder) and resume with "
+            f"resume-from='{directory}'", str(exc.filename or path)) from exc
+    remove_stale_files(directory, keep=arrays_path.name)
     return path
 
 
-def load_checkpoint(run_dir: str | Path) -> dict:
-    """The checkpoint of a run directory, with a clear error if there is none or it is broken.
+def remove_stale_files(directory: Path, keep: str) -> None:
+    """The ``.npz`` of older checkpoints and the temp files a killed write left behind."""
+    for stale in [*directory.glob("checkpoint-round*.npz"), *directory.glob(".checkpoint*.tmp")]:
+        if stale.name != keep:
+            with contextlib.suppress(OSError):
+                stale.unlink()
 
-    The file is a pickle: resume only from run directories you (or your runs) wrote.
-    """
-    path = Path(run_dir) / CHECKPOINT_NAME
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with Path(path).open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def text_sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def load_checkpoint(run_dir: str | Path) -> dict:
+    """The checkpoint of a run directory, with a clear error if there is none or it is
+    broken (ConfigError naming the file, what is wrong and what to do)."""
+    run_dir = Path(run_dir)
+    fresh = "or start fresh with --run-config \"resume-from=''\""
+    if not run_dir.is_dir():
+        hint = (" (that is a file: give the run directory that holds it)"
+                if run_dir.is_file() else " (no such folder)")
+        raise ConfigError(f"run config: resume-from={str(run_dir)!r} is not a run directory"
+                          f"{hint}; point it at a run directory written with checkpoint-every "
+                          f">= 1, {fresh}")
+    path = run_dir / CHECKPOINT_NAME
     if not path.is_file():
+        if (run_dir / LEGACY_NAME).exists():
+            raise ConfigError(
+                f"run config: resume-from={str(run_dir)!r} holds {LEGACY_NAME}, a checkpoint of "
+                f"fedhetero before checkpoint format {FORMAT_VERSION}: a Python pickle, which can "
+                "run any code when it is loaded, so it is not read (and not converted). Start "
+                "the run again (--run-config \"resume-from=''\"); runs of this version write "
+                f"{CHECKPOINT_NAME}, which resumes without unpickling anything")
         raise ConfigError(f"run config: resume-from={str(run_dir)!r} has no {CHECKPOINT_NAME}; "
                           "point it at a run directory written with checkpoint-every >= 1 (its "
-                          "rounds.jsonl shows how far it got), or start fresh with "
-                          "--run-config \"resume-from=''\"")
+                          f"rounds.jsonl shows how far it got), {fresh}")
     try:
-        with path.open("rb") as handle:
-            payload = pickle.load(handle)
-    except Exception as exc:  # noqa: BLE001 - any unpickling failure means the same thing
-        raise ConfigError(f"{path} cannot be read ({type(exc).__name__}: {exc}); it is corrupt or "
-                          "truncated. Resume from an earlier copy or start the run again") from None
-    if not isinstance(payload, dict) or payload.get("format") != FORMAT_VERSION:
-        raise ConfigError(f"{path} is not a fedhetero checkpoint of format {FORMAT_VERSION}")
+        return read_checkpoint(path)
+    except (OSError, CheckpointFormatError, ValueError, zipfile.BadZipFile) as exc:
+        raise ConfigError(f"{path} cannot be read: {exc}. It is corrupt, truncated or not a "
+                          f"fedhetero checkpoint of format {FORMAT_VERSION}; resume from an "
+                          "earlier copy or start the run again") from None
+
+
+def read_checkpoint(path: Path) -> dict:
+    """Parse, verify (hashes, shapes of the values) and decode ``checkpoint.json`` and its
+    ``.npz``; raises CheckpointFormatError (or OSError) on anything else."""
+    if path.stat().st_size > MAX_JSON_BYTES:
+        raise CheckpointFormatError(f"{path.stat().st_size} bytes, more than a checkpoint's "
+                                    f"JSON ({MAX_JSON_BYTES})")
+    manifest = loads(path.read_bytes().decode("utf-8"))
+    if type(manifest) is not dict or manifest.get("format") != FORMAT_NAME:
+        raise CheckpointFormatError(f"not a {FORMAT_NAME} (its 'format' is "
+                                    f"{manifest.get('format') if type(manifest) is dict else None!r})")
+    if manifest.get("format-version") != FORMAT_VERSION:
+        raise CheckpointFormatError(f"format-version {manifest.get('format-version')!r}, this "
+                                    f"fedhetero reads {FORMAT_VERSION}")
+    name = manifest.get("arrays-file")
+    if type(name) is not str or not ARRAYS_FILE.fullmatch(name):
+        raise CheckpointFormatError(f"arrays-file {name!r} is not a checkpoint .npz name")
+    if text_sha256(dumps(manifest.get("state"))) != manifest.get("state-sha256"):
+        raise CheckpointFormatError("the SHA-256 of its state does not match the one it "
+                                    "records: the file was changed or damaged after it was "
+                                    "written")
+    arrays_path = path.parent / name
+    if file_sha256(arrays_path) != manifest.get("arrays-sha256"):
+        raise CheckpointFormatError(f"the SHA-256 of {name} does not match the one the JSON "
+                                    "records: the .npz was changed, damaged or replaced "
+                                    "after it was written")
+    with np.load(arrays_path, allow_pickle=False) as npz:
+        arrays = {key: npz[key] for key in npz.files}
+    payload = decode(manifest["state"], arrays)
+    problem = payload_problem(payload, manifest)
+    if problem:
+        raise CheckpointFormatError(problem)
     return payload
+
+
+def payload_problem(payload: object, manifest: dict) -> str | None:
+    """Why a decoded payload is not one :func:`make_payload` wrote (None if it is)."""
+    if type(payload) is not dict or sorted(payload) != sorted(PAYLOAD_KEYS):
+        keys = sorted(payload) if type(payload) is dict else type(payload).__name__
+        return f"its payload has keys {keys}, not {sorted(PAYLOAD_KEYS)}"
+    checks = (
+        (payload["format"] == FORMAT_VERSION, f"payload format {payload['format']!r}"),
+        (type(payload["round"]) is int and payload["round"] >= 0
+         and payload["round"] == manifest.get("round"), f"round {payload['round']!r}"),
+        (type(payload["arrays"]) is dict and all(
+            type(k) is str and type(v) is np.ndarray for k, v in payload["arrays"].items()),
+         "'arrays' is not a dict of named numpy arrays"),
+        (type(payload["strategy-class"]) is str, "'strategy-class' is not a str"),
+        (rng_problem(payload["rng"]) is None, f"'rng': {rng_problem(payload['rng'])}"),
+        (type(payload["records"]) is list and all(type(r) is dict for r in payload["records"]),
+         "'records' is not a list of dicts"),
+        (type(payload[C.LOG_ELAPSED_SECONDS]) is float, f"'{C.LOG_ELAPSED_SECONDS}' is not a float"),
+        (type(payload["run-config"]) is dict and all(type(k) is str for k in payload["run-config"]),
+         "'run-config' is not a dict"),
+    )
+    for ok, what in checks:
+        if not ok:
+            return what
+    digest = config_digest(payload["run-config"])
+    if not payload["config-digest"] == manifest.get("config-digest") == digest:
+        return "its config-digest is not the digest of its run config"
+    return None
+
+
+def rng_problem(state: object) -> str | None:
+    """Why ``state`` is not what :func:`rng_state` returns (None if it is)."""
+    if type(state) is not dict or sorted(state) != ["numpy", "python"]:
+        return "not a dict with 'numpy' and 'python'"
+    numpy, python = state["numpy"], state["python"]
+    if not (type(numpy) is tuple and len(numpy) == 5 and numpy[0] == "MT19937"
+            and type(numpy[1]) is np.ndarray and numpy[1].dtype == np.uint32
+            and numpy[1].shape == (624,) and type(numpy[2]) is int and type(numpy[3]) is int
+            and type(numpy[4]) is float):
+        return "the numpy state is not ('MT19937', 624 uint32, int, int, float)"
+    if not (type(python) is tuple and len(python) == 3 and type(python[1]) is tuple
+            and all(type(x) is int for x in python[1])):
+        return "the Python random state is not (version, tuple of ints, gauss)"
+    return None
 
 
 def check_compatible(payload: dict, run_config: dict) -> None:
@@ -108,12 +265,12 @@ def check_compatible(payload: dict, run_config: dict) -> None:
 
 # ----------------------------------------------------------------- payload
 def rng_state() -> dict:
+    """The server's global RNG states (numpy's legacy generator, Python's ``random``)."""
     return {"numpy": np.random.get_state(), "python": random.getstate()}
 
 
 def restore_rng(state: dict) -> None:
-    """The server's RNGs as ``rng_state`` took them (a "torch" entry, which checkpoints
-    written before the ServerApp's torch side moved out of its process hold, is not used)."""
+    """The server's RNGs as :func:`rng_state` took them."""
     np.random.set_state(state["numpy"])
     random.setstate(state["python"])
 
@@ -131,6 +288,7 @@ def make_payload(server_round: int, arrays: ArrayRecord, strategy: Strategy, rec
         "records": [dict(r) for r in records],
         C.LOG_ELAPSED_SECONDS: float(elapsed),
         "run-config": dict(run_config),
+        "config-digest": config_digest(run_config),
     }
 
 
@@ -188,5 +346,6 @@ def run_rounds(strategy: Strategy, *, grid: Grid, initial_arrays: ArrayRecord, n
                              evaluate_config, evaluate_fn, first_round)
 
 
-__all__ = ["CHECKPOINT_NAME", "Checkpointer", "arrays_of", "check_compatible",
-           "load_checkpoint", "restore_rng", "restore_strategy", "run_rounds", "save_checkpoint"]
+__all__ = ["CHECKPOINT_NAME", "CheckpointWriteError", "Checkpointer", "arrays_of",
+           "check_compatible", "config_digest", "load_checkpoint", "restore_rng",
+           "restore_strategy", "run_rounds", "save_checkpoint"]

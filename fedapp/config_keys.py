@@ -479,9 +479,9 @@ KEYS: tuple[Key, ...] = (
         "when the server has stopped waiting", interval=UNIT),
     Key("round-timeout", 3600.0, "seconds the server waits for a round's replies (for "
         "DynamicFL, per sync event)", interval=above(0.0)),
-    Key("checkpoint-every", 0, "write `checkpoint.pkl` into the run directory every k rounds "
-        "(0 = never)", interval=at_least(0)),
-    Key("resume-from", "", "absolute path of a run directory with a `checkpoint.pkl`: "
+    Key("checkpoint-every", 0, "write a checkpoint (`checkpoint.json` + its `.npz`) into the "
+        "run directory every k rounds (0 = never)", interval=at_least(0)),
+    Key("resume-from", "", "absolute path of a run directory with a `checkpoint.json`: "
         "continue that run", check=_absolute_or_empty,
         note="the absolute path of a run directory, or '' to start fresh"),
     Key("output-dir", "", "absolute folder for run directories (\"\" = "

@@ -253,11 +253,11 @@ class Evaluator:
                 "seconds": time.perf_counter() - began, "peak_rss_mb": peak_rss_mb()}
 
     def save_model(self, arrays: dict[str, np.ndarray], path: str) -> str:
-        from task.models import save_state_dict  # noqa: PLC0415
+        from .model_file import write_model  # noqa: PLC0415
 
         self.load(arrays)
         final = {k: v.cpu().contiguous() for k, v in self.model.state_dict().items()}
-        return str(save_state_dict(final, Path(path)))
+        return str(write_model(final, Path(path)))
 
 
 def peak_rss_mb() -> float:

@@ -5,8 +5,14 @@ Layout of one run directory::
     <output-dir>/<YYYYmmdd-HHMMSS>-<strategy>-run<run_id>/
         config.json      resolved run config + versions
         rounds.jsonl     one JSON object per round (round 0 = initial model)
-        final_model.pt   torch state_dict of the final global model
+        final_model.pt   torch state_dict of the final global model (fedapp.model_file)
+        checkpoint.json, checkpoint-round<r>-<token>.npz   with ``checkpoint-every``
         events.out.tfevents.*, mlflow.db   with run-config ``tracking`` (fedapp.tracking)
+
+A run directory is never reused: when the name exists (two runs started in the same second
+with the same run id, as the in-process tools' fixed run id gives), the new run gets the
+name with ``-2``, ``-3``, ... appended. :func:`read_rounds` skips a truncated last line of
+``rounds.jsonl`` (a run killed while appending) with a warning naming the file and line.
 """
 
 from __future__ import annotations
@@ -14,13 +20,17 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+import warnings
 from pathlib import Path
 
 from flwr.app import ArrayRecord
 
 from strategies import contract as C
 
+from .model_file import MODEL_NAME, write_model
 from .tracking import Trackers
+
+MAX_SAME_NAME = 1000  # run directories of one name and second: -2 .. -1000
 
 # (run-log key, column title, format) of the per-round table
 TABLE_COLUMNS = (
@@ -54,12 +64,11 @@ class RunLog:
                tracking: str = "", tracking_dir: str = "") -> RunLog:
         """A new run directory; ``tracking`` / ``tracking_dir`` as the run-config keys
         (:mod:`fedapp.tracking`), with ``config["run-config"]`` as MLflow's parameters."""
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        directory = output_dir / f"{stamp}-{strategy}-run{run_id}"
-        directory.mkdir(parents=True, exist_ok=True)
+        directory = new_run_directory(Path(output_dir),
+                                      f"{time.strftime('%Y%m%d-%H%M%S')}-{strategy}-run{run_id}")
         log = cls(directory)
         (directory / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-        log.rounds_path.write_text("")
+        log.rounds_path.open("x").close()
         log.trackers = Trackers.open(tracking, directory, tracking_dir,
                                      config.get("run-config", {}))
         return log
@@ -80,13 +89,28 @@ class RunLog:
 
     @property
     def model_path(self) -> Path:
-        """Where the final model goes (a torch state dict: ``task.models.save_state_dict``)."""
-        return self.directory / "final_model.pt"
+        """Where the final model goes (a torch state dict: :mod:`fedapp.model_file`)."""
+        return self.directory / MODEL_NAME
 
     def save_model(self, state_dict: dict) -> Path:
-        from task.models import save_state_dict  # noqa: PLC0415 - torch only where a model is
+        """Write the final model (atomically, fsynced: :func:`fedapp.model_file.write_model`)."""
+        return write_model(state_dict, self.model_path)
 
-        return save_state_dict(state_dict, self.model_path)
+
+def new_run_directory(output_dir: Path, name: str) -> Path:
+    """Create ``output_dir/name``, or ``name-2``, ``name-3``, ... when it exists: an existing
+    run directory is never written into."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    for attempt in range(1, MAX_SAME_NAME + 1):
+        directory = output_dir / (name if attempt == 1 else f"{name}-{attempt}")
+        try:
+            directory.mkdir()
+        except FileExistsError:
+            continue
+        return directory
+    raise FileExistsError(f"{output_dir}: {name} and {MAX_SAME_NAME - 1} numbered copies exist "
+                          "already; no new run directory is made there. Give another output-dir "
+                          "or move old runs away")
 
 
 def model_sha256(arrays: ArrayRecord) -> str:
@@ -101,9 +125,33 @@ def model_sha256(arrays: ArrayRecord) -> str:
 
 
 def read_rounds(directory: Path) -> list[dict]:
-    """All round records of a run directory."""
-    lines = (Path(directory) / "rounds.jsonl").read_text().splitlines()
-    return [json.loads(line) for line in lines if line.strip()]
+    """All round records of a run directory's ``rounds.jsonl``.
+
+    A last line that is not a whole JSON object (a run killed while appending it) is skipped
+    with a warning naming the file and the line; a bad line before the last raises
+    ValueError naming them (the file was damaged, not cut short)."""
+    path = Path(directory) / "rounds.jsonl"
+    lines = path.read_text(errors="replace").splitlines()
+    numbered = [(number, line) for number, line in enumerate(lines, 1) if line.strip()]
+    records = []
+    for index, (number, line) in enumerate(numbered):
+        try:
+            record = json.loads(line)
+        except ValueError as exc:
+            record, why = None, f"not JSON ({exc})"
+        else:
+            why = None if isinstance(record, dict) else f"a JSON {type(record).__name__}"
+        if why is None:
+            records.append(record)
+        elif index == len(numbered) - 1:
+            warnings.warn(f"{path}, line {number}: skipped, {why}: the run was stopped while "
+                          "writing it (the rounds before it are read)", RuntimeWarning,
+                          stacklevel=2)
+        else:
+            raise ValueError(f"{path}, line {number}: {why}; only the last line of a run log "
+                             "may be cut short, so the file was damaged. Restore it, or move "
+                             "the run directory aside")
+    return records
 
 
 def table_header() -> str:

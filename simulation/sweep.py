@@ -7,8 +7,11 @@ run writes to ``<out>/<variant>/seed<k>/``; finished runs (a complete ``rounds.j
 and ``final_model.pt``) are skipped, so an interrupted sweep resumes; with
 ``checkpoint-every`` in the sweep's run config, a run that was stopped part-way resumes
 from its last checkpoint (``resume-from``, bit-identical to an uninterrupted run) instead
-of starting again. At the end, ``summary.md`` and ``summary.csv`` hold final and best
-accuracy (mean ± std over seeds).
+of starting again. It resumes only a checkpoint written with the run config it would run
+now (the checkpoint's config digest: same variant, seed and output folder) and says why
+it passes over any other. Variant names are single safe folder names (checked before any
+run). At the end, ``summary.md`` and ``summary.csv`` hold final and best accuracy (mean ±
+std over seeds).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import argparse
 import csv
 import difflib
 import fnmatch
+import re
 import statistics
 import sys
 import time
@@ -24,6 +28,8 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from fedapp.checkpoint import CHECKPOINT_NAME, LEGACY_NAME, config_digest, load_checkpoint
+from fedapp.config import ConfigError, RunConfig
 from fedapp.run_log import read_rounds
 from strategies import contract as C
 
@@ -45,6 +51,8 @@ FEDERATION_KEYS = {"num-supernodes": ("num-supernodes", 10),
 SWEEP_KEYS = ("seeds", "base", "variants", *FEDERATION_KEYS, "timeout-seconds",
               "title", "claim", "runtime", "targets", "baselines", "published",
               "published-source", "tolerance")
+# a variant name is one folder of the results: letters, digits, . _ + = - (no leading dot)
+VARIANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=-]{0,127}")
 
 
 @dataclass(frozen=True)
@@ -69,12 +77,28 @@ def load_sweep(path: Path) -> dict:
         if key not in spec:
             raise ValueError(f"{path}: missing '{key}' (see simulation/experiments/*.toml)")
     for name, overrides in spec["variants"].items():
+        check_variant_name(name, path)
         nested = [k for k, v in overrides.items() if isinstance(v, dict)]
         if nested:
             raise ValueError(f"{path}: variant {name!r} has nested tables {nested}; a variant name "
                              f"with a dot must be quoted: [variants.\"{name}.{nested[0]}\"]")
     federation(spec, path)
     return spec
+
+
+def check_variant_name(name: object, path: Path | str = "sweep file") -> None:
+    """Refuse a variant name that is not one safe folder name (``../x``, ``a/b``, ``.hidden``,
+    a NUL): every run of a variant writes under ``<out>/<variant>/``."""
+    if not isinstance(name, str) or not VARIANT_NAME.fullmatch(name):
+        raise ValueError(f"{path}: variant name {name!r} is not a safe folder name; it must be "
+                         "1-128 letters, digits and . _ + = -, not starting with a dot (each "
+                         "variant's runs go into <out>/<variant>/), e.g. "
+                         f"{_safe_suggestion(name)!r}")
+
+
+def _safe_suggestion(name: object) -> str:
+    text = re.sub(r"[^A-Za-z0-9._+=-]+", "-", str(name)).lstrip(".-")[:128]
+    return text or "variant-1"
 
 
 def federation(spec: dict, path: Path | str = "sweep file") -> dict:
@@ -105,6 +129,7 @@ def plan(spec: dict, out: Path, seeds: list[int] | None = None,
     for name, overrides in spec["variants"].items():
         if variants is not None and not any(fnmatch.fnmatchcase(name, p) for p in variants):
             continue
+        check_variant_name(name)
         overrides = dict(overrides)
         for seed in overrides.pop("seeds", spec["seeds"]):  # a variant may name its own seeds
             if seeds is not None and seed not in seeds:
@@ -116,20 +141,50 @@ def plan(spec: dict, out: Path, seeds: list[int] | None = None,
 
 
 def finished_run_dir(run: SweepRun) -> Path | None:
-    """The run directory of a completed run, if there is one."""
+    """The run directory of a completed run, if there is one (a run log damaged before its
+    last line is passed over, with the reason)."""
     rounds = int(run.run_config.get("num-server-rounds", 10))
     for candidate in sorted(run.directory.glob("*/rounds.jsonl")):
-        records = read_rounds(candidate.parent)
-        if len(records) == rounds + 1 and (candidate.parent / "final_model.pt").is_file():
+        if not (candidate.parent / "final_model.pt").is_file():
+            continue
+        try:
+            records = read_rounds(candidate.parent)
+        except (OSError, ValueError) as exc:
+            print(f"{run.variant} seed {run.seed}: not counted as done: {exc}", flush=True)
+            continue
+        if len(records) == rounds + 1:
             return candidate.parent
     return None
 
 
 def resumable_run_dir(run: SweepRun) -> Path | None:
-    """The newest unfinished run directory of ``run`` that holds a checkpoint, if any."""
-    for candidate in sorted(run.directory.glob("*/checkpoint.pkl"), reverse=True):
-        if not (candidate.parent / "final_model.pt").is_file():
-            return candidate.parent
+    """The newest unfinished run directory of ``run`` whose checkpoint this sweep wrote for
+    this variant and seed (its config digest equals the run config's now), if any; every
+    checkpoint passed over is named with the reason."""
+    digest = config_digest(RunConfig.from_user_config(run.run_config).to_dict())
+    candidates = {p.parent for name in (CHECKPOINT_NAME, LEGACY_NAME)
+                  for p in run.directory.glob(f"*/{name}")}
+    for candidate in sorted(candidates, reverse=True):
+        if (candidate / "final_model.pt").is_file():
+            continue
+        why = checkpoint_refusal(candidate, digest)
+        if why is None:
+            return candidate
+        print(f"{run.variant} seed {run.seed}: not resuming {candidate}: {why}", flush=True)
+    return None
+
+
+def checkpoint_refusal(run_dir: Path, digest: str) -> str | None:
+    """Why the checkpoint in ``run_dir`` is not one to resume with config digest ``digest``
+    (None: resume it)."""
+    try:
+        payload = load_checkpoint(run_dir)
+    except ConfigError as exc:
+        return str(exc)
+    if payload["config-digest"] != digest:
+        return ("its checkpoint was written with another run config (config digest "
+                f"{payload['config-digest'][:12]}..., this variant and seed now "
+                f"{digest[:12]}...); the run starts afresh in a new run directory")
     return None
 
 

@@ -293,11 +293,3 @@ def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int) 
 def count_parameters(model: nn.Module) -> int:
     """Number of trainable parameters of ``model``."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
-
-
-def save_state_dict(state_dict: dict[str, torch.Tensor], path: Path) -> Path:
-    """``torch.save`` a state dict to ``path`` atomically (a temporary file, then a rename)."""
-    tmp = path.with_name(f"{path.name}.tmp")
-    torch.save(state_dict, tmp)
-    tmp.replace(path)
-    return path

@@ -168,7 +168,7 @@ def test_superlink_killed_mid_run_resumes_from_its_checkpoint(cluster, reference
     thread, box = in_background(deployed, cluster, tmp_path / "first", **{"checkpoint-every": 1})
 
     def checkpointed() -> bool:
-        runs = list((tmp_path / "first").glob("*/checkpoint.pkl"))
+        runs = list((tmp_path / "first").glob("*/checkpoint.json"))
         return bool(runs) and load_checkpoint(runs[0].parent)["round"] >= 1
 
     wait_until(checkpointed, 600, "the checkpoint of round 1")

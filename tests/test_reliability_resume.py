@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import json
 import pickle
+from pathlib import Path
 
 import pytest
 
-from fedapp.checkpoint import CHECKPOINT_NAME, load_checkpoint
+from fedapp.checkpoint import CHECKPOINT_NAME, LEGACY_NAME, load_checkpoint
+from fedapp.checkpoint_format import CheckpointFormatError
 from fedapp.config import ConfigError
 from fedapp.run_log import read_rounds
 from simulation.reliability import SimulatedKill, run_inprocess
@@ -73,27 +75,48 @@ def test_two_runs_with_the_same_seed_are_identical(strategy, tmp_path):
     ) == json.dumps(without_timings(second), sort_keys=True)
 
 
-def test_checkpoint_write_is_atomic_and_keeps_the_last_good_one(tmp_path, monkeypatch):
+def test_a_checkpoint_that_cannot_be_written_keeps_the_last_good_one(tmp_path):
+    """A state the format cannot hold (here a set) is refused before any file is written;
+    the checkpoint of round 2 stays whole. (A full disk: tests/test_checkpoint_disk_full.py.)"""
+    _, run_dir, _, _ = run("fedavg", tmp_path / "a", 2,
+                           **{"num-server-rounds": 2, "checkpoint-every": 2})
     from fedapp import checkpoint  # noqa: PLC0415
 
-    checkpoint.save_checkpoint(tmp_path, {"format": 1, "round": 2})
-
-    def exploding_dump(payload, handle, protocol):
-        handle.write(b"partial")
-        raise OSError("disk full")
-
-    monkeypatch.setattr(checkpoint.pickle, "dump", exploding_dump)
-    with pytest.raises(OSError):
-        checkpoint.save_checkpoint(tmp_path, {"format": 1, "round": 4})
-    assert pickle.loads((tmp_path / CHECKPOINT_NAME).read_bytes())["round"] == 2
+    good = load_checkpoint(run_dir)
+    before = sorted(p.name for p in run_dir.iterdir())
+    with pytest.raises(CheckpointFormatError, match=r"payload\['strategy'\]\['x'\] is a builtins.set"):
+        checkpoint.save_checkpoint(run_dir, {**good, "round": 4, "strategy": {"x": {1}}})
+    assert sorted(p.name for p in run_dir.iterdir()) == before  # no .tmp, no new .npz
+    assert load_checkpoint(run_dir)["round"] == 2
 
 
 def test_resume_errors_are_clear(tmp_path):
-    with pytest.raises(ConfigError, match="has no checkpoint.pkl"):
+    with pytest.raises(ConfigError, match="is not a run directory .no such folder."):
+        load_checkpoint(tmp_path / "nowhere")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ConfigError, match="that is a file: give the run directory"):
+        load_checkpoint(tmp_path / "file")
+    with pytest.raises(ConfigError, match="has no checkpoint.json"):
         load_checkpoint(tmp_path)
-    (tmp_path / CHECKPOINT_NAME).write_bytes(b"\x80\x05truncated")
-    with pytest.raises(ConfigError, match="corrupt or truncated"):
+    (tmp_path / CHECKPOINT_NAME).write_text('{"format": "fedhetero-checkp')
+    with pytest.raises(ConfigError, match="corrupt, truncated or not a fedhetero checkpoint"):
         load_checkpoint(tmp_path)
+
+
+def test_a_pickle_checkpoint_is_refused_unread(tmp_path):
+    """A checkpoint.pkl (format 1, or planted) is never unpickled: resume-from says why."""
+    class Planted:
+        def __reduce__(self):
+            return (Path.touch, (tmp_path / "pwned",))
+
+    (tmp_path / LEGACY_NAME).write_bytes(pickle.dumps(Planted()))
+    with pytest.raises(ConfigError, match="a Python pickle, which can run any code"):
+        load_checkpoint(tmp_path)
+    assert not (tmp_path / "pwned").exists()
+    rc = config("fedavg", tmp_path / "b", **{"num-server-rounds": 3, "resume-from": str(tmp_path)})
+    with pytest.raises(RuntimeError, match="checkpoint.pkl"):
+        run_inprocess(rc, 2)
+    assert not (tmp_path / "pwned").exists()
 
 
 def test_resume_refuses_another_experiment(tmp_path):
@@ -124,3 +147,28 @@ def test_a_key_added_after_the_checkpoint_counts_as_its_default(tmp_path):
     check_compatible(old, now)
     with pytest.raises(ConfigError, match="server-beta1: checkpoint 0.9 vs now 0.5"):
         check_compatible(old, now | {"server-beta1": 0.5})
+
+
+@pytest.mark.timeout(1500)
+def test_a_real_flwr_run_resumes_from_its_checkpoint_bit_exactly(tmp_path):
+    """Through `flwr run` on the simulation engine (not in-process): a 2-round run with its
+    checkpoint of round 2, resumed to 3 rounds, equals an uninterrupted 3-round run."""
+    from fedapp.model_file import read_model  # noqa: PLC0415
+    from simulation.runtime import run_app  # noqa: PLC0415
+
+    def flwr_run(out, **overrides):
+        rc = {"num-server-rounds": 3, "local-steps": 3, "partition": "iid", "seed": 4,
+              "output-dir": str(out), **overrides}
+        result = run_app(rc, {"num-supernodes": 2, "client-resources-num-cpus": 1},
+                         flwr_home=tmp_path / "flwr-home", timeout=420, isolate_ports=True,
+                         capture=True)
+        assert result.returncode == 0, result.output[-4000:]
+        (run_dir,) = list(out.iterdir())
+        return run_dir
+
+    full = flwr_run(tmp_path / "full")
+    half = flwr_run(tmp_path / "half", **{"num-server-rounds": 2, "checkpoint-every": 2})
+    assert load_checkpoint(half)["round"] == 2
+    resumed = flwr_run(tmp_path / "resumed", **{"resume-from": str(half)})
+    assert without_timings(read_rounds(resumed)) == without_timings(read_rounds(full))
+    assert same_model(read_model(resumed / "final_model.pt"), read_model(full / "final_model.pt"))

@@ -1,7 +1,8 @@
 """Tests for simulation.sweep: sweep files, run plans, resume detection and the summary.
 
-No real run is started: run directories are written by hand (``rounds.jsonl`` and an
-empty ``final_model.pt``), and ``run_app`` is replaced where ``execute`` is exercised.
+No real run is started: run directories are written by hand (``rounds.jsonl``, an empty
+``final_model.pt``, real checkpoints of the run's strategy by fedapp.checkpoint), and
+``run_app`` is replaced where ``execute`` is exercised.
 """
 
 from __future__ import annotations
@@ -12,9 +13,13 @@ import math
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
+from flwr.app import Array, ArrayRecord
 
+from fedapp.checkpoint import make_payload, save_checkpoint
 from fedapp.config import RunConfig
+from fedapp.registry import build_strategy
 from simulation import sweep
 from simulation.experiments import EXPERIMENTS_DIR, sweep_files
 
@@ -64,6 +69,15 @@ def fake_run_dir(
     if model:
         (run / "final_model.pt").write_bytes(b"")
     return run
+
+
+def write_checkpoint(run_dir: Path, run_config: dict, server_round: int = 2) -> Path:
+    """A real checkpoint in ``run_dir``, as the ServerApp of ``run_config`` writes it."""
+    cfg = RunConfig.from_user_config(run_config)
+    strategy, _ = build_strategy(cfg)
+    arrays = ArrayRecord({"w": Array(np.zeros(3, np.float32))})
+    return save_checkpoint(run_dir, make_payload(server_round, arrays, strategy, [], 1.0,
+                                                 cfg.to_dict()))
 
 
 # ---------------------------------------------------------------- load / plan
@@ -325,12 +339,12 @@ def test_resumable_run_dir_is_the_newest_unfinished_checkpoint(tmp_path):
     run = plan_tiny(tmp_path)[0]
     assert sweep.resumable_run_dir(run) is None
     old = fake_run_dir(run.directory, [0.1, 0.2], model=False, name="20250101-000000-x-run1")
-    (old / "checkpoint.pkl").write_bytes(b"")
+    write_checkpoint(old, run.run_config, 1)
     new = fake_run_dir(run.directory, [0.1, 0.2, 0.3], model=False, name="20250102-000000-x-run2")
-    (new / "checkpoint.pkl").write_bytes(b"")
+    write_checkpoint(new, run.run_config, 2)
     assert sweep.resumable_run_dir(run) == new
     done = fake_run_dir(run.directory, [0.1, 0.2, 0.3, 0.4], name="20250103-000000-x-run3")
-    (done / "checkpoint.pkl").write_bytes(b"")  # a finished run is not resumed
+    write_checkpoint(done, run.run_config, 3)  # a finished run is not resumed
     assert sweep.resumable_run_dir(run) == new
 
 
@@ -339,7 +353,7 @@ def test_execute_resumes_a_stopped_run_from_its_checkpoint(tmp_path, monkeypatch
     out = tmp_path / "out"
     first = sweep.plan(spec, out)[0]
     partial = fake_run_dir(first.directory, [0.1, 0.2], model=False)
-    (partial / "checkpoint.pkl").write_bytes(b"")
+    write_checkpoint(partial, first.run_config)
     configs = []
 
     def fake_run_app(run_config, federation, **kwargs):
@@ -388,3 +402,83 @@ def test_filters_that_select_no_run_say_what_the_file_has(tmp_path, argv, says):
     assert str(info.value) == (f"{path}: {says}; the file has the variants a, b and the "
                                "seeds 0, 1, 2")
     assert not out.exists()  # nothing written for a run that did not happen
+
+
+# ---------------------------------------------------------------- what a sweep resumes
+def test_a_checkpoint_of_another_variant_or_seed_is_not_resumed(tmp_path, capsys):
+    a1, a2, b1, _ = plan_tiny(tmp_path)
+    # the checkpoints of seed 2 and of variant b.x, planted in a/seed1's folder
+    other_seed = fake_run_dir(a1.directory, [0.1], model=False, name="20250101-000000-x-run1")
+    write_checkpoint(other_seed, a2.run_config)
+    other_variant = fake_run_dir(a1.directory, [0.1], model=False, name="20250102-000000-x-run2")
+    write_checkpoint(other_variant, b1.run_config)
+    assert sweep.resumable_run_dir(a1) is None
+    printed = capsys.readouterr().out
+    assert printed.count("not resuming") == 2 and "written with another run config" in printed
+    assert str(other_seed) in printed and str(other_variant) in printed
+    own = fake_run_dir(a1.directory, [0.1], model=False, name="20250103-000000-x-run3")
+    write_checkpoint(own, a1.run_config)
+    assert sweep.resumable_run_dir(a1) == own
+
+
+def test_a_pickle_checkpoint_is_passed_over_unread(tmp_path, capsys):
+    """An old checkpoint.pkl (or a planted one) is never unpickled: the sweep says why and
+    starts afresh; the file's payload, which would create a file when unpickled, never runs."""
+    import pickle  # noqa: PLC0415 - to write the planted file only
+
+    class Planted:
+        def __reduce__(self):
+            return (Path.touch, (tmp_path / "pwned",))
+
+    run = plan_tiny(tmp_path)[0]
+    old = fake_run_dir(run.directory, [0.1, 0.2], model=False)
+    (old / "checkpoint.pkl").write_bytes(pickle.dumps(Planted()))
+    assert sweep.resumable_run_dir(run) is None
+    printed = capsys.readouterr().out
+    assert "checkpoint.pkl" in printed and "can run any code" in printed
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_a_damaged_checkpoint_is_passed_over_with_the_reason(tmp_path, capsys):
+    run = plan_tiny(tmp_path)[0]
+    old = fake_run_dir(run.directory, [0.1, 0.2], model=False)
+    path = write_checkpoint(old, run.run_config)
+    text = path.read_text()
+    assert '["round",2]' in text  # in the hashed state
+    path.write_text(text.replace('["round",2]', '["round",3]'))
+    assert sweep.resumable_run_dir(run) is None
+    assert "SHA-256" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------- variant names, run logs
+@pytest.mark.parametrize("name", ["../../../../escaped", "a/b", ".hidden", "..", "nul\x00x",
+                                  "", "back\\slash"])
+def test_an_unsafe_variant_name_is_refused(tmp_path, name):
+    spec = {"seeds": [0], "variants": {name: {"lr": 0.1}}}
+    with pytest.raises(ValueError, match="is not a safe folder name"):
+        sweep.plan(spec, tmp_path / "out")
+
+
+def test_a_variant_named_to_escape_writes_nothing_outside_the_sweep_folder(tmp_path):
+    from simulation import __main__ as simulation_cli  # noqa: PLC0415
+
+    box = tmp_path / "a" / "b" / "c" / "d"
+    box.mkdir(parents=True)
+    path = write(box, 'seeds = [0]\n[variants."../../../../escaped"]\nlr = 0.1\n')
+    before = sorted(p for p in tmp_path.rglob("*"))
+    with pytest.raises(SystemExit, match="'../../../../escaped' is not a safe folder name"):
+        simulation_cli.main(["sweep", str(path), "--out", str(box / "out")])
+    assert sorted(p for p in tmp_path.rglob("*")) == before
+    assert not (tmp_path / "escaped").exists()
+
+
+def test_a_truncated_last_line_of_rounds_jsonl_is_skipped_with_a_warning(tmp_path):
+    run = plan_tiny(tmp_path)[0]
+    done = fake_run_dir(run.directory, [0.1, 0.2, 0.3, 0.4])
+    with (done / "rounds.jsonl").open("a") as handle:
+        handle.write('{"round": 4, "accur')  # a run killed while appending
+    with pytest.warns(RuntimeWarning, match=r"rounds.jsonl, line 5: skipped"):
+        assert sweep.finished_run_dir(run) == done
+    with pytest.warns(RuntimeWarning):
+        rows = sweep.summarize([(run, done)])
+    assert rows[0]["final-mean"] == pytest.approx(0.4)

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from fedapp.config import RunConfig
+from fedapp.run_log import read_rounds
 from strategies import contract as C
 from task.data import PartitionSpec, client_data, load_dataset
 from task.evaluate import evaluate
@@ -111,7 +112,7 @@ def simulation_round_seconds(workload: dict, num_clients: int, cpus_per_client: 
         runs = list(out.glob("*/rounds.jsonl"))
         if result.returncode != 0 or not runs:
             raise RuntimeError(f"flwr run ended {result.status}:\n{result.output[-3000:]}")
-        records = [json.loads(line) for line in runs[0].read_text().splitlines() if line.strip()]
+        records = read_rounds(runs[0].parent)
     return (
         records if keep_records else [r[C.LOG_WALL_SECONDS] for r in records if r[C.LOG_ROUND] >= 1]
     )

@@ -144,7 +144,8 @@ def run_inprocess(
     run_config: dict, num_nodes: int = 3, *, client_app=None, run_id: int = 7, **grid_kwargs
 ):
     """Run the ServerApp against ``num_nodes`` in-process ClientApps; returns (grid, run
-    directory). ``run_config['output-dir']`` must be a fresh absolute folder."""
+    directory): the directory this run created under ``run_config['output-dir']`` (an
+    absolute folder; runs already there are left as they are)."""
     from fedapp.client_app import app as default_client_app  # noqa: PLC0415
     from fedapp.server_app import app as server_app  # noqa: PLC0415
 
@@ -152,10 +153,12 @@ def run_inprocess(
     context = Context(
         run_id=run_id, node_id=0, node_config={}, state=RecordDict(), run_config=dict(run_config)
     )
+    out = Path(run_config["output-dir"])
+    before = set(out.iterdir()) if out.is_dir() else set()
     try:
         server_app(grid, context)
     finally:
-        out = Path(run_config["output-dir"])
-        runs = sorted(out.iterdir()) if out.is_dir() else []
+        runs = sorted(set(out.iterdir()) - before, key=lambda p: p.stat().st_mtime_ns) \
+            if out.is_dir() else []
         grid.run_dir = runs[-1] if runs else None
     return grid, grid.run_dir

@@ -16,11 +16,13 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import torch
 
 from fedapp.checkpoint import load_checkpoint
+from fedapp.model_file import read_model
 from fedapp.run_log import read_rounds
 from strategies import contract as C
 
@@ -55,8 +57,9 @@ def wait_for_round(out: Path, round_: int, proc: subprocess.Popen, timeout: floa
     while time.monotonic() < deadline:
         dirs = list(out.iterdir()) if out.is_dir() else []
         if dirs and (dirs[0] / "rounds.jsonl").is_file():
-            lines = (dirs[0] / "rounds.jsonl").read_text().splitlines()
-            rounds = [json.loads(x) for x in lines if x.strip()]
+            with warnings.catch_warnings():  # a line half written as we read: read it next time
+                warnings.simplefilter("ignore", RuntimeWarning)
+                rounds = read_rounds(dirs[0])
             if rounds and rounds[-1][C.LOG_ROUND] >= round_:
                 return dirs[0]
         if proc.poll() is not None:
@@ -100,7 +103,7 @@ def resume_check(
         strategy, workdir / "resumed", seed, rounds, {**extra, "resume-from": str(killed_dir)}
     )
     _, resumed_dir = run_inprocess(resumed_rc, nodes)
-    a, b = torch.load(full_dir / "final_model.pt"), torch.load(resumed_dir / "final_model.pt")
+    a, b = read_model(full_dir / "final_model.pt"), read_model(resumed_dir / "final_model.pt")
     first = ckpt_round + 1
     resent = read_rounds(resumed_dir)[first].get(C.LOG_CLIENT_STATE_ATTACHED, 0) - read_rounds(
         full_dir)[first].get(C.LOG_CLIENT_STATE_ATTACHED, 0)
