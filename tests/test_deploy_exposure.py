@@ -158,3 +158,21 @@ def test_stock_supernodes_train_through_the_gateway(cluster, tmp_path):
         timeout=420, capture=True)
     assert result.status == "finished:completed", result.output[-4000:]
     assert "ERROR" not in (deployment.layout.logs / "fleet-gateway.log").read_text()
+
+
+@pytest.mark.timeout(300)
+def test_without_tls_the_gateway_still_serves_the_fleet_api_only(tmp_path):
+    """127.0.0.2 is loopback, so no --tls is needed; the plain-HTTP gateway refuses the same."""
+    deployment = LocalDeployment(DeploySpec(num_supernodes=1, host=PUBLIC),
+                                 Layout(tmp_path / "deploy"), start_timeout=120)
+    try:
+        deployment.start()  # returns once the SuperNode joined through the gateway
+        home = tmp_path / "outsider"
+        write_connection(home, "public", deployment.address)
+        proc = flwr(flwr_env(home), "ls", "public", "--format", "json")
+        assert refused(proc), proc.stdout + proc.stderr
+        assert admin_json(deployment, "supernode", "list")["nodes"][0]["status"] == "online"
+    finally:
+        pids = [p for s in deployment.started for p in [s.proc.pid, *descendants(s.proc.pid)]]
+        deployment.stop()
+        assert not [pid for pid in pids if is_alive(pid)], "processes left after stop()"
