@@ -1,5 +1,9 @@
 """One SuperLink and N SuperNodes on this machine, optionally with TLS and SuperNode auth.
 
+The SuperLink binds 127.0.0.1 only (its Control and Runtime APIs have no user
+authentication in Flower 1.42); a ``host`` other than 127.0.0.1/localhost gets the Fleet API
+alone, through :mod:`deploy.fleet_gateway` (:mod:`deploy.bind_policy`).
+
 Every process is our child with its own FLWR_HOME, working directory and log file under
 the deployment's work directory; ``stop()`` ends them and their children by PID.
 """
@@ -18,10 +22,13 @@ from pathlib import Path
 from simulation.runtime import (Started, flwr_env, free_port, start_process, stop_processes,
                                 wait_for_port)
 
+from .bind_policy import ADMIN_HOST, bind_problem, needs_gateway
 from .connection import write_connection
 from .layout import Layout, ensure_certs, ensure_keys
+from .node_identity import write_partition_map
 
 BIN = Path(sys.executable).parent
+PACKAGE_ROOT = Path(__file__).resolve().parent.parent  # the folder holding this deploy/
 JOINED = "SuperNode ID: "  # what flower-supernode 1.41 logs once the SuperLink accepted it
 # Flower 1.41's SuperExec asks its SuperLink/SuperNode for a new task (a ServerApp or a
 # ClientApp process to start) every FLWR_SUPEREXEC_TASK_POLL_INTERVAL seconds (default 1.0,
@@ -64,6 +71,11 @@ class DeploySpec:
     # the SuperLink's state in state.db (restartable after a crash) or in memory (Flower's
     # default: faster, its runs and nodes lost with it)
     superlink_database: bool = True
+    # a non-loopback host without tls + auth is refused unless this is True
+    insecure_remote: bool = False
+    # extra names/addresses for the server certificate's SANs (e.g. this host's DNS name
+    # when host is 0.0.0.0); host itself is added when it is an address to reach
+    cert_hosts: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.num_supernodes < 1:
@@ -76,6 +88,9 @@ class DeploySpec:
                 "auth (--auth) needs tls (--tls): Flower's SuperNode authentication requires TLS; "
                 "add --tls"
             )
+        problem = bind_problem(self.host, self.tls, self.auth, self.insecure_remote)
+        if problem:
+            raise ValueError(problem)
         if not 0 <= self.port <= 65535:
             raise ValueError(
                 f"port={self.port} (--port): give a TCP port from 1 to 65535, or 0 for a free one"
@@ -101,6 +116,8 @@ class LocalDeployment:
         self.layout = layout
         self.start_timeout = start_timeout
         self.port = spec.port or free_port()
+        # the SuperLink's own port: the same as port unless a Fleet gateway serves port
+        self.admin_port = free_port() if self.gateway else self.port
         self.started: list[Started] = []
         self.cli_env = flwr_env(layout.cli_home)
 
@@ -116,10 +133,27 @@ class LocalDeployment:
         return env
 
     @property
+    def gateway(self) -> bool:
+        """True when the Fleet API on ``host`` is :mod:`deploy.fleet_gateway`'s."""
+        return needs_gateway(self.spec.host)
+
+    @property
     def address(self) -> str:
-        """Where SuperNodes and the CLI reach the SuperLink from this machine."""
-        host = "127.0.0.1" if self.spec.host in ("0.0.0.0", "") else self.spec.host
-        return f"{host}:{self.port}"
+        """Where SuperNodes reach the Fleet API from this machine."""
+        host = "127.0.0.1" if self.spec.host in ("0.0.0.0", "::", "") else self.spec.host
+        return f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
+
+    @property
+    def admin_address(self) -> str:
+        """Where the ``flwr`` CLI reaches the Control API: the SuperLink's loopback bind."""
+        return f"{ADMIN_HOST}:{self.admin_port}" if self.gateway else self.address
+
+    @property
+    def cert_hosts(self) -> tuple[str, ...]:
+        """Names the server certificate must cover besides 127.0.0.1 and localhost."""
+        wildcard = self.spec.host in ("0.0.0.0", "::", "")
+        own = () if wildcard or self.spec.host in ("127.0.0.1", "localhost") else (self.spec.host,)
+        return tuple(dict.fromkeys((*own, *self.spec.cert_hosts)))
 
     def __enter__(self) -> "LocalDeployment":
         return self
@@ -138,13 +172,16 @@ class LocalDeployment:
         for old in self.database.parent.glob(f"{self.database.name}*"):  # + sqlite's -wal, -shm
             old.unlink()
         if self.spec.tls:
-            local = self.spec.host in ("0.0.0.0", "", "127.0.0.1", "localhost")
-            extra = () if local else (self.spec.host,)
-            ensure_certs(self.layout, extra)
+            ensure_certs(self.layout, self.cert_hosts)
         if self.spec.auth:
             ensure_keys(self.layout, self.spec.num_supernodes)
+            write_partition_map(self.layout.partition_map,
+                                {i: self.layout.public_key(i)
+                                 for i in range(self.spec.num_supernodes)})
         self.start_superlink()
-        write_connection(self.layout.cli_home, self.spec.connection, self.address,
+        if self.gateway:
+            self.start_gateway()
+        write_connection(self.layout.cli_home, self.spec.connection, self.admin_address,
                          self.layout.ca_cert if self.spec.tls else None)
         chosen = list(range(self.spec.num_supernodes) if supernodes is None else supernodes)
         for i in chosen:
@@ -157,8 +194,10 @@ class LocalDeployment:
     def start_superlink(self) -> Started:
         """The SuperLink, its state (nodes, runs) in ``state.db`` of its home: started again
         after a crash, it knows the SuperNodes, which then carry on (with Flower's default
-        in-memory state, ``superlink_database=False``, they are refused and exit)."""
-        argv = [str(BIN / "flower-superlink"), "--host", self.spec.host, "--port", str(self.port),
+        in-memory state, ``superlink_database=False``, they are refused and exit). It binds
+        127.0.0.1 when a Fleet gateway serves ``host``."""
+        host = ADMIN_HOST if self.gateway else self.spec.host
+        argv = [str(BIN / "flower-superlink"), "--host", host, "--port", str(self.admin_port),
                 "--disable-runtime-dependency-installation", *self._server_tls_args()]
         if self.spec.superlink_database:
             argv += ["--database", str(self.database)]
@@ -169,9 +208,31 @@ class LocalDeployment:
             "SuperLink", argv, self._env(home), home, self.layout.logs / "superlink.log"
         )
         self.started.append(link)
-        host, port = self.address.rsplit(":", 1)
+        host, port = self.admin_address.rsplit(":", 1)
         wait_for_port(host, int(port), self.start_timeout, watch=link)
         return link
+
+    def start_gateway(self) -> Started:
+        """:mod:`deploy.fleet_gateway` on ``host:port``: the Fleet API only, forwarded to the
+        SuperLink's loopback bind; the Control and Runtime APIs answer 403 there."""
+        argv = [sys.executable, "-m", "deploy.fleet_gateway", "--host", self.spec.host,
+                "--port", str(self.port), "--superlink", self.admin_address]
+        if self.spec.tls:
+            argv += ["--ssl-certfile", str(self.layout.server_cert),
+                     "--ssl-keyfile", str(self.layout.server_key),
+                     "--ssl-ca-certfile", str(self.layout.ca_cert)]
+        else:
+            argv.append("--insecure")
+        home = self.layout.superlink_home
+        env = self._env(home)  # this deploy package's gateway, whatever the venv installed
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(PACKAGE_ROOT),
+                                                          env.get("PYTHONPATH"))))
+        gateway = start_process("Fleet gateway", argv, env, home,
+                                self.layout.logs / "fleet-gateway.log")
+        self.started.append(gateway)
+        host, port = self.address.rsplit(":", 1)
+        wait_for_port(host.strip("[]"), int(port), self.start_timeout, watch=gateway)
+        return gateway
 
     def start_supernode(
         self, partition_id: int, private_key: Path | None = None, max_retries: int | None = None,

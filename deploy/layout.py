@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from simulation.runtime import PROJECT_ROOT
+
+from .cert_check import RENEW_DAYS, certificate_problem
 
 DEPLOY_DIR = Path(__file__).resolve().parent
 DEFAULT_WORKDIR = PROJECT_ROOT / ".flwr" / "deploy"  # git-ignored, never ~/.flwr
@@ -60,12 +63,31 @@ class Layout:
     def public_key(self, partition_id: int) -> Path:
         return self.keys / f"supernode_credentials_{partition_id}.pub"
 
+    @property
+    def partition_map(self) -> Path:
+        """{sha256 of a registered key's PEM: the partition it may serve}
+        (:mod:`deploy.node_identity`)."""
+        return self.keys / "partitions.json"
 
-def ensure_certs(layout: Layout, hosts: tuple[str, ...] = ()) -> None:
-    """CA + server certificate (SANs 127.0.0.1, localhost, ``hosts``) unless all three exist."""
-    if all(p.is_file() for p in (layout.ca_cert, layout.server_cert, layout.server_key)):
-        return
+
+def ensure_certs(layout: Layout, hosts: tuple[str, ...] = (),
+                 min_days: int = RENEW_DAYS) -> str | None:
+    """CA + server certificate (SANs 127.0.0.1, localhost, ``hosts``), made again when one is
+    missing, their SANs do not cover ``hosts`` or either expires within ``min_days``; why
+    they were made again (None: the existing ones were kept)."""
+    files = (layout.ca_cert, layout.server_cert, layout.server_key)
+    if not all(p.is_file() for p in files):
+        reason = "no certificates yet"
+    else:
+        reason = certificate_problem(layout.server_cert, layout.ca_cert,
+                                     ("127.0.0.1", "localhost", *hosts), min_days)
+        if reason is None:
+            return None
+        print(f"[deploy] making new certificates in {layout.certs}: {reason}. Copy the new "
+              "ca.crt to every SuperNode and CLI host (the old one no longer verifies)",
+              file=sys.stderr, flush=True)
     _script("make_certs.sh", str(layout.certs), *hosts)
+    return reason
 
 
 def ensure_keys(layout: Layout, num_supernodes: int) -> None:

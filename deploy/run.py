@@ -4,6 +4,11 @@ Examples::
 
     python -m deploy run --num-supernodes 2 -c num-server-rounds=2
     python -m deploy run --num-supernodes 3 --tls --auth -c strategy=fednova -c num-server-rounds=5
+    python -m deploy run --host 0.0.0.0 --port 9093 --tls --auth --cert-host node.example.org
+
+The SuperLink binds 127.0.0.1; any other ``--host`` serves the Fleet API only (SuperNodes,
+through deploy.fleet_gateway), and a non-loopback one only with ``--tls --auth`` (or
+``--insecure-remote``). docs/deployment.md, "Threat model".
 
 Certificates, keys, logs and the FLWR_HOMEs live in ``--workdir`` (default
 ``.flwr/deploy/``, git-ignored); the run log goes to the run-config ``output-dir`` as in
@@ -19,6 +24,7 @@ from pathlib import Path
 from fedapp import check_run_config  # the app's public entry point
 from simulation.runtime import parse_overrides
 
+from .bind_policy import insecure_remote_warning
 from .cluster import DeploySpec, LocalDeployment
 from .layout import DEFAULT_WORKDIR, Layout
 from .runner import run_on_connection
@@ -34,8 +40,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="SuperNode authentication (needs --tls; keys in WORKDIR/keys, "
                              "registered with flwr)")
     parser.add_argument("--host", default="127.0.0.1",
-                        help="SuperLink bind address (0.0.0.0 for remote nodes)")
-    parser.add_argument("--port", type=int, default=0, help="SuperLink port (default: a free one)")
+                        help="address SuperNodes reach (0.0.0.0 for remote nodes): anything but "
+                             "127.0.0.1/localhost gets the Fleet API only, through a gateway; "
+                             "a non-loopback address needs --tls --auth")
+    parser.add_argument("--port", type=int, default=0,
+                        help="the SuperNodes' port on --host (default: a free one)")
+    parser.add_argument("--insecure-remote", action="store_true",
+                        help="allow a non-loopback --host without --tls --auth (anyone who "
+                             "reaches it can join as a SuperNode): a trusted network only")
+    parser.add_argument("--cert-host", action="append", default=[], metavar="NAME_OR_IP",
+                        help="also put this name/address into the server certificate's SANs "
+                             "(repeatable; the name SuperNodes use when --host is 0.0.0.0)")
     parser.add_argument("--data-dir", default="",
                         help="absolute data folder put into every node config")
     parser.add_argument("--num-threads", type=int, default=0,
@@ -77,6 +92,8 @@ def spec_of(args: argparse.Namespace) -> tuple[DeploySpec, dict]:
         num_threads=args.num_threads,
         warm_clientapps=not args.flower_clientapps,
         superlink_database=not args.in_memory_superlink,
+        insecure_remote=args.insecure_remote,
+        cert_hosts=tuple(args.cert_host),
     )
     overrides.setdefault("min-available-nodes", spec.num_supernodes)  # all join before round 1
     check_run_config(overrides)  # the ServerApp's rules, before anything starts
@@ -93,11 +110,17 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    warning = insecure_remote_warning(spec.host, spec.tls, spec.auth)
+    if warning:
+        print(f"{'!' * 80}\n[deploy] {warning}\n{'!' * 80}", file=sys.stderr, flush=True)
     layout = Layout(args.workdir.resolve())
     with LocalDeployment(spec, layout) as deployment:
         deployment.start()
+        fleet = (f"Fleet API only on {deployment.address} (gateway), Control/Runtime on "
+                 f"{deployment.admin_address}" if deployment.gateway
+                 else f"SuperLink {deployment.address}")
         print(
-            f"[deploy] SuperLink {deployment.address} ({'TLS' if spec.tls else 'insecure'}"
+            f"[deploy] {fleet} ({'TLS' if spec.tls else 'insecure'}"
             f"{' + SuperNode auth' if spec.auth else ''}), {spec.num_supernodes} SuperNodes, "
             f"logs in {layout.logs}",
             flush=True,
