@@ -66,6 +66,20 @@ def bytes_to_target(records: list[dict], target: float) -> float | None:
                     target)
 
 
+def cumulative_updates(records: list[dict]) -> np.ndarray:
+    """Client updates aggregated up to and including each round (``clients-received``;
+    round 0 = 0): FedBuff's efficiency measure, "client trips" (Nguyen et al. 2022)."""
+    return np.cumsum([float(r.get(C.LOG_CLIENTS_RECEIVED, 0) or 0) for r in records])
+
+
+def updates_to_target(records: list[dict], target: float) -> float | None:
+    """Client updates until the best-so-far accuracy reaches ``target`` (interpolated
+    between evaluated rounds)."""
+    total = cumulative_updates(records)
+    at = np.array([u for u, r in zip(total, records) if r.get(C.LOG_ACCURACY) is not None])
+    return crossing(at, [r[C.LOG_ACCURACY] for r in evaluated(records)], target)
+
+
 def has_clock(records: list[dict]) -> bool:
     """Whether a run log carries the simulated clock (``sim-elapsed`` after round 0)."""
     return any(r.get(C.LOG_SIM_ELAPSED) is not None for r in records)

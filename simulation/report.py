@@ -40,7 +40,8 @@ from fedapp.run_log import read_rounds
 from strategies import contract as C
 
 from .metrics import (bytes_to_target, cumulative_bytes, evaluated, evaluated_bytes, has_clock,
-                      percent_over_seeds, rounds_to_target, sim_elapsed, sim_seconds_to_target)
+                      percent_over_seeds, rounds_to_target, sim_elapsed, sim_seconds_to_target,
+                      updates_to_target)
 from .runtime import fraction
 
 
@@ -246,6 +247,24 @@ def communication_markdown(runs: dict[str, list[tuple[Path, list[dict]]]]) -> st
     return "\n".join(lines)
 
 
+def updates_markdown(runs: dict[str, list[tuple[Path, list[dict]]]], targets: list[float]) -> str:
+    """Per variant, the client updates aggregated until each target (mean over the seeds
+    that reach it, "n/k" reached), and in all."""
+    head = "| variant |" + "".join(f" updates to {100 * t:g}% |" for t in targets) + " updates |"
+    lines = [head, "|---|" + "---|" * (len(targets) + 1)]
+    for variant, items in runs.items():
+        records = [r for _, r in items]
+        cells = []
+        for target in targets:
+            got = [u for u in (updates_to_target(r, target) for r in records) if u is not None]
+            cells.append(f"{statistics.mean(got):.0f} ({len(got)}/{len(records)})" if got
+                         else f"not reached (0/{len(records)})")
+        total = statistics.mean(sum(float(x.get(C.LOG_CLIENTS_RECEIVED, 0) or 0) for x in r)
+                                for r in records)
+        lines.append(f"| {variant} | " + " | ".join(cells) + f" | {total:.0f} |")
+    return "\n".join(lines)
+
+
 def clock_markdown(runs: dict[str, list[tuple[Path, list[dict]]]]) -> str:
     """Per variant: simulated hours of the whole run, simulated seconds per round, and per
     round the clients cut by the deadline (partial work or dropped), dropped, and offline."""
@@ -364,6 +383,9 @@ def build_report(
     if any_clock(runs) and sim_speedups:
         table += ("\n\nSpeedup in simulated time to target against the baseline:\n\n"
                   + sim_speedups)
+    if any(C.LOG_CLIENTS_RECEIVED in x for items in runs.values() for _, r in items for x in r):
+        table += ("\n\nClient updates aggregated until the target (\"client trips\", FedBuff's "
+                  "measure):\n\n" + updates_markdown(runs, targets))
     table += "\n\nCommunication (means over seeds):\n\n" + communication_markdown(runs)
     if any_clock(runs):
         table += ("\n\nSimulated time (device profiles; means over rounds and seeds):\n\n"

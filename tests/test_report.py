@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from simulation.metrics import (best_so_far, bytes_to_target, cumulative_bytes, has_clock,
-                                rounds_to_target, sim_elapsed, sim_seconds_to_target)
+                                rounds_to_target, sim_elapsed, sim_seconds_to_target,
+                                updates_to_target)
 from simulation.report import build_report, panels_of
 from strategies import contract as C
 
@@ -251,3 +252,19 @@ def test_report_without_the_clock_has_no_sim_columns(tmp_path):
     assert "sim s" not in table and "Simulated time" not in table
     assert not (tmp_path / "out" / "accuracy_vs_sim_time.png").exists()
     assert "sim-seconds" not in (tmp_path / "out" / "report.csv").read_text()
+
+
+def test_client_updates_to_target_is_a_table_of_its_own(tmp_path):
+    # 10 updates per round: best-so-far 0.1, 0.5, 0.7 -> 0.6 halfway through round 2 = 15
+    for seed, received in ((0, 10), (1, 20)):
+        run = tmp_path / "fedbuff" / f"seed{seed}" / "run"
+        run.mkdir(parents=True)
+        recs = records([0.1, 0.5, 0.7])
+        for record in recs[1:]:
+            record[C.LOG_CLIENTS_RECEIVED] = received
+        (run / "rounds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+        (run / "final_model.pt").write_bytes(b"x")
+    assert updates_to_target(records([0.1, 0.7]), 0.6) == 0.0  # nothing received logged
+    table = build_report(tmp_path, tmp_path / "out", [0.6, 0.9])
+    updates = table.split("Client updates aggregated until the target")[1]
+    assert "| fedbuff | 22 (2/2) | not reached (0/2) | 30 |" in updates  # (15 + 30) / 2
