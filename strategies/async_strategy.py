@@ -49,7 +49,7 @@ class RoundUpdates:
     """The client updates of one round, as they are applied."""
 
     staleness: list[int] = field(default_factory=list)
-    replies: list[Message] = field(default_factory=list)  # accepted, for the train metrics
+    metrics: list[MetricRecord] = field(default_factory=list)  # of the accepted replies
     failed: int = 0
     bytes_up: int = 0
 
@@ -177,9 +177,9 @@ class AsyncStrategy(ModelWork, FlowerFedAvg):
         report.add(ParticipationSection(
             sampled=self.tasks.sent - sent, bytes_down=self.tasks.bytes_down - down,
             lr=float(lr) if isinstance(lr, (int, float)) and not isinstance(lr, bool) else None))
-        metrics = records.mean_metrics(u.replies) if u.replies else {}
+        metrics = records.mean_of_metrics(u.metrics) if u.metrics else {}
         loss = metrics.get(C.TRAIN_LOSS, metrics.get(C.STOCK_TRAIN_LOSS))
-        report.add(Aggregation(received=len(u.replies), failed=u.failed, bytes_up=u.bytes_up,
+        report.add(Aggregation(received=len(u.metrics), failed=u.failed, bytes_up=u.bytes_up,
                                train_loss=loss, model_kept=new is None))
         report.add(AsyncUpdate(staleness=list(u.staleness), concurrency=len(self.tasks.in_flight),
                                buffer_fill=fill,
@@ -230,7 +230,7 @@ class AsyncStrategy(ModelWork, FlowerFedAvg):
         self.apply(task, records.to_numpy(sent), client, staleness)
         self.client_updates += 1
         self.updates.staleness.append(staleness)
-        self.updates.replies.append(reply)
+        self.updates.metrics.append(reply.content[C.METRICS])
         self.updates.bytes_up += sum(r.count_bytes() for r in reply.content.array_records.values())
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]

@@ -114,10 +114,15 @@ class AsyncTasks:
             log(WARNING, "%s: arrival='real-time': replies are applied as they arrive, so this "
                 "run is not reproducible (arrival='simulated' is)", self.owner)
             self._warned_real_time = True
-        def handle(number: int, reply: Message) -> None:
+        def handle(number: int, reply: Message | None) -> None:
             task = self.in_flight.pop(number)
             self.now = max(self.now, task.done_at)
-            on_reply(task, reply)
+            if reply is None:
+                log(WARNING, "%s: task %d (node %d) had no reply in %s s: given up",
+                    self.owner, number + 1, task.node_id, timeout)
+                on_lost(task)
+            else:
+                on_reply(task, reply)
             self.forget_unused_versions()
             if not done():
                 self.fill(grid, model, config, work)
@@ -128,19 +133,14 @@ class AsyncTasks:
             if not self.in_flight:
                 raise RuntimeError(f"{self.owner}: no client could be sent a task (none "
                                    f"connected and idle) and none is training")
-            if self.arrival == "simulated":
-                given_up = self.loop.run_in_clock_order(
-                    done, handle, lambda n: self.in_flight[n].done_at, expire_after=timeout)
+            if self.arrival == "simulated":  # a lost task counts at its place on the clock
+                self.loop.run_in_clock_order(
+                    done, handle, lambda n: self.in_flight[n].done_at, expire_after=timeout,
+                    on_lost=lambda n: handle(n, None))
             else:
-                given_up = self.loop.run_until(done, handle, hold_after_done=True,
-                                               expire_after=timeout)
-            for number in given_up:
-                task = self.in_flight.pop(number)
-                self.now = max(self.now, task.done_at)
-                log(WARNING, "%s: task %d (node %d) had no reply in %s s: given up",
-                    self.owner, number + 1, task.node_id, timeout)
-                on_lost(task)
-            self.forget_unused_versions()
+                for number in self.loop.run_until(done, handle, hold_after_done=True,
+                                                  expire_after=timeout):
+                    handle(number, None)
 
     def fill(self, grid: Grid, model: Callable[[], tuple[int, ArrayRecord]],
              config: ConfigRecord, work: ClientWork) -> None:

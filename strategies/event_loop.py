@@ -38,6 +38,7 @@ FIRST_PULL_DELAY = 0.005  # seconds after the push: the shortest sleep between t
 PULL_DELAY_FRACTION = 0.25  # of the time since the push
 
 Tag = TypeVar("Tag", bound=Hashable)
+LOST = object()  # held in place of the reply of a message given up (run_in_clock_order)
 
 
 def pull_delay(since_push: float, pull_interval: float = PULL_INTERVAL) -> float:
@@ -146,15 +147,20 @@ class GridEventLoop(Generic[Tag]):
                            on_reply: Callable[[Tag, Message], None],
                            completion: Callable[[Tag], float],
                            timeout: float | None = None,
-                           expire_after: float | None = None) -> list[Tag]:
+                           expire_after: float | None = None,
+                           on_lost: Callable[[Tag], None] | None = None) -> list[Tag]:
         """As :meth:`run_until`, but ``on_reply`` gets the replies in the order of their
         simulated completion time ``completion(tag)`` (ties: push order): an arrived reply
         waits until every pending message that completes earlier has replied or been given
         up. After ``timeout`` seconds the pending messages are given up, the held replies
-        delivered in order, and the tags given up returned. With ``expire_after``, only the
-        messages without a reply that many seconds after their own push are given up (the
-        replies they held back delivered). Replies pulled but not delivered when ``done()``
-        turns true are held for the next call."""
+        delivered in order, and the tags given up returned. With ``expire_after`` (and
+        ``on_lost``), a message without a reply that many seconds after its own push is given
+        up and ``on_lost(tag)`` called at its place in the completion order, as a reply would
+        be: what the callbacks see then depends only on which messages are lost, not on when
+        each was found lost. Replies pulled but not delivered when ``done()`` turns true are
+        held for the next call."""
+        if expire_after is not None and on_lost is None:
+            raise ValueError("expire_after needs on_lost (what to do with a lost message)")
         def key(tag: Tag) -> tuple[float, int]:
             return completion(tag), self.push_number.get(tag, 0)
 
@@ -165,7 +171,11 @@ class GridEventLoop(Generic[Tag]):
                 first = min([*arrived, *self.pending.values()], key=key)
                 if first not in arrived:
                     return  # an earlier completion is still on its way
-                on_reply(first, arrived.pop(first))
+                reply = arrived.pop(first)
+                if reply is LOST:
+                    on_lost(first)
+                else:
+                    on_reply(first, reply)
 
         deadline = None if timeout is None else self.now() + timeout
         while not done() and (self.pending or arrived):
@@ -175,8 +185,9 @@ class GridEventLoop(Generic[Tag]):
                 continue
             expired = self.expired(expire_after)
             if expired:
+                arrived.update(dict.fromkeys(expired, LOST))
                 deliver()
-                return expired
+                continue
             if deadline is not None and self.now() >= deadline:
                 lost = list(self.pending.values())
                 self.pending.clear()

@@ -92,11 +92,16 @@ class FedBuff(AsyncStrategy):
         return records.to_record(new)
 
     def algorithm_state(self) -> dict:
-        """The server momentum buffer (the update buffer is empty between rounds)."""
-        return {"velocity": None if self.velocity is None else
-                {k: np.array(v, copy=True) for k, v in self.velocity.items()}}
+        """The server momentum buffer, and the update buffer (empty between rounds unless
+        a round ended short of K updates)."""
+        return {"velocity": copied(self.velocity), "buffer": copied(self.buffer),
+                "count": self.count}
 
     def load_algorithm_state(self, state: dict) -> None:
-        velocity = state.get("velocity")
-        self.velocity = None if velocity is None else {k: np.array(v, copy=True)
-                                                       for k, v in velocity.items()}
+        self.velocity, self.buffer = copied(state["velocity"]), copied(state["buffer"])
+        self.count = int(state["count"])
+
+
+def copied(arrays: NDArrays | None) -> NDArrays | None:
+    """A copy of each array (None stays None)."""
+    return None if arrays is None else {k: np.array(v, copy=True) for k, v in arrays.items()}

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from logging import INFO, WARNING
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+from flwr.app import (Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord,
+                      RecordDict)
 from flwr.common.constant import ErrorCode, SType
 from flwr.common.logger import log
 from flwr.serverapp import Grid
@@ -276,7 +277,11 @@ def contract_error(strategy: str, server_round: int, num_replies: int, missing: 
 
 def mean_metrics(replies: list[Message]) -> dict[str, float]:
     """num-examples-weighted mean of every scalar metric that all replies share."""
-    records = [r.content[C.METRICS] for r in replies]
+    return mean_of_metrics([r.content[C.METRICS] for r in replies])
+
+
+def mean_of_metrics(records: list[MetricRecord]) -> dict[str, float]:
+    """:func:`mean_metrics` of the replies' MetricRecords ``records``."""
     weights = [float(m[C.NUM_EXAMPLES]) for m in records]
     w = np.asarray(weights, dtype=np.float64)
     shared = set(records[0].keys()).intersection(*[set(m.keys()) for m in records[1:]])
