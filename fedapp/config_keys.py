@@ -482,7 +482,7 @@ KEYS: tuple[Key, ...] = (
     Key("partition-map", "", "absolute path of a partition map (`deploy run --auth` writes "
         "and passes its `keys/partitions.json`): a node whose registered key may not serve "
         "the partition it claims is refused and never selected "
-        "([node identity](docs/deployment.md#threat-model)); \"\" = off",
+        "([node identity](docs/deployment.md#node-identity-and-partition-ids)); \"\" = off",
         check=_absolute_or_empty, note="the absolute path of a partitions.json, or '' (off)",
         only=(Only(FLOWER, ("",), "Flower's own class sends no client-info query, where a "
                    "node claims its partition"),)),
