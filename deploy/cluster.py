@@ -236,11 +236,13 @@ class LocalDeployment:
 
     def start_supernode(
         self, partition_id: int, private_key: Path | None = None, max_retries: int | None = None,
-        data_dir: str | None = None,
+        data_dir: str | None = None, claimed_partition: int | None = None,
     ) -> Started:
         """SuperNode ``partition_id`` with its node config (``data_dir``: this node's data
-        folder instead of the spec's); its own key when auth is on."""
-        node_config = (f"partition-id={partition_id} num-partitions={self.spec.num_supernodes}"
+        folder instead of the spec's; ``claimed_partition``: another node-config partition-id,
+        as an impostor would set); its own key when auth is on."""
+        claimed = partition_id if claimed_partition is None else claimed_partition
+        node_config = (f"partition-id={claimed} num-partitions={self.spec.num_supernodes}"
                        f" num-threads={self.threads}")
         data_dir = self.spec.data_dir if data_dir is None else data_dir
         if data_dir:

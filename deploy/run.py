@@ -12,7 +12,11 @@ through deploy.fleet_gateway), and a non-loopback one only with ``--tls --auth``
 
 Certificates, keys, logs and the FLWR_HOMEs live in ``--workdir`` (default
 ``.flwr/deploy/``, git-ignored); the run log goes to the run-config ``output-dir`` as in
-simulation. Exits non-zero unless the run ends ``finished:completed``.
+simulation. With ``--auth`` the run config gets ``partition-map=WORKDIR/keys/partitions.json``
+(unless given): each SuperNode may claim only the partition its registered key was made
+for. Flower's own strategies send no client-info query, so with them pass
+``-c partition-map=""`` (the run config's check says so). Exits non-zero unless the run ends
+``finished:completed``.
 """
 
 from __future__ import annotations
@@ -96,6 +100,8 @@ def spec_of(args: argparse.Namespace) -> tuple[DeploySpec, dict]:
         cert_hosts=tuple(args.cert_host),
     )
     overrides.setdefault("min-available-nodes", spec.num_supernodes)  # all join before round 1
+    if spec.auth:  # node identity: each registered key may claim only its own partition
+        overrides.setdefault("partition-map", str(Layout(args.workdir.resolve()).partition_map))
     check_run_config(overrides)  # the ServerApp's rules, before anything starts
     return spec, overrides
 

@@ -9,14 +9,19 @@ needs.
 
 from __future__ import annotations
 
-__all__ = ["check_run_config"]
+__all__ = ["check_run_config", "partition_map_text"]
 
 
 def __getattr__(name: str) -> object:
     """``check_run_config``: the ServerApp's checks of a run config, before anything starts
-    (:func:`fedapp.registry.check_run_config`)."""
+    (:func:`fedapp.registry.check_run_config`); ``partition_map_text``: the file run-config
+    ``partition-map`` names (:func:`fedapp.partition_map.partition_map_text`)."""
     if name == "check_run_config":
         from .registry import check_run_config  # noqa: PLC0415
 
         return check_run_config
+    if name == "partition_map_text":
+        from .partition_map import partition_map_text  # noqa: PLC0415
+
+        return partition_map_text
     raise AttributeError(f"module 'fedapp' has no attribute {name!r}")

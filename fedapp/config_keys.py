@@ -479,6 +479,13 @@ KEYS: tuple[Key, ...] = (
         "when the server has stopped waiting", interval=UNIT),
     Key("round-timeout", 3600.0, "seconds the server waits for a round's replies (for "
         "DynamicFL, per sync event)", interval=above(0.0)),
+    Key("partition-map", "", "absolute path of a partition map (`deploy run --auth` writes "
+        "and passes its `keys/partitions.json`): a node whose registered key may not serve "
+        "the partition it claims is refused and never selected "
+        "([node identity](docs/deployment.md#node-identity-and-partition-ids)); \"\" = off",
+        check=_absolute_or_empty, note="the absolute path of a partitions.json, or '' (off)",
+        only=(Only(FLOWER, ("",), "Flower's own class sends no client-info query, where a "
+                   "node claims its partition"),)),
     Key("checkpoint-every", 0, "write a checkpoint (`checkpoint.json` + its `.npz`) into the "
         "run directory every k rounds (0 = never)", interval=at_least(0)),
     Key("resume-from", "", "absolute path of a run directory with a `checkpoint.json`: "

@@ -32,6 +32,7 @@ from .config import ConfigError, RunConfig
 from .evaluation_process import (EvaluationProcess, EvaluationResult, EvaluationSpec,
                                  evaluation_process, peak_rss_mb)
 from .grid import ServerAppGrid
+from .partition_map import bind_partition_map
 from .registry import build_strategy
 from .run_log import RunLog, format_table, model_sha256, table_header, table_row
 from .tracking import check_installed
@@ -259,6 +260,7 @@ def main(grid: Grid, context: Context) -> None:
         cfg = RunConfig.from_user_config(context.run_config)
         check_installed(cfg.tracking)  # tensorboard / mlflow, before any training
         strategy, train_config = build_strategy(cfg)
+        bind_partition_map(strategy, cfg.partition_map)  # node identity (partition-map)
         checkpoint = load_checkpoint(cfg.resume_from) if cfg.resume_from else None  # resume-from
         if checkpoint is not None:
             check_compatible(checkpoint, cfg.to_dict())

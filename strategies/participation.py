@@ -212,11 +212,13 @@ class Participation:
 
     def connected(self, grid: Grid) -> list[int]:
         """Connected nodes (at least ``min_available_nodes``); new ones are queried when
-        ``query_client_info`` is on (:func:`strategies.records.update_clients`)."""
+        ``query_client_info`` is on (:func:`strategies.records.update_clients`), their claims
+        checked against ``partition_map`` when one is set (the ServerApp's ``partition-map``)."""
         nodes, self._warned_query = records.update_clients(
             grid, self.clients, min_nodes=self.min_available_nodes,
             query=self.query_client_info, timeout=self.query_timeout, owner=self.owner,
-            warned=self._warned_query)
+            warned=self._warned_query, partition_map=getattr(self, "partition_map", None))
+        nodes = records.bound_nodes(nodes, self.clients)  # a node its key does not allow
         # the clock keys profiles by partition id: nodes whose answer was refused sit out
         return nodes if self.timer is None else records.usable_nodes(nodes, self.clients)
 

@@ -23,6 +23,7 @@ from flwr.serverapp import Grid
 
 from . import contract as C
 from . import trust_gate
+from .node_identity import PartitionMap
 
 NDArrays = dict[str, np.ndarray]
 
@@ -90,6 +91,7 @@ class ClientInfo:
     comm_budget: float | None = None
     unreached: bool = False  # the query never reached the node: ask again next round
     refused: bool = False  # the trust gate refused its answer: treated as no answer
+    unbound: bool = False  # its key does not allow the partition it claims: never selected
 
 
 # error codes of a query that never reached the ClientApp (Flower's SuperLink answers a
@@ -150,11 +152,15 @@ def query_client_info(grid: Grid, node_ids: list[int], timeout: float) -> dict[i
 
 
 def update_clients(grid: Grid, clients: dict[int, ClientInfo], *, min_nodes: int, query: bool,
-                   timeout: float, owner: str, warned: bool) -> tuple[list[int], bool]:
+                   timeout: float, owner: str, warned: bool,
+                   partition_map: PartitionMap | None = None) -> tuple[list[int], bool]:
     """Wait for ``min_nodes`` connected nodes and enter new ones in ``clients`` (in place):
     with ``query``, what :func:`query_client_info` returns, else empty facts. A node the
     query did not reach (e.g. a SuperNode still reconnecting after a SuperLink restart) is
     asked again at the next call, so its partition id still orders it once it is back.
+    With a ``partition_map``, each answer's partition id is checked against what the node's
+    registered key may serve, read from ``grid.get_nodes()`` at each query (nodes join
+    mid-run; :func:`enter_clients`).
 
     Logs one WARNING per run (``warned`` says whether it was logged before) when facts are
     missing. Returns the connected node ids, sorted, and the new ``warned``.
@@ -168,7 +174,9 @@ def update_clients(grid: Grid, clients: dict[int, ClientInfo], *, min_nodes: int
         if not warned:
             warn_no_query(owner)
         return nodes, True
-    enter_clients(clients, query_client_info(grid, unknown, timeout), nodes)
+    answers = query_client_info(grid, unknown, timeout)
+    keys = partition_map.node_partitions(grid.get_nodes()) if partition_map else None
+    enter_clients(clients, answers, nodes, partition_map, keys)
     unreached = [n for n in unknown if clients[n].unreached]
     if unreached:
         log(INFO, "%s: the '%s' query did not reach node(s) %s; asking again next round",
@@ -184,14 +192,29 @@ def update_clients(grid: Grid, clients: dict[int, ClientInfo], *, min_nodes: int
 
 
 def enter_clients(clients: dict[int, ClientInfo], answers: Mapping[int, ClientInfo],
-                  connected: Iterable[int]) -> None:
+                  connected: Iterable[int], partition_map: PartitionMap | None = None,
+                  keys: Mapping[int, int | str] | None = None) -> None:
     """Enter ``answers`` in ``clients`` (in place) in node-id order; an answer whose partition
     id another connected node already holds, or whose label counts have another length than
     the other connected nodes', is refused (:func:`strategies.trust_gate.facts_conflict`: one
-    WARNING; the node counts as one that did not answer)."""
+    WARNING; the node counts as one that did not answer).
+
+    With a ``partition_map`` (``keys``: its :meth:`~strategies.node_identity.PartitionMap.
+    node_partitions` of the connected nodes), first the claim: an answered query whose
+    partition id is not the one the node's registered key may serve (or whose key is in no
+    map) is refused with one WARNING naming the node, the claim and what its key allows; the
+    node is marked ``unbound`` and never selected."""
     connected = list(connected)
     for node in sorted(answers):
         info = answers[node]
+        if partition_map is not None and not info.unreached and not info.refused:
+            problem = partition_map.claim_problem(node, info.partition_id, keys or {})
+            if problem is not None:
+                log(WARNING, "%s", trust_gate.FactRefusal(
+                    C.PARTITION_ID, info.partition_id, problem,
+                    partition_map.fix(node, keys or {})).line(node))
+                clients[node] = ClientInfo(refused=True, unbound=True)
+                continue
         others = [clients[n] for n in connected if n != node and n in clients]
         facts = trust_gate.ClientFacts(info.partition_id, info.num_examples, info.label_counts,
                                        info.comm_budget)
@@ -200,6 +223,12 @@ def enter_clients(clients: dict[int, ClientInfo], answers: Mapping[int, ClientIn
             log(WARNING, "%s", conflict.line(node))
             info = ClientInfo(refused=True)
         clients[node] = info
+
+
+def bound_nodes(nodes: Iterable[int], clients: Mapping[int, ClientInfo]) -> list[int]:
+    """``nodes`` without those whose key does not allow the partition they claimed
+    (:func:`enter_clients` with a partition map): they are never selected."""
+    return [n for n in nodes if not clients.get(n, ClientInfo()).unbound]
 
 
 def usable_nodes(nodes: Iterable[int], clients: Mapping[int, ClientInfo]) -> list[int]:

@@ -21,6 +21,10 @@ is checked (docs/reliability.md lists it with the attacks it stops):
   an integer in [0, :data:`MAX_PARTITION_ID`] and unique among the connected nodes,
   num-examples in 1..:data:`MAX_NUM_EXAMPLES`, label counts non-negative integers of one
   length for all nodes, comm-budget finite > 0.
+* **Node identity** (with a partition map, :mod:`strategies.node_identity`): the partition
+  id a node claims must be the one its registered public key may serve
+  (:func:`strategies.records.enter_clients`); a node refused so is never selected and its
+  evaluate replies are refused.
 * **Evaluate replies** (:func:`aggregate_evaluate`): Flower's weighted mean of the metrics
   over the replies that pass the same scalar checks.
 * **Adopted state** (:func:`non_finite_key`, :func:`finite_or_previous`): a new global
@@ -466,15 +470,18 @@ class FactRefusal:
     field: str
     value: object
     reason: str
+    fix: str = ""  # '': the node's --node-config / data, or what its @app.query() reports
 
     def line(self, node: int) -> str:
         """The one WARNING: node, field, value, and the fix."""
         value = repr(self.value)
         if len(value) > 80:
             value = value[:77] + "..."
+        fix = self.fix or ("fix the node's --node-config / data, or what its ClientApp's "
+                           "@app.query() reports")
         return (f"Client-info reply from node {node} refused: '{self.field}' = {value} "
-                f"{self.reason}; the node is treated as one that did not answer. Fix the "
-                f"node's --node-config / data, or what its ClientApp's @app.query() reports")
+                f"{self.reason}; the node is treated as one that did not answer. "
+                f"{fix[0].upper()}{fix[1:]}")
 
 
 def client_facts(metrics: Mapping[str, object]) -> ClientFacts | FactRefusal:
@@ -566,6 +573,8 @@ def aggregate_evaluate(replies: Iterable[Message], clients: Mapping[int, object]
     for reply in good:
         node = reply.metadata.src_node_id
         problem = evaluate_reply_problem(reply, getattr(clients.get(node), "num_examples", None))
+        if getattr(clients.get(node), "unbound", False):  # Flower's sampling may ask it
+            problem = "its key does not allow the partition it claimed (node identity)"
         if problem:
             log_refused("Evaluate reply", node, partition_of(clients, node), problem)
         else:

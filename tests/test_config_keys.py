@@ -45,6 +45,7 @@ PARSED: dict[str, tuple[list, list]] = {
     "device": (["auto", "cpu", "cuda", "cuda:0", "cuda:12"],
                ["tpu", "", "cuda:", "gpu", "cuda:x", "cuda:0,1", "cuda:\u0663"]),
     "resume-from": ABSOLUTE_OR_EMPTY,
+    "partition-map": ABSOLUTE_OR_EMPTY,
     "output-dir": ABSOLUTE_OR_EMPTY,
     "tracking": (["", "tensorboard", "mlflow", "tensorboard,mlflow", "mlflow, tensorboard"],
                  ["wandb", "TensorBoard", ",", "tensorboard;mlflow"]),

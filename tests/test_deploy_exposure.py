@@ -21,9 +21,10 @@ import pytest
 from deploy.cluster import BIN, DeploySpec, LocalDeployment
 from deploy.connection import write_connection
 from deploy.layout import Layout
-from deploy.node_identity import key_fingerprint, read_partition_map
+from fedapp.partition_map import read_partition_map
 from deploy.runner import run_on_connection
 from simulation.runtime import PROJECT_ROOT, descendants, flwr_env, is_alive
+from strategies.node_identity import key_fingerprint
 
 PUBLIC = "127.0.0.2"
 
@@ -42,13 +43,14 @@ def refused(proc: subprocess.CompletedProcess) -> bool:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    """TLS + SuperNode auth, SuperNodes on the public address (through the gateway)."""
+    """TLS + SuperNode auth, SuperNodes 0 and 1 on the public address (through the gateway);
+    the keys and the partition map cover a third, started only by the node-identity test."""
     tmp = tmp_path_factory.mktemp("exposure")
     deployment = LocalDeployment(
-        DeploySpec(num_supernodes=2, tls=True, auth=True, host=PUBLIC),
+        DeploySpec(num_supernodes=3, tls=True, auth=True, host=PUBLIC),
         Layout(tmp / "deploy"), start_timeout=120)
     try:
-        deployment.start()
+        deployment.start(supernodes=[0, 1])
         yield deployment, tmp
     finally:
         pids = [p for s in deployment.started for p in [s.proc.pid, *descendants(s.proc.pid)]]
@@ -142,10 +144,10 @@ def test_partition_map_holds_the_keys_flower_stores_for_the_nodes(cluster):
     """The ServerApp's ``grid.get_nodes()`` returns these ``node.public_key`` bytes (flwr's
     get_node_info reads the same column): each maps to the partition its SuperNode serves."""
     deployment, _ = cluster
-    mapping = read_partition_map(deployment.layout.partition_map)
+    mapping = read_partition_map(str(deployment.layout.partition_map)).fingerprints
     with sqlite3.connect(deployment.database) as db:
         stored = [bytes(row[0]) for row in db.execute("SELECT public_key FROM node")]
-    assert sorted(mapping.get(key_fingerprint(pem), -1) for pem in stored) == [0, 1]
+    assert sorted(mapping.get(key_fingerprint(pem), -1) for pem in stored)[:2] == [0, 1]
 
 
 @pytest.mark.timeout(540)
@@ -158,6 +160,30 @@ def test_stock_supernodes_train_through_the_gateway(cluster, tmp_path):
         timeout=420, capture=True)
     assert result.status == "finished:completed", result.output[-4000:]
     assert "ERROR" not in (deployment.layout.logs / "fleet-gateway.log").read_text()
+
+
+@pytest.mark.timeout(540)
+def test_a_registered_node_claiming_another_partition_is_refused(cluster, tmp_path):
+    """SuperNode 2's key is registered (and mapped to partition 2), but its node config says
+    partition-id=0, SuperNode 0's: with the partition map deploy run --auth passes, the
+    ServerApp refuses it and trains with the other two."""
+    deployment, _ = cluster
+    deployment.register(deployment.layout.public_key(2))
+    deployment.start_supernode(2, claimed_partition=0)
+    try:
+        deployment.wait_for_supernodes(3)
+        result = run_on_connection(
+            deployment.spec.connection, deployment.cli_env,
+            {"num-server-rounds": 1, "local-steps": 5, "dataset": "synthetic", "model": "mlp-2nn",
+             "min-available-nodes": 3, "output-dir": str(tmp_path / "runs"),
+             "partition-map": str(deployment.layout.partition_map)},
+            timeout=420, capture=True)
+    finally:
+        deployment.stop_supernode(2)
+    assert result.status == "finished:completed", result.output[-4000:]
+    assert ("refused: 'partition-id' = 0 is not its partition: its registered key may serve "
+            "partition-id=2 only" in result.output), result.output[-4000:]
+    assert "sampled 2 of 2 nodes" in result.output, result.output[-4000:]
 
 
 @pytest.mark.timeout(300)
