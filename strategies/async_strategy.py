@@ -17,7 +17,7 @@ frees its client and counts as failed.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
 
@@ -25,7 +25,6 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
-from flwr.serverapp.strategy import Result
 
 from . import contract as C
 from . import records, trust_gate
@@ -36,7 +35,7 @@ from .participation import ModelWork, Participation, check_fraction
 from .round_report import Aggregation, AsyncUpdate, ClockTime
 from .round_report import Participation as ParticipationSection
 from .round_report import RoundReport
-from .rounds import run_rounds
+from .rounds import RunsRounds
 
 __all__ = ["AsyncStrategy"]
 
@@ -54,7 +53,7 @@ class RoundUpdates:
     bytes_up: int = 0
 
 
-class AsyncStrategy(ModelWork, FlowerFedAvg):
+class AsyncStrategy(RunsRounds, ModelWork, FlowerFedAvg):
     """Base of the asynchronous strategies (module docstring).
 
     Parameters
@@ -141,15 +140,6 @@ class AsyncStrategy(ModelWork, FlowerFedAvg):
         for line in [*self.algorithm_lines(), *self.participation.summary_lines()]:
             log(INFO, "\t├──> %s", line)
         super().summary()
-
-    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3,
-              timeout: float = 3600, train_config: ConfigRecord | None = None,
-              evaluate_config: ConfigRecord | None = None,
-              evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
-              first_round: int = 1) -> Result:
-        """The rounds (:func:`strategies.rounds.run_rounds`, as every strategy here)."""
-        return run_rounds(self, grid, initial_arrays, num_rounds, timeout, train_config,
-                          evaluate_config, evaluate_fn, first_round)
 
     def start_run(self, num_rounds: int, timeout: float | None) -> None:
         """The seconds a round waits before giving up the tasks in flight."""

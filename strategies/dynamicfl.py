@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from logging import INFO, WARNING
 
 import numpy as np
@@ -24,7 +24,6 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
-from flwr.serverapp.strategy import Result
 
 from . import aggregate as agg
 from . import contract as C
@@ -38,14 +37,14 @@ from .participation import Participation, check_fraction
 from .records import to_numpy, to_record
 from .round_report import (Aggregation, ClockTime, Drift, DynamicFLSection, Participation
                            as ParticipationSection, RoundReport)
-from .rounds import run_rounds
+from .rounds import RunsRounds
 
 STATE_VERSION = 1  # of state_dict()
 DEFAULT_TIMEOUT = 3600.0  # seconds, Flower's Strategy.start default
 CHUNK_HELPER = "strategies.client.dynamicfl.train_chunk"
 
 
-class DynamicFL(FlowerFedAvg):
+class DynamicFL(RunsRounds, FlowerFedAvg):
     """DynamicFL / DynamicAvg / DynamicSGD (Le et al., Alg. 1).
 
     Subclass of Flower's FedAvg for its evaluation half (``configure_evaluate``,
@@ -271,15 +270,6 @@ drift_diagnostics, participation
         super().summary()
 
     # ------------------------------------------------------------------ the round
-    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3,
-              timeout: float = 3600, train_config: ConfigRecord | None = None,
-              evaluate_config: ConfigRecord | None = None,
-              evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
-              first_round: int = 1) -> Result:
-        """The rounds (:func:`strategies.rounds.run_rounds`, as every strategy here)."""
-        return run_rounds(self, grid, initial_arrays, num_rounds, timeout, train_config,
-                          evaluate_config, evaluate_fn, first_round)
-
     def start_run(self, num_rounds: int, timeout: float | None) -> None:
         """T = ``num_rounds`` for a cosine schedule without its own ``num_rounds``, and the
         seconds a sync event waits for its replies (:class:`strategies.rounds.RunAware`)."""

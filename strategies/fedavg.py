@@ -17,14 +17,13 @@ round's :class:`~strategies.round_plan.RoundPlan` goes from ``configure_train`` 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from logging import INFO, WARNING
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
-from flwr.serverapp.strategy import Result
 
 from . import aggregate as agg
 from . import contract as C
@@ -36,7 +35,7 @@ from .round_plan import ClientTask, RoundPlan
 from .round_report import Aggregation, OverCommitment
 from .round_report import Participation as ParticipationSection
 from .round_report import RoundReport
-from .rounds import run_rounds
+from .rounds import RunsRounds
 
 __all__ = ["FedAvg", "WEIGHTINGS", "STRAGGLER_POLICIES", "STRAGGLER_UNITS"]
 
@@ -44,7 +43,7 @@ WEIGHTINGS = ("examples", "uniform", "pre-erratum", "scheme-i", "scheme-ii")
 QUERY_WEIGHTINGS = ("pre-erratum", "scheme-i", "scheme-ii")  # need every client's n_k
 
 
-class FedAvg(ModelWork, FlowerFedAvg):
+class FedAvg(RunsRounds, ModelWork, FlowerFedAvg):
     """Federated Averaging (McMahan et al. 2017, Algorithm 1) with heterogeneity options.
 
     Parameters
@@ -152,16 +151,6 @@ class FedAvg(ModelWork, FlowerFedAvg):
         for line in p.summary_lines():
             log(INFO, "\t├──> %s", line)
         super().summary()
-
-    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3,
-              timeout: float = 3600, train_config: ConfigRecord | None = None,
-              evaluate_config: ConfigRecord | None = None,
-              evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
-              first_round: int = 1) -> Result:
-        """Flower's round loop on the Grid event loop (:func:`strategies.rounds.run_rounds`);
-        ``first_round`` > 1 resumes a checkpoint."""
-        return run_rounds(self, grid, initial_arrays, num_rounds, timeout, train_config,
-                          evaluate_config, evaluate_fn, first_round)
 
     # ------------------------------------------------------------------ train
     def configure_train(

@@ -32,7 +32,7 @@ from flwr.serverapp.strategy.strategy_utils import log_strategy_start_info
 
 from .event_loop import GridEventLoop
 
-__all__ = ["ReportsRounds", "RunAware", "round_log", "run_rounds"]
+__all__ = ["ReportsRounds", "RunAware", "RunsRounds", "round_log", "run_rounds"]
 
 
 @runtime_checkable
@@ -50,6 +50,21 @@ class ReportsRounds(Protocol):
 
     def round_log(self, server_round: int) -> dict[str, object]:
         """Round ``server_round``'s run-log items (``strategies.contract`` keys)."""
+
+
+class RunsRounds:
+    """``start`` = :func:`run_rounds`: Flower's ``Strategy.start`` with ``first_round`` to
+    resume a checkpoint (every strategy of this package)."""
+
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3,
+              timeout: float = 3600, train_config: ConfigRecord | None = None,
+              evaluate_config: ConfigRecord | None = None,
+              evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+              first_round: int = 1) -> Result:
+        """Flower's round loop on the Grid event loop (:func:`run_rounds`); ``first_round``
+        > 1 resumes a checkpoint."""
+        return run_rounds(self, grid, initial_arrays, num_rounds, timeout, train_config,
+                          evaluate_config, evaluate_fn, first_round)
 
 
 def round_log(strategy: object, server_round: int) -> dict[str, object]:

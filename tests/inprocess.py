@@ -13,9 +13,13 @@ from __future__ import annotations
 import gc
 import weakref
 
-from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
+import numpy as np
+from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
 
 from simulation.reliability import FaultGrid
+from strategies import contract as C
+from tests.messages import record
 
 
 class InProcessGrid(FaultGrid):
@@ -67,3 +71,26 @@ class EchoGrid:
             self.pulled.append(weakref.ref(reply))
             replies.append(reply)
         return replies
+
+
+def adding_app(bad_partition: int | None = None) -> ClientApp:
+    """Partition p answers the query (n = 10 (p + 1)) and returns w + p + 1; the
+    ``bad_partition`` returns NaN."""
+    app = ClientApp()
+
+    @app.query()
+    def query(msg: Message, context: Context) -> Message:
+        pid = int(context.node_config["partition-id"])
+        return Message(RecordDict({C.METRICS: MetricRecord(
+            {C.PARTITION_ID: pid, C.NUM_EXAMPLES: 10 * (pid + 1)})}), reply_to=msg)
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        pid = int(context.node_config["partition-id"])
+        w = msg.content[C.ARRAYS]["w"].numpy() + pid + 1
+        if pid == bad_partition:
+            w = w * np.nan
+        return Message(RecordDict({C.ARRAYS: record({"w": w}), C.METRICS: MetricRecord(
+            {C.NUM_EXAMPLES: 10 * (pid + 1), C.TRAIN_LOSS: float(pid)})}), reply_to=msg)
+
+    return app

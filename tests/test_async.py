@@ -8,8 +8,7 @@ import math
 
 import numpy as np
 import pytest
-from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
-from flwr.clientapp import ClientApp
+from flwr.app import ConfigRecord
 
 from strategies import FedAsync, FedAvg, FedBuff
 from strategies import contract as C
@@ -18,7 +17,7 @@ from strategies.devices import GeneratedFleet
 from strategies.participation import Participation
 from strategies.rounds import run_rounds
 from strategies.staleness import Staleness, add_update, fedasync_mix, fedbuff_step
-from tests.inprocess import InProcessGrid
+from tests.inprocess import InProcessGrid, adding_app
 from tests.messages import numpy_of, record
 
 
@@ -61,29 +60,6 @@ def test_fedasync_mix():
 
 
 # ---------------------------------------------------------------- strategies in process
-def adding_app(bad_partition: int | None = None) -> ClientApp:
-    """Partition p answers the query (n = 10 (p + 1)) and returns w + p + 1; the
-    ``bad_partition`` returns NaN."""
-    app = ClientApp()
-
-    @app.query()
-    def query(msg: Message, context: Context) -> Message:
-        pid = int(context.node_config["partition-id"])
-        return Message(RecordDict({C.METRICS: MetricRecord(
-            {C.PARTITION_ID: pid, C.NUM_EXAMPLES: 10 * (pid + 1)})}), reply_to=msg)
-
-    @app.train()
-    def train(msg: Message, context: Context) -> Message:
-        pid = int(context.node_config["partition-id"])
-        w = msg.content[C.ARRAYS]["w"].numpy() + pid + 1
-        if pid == bad_partition:
-            w = w * np.nan
-        return Message(RecordDict({C.ARRAYS: record({"w": w}), C.METRICS: MetricRecord(
-            {C.NUM_EXAMPLES: 10 * (pid + 1), C.TRAIN_LOSS: float(pid)})}), reply_to=msg)
-
-    return app
-
-
 class FirstIdle:
     """A selection policy: the first candidate (lowest partition id)."""
 

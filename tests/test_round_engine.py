@@ -7,8 +7,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
-from flwr.clientapp import ClientApp
+from flwr.app import ArrayRecord, ConfigRecord
 from flwr.supercore.task_identity import TaskIdentity
 
 from strategies import FedAvg, FedNova
@@ -19,7 +18,7 @@ from strategies.round_plan import RoundPlan
 from strategies.round_report import (Aggregation, ClockTime, FedVecaSection, Participation as
                                      ParticipationSection, RoundReport)
 from strategies.rounds import round_log, run_rounds
-from tests.inprocess import EchoGrid, InProcessGrid
+from tests.inprocess import EchoGrid, InProcessGrid, adding_app
 from tests.messages import numpy_of, record
 
 
@@ -103,25 +102,6 @@ def test_messages_the_link_refuses_are_lost_at_once():
 
 
 # ---------------------------------------------------------------- the participation model
-def counting_app() -> ClientApp:
-    app = ClientApp()
-
-    @app.query()
-    def query(msg: Message, context: Context) -> Message:
-        pid = int(context.node_config["partition-id"])
-        return Message(RecordDict({C.METRICS: MetricRecord(
-            {C.PARTITION_ID: pid, C.NUM_EXAMPLES: 10 * (pid + 1)})}), reply_to=msg)
-
-    @app.train()
-    def train(msg: Message, context: Context) -> Message:
-        pid = int(context.node_config["partition-id"])
-        w = msg.content[C.ARRAYS]["w"].numpy() + pid + 1
-        return Message(RecordDict({C.ARRAYS: record({"w": w}), C.METRICS: MetricRecord(
-            {C.NUM_EXAMPLES: 10 * (pid + 1)})}), reply_to=msg)
-
-    return app
-
-
 class EveryOther:
     """A selection policy: the candidates at even positions, once each."""
 
@@ -134,7 +114,7 @@ class EveryOther:
 
 
 def test_a_selection_policy_given_to_the_participation_model_picks_the_clients():
-    grid = InProcessGrid(counting_app(), 6, {})
+    grid = InProcessGrid(adding_app(), 6, {})
     policy = EveryOther()
     strategy = FedAvg(participation=Participation(query_client_info=True, selection=policy))
     messages = list(strategy.configure_train(1, record({"w": np.zeros(1)}), ConfigRecord(),
@@ -164,7 +144,7 @@ def test_strategy_and_participation_arguments_are_alternatives_checked_alike():
 
 
 def test_the_plan_goes_from_configure_to_aggregate_and_carries_the_report():
-    grid = InProcessGrid(counting_app(), 3, {})
+    grid = InProcessGrid(adding_app(), 3, {})
     s = FedAvg(query_client_info=True, straggler_fraction=0.4, straggler_policy="partial",
                seed=1)
     messages = list(s.configure_train(1, record({"w": np.zeros(1)}),
@@ -211,18 +191,18 @@ def test_resuming_at_round_r_gives_the_uninterrupted_models(cls):
         return cls(query_client_info=True, fraction_train=0.5, seed=4)
 
     train = ConfigRecord({C.LOCAL_STEPS: 1})
-    full = run_rounds(strategy(), InProcessGrid(counting_app(), 6, {}), record({"w": np.zeros(2)}),
+    full = run_rounds(strategy(), InProcessGrid(adding_app(), 6, {}), record({"w": np.zeros(2)}),
                       num_rounds=4, train_config=train)
-    first = run_rounds(strategy(), InProcessGrid(counting_app(), 6, {}),
+    first = run_rounds(strategy(), InProcessGrid(adding_app(), 6, {}),
                        record({"w": np.zeros(2)}), num_rounds=2, train_config=train)
     evaluated = []
-    resumed = run_rounds(strategy(), InProcessGrid(counting_app(), 6, {}), first.arrays,
+    resumed = run_rounds(strategy(), InProcessGrid(adding_app(), 6, {}), first.arrays,
                          num_rounds=4, train_config=train, first_round=3,
                          evaluate_fn=lambda r, _: evaluated.append(r))
     assert numpy_of(resumed.arrays)["w"].tobytes() == numpy_of(full.arrays)["w"].tobytes()
     assert evaluated == [3, 4]  # round 2's model is not evaluated again
     with pytest.raises(ValueError, match="first_round"):
-        run_rounds(strategy(), InProcessGrid(counting_app(), 6, {}), first.arrays, first_round=0)
+        run_rounds(strategy(), InProcessGrid(adding_app(), 6, {}), first.arrays, first_round=0)
 
 
 def test_the_round_loop_holds_no_reply_of_an_earlier_exchange():
