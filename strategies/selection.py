@@ -27,7 +27,7 @@ from .round_report import SelectionSection
 __all__ = ["Candidate", "Choice", "InformedSelection", "LossQuery", "Outcome",
            "SELECTIONS", "reported_loss", "warn_no_loss"]
 
-SELECTIONS = ("random", "oort", "power-of-choice", "tifl")
+SELECTIONS = ("random", "power-of-choice", "oort", "tifl")
 
 
 @dataclass(frozen=True)
