@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from strategies import STRAGGLER_POLICIES, STRAGGLER_UNITS, WEIGHTINGS
+from strategies import SELECTIONS, STRAGGLER_POLICIES, STRAGGLER_UNITS, WEIGHTINGS
 from strategies.async_tasks import ARRIVAL_ORDERS
 from strategies.devices import FLEETS
 from strategies.dynacomm import BUDGET_MODES
@@ -196,6 +196,10 @@ ASYNC_WHY = ("an asynchronous strategy keeps async-concurrency clients training 
              "no round: no per-round sampling, stragglers, deadline or lr schedule")
 FEDBUFF_WHY = "FedBuff's server step averages the buffer, 1/K sum of the weighted updates"
 FEDASYNC_WHY = "FedAsync's server step is its mixing weight fedasync-alpha (Xie et al., Alg. 1)"
+DYNAMICFL_SELECTION_WHY = ("DynamicFL samples its active clients uniformly and DynaComm forms "
+                           "its groups from that sample (Le et al., Alg. 1)")
+FLOWER_SELECTION_WHY = "Flower's own class samples clients uniformly (its ClientManager)"
+SELECTING = FEDAVG_FAMILY + ASYNC  # the strategies that take a selection policy
 
 NO_SERVER_MOMENTUM = (Only(("fedveca",), (0.0,), FEDVECA_WHY),
                       Only(DYNAMICFL, (0.0,), DYNAMICFL_WHY),
@@ -297,6 +301,25 @@ KEYS: tuple[Key, ...] = (
         "there); the later replies are left out and logged as `clients-late`",
         FEDAVG_FAMILY, Interval(0.0, 10.0), note="(0 = off)",
         only=(Only(DYNAMICFL, (0.0,), DYNAMICFL_WHY), Only(ASYNC, (0.0,), ASYNC_WHY))),
+    Key("selection", "random",
+        "who trains: `random` (uniform), `oort` (Lai et al. 2021, Alg. 1: loss-based utility × "
+        "clock-time penalty, pacer, decaying exploration), `power-of-choice` (Cho et al. 2022: "
+        "the m largest losses of d candidates, asked with evaluate messages), `tifl` (Chai et "
+        "al. 2020: speed tiers, adaptive tier probabilities); `oort` and `tifl` need "
+        "`device-profiles`; FedBuff / FedAsync draw each freed slot with it. Logs "
+        "`selection-chosen` and the policy's inputs per round "
+        "([docs/clock.md](docs/clock.md#client-selection))", SELECTING, choices=SELECTIONS,
+        only=(Only(DYNAMICFL, ("random",), DYNAMICFL_SELECTION_WHY),
+              Only(FLOWER, ("random",), FLOWER_SELECTION_WHY))),
+    Key("oort-preferred-duration", 0.0,
+        "Oort's T, the developer-preferred round duration in simulated seconds: slower "
+        "clients' utility × (T / t_i)²; the pacer relaxes T when utility stalls",
+        SELECTING, at_least(0.0), note="(0 = the median expected time of the first round's "
+        "candidates)"),
+    Key("poc-candidates", 0, "Power-of-Choice's d, candidates asked for their loss per round "
+        "(at least m)", SELECTING, at_least(0), note="(0 = 2m)"),
+    Key("tifl-tiers", 5, "TiFL's number of speed tiers (each gets ⌈num-server-rounds / tiers⌉ "
+        "credits in the FedAvg family)", SELECTING, at_least(1)),
     Key("device-profiles", "none",
         "the simulated clock's fleet, per partition: `none` (no clock), `homogeneous`, "
         "`lognormal`, `two-tier` (DynamicFL's rich / poor), or the absolute path of a `.csv` / "
@@ -508,6 +531,10 @@ RULES: tuple[Rule, ...] = (
          lambda v: v["over-commitment"] == 0 or v["device-profiles"] != "none",
          "over-commitment closes a round at its first replies on the simulated clock: it needs "
          "device-profiles other than 'none'"),
+    Rule(("selection", "device-profiles"),
+         lambda v: v["selection"] not in ("oort", "tifl") or v["device-profiles"] != "none",
+         "selection 'oort' and 'tifl' rank clients by their time on the simulated clock: they "
+         "need device-profiles other than 'none'"),
     Rule(("fedveca-tau-init", "fedveca-tau-max"),
          lambda v: v["fedveca-tau-init"] <= v["fedveca-tau-max"],
          "fedveca-tau-init <= fedveca-tau-max (the cap on every tau)"),

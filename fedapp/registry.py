@@ -17,7 +17,8 @@ from flwr.common.logger import FLOWER_LOGGER, log
 from flwr.serverapp.strategy import Strategy
 
 from strategies import (DynamicFL, FedAsync, FedAvg, FedBuff, FedDyn, FedNova, FedProx, FedVeca,
-                        Moon, Scaffold)
+                        Moon, OortSelection, PowerOfChoice, Scaffold, TiFLSelection)
+from strategies import SELECTIONS
 from strategies import contract as C
 from strategies import server_optimizers as flower
 from strategies.clock import SimClock
@@ -73,6 +74,23 @@ def device_clock(cfg: RunConfig) -> SimClock | None:
                           ) from exc
 
 
+def selection_policy(cfg: RunConfig, rounds: int | None) -> object | None:
+    """The ``selection`` policy (None: random, the participation model's default) with
+    ``oort-preferred-duration``, ``poc-candidates`` and ``tifl-tiers``; TiFL's credits per
+    tier are ceil(``rounds`` / tiers) (None: unlimited, the asynchronous strategies)."""
+    name, preferred = cfg.selection, cfg.oort_preferred_duration
+    candidates, tiers = cfg.poc_candidates, cfg.tifl_tiers
+    if name == "oort":
+        return OortSelection(cfg.seed, preferred)
+    if name == "power-of-choice":
+        return PowerOfChoice(cfg.seed, candidates)
+    if name == "tifl":
+        return TiFLSelection(cfg.seed, tiers, -(-rounds // tiers) if rounds else None)
+    if name != "random":
+        raise ValueError(f"selection={name!r} is not known; use one of {', '.join(SELECTIONS)}")
+    return None
+
+
 def _common(cfg: RunConfig) -> dict:
     """Constructor arguments of the FedAvg family; straggler-policy 'auto' = the class default.
 
@@ -93,6 +111,7 @@ def _common(cfg: RunConfig) -> dict:
         "clock": device_clock(cfg),
         "round_deadline": cfg.round_deadline or None,
         "over_commitment": cfg.over_commitment,
+        "selection": selection_policy(cfg, cfg.num_server_rounds),
     }
     if cfg.straggler_policy != "auto":
         kwargs["straggler_policy"] = cfg.straggler_policy
@@ -186,6 +205,7 @@ def _async_common(cfg: RunConfig, default_staleness: str) -> dict:
         "min_available_nodes": cfg.min_available_nodes,
         "query_client_info": True,
         "clock": device_clock(cfg),
+        "selection": selection_policy(cfg, None),
     }
 
 

@@ -22,6 +22,8 @@ COMMANDS = {
     "report": ("simulation.report", "tables and plots of a sweep folder"),
     "results": ("simulation.results", "rebuild docs/results/* from runs/*"),
     "bench": ("simulation.bench", "benchmarks (their own sub-commands)"),
+    "fedscale-trace": ("simulation.fedscale_traces",
+                       "FedScale's device-capacity / availability pickles -> a device trace"),
     "faults-table": ("simulation.reliability.faults_table",
                      "fault class x strategy table, in-process"),
     "resume-check": ("simulation.reliability.resume_check",

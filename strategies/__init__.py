@@ -5,7 +5,9 @@ Server strategies: :class:`FedAvg`, :class:`FedProx`, :class:`FedNova`, :class:`
 :class:`FedBuff`, :class:`FedAsync`. A strategy whose contract the clients do not
 implement stops the run with a :class:`ClientContractError` naming the
 ``strategies.client`` helper to call. Flower's own server optimisers with a
-``state_dict`` for checkpoints: :mod:`strategies.server_optimizers`.
+``state_dict`` for checkpoints: :mod:`strategies.server_optimizers`. Client selection
+policies for any strategy's participation model: :class:`RandomSelection` (default),
+:class:`OortSelection`, :class:`PowerOfChoice`, :class:`TiFLSelection`.
 """
 
 from .dynamicfl import DynamicFL
@@ -18,8 +20,14 @@ from .fedprox import FedProx
 from .fedveca import FedVeca
 from .moon import Moon
 from .records import ClientContractError
+from .participation import RandomSelection
 from .scaffold import Scaffold
+from .selection import SELECTIONS
+from .selection_oort import OortSelection
+from .selection_power_of_choice import PowerOfChoice
+from .selection_tifl import TiFLSelection
 
 __all__ = ["ClientContractError", "DynamicFL", "FedAsync", "FedAvg", "FedBuff", "FedDyn",
-           "FedNova", "FedProx", "FedVeca", "Moon", "STRAGGLER_POLICIES", "STRAGGLER_UNITS",
-           "Scaffold", "WEIGHTINGS"]
+           "FedNova", "FedProx", "FedVeca", "Moon", "OortSelection", "PowerOfChoice",
+           "RandomSelection", "SELECTIONS", "STRAGGLER_POLICIES", "STRAGGLER_UNITS",
+           "Scaffold", "TiFLSelection", "WEIGHTINGS"]

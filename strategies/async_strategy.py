@@ -17,6 +17,7 @@ frees its client and counts as failed.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
@@ -31,8 +32,8 @@ from . import records, trust_gate
 from .aggregate import NDArrays
 from .async_tasks import AsyncTask, AsyncTasks
 from .clock import SimClock
-from .participation import ModelWork, Participation, check_fraction
-from .round_report import Aggregation, AsyncUpdate, ClockTime
+from .participation import ModelWork, Participation, SelectionPolicy, check_fraction
+from .round_report import Aggregation, AsyncUpdate, ClockTime, SelectionSection
 from .round_report import Participation as ParticipationSection
 from .round_report import RoundReport
 from .rounds import RunsRounds
@@ -65,9 +66,10 @@ class AsyncStrategy(RunsRounds, ModelWork, FlowerFedAvg):
         :mod:`strategies.async_tasks`) or as they arrive.
     fraction_evaluate : float
         Fraction of clients asked to evaluate the model after each round (0 disables).
-    seed, min_available_nodes, query_client_info, query_timeout, clock
+    seed, min_available_nodes, query_client_info, query_timeout, clock, selection
         As :class:`strategies.participation.Participation`'s; ``clock`` times each task
-        on the device profiles (it needs ``query_client_info``).
+        on the device profiles (it needs ``query_client_info``); ``selection`` picks the
+        client of each freed slot (the task number as its round).
     participation : Participation, optional
         Given instead of the arguments above (no deadline, no stragglers: an asynchronous
         strategy waits for no round).
@@ -76,7 +78,7 @@ class AsyncStrategy(RunsRounds, ModelWork, FlowerFedAvg):
     def __init__(self, *, concurrency: int = 20, arrival: str = "simulated",
                  fraction_evaluate: float = 1.0, seed: int = 0, min_available_nodes: int = 2,
                  query_client_info: bool = False, query_timeout: float = 600.0,
-                 clock: SimClock | None = None,
+                 clock: SimClock | None = None, selection: SelectionPolicy | None = None,
                  participation: Participation | None = None) -> None:
         check_fraction("fraction_evaluate", fraction_evaluate, allow_zero=True)
         name = type(self).__name__
@@ -84,7 +86,7 @@ class AsyncStrategy(RunsRounds, ModelWork, FlowerFedAvg):
             participation = Participation(
                 seed=seed, min_available_nodes=min_available_nodes,
                 query_client_info=query_client_info, query_timeout=query_timeout,
-                clock=clock, owner=name)
+                clock=clock, selection=selection, owner=name)
         timer = participation.timer
         if (timer is not None and timer.deadline is not None) or \
                 participation.straggler_fraction > 0:
@@ -152,6 +154,7 @@ class AsyncStrategy(RunsRounds, ModelWork, FlowerFedAvg):
         self.model, self.updates = arrays, RoundUpdates()
         report = self.reports[server_round] = RoundReport(server_round)
         sent, down, start = self.tasks.sent, self.tasks.bytes_down, self.tasks.now
+        self.tasks.selections = []
         self.tasks.run(grid, lambda: (self.version, self.model), config, self, self.on_reply,
                        self.on_lost, self.round_over, self.timeout)
         fill = self.buffer_fill()
@@ -174,6 +177,8 @@ class AsyncStrategy(RunsRounds, ModelWork, FlowerFedAvg):
         report.add(AsyncUpdate(staleness=list(u.staleness), concurrency=len(self.tasks.in_flight),
                                buffer_fill=fill,
                                client_updates=self.client_updates, model_version=self.version))
+        if self.tasks.selections:
+            report.add(merged_selections(self.tasks.selections))
         timer = self.participation.timer
         if timer is not None:
             timer.elapsed = self.tasks.now
@@ -222,6 +227,9 @@ class AsyncStrategy(RunsRounds, ModelWork, FlowerFedAvg):
         self.updates.staleness.append(staleness)
         self.updates.metrics.append(reply.content[C.METRICS])
         self.updates.bytes_up += sum(r.count_bytes() for r in reply.content.array_records.values())
+        timed = self.participation.timer is not None
+        self.participation.feedback(task.number + 1, [
+            (node, reply, task.done_at - task.sent_at if timed else None)])
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
@@ -276,3 +284,18 @@ class AsyncStrategy(RunsRounds, ModelWork, FlowerFedAvg):
 
     def load_algorithm_state(self, state: dict) -> None:
         """Restore :meth:`algorithm_state`."""
+
+
+def merged_selections(sections: list[SelectionSection]) -> SelectionSection:
+    """One section for the tasks a round sent: the clients chosen in order, the candidates
+    and query counts summed, the last task's policy state (epsilon, T, tier credits)."""
+    last = sections[-1]
+    queries = [s.query_messages for s in sections if s.query_messages is not None]
+    return dataclasses.replace(
+        last, candidates=sum(s.candidates for s in sections),
+        chosen=[key for s in sections for key in s.chosen],
+        scores={k: v for s in sections for k, v in (s.scores or {}).items()} or None,
+        losses={k: v for s in sections for k, v in (s.losses or {}).items()} or None,
+        explored=sum(s.explored for s in sections) if last.explored is not None else None,
+        query_messages=sum(queries) if queries else None,
+        query_bytes=sum(s.query_bytes or 0 for s in sections) if queries else None)

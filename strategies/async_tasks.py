@@ -40,6 +40,7 @@ from . import contract as C
 from . import devices, records
 from .event_loop import GridEventLoop
 from .participation import ClientWork, Participation, check_choice, check_whole
+from .round_report import SelectionSection
 
 __all__ = ["ARRIVAL_ORDERS", "AsyncTask", "AsyncTasks"]
 
@@ -93,6 +94,7 @@ class AsyncTasks:
         self.to_resend: list[AsyncTask] = []  # restored from a checkpoint, not sent yet
         self.bytes_down = 0
         self.sent = 0
+        self.selections: list[SelectionSection] = []  # informed policies' picks, this round
         self._warned_real_time = False
 
     # ------------------------------------------------------------------ the loop
@@ -152,23 +154,29 @@ class AsyncTasks:
         p = self.participation
         nodes = p.ordered(p.connected(grid))
         while len(self.in_flight) < self.concurrency:
-            node = self.next_client(nodes)
+            node = self.next_client(nodes, grid, arrays, config, work)
             if node is None:
                 return
             self.send(self.new_task(node, version, config, work, arrays), arrays)
 
-    def next_client(self, nodes: list[int]) -> int | None:
+    def next_client(self, nodes: list[int], grid: Grid, arrays: ArrayRecord,
+                    config: ConfigRecord, work: ClientWork) -> int | None:
         """The client of the next task: one draw of the selection policy among the online
-        idle ``nodes`` (online: :func:`strategies.devices.online_mask` at the simulated time);
-        None when every client trains. While nobody is online and nothing trains the
-        simulated time moves on to the next availability window (or by ``IDLE_STEP``)."""
+        idle ``nodes`` (online: :func:`strategies.devices.online_mask` at the simulated time),
+        the task number as its round (an informed policy's section goes to
+        :attr:`selections`); None when every client trains. While nobody is online and
+        nothing trains the simulated time moves on to the next availability window (or by
+        ``IDLE_STEP``)."""
         p = self.participation
         busy = {task.node_id for task in self.in_flight.values()}
         idle = [n for n in nodes if n not in busy]
         for attempt in range(MAX_IDLE_DRAWS):
             online = self.online(idle, attempt)
             if online:
-                picks = p.selection.select(self.next_number + 1, online, 1, 1.0, None)
+                picks, section = p.select_among(self.next_number + 1, grid, online, 1, None,
+                                                arrays, config, work)
+                if section is not None:
+                    self.selections.append(section)
                 return online[min(picks)]
             if self.in_flight or not idle:
                 return None

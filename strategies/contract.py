@@ -212,6 +212,23 @@ LOG_MODEL_VERSION = "model-version"  # int, server model versions made since the
 # --- over-commitment (strategies/participation.py, any synchronous strategy) ----------
 LOG_CLIENTS_LATE = "clients-late"  # int, over-committed clients whose replies came after the m-th
 
+# --- client selection (strategies/selection*.py; any strategy's participation model) --
+# Logged when the policy is not random (random keeps today's run log).
+LOG_SELECTION = "selection"  # str, the policy: oort, power-of-choice, tifl
+LOG_SELECTION_CANDIDATES = "selection-candidates"  # int, online clients it chose among
+LOG_SELECTION_CHOSEN = "selection-chosen"  # list[str], client keys chosen, in choice order
+LOG_SELECTION_SCORES = "selection-scores"  # dict key -> the score that chose the client
+LOG_OORT_EPSILON = "oort-epsilon"  # float, exploration factor of the round (Alg. 1)
+LOG_OORT_PREFERRED_SECONDS = "oort-preferred-seconds"  # float, T after the pacer (Alg. 1)
+LOG_OORT_EXPLORED = "oort-explored"  # int, unexplored clients chosen (exploration)
+LOG_OORT_BLACKLISTED = "oort-blacklisted"  # int, clients left out for too many rounds
+LOG_POC_LOSSES = "poc-losses"  # dict key -> loss on the global model of the d candidates
+LOG_POC_QUERY_MESSAGES = "poc-query-messages"  # int, evaluate messages sent to query losses
+LOG_POC_QUERY_BYTES = "poc-query-bytes"  # int, array bytes those messages carried
+LOG_TIFL_TIER = "tifl-tier"  # int, the tier chosen (0 = fastest)
+LOG_TIFL_PROBABILITIES = "tifl-probabilities"  # list[float], tier probabilities (Alg. 2)
+LOG_TIFL_CREDITS = "tifl-credits"  # list[int], credits left per tier after the choice
+
 # Keys that count what the server sends again after a resume: every client's copy of its
 # state (strategies.client_state), an asynchronous strategy's tasks in flight at the
 # checkpoint (strategies.async_tasks). The first round after a resume differs from an

@@ -151,6 +151,11 @@ drift_diagnostics, participation
                          fraction_evaluate=fraction_evaluate, min_train_nodes=1,
                          min_evaluate_nodes=1,
                          min_available_nodes=participation.min_available_nodes)
+        if not callable(getattr(participation.selection, "select", None)):
+            raise ValueError(f"DynamicFL picks its active clients with a plain selection policy "
+                             f"(select(...), e.g. RandomSelection), not "
+                             f"{type(participation.selection).__name__}: DynaComm's groups "
+                             f"come from the active set it is given (Le et al., Alg. 1)")
         self.participation = participation
         query_client_info, clock = participation.query_client_info, participation.timer
         self.spec = ds.parse_interval_spec(intervals)

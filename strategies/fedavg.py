@@ -30,7 +30,7 @@ from . import contract as C
 from . import records, schedules, trust_gate
 from .clock import SimClock
 from .participation import (STRAGGLER_POLICIES, STRAGGLER_UNITS, ModelWork, Participation,
-                            check_choice, check_fraction)
+                            SelectionPolicy, check_choice, check_fraction)
 from .round_plan import ClientTask, RoundPlan
 from .round_report import Aggregation, OverCommitment
 from .round_report import Participation as ParticipationSection
@@ -77,8 +77,11 @@ class FedAvg(RunsRounds, ModelWork, FlowerFedAvg):
         (:class:`strategies.participation.Participation`). Without it, one is built from
         ``seed``, ``min_available_nodes`` (Flower's default, 2), ``query_client_info``,
         ``query_timeout``, ``straggler_fraction`` / ``straggler_policy`` /
-        ``straggler_unit``, ``clock``, ``round_deadline`` and ``over_commitment``, which
-        that class documents.
+        ``straggler_unit``, ``clock``, ``round_deadline``, ``over_commitment`` and
+        ``selection`` (:class:`~strategies.participation.RandomSelection` by default;
+        :class:`~strategies.selection_oort.OortSelection`,
+        :class:`~strategies.selection_power_of_choice.PowerOfChoice`,
+        :class:`~strategies.selection_tifl.TiFLSelection`), which that class documents.
 
     Notes
     -----
@@ -105,7 +108,8 @@ class FedAvg(RunsRounds, ModelWork, FlowerFedAvg):
         drift_diagnostics: bool = False,
         lr_schedule: schedules.LRSchedule | schedules.Schedule | str | None = None,
         clock: SimClock | None = None, round_deadline: float | None = None,
-        over_commitment: float = 0.0, participation: Participation | None = None,
+        over_commitment: float = 0.0, selection: SelectionPolicy | None = None,
+        participation: Participation | None = None,
     ) -> None:
         check_fraction("fraction_evaluate", fraction_evaluate, allow_zero=True)
         check_choice("weighting", weighting, WEIGHTINGS)
@@ -122,7 +126,8 @@ class FedAvg(RunsRounds, ModelWork, FlowerFedAvg):
                 query_client_info=query_client_info, query_timeout=query_timeout,
                 straggler_fraction=straggler_fraction, straggler_policy=straggler_policy,
                 straggler_unit=straggler_unit, clock=clock, round_deadline=round_deadline,
-                over_commitment=over_commitment, owner=type(self).__name__)
+                over_commitment=over_commitment, selection=selection,
+                owner=type(self).__name__)
         if weighting in QUERY_WEIGHTINGS and not participation.query_client_info:
             raise records.query_required(
                 type(self).__name__, f"weighting={weighting!r} (every client's n_k)",
@@ -248,6 +253,7 @@ class FedAvg(RunsRounds, ModelWork, FlowerFedAvg):
         clock_time = self.participation.round_time(plan, accepted, self)
         if clock_time is not None:
             plan.report.add(clock_time)
+        self.participation.round_feedback(plan, accepted, self)  # the selection policy learns
         return (new if accepted else None), accepted
 
     def update_model(

@@ -8,7 +8,10 @@ Per round (:meth:`Participation.plan_round`):
 2. who is online (device availability, :mod:`strategies.devices`, with a clock);
 3. who is selected: the :class:`SelectionPolicy` (:class:`RandomSelection`: m = max(floor(C
    K), 1) uniformly without replacement, McMahan et al. 2017 Algorithm 1, or m draws with
-   replacement by data size, Li et al. 2020 Scheme I);
+   replacement by data size, Li et al. 2020 Scheme I), or an
+   :class:`~strategies.selection.InformedSelection` (Oort, Power-of-Choice, TiFL) given
+   the candidates' facts, a loss query, and after the round the accepted replies'
+   outcomes (:meth:`Participation.feedback`);
 4. how much work each selected client gets: the strategy's full local work tau_i, cut for
    stragglers, random ones (Li et al. 2020, FedProx, Sec. 5.2) or those whose work does
    not fit the round's deadline on the clock (:func:`strategies.clock.steps_within`);
@@ -22,6 +25,7 @@ The strategy describes its work through :class:`ClientWork` and the plan is a ty
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 from collections.abc import Mapping, Sequence
@@ -29,17 +33,18 @@ from logging import INFO, WARNING
 from typing import Protocol
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from . import contract as C
-from . import records, sampling
+from . import records, sampling, trust_gate
 from .aggregate import data_shares
 from .clock import RoundTimer, SimClock
 from .records import ClientInfo
 from .round_plan import ClientTask, RoundPlan
-from .round_report import ClockTime
+from .round_report import ClockTime, SelectionSection
+from .selection import Candidate, InformedSelection, Outcome, reported_loss
 
 __all__ = ["ClientWork", "ModelWork", "Participation", "RandomSelection", "SelectionPolicy",
            "STRAGGLER_POLICIES", "STRAGGLER_UNITS", "check_choice", "check_fraction",
@@ -191,6 +196,10 @@ class Participation:
         self.straggler_policy = straggler_policy
         self.straggler_unit = straggler_unit
         self.selection = selection if selection is not None else RandomSelection(seed)
+        if getattr(self.selection, "needs_clock", False) and self.timer is None:
+            raise ValueError(f"selection {getattr(self.selection, 'name', self.selection)!r} "
+                             f"needs the clients' times on the simulated clock: pass "
+                             f"clock=SimClock(...) (run config: device-profiles)")
         self.owner = owner
         self.clients: dict[int, ClientInfo] = {}
         self._warned_query = False
@@ -258,10 +267,11 @@ class Participation:
         if self.over_commitment > 0 and m:
             close_after, m = m, min(math.ceil((1 + self.over_commitment) * m), len(online))
         picks: dict[int, int] = {}
+        section = None
         if online:
             probabilities = self.data_shares(online) if draw_by_data_size else None
-            picks = self.selection.select(server_round, online, m, self.fraction_train,
-                                          probabilities)
+            picks, section = self.select_among(server_round, grid, online, m, probabilities,
+                                               arrays, config, work)
         draws = {online[k]: d for k, d in picks.items()}
         down, up = work.expected_bytes(arrays)
         reduced = self.stragglers(server_round, draws, config, work, down, up)
@@ -276,12 +286,111 @@ class Participation:
                  for n, d in sent.items()}
         log(INFO, "configure_train: sampled %d of %d nodes (%d stragglers, policy %s)",
             len(draws), len(nodes), len(reduced), self.straggler_policy)
-        return RoundPlan(
+        plan = RoundPlan(
             server_round, arrays, config, tuple(nodes), tasks, sampled=len(draws),
             straggler_work=reduced,
             unavailable=len(nodes) - len(online) if self.timer is not None else None,
             deadline_dropped=len(draws) - len(sent) if self.timer is not None else 0,
             bytes_down=down, bytes_up=up, close_after=close_after)
+        if section is not None:
+            plan.report.add(section)
+        return plan
+
+    # ------------------------------------------------------------------ selection
+    def select_among(self, server_round: int, grid: Grid, online: list[int], m: int | None,
+                     probabilities: np.ndarray | None, arrays: ArrayRecord,
+                     config: ConfigRecord, work: ClientWork
+                     ) -> tuple[dict[int, int], SelectionSection | None]:
+        """Position in ``online`` -> draws of the selected clients, and the policy's run-log
+        section (None for a plain :class:`SelectionPolicy`): an
+        :class:`~strategies.selection.InformedSelection` is given the candidates' facts
+        (:meth:`candidate`) and, if it asks, the loss query (:meth:`query_losses`)."""
+        policy = self.selection
+        if not isinstance(policy, InformedSelection):
+            return policy.select(server_round, online, m, self.fraction_train,
+                                 probabilities), None
+        if m is None:
+            m = sampling.num_to_sample(self.fraction_train, len(online))
+        down, up = work.expected_bytes(arrays)
+        candidates = [self.candidate(n, config, work, down, up) for n in online]
+        asked = {"messages": 0, "bytes": 0}
+
+        def query(positions):
+            return self.query_losses(server_round, grid, [online[k] for k in positions],
+                                     positions, arrays, asked)
+
+        choice = policy.choose(server_round, candidates, m,
+                               query if policy.queries_losses else None)
+        section = choice.section
+        if policy.queries_losses:
+            section = dataclasses.replace(section, query_messages=asked["messages"],
+                                          query_bytes=asked["bytes"])
+        return choice.picks, section
+
+    def candidate(self, node: int, config: ConfigRecord, work: ClientWork, down: int,
+                  up: int) -> Candidate:
+        """What a policy sees of an online node: key, n_k, t_i of its full work (eq. 1)."""
+        seconds = None
+        if self.timer is not None:
+            seconds = self.timer.client_seconds(
+                self.partition_of(node), work.full_local_steps(node, config),
+                work.examples_per_step(node, config), down, up,
+                work.extra_examples(node, config))
+        return Candidate(self.client_key(node), self.info(node).num_examples, seconds)
+
+    def query_losses(self, server_round: int, grid: Grid, nodes: list[int],
+                     positions: list[int], arrays: ArrayRecord, asked: dict
+                     ) -> dict[int, float | None]:
+        """Power-of-Choice's query: the global model to ``nodes`` as Flower ``evaluate``
+        messages; position -> the loss of each reply the trust gate accepts
+        (``eval-loss`` or Flower's ``eval_loss``), None otherwise. Counts messages and
+        array bytes in ``asked``."""
+        config = ConfigRecord({C.SERVER_ROUND: server_round})
+        messages = [Message(RecordDict({C.ARRAYS: arrays, C.CONFIG: config}),
+                            message_type=MessageType.EVALUATE, dst_node_id=n) for n in nodes]
+        asked["messages"] += len(messages)
+        asked["bytes"] += len(messages) * arrays.count_bytes()
+        by_node = dict(zip(nodes, positions))
+        losses: dict[int, float | None] = {k: None for k in positions}
+        for reply in grid.send_and_receive(messages, timeout=self.query_timeout):
+            node = reply.metadata.src_node_id
+            if node not in by_node or reply.has_error():
+                continue
+            problem = trust_gate.evaluate_reply_problem(reply, self.info(node).num_examples)
+            if problem:
+                trust_gate.log_refused("Loss query reply", node, self.info(node).partition_id,
+                                       problem)
+                continue
+            metrics = next(iter(reply.content.metric_records.values()))
+            losses[by_node[node]] = reported_loss(metrics, (C.EVAL_LOSS, "eval_loss"))
+        return losses
+
+    def feedback(self, server_round: int, replies: Sequence[tuple[int, Message,
+                                                                  float | None]]) -> None:
+        """Tell an :class:`~strategies.selection.InformedSelection` the accepted replies of
+        round ``server_round`` as (node, reply, its clock time or None); nothing for a plain
+        policy."""
+        policy = self.selection
+        if not isinstance(policy, InformedSelection) or not replies:
+            return
+        outcomes = []
+        for node, reply, seconds in replies:
+            metrics = reply.content[C.METRICS]
+            n = metrics.get(C.NUM_EXAMPLES)
+            outcomes.append(Outcome(self.client_key(node), reported_loss(metrics),
+                                    int(n) if isinstance(n, int) else None, seconds))
+        policy.feedback(server_round, outcomes)
+
+    def round_feedback(self, plan: RoundPlan, accepted: Sequence[Message],
+                       work: ClientWork) -> None:
+        """:meth:`feedback` of a synchronous round: the accepted replies with their t_i."""
+        if not isinstance(self.selection, InformedSelection):
+            return
+        self.feedback(plan.server_round, [
+            (r.metadata.src_node_id, r,
+             self.client_time(plan, plan.tasks[r.metadata.src_node_id], r, work)
+             if self.timer is not None and r.metadata.src_node_id in plan.tasks else None)
+            for r in accepted])
 
     def online_nodes(self, server_round: int, ordered: list[int]) -> tuple[list[int], int | None]:
         """The nodes that can be selected this round and m: all of them and None (m =
@@ -407,12 +516,24 @@ class Participation:
         """The simulated time so far (with a clock): selection and stragglers are drawn from
         ``default_rng([seed, round(, 1)])`` afresh every round, and the client table is
         re-queried on resume (node ids change between runs, partition ids do not)."""
-        return {} if self.timer is None else {"sim-elapsed": self.timer.elapsed}
+        state = {} if self.timer is None else {"sim-elapsed": self.timer.elapsed}
+        if isinstance(self.selection, InformedSelection):
+            state["selection-state"] = {"policy": self.selection.name,
+                                        **self.selection.state_dict()}
+        return state
 
     def load_state_dict(self, state: Mapping) -> None:
         """Restore what :meth:`state_dict` returned."""
         if self.timer is not None:
             self.timer.elapsed = float(state.get("sim-elapsed", 0.0))
+        if isinstance(self.selection, InformedSelection):
+            saved = state.get("selection-state")
+            if not isinstance(saved, Mapping) or saved.get("policy") != self.selection.name:
+                raise ValueError(f"the checkpoint holds no state of selection "
+                                 f"{self.selection.name!r} (it was written with "
+                                 f"{saved.get('policy') if isinstance(saved, Mapping) else 'random'!r}"
+                                 f"); resume with the run's own selection")
+            self.selection.load_state_dict(saved)
 
 
 def participation_of(strategy: object) -> Participation | None:

@@ -21,7 +21,7 @@ from . import contract as C
 __all__ = ["Aggregation", "AsyncUpdate", "ClientStateSection", "ClockTime", "Drift",
            "DynamicFLSection", "FedDynSection", "FedNovaSection", "FedVecaEstimates",
            "FedVecaSection", "MoonSection", "OverCommitment", "Participation", "RoundReport",
-           "ScaffoldSection", "Section", "logged"]
+           "ScaffoldSection", "Section", "SelectionSection", "logged"]
 
 
 def logged(key: str, *, keep_none: bool = False, default: object = None):
@@ -106,6 +106,27 @@ class OverCommitment(Section):
     """A round closed at its first m replies (:mod:`strategies.participation`)."""
 
     late: int = logged(C.LOG_CLIENTS_LATE, default=0)
+
+
+@dataclass(frozen=True)
+class SelectionSection(Section):
+    """A selection policy's inputs and choice (:mod:`strategies.selection`); the policy's own
+    fields are None when it has none of them."""
+
+    policy: str = logged(C.LOG_SELECTION, default="")
+    candidates: int = logged(C.LOG_SELECTION_CANDIDATES, default=0)
+    chosen: list[str] = logged(C.LOG_SELECTION_CHOSEN, default=())
+    scores: Mapping[str, float] | None = logged(C.LOG_SELECTION_SCORES)
+    epsilon: float | None = logged(C.LOG_OORT_EPSILON)
+    preferred_seconds: float | None = logged(C.LOG_OORT_PREFERRED_SECONDS)
+    explored: int | None = logged(C.LOG_OORT_EXPLORED)
+    blacklisted: int | None = logged(C.LOG_OORT_BLACKLISTED)
+    losses: Mapping[str, float | None] | None = logged(C.LOG_POC_LOSSES)
+    query_messages: int | None = logged(C.LOG_POC_QUERY_MESSAGES)
+    query_bytes: int | None = logged(C.LOG_POC_QUERY_BYTES)
+    tier: int | None = logged(C.LOG_TIFL_TIER)
+    probabilities: list[float] | None = logged(C.LOG_TIFL_PROBABILITIES)
+    credits: list[int] | None = logged(C.LOG_TIFL_CREDITS)
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ aggregation's peak extra memory (from (b)).
 * ``scale``: per-round time at 10, 100, 1,000 clients against a bare Flower FedAvg app;
 * ``layout``: SGD step and evaluation times, channels-last against contiguous, on this device;
 * ``heap``: SGD step time with glibc's malloc thresholds against fixed ones (CPU);
+* ``selection``: each selection policy's cost per round at 1,000 and 10,000 clients;
 * ``deploy``: a warm round on a local deployment (``python -m deploy run``, a child process)
   against the simulation engine.
 """
@@ -39,6 +40,7 @@ BENCHES = {
     "layout": "simulation.bench.layout",
     "heap": "simulation.bench.heap",
     "deploy": "simulation.bench.deploy",
+    "selection": "simulation.bench.selection",
 }
 STANDARD = ("efficiency", "aggregation")  # what a plain `bench` runs, in this order
 
