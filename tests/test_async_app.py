@@ -11,18 +11,11 @@ PID (the deployment fixture checks them gone).
 from __future__ import annotations
 
 import pytest
-import torch
-from flwr.app import Context, RecordDict
 
-from deploy.cluster import DeploySpec, LocalDeployment
-from deploy.layout import Layout
-from deploy.runner import run_on_connection
-from fedapp.client_app import app as client_app
 from fedapp.run_log import read_rounds
-from fedapp.server_app import app as server_app
-from simulation.runtime import descendants, is_alive, local_superlink_pids, run_app
+from simulation.runtime import local_superlink_pids, run_app
 from strategies import contract as C
-from tests.inprocess import InProcessGrid
+from tests.deployed import run_deployed, run_in_process
 
 BASE = {"num-server-rounds": 3, "dataset": "synthetic", "model": "mlp-2nn", "partition": "iid",
         "local-steps": 5, "batch-size": 10, "eval-batch-size": 2000, "seed": 1,
@@ -39,17 +32,7 @@ def trace(run_dir) -> list[tuple]:
 
 @pytest.mark.timeout(2400)
 def test_fedbuff_gives_the_same_bits_in_process_in_simulation_and_on_supernodes(tmp_path):
-    inprocess = tmp_path / "inprocess"
-    rc = {**BASE, "output-dir": str(inprocess)}
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as each Ray actor and SuperNode here: the same float sums
-    try:
-        server_app(InProcessGrid(client_app, 4, rc),
-                   Context(run_id=7, node_id=0, node_config={}, state=RecordDict(),
-                           run_config=rc))
-    finally:
-        torch.set_num_threads(threads)
-    (inprocess_dir,) = inprocess.iterdir()
+    inprocess_dir = run_in_process({**BASE, "output-dir": str(tmp_path / "inprocess")}, 4)
     expected = trace(inprocess_dir)
     assert len(expected) == 4 and len({t[0] for t in expected}) == 4  # a new model each round
     assert any(max(t[1]) > 0 for t in expected[1:]), "some update was stale"
@@ -65,24 +48,12 @@ def test_fedbuff_gives_the_same_bits_in_process_in_simulation_and_on_supernodes(
     assert trace(simulated_dir) == expected
 
     deployed, real_time = tmp_path / "deployment", tmp_path / "real-time"
-    deployment = LocalDeployment(DeploySpec(num_supernodes=4, num_threads=1), Layout(tmp_path / "deploy"),
-                                 start_timeout=120)
-    pids: list[int] = []
-    try:
-        deployment.start()
-        pids = [p for s in deployment.started for p in [s.proc.pid, *descendants(s.proc.pid)]]
-        result = run_on_connection(deployment.spec.connection, deployment.cli_env,
-                                   {**BASE, "output-dir": str(deployed)}, timeout=900,
-                                   capture=True)
+    results = run_deployed(tmp_path, 4, [
+        {**BASE, "output-dir": str(deployed)},
+        {**BASE, "async-arrival": "real-time", "output-dir": str(real_time)}])
+    for result in results:
         assert result.status == "finished:completed", result.output[-4000:]
-        result = run_on_connection(deployment.spec.connection, deployment.cli_env,
-                                   {**BASE, "async-arrival": "real-time",
-                                    "output-dir": str(real_time)}, timeout=900, capture=True)
-        assert result.status == "finished:completed", result.output[-4000:]
-        assert "not reproducible" in result.output
-    finally:
-        deployment.stop()
-    assert not [pid for pid in pids if is_alive(pid)], "processes left running after stop()"
+    assert "not reproducible" in results[1].output
     (deployed_dir,) = deployed.iterdir()
     assert trace(deployed_dir) == expected
     (real_time_dir,) = real_time.iterdir()
