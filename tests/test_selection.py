@@ -325,3 +325,14 @@ def test_clients_without_a_loss_are_explored_and_said_once(caplog):
                    train_config=ConfigRecord({C.LOCAL_STEPS: 2}))
     assert sum("reported no training loss" in r.message for r in caplog.records) == 1
     assert all(strategy.round_log(r)[C.LOG_CLIENTS_SAMPLED] == 3 for r in (1, 2, 3))
+
+
+def test_selection_bench_prints_each_policys_cost_per_round(capsys):
+    """The pure-policy part of ``bench selection`` (no flwr run with --round-clients 0)."""
+    from simulation.__main__ import main
+
+    main(["bench", "selection", "--clients", "200", "--rounds", "3", "--round-clients", "0"])
+    out = capsys.readouterr().out
+    line = next(l for l in out.splitlines() if l.startswith("selection cost per round at 200"))
+    for name in ("random", "oort", "power-of-choice", "tifl"):
+        assert f"{name} " in line and " ms" in line

@@ -3,7 +3,15 @@ synthetic clients (no Flower, no training): the candidates' sizes and clock time
 log-normal, the losses uniform; each round chooses m = ``--fraction`` x K clients and feeds
 back a loss for each. Power-of-Choice's loss query is a function returning the synthetic
 losses (its messages are not timed here: they are evaluate messages of the round). The cost
-is the median milliseconds of ``choose`` + ``feedback`` over ``--rounds`` rounds."""
+is the median milliseconds of ``choose`` + ``feedback`` over ``--rounds`` rounds.
+
+Against what a round costs: with ``--round-clients K`` (default 1,000; 0 = skip) one real
+``flwr run`` of the app on K SuperNodes (the selection experiment's workload:
+``simulation/experiments/selection_fmnist.toml``'s model, data split, local work and fleet,
+m = ``--fraction`` x the online clients, ``selection = oort``) gives the wall time of a warm
+round (rounds 2..R-1 of ``--app-rounds``, from its run log; the test-set evaluation runs
+only after the last round), and each policy's cost at K clients is printed as a share of it
+(target <= 5 %)."""
 
 from __future__ import annotations
 
@@ -14,6 +22,8 @@ import time
 import numpy as np
 
 from strategies.participation import RandomSelection
+
+from .common import DATA_DIR, simulation_round_seconds
 from strategies.selection import Candidate, Outcome
 from strategies.selection_oort import OortSelection
 from strategies.selection_power_of_choice import PowerOfChoice
@@ -28,6 +38,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="numbers of online clients K")
     p.add_argument("--fraction", type=float, default=0.01, help="m = fraction x K per round")
     p.add_argument("--rounds", type=int, default=30, help="timed rounds per policy")
+    p.add_argument("--round-clients", type=int, default=1000,
+                   help="SuperNodes of the real flwr run whose warm round the costs are "
+                        "compared with (0 = no app run)")
+    p.add_argument("--app-rounds", type=int, default=4,
+                   help="rounds of that run (>= 3: rounds 2..R-1 are timed)")
+    p.add_argument("--data-dir", default=DATA_DIR, help="Fashion-MNIST IDX folder")
 
 
 def policy(name: str, rounds: int):
@@ -59,7 +75,24 @@ def round_ms(name: str, k: int, m: int, rounds: int) -> float:
     return statistics.median(times)
 
 
+def app_round_seconds(k: int, fraction: float, rounds: int, data_dir: str) -> float:
+    """Mean wall seconds of the warm rounds of a real ``flwr run`` on ``k`` SuperNodes with
+    Oort selection and the selection experiment's workload."""
+    workload = {
+        "strategy": "fedavg", "selection": "oort", "num-server-rounds": rounds,
+        "dataset": "fashion-mnist", "data-dir": data_dir, "partition": "dirichlet",
+        "dirichlet-alpha": 0.3, "model": "lenet-gn", "local-epochs": 1, "batch-size": 10,
+        "lr": 0.05, "momentum": 0.0, "fraction-train": fraction, "min-available-nodes": k,
+        "device-profiles": "lognormal", "device-sigma": 1.0, "device-availability": 0.8,
+        "eval-every": rounds, "drift-diagnostics": False,
+    }
+    seconds = simulation_round_seconds(workload, k, 1)
+    return statistics.mean(seconds[1:-1])
+
+
 def run(args: argparse.Namespace) -> None:
+    if args.round_clients and args.app_rounds < 3:
+        raise SystemExit("bench selection: --app-rounds must be >= 3 (rounds 2..R-1 are timed)")
     results = {}
     print(f"{'clients':>8} {'m':>5}  " + "  ".join(f"{n:>16}" for n in POLICIES))
     for k in args.clients:
@@ -70,3 +103,17 @@ def run(args: argparse.Namespace) -> None:
     for k in args.clients:
         print(f"selection cost per round at {k} clients: "
               + ", ".join(f"{n} {results[k][n]:.3f} ms" for n in POLICIES))
+    k = args.round_clients
+    if not k:
+        return
+    if k not in results:
+        m = max(int(args.fraction * k), 1)
+        results[k] = {n: round_ms(n, k, m, args.rounds) for n in POLICIES}
+    print(f"Real flwr run on {k} SuperNodes (FedAvg, oort selection, m = fraction x online "
+          f"clients, lenet-gn, E = 1, B = 10, log-normal fleet), {args.app_rounds} rounds, "
+          f"rounds 2..{args.app_rounds - 1} timed ...", flush=True)
+    round_s = app_round_seconds(k, args.fraction, args.app_rounds, args.data_dir)
+    print(f"a warm round at {k} clients: {round_s:.3f} s wall")
+    print(f"selection cost as a share of the round's wall time at {k} clients: "
+          + ", ".join(f"{n} {100 * results[k][n] / (1000 * round_s):.2f} %" for n in POLICIES)
+          + "   (target <= 5 %)")
