@@ -154,6 +154,23 @@ def read_rounds(directory: Path) -> list[dict]:
     return records
 
 
+def run_finished(directory: Path) -> bool:
+    """Whether the run in ``directory`` ended: its ``final_model.pt`` is there, or (a copy
+    kept without model files, as ``docs/results/run-logs``) its log's last record is the
+    evaluated round ``num-server-rounds`` of its ``config.json``."""
+    directory = Path(directory)
+    if (directory / MODEL_NAME).is_file():
+        return True
+    try:
+        rounds = json.loads((directory / "config.json").read_text())["run-config"][
+            "num-server-rounds"]
+        records = read_rounds(directory)
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return bool(records) and records[-1].get(C.LOG_ROUND) == rounds and \
+        C.LOG_ACCURACY in records[-1]
+
+
 def table_header() -> str:
     return " | ".join(f"{title:>{len(fmt.format(0) if 'f' not in fmt else fmt.format(0.0))}}"
                       for _, title, fmt in TABLE_COLUMNS)

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedapp.run_log import read_rounds
+from fedapp.run_log import read_rounds, run_finished
 from strategies import contract as C
 
 from .metrics import (bytes_to_target, cumulative_bytes, evaluated, evaluated_bytes, has_clock,
@@ -50,7 +50,7 @@ def collect(folder: Path) -> dict[str, list[tuple[Path, list[dict]]]]:
     runs: dict[str, list[tuple[Path, list[dict]]]] = {}
     for path in sorted(folder.glob("*/seed*/*/rounds.jsonl")):
         variant = path.parent.parent.parent.name
-        if (path.parent / "final_model.pt").is_file():
+        if run_finished(path.parent):
             runs.setdefault(variant, []).append((path.parent, read_rounds(path.parent)))
     return runs
 

@@ -3,8 +3,8 @@
 A sweep file names a shared run config (``[base]``), named variants that override it
 (``[variants.<name>]``), the seeds and the federation size. Every run goes through the
 same ServerApp/ClientApp on Flower's simulation engine (``simulation.runtime``). Each
-run writes to ``<out>/<variant>/seed<k>/``; finished runs (a complete ``rounds.jsonl``
-and ``final_model.pt``) are skipped, so an interrupted sweep resumes; with
+run writes to ``<out>/<variant>/seed<k>/``; finished runs (a complete ``rounds.jsonl``,
+:func:`fedapp.run_log.run_finished`) are skipped, so an interrupted sweep resumes; with
 ``checkpoint-every`` in the sweep's run config, a run that was stopped part-way resumes
 from its last checkpoint (``resume-from``, bit-identical to an uninterrupted run) instead
 of starting again. It resumes only a checkpoint written with the run config it would run
@@ -30,7 +30,7 @@ from pathlib import Path
 
 from fedapp.checkpoint import CHECKPOINT_NAME, LEGACY_NAME, config_digest, load_checkpoint
 from fedapp.config import ConfigError, RunConfig
-from fedapp.run_log import read_rounds
+from fedapp.run_log import read_rounds, run_finished
 from strategies import contract as C
 
 from .metrics import evaluated, percent_over_seeds
@@ -145,14 +145,12 @@ def finished_run_dir(run: SweepRun) -> Path | None:
     last line is passed over, with the reason)."""
     rounds = int(run.run_config.get("num-server-rounds", 10))
     for candidate in sorted(run.directory.glob("*/rounds.jsonl")):
-        if not (candidate.parent / "final_model.pt").is_file():
-            continue
         try:
             records = read_rounds(candidate.parent)
         except (OSError, ValueError) as exc:
             print(f"{run.variant} seed {run.seed}: not counted as done: {exc}", flush=True)
             continue
-        if len(records) == rounds + 1:
+        if len(records) == rounds + 1 and run_finished(candidate.parent):
             return candidate.parent
     return None
 
@@ -165,7 +163,7 @@ def resumable_run_dir(run: SweepRun) -> Path | None:
     candidates = {p.parent for name in (CHECKPOINT_NAME, LEGACY_NAME)
                   for p in run.directory.glob(f"*/{name}")}
     for candidate in sorted(candidates, reverse=True):
-        if (candidate / "final_model.pt").is_file():
+        if run_finished(candidate):
             continue
         why = checkpoint_refusal(candidate, digest)
         if why is None:

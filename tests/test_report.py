@@ -10,7 +10,7 @@ import pytest
 from simulation.metrics import (best_so_far, bytes_to_target, cumulative_bytes, has_clock,
                                 rounds_to_target, sim_elapsed, sim_seconds_to_target,
                                 updates_to_target)
-from simulation.report import build_report, panels_of
+from simulation.report import build_report, collect, panels_of
 from strategies import contract as C
 
 
@@ -268,3 +268,21 @@ def test_client_updates_to_target_is_a_table_of_its_own(tmp_path):
     table = build_report(tmp_path, tmp_path / "out", [0.6, 0.9])
     updates = table.split("Client updates aggregated until the target")[1]
     assert "| fedbuff | 22 (2/2) | not reached (0/2) | 30 |" in updates  # (15 + 30) / 2
+
+
+def test_a_run_kept_without_its_model_file_still_counts_when_its_log_is_complete(tmp_path):
+    """docs/results/run-logs keep config.json and rounds.jsonl, not final_model.pt: a run
+    whose last record is its evaluated last round is finished; one cut short is not."""
+    from fedapp.run_log import run_finished
+
+    done = tmp_path / "v" / "seed0" / "done"
+    cut = tmp_path / "v" / "seed1" / "cut"
+    for run, last in ((done, 2), (cut, 1)):
+        run.mkdir(parents=True)
+        (run / "config.json").write_text(json.dumps({"run-config": {"num-server-rounds": 2}}))
+        (run / "rounds.jsonl").write_text("".join(
+            json.dumps({"round": r, "accuracy": 0.5, "loss": 1.0}) + "\n"
+            for r in range(last + 1)))
+    assert run_finished(done) and not run_finished(cut)
+    assert run_finished(tmp_path / "v" / "seed0" / "nothing-here") is False
+    assert [p.name for p, _ in collect(tmp_path)["v"]] == ["done"]
