@@ -52,6 +52,32 @@ CLOCKED = OURS + ASYNC  # the strategies with a simulated clock
 FEDOPT = ("fedadam", "fedyogi", "fedadagrad")
 FLOWER = ("fedavgm", *FEDOPT)  # Flower's own classes (strategies.server_optimizers)
 ALL = OURS + ASYNC + FLOWER
+SUMMARIES = {  # strategy -> one line (``fedhetero strategies``)
+    "fedavg": "Federated Averaging (McMahan et al. 2017, Alg. 1), with weighting, sampling, "
+              "stragglers, clock and selection options",
+    "fedsgd": "FedSGD (McMahan et al. 2017, Sec. 2): one full-batch gradient step per client",
+    "fedprox": "FedProx (Li et al. 2020): proximal term mu; stragglers' partial work kept",
+    "fednova": "FedNova (Wang et al. 2020, eq. 6): averaging normalised by each client's "
+               "local steps",
+    "fedveca": "FedVeca (Luo et al.): per-client adaptive local steps from bi-directional "
+               "vectors (client helper)",
+    "dynamicfl": "DynamicFL (Le et al., Alg. 1): clients with the bandwidth sync often, the "
+                 "rest rarely (client helper)",
+    "dynamicsgd": "DynamicSGD (Le et al.): every active client syncs after every local step",
+    "scaffold": "SCAFFOLD (Karimireddy et al. 2020, Alg. 1, option II): control variates "
+                "(client helper)",
+    "feddyn": "FedDyn (Acar et al. 2021, Alg. 1): dynamic regulariser (client helper)",
+    "moon": "MOON (Li, He and Song 2021, Alg. 1): model-contrastive loss (client helper, a "
+            "representation model)",
+    "fedbuff": "FedBuff (Nguyen et al. 2022): buffered asynchronous aggregation, "
+               "staleness-weighted",
+    "fedasync": "FedAsync (Xie, Koyejo and Gupta 2019): each arriving model mixed in, "
+                "staleness-weighted",
+    "fedavgm": "Flower's FedAvgM (Hsu et al. 2019): server momentum",
+    "fedadam": "Flower's FedAdam (Reddi et al. 2021, Alg. 2)",
+    "fedyogi": "Flower's FedYogi (Reddi et al. 2021, Alg. 2)",
+    "fedadagrad": "Flower's FedAdagrad (Reddi et al. 2021, Alg. 2)",
+}
 INT64_MAX = 2**63 - 1  # Flower's records and TOML hold 64-bit integers
 NIID_BENCH_SEEDS = 2**32  # numpy's legacy RandomState takes seeds below 2**32
 

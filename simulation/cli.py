@@ -24,6 +24,8 @@ Heterogeneity-aware federated learning on Flower: every fedhetero tool as one co
 `fedhetero COMMAND --help` shows that command's options and their defaults.
 
 examples:
+  fedhetero strategies                      # the strategies, each with its paper
+  fedhetero keys --strategy fedprox         # the run-config keys fedprox reads
   fedhetero run --num-supernodes 10 -c strategy=fednova -c num-server-rounds=20
   fedhetero sweep simulation/experiments/niid_alpha_sweep.toml
   fedhetero report runs/niid_alpha_sweep --target 0.7

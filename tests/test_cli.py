@@ -200,3 +200,23 @@ def test_the_installed_console_script_runs():
                               cwd=REPO, timeout=120, check=False)
         assert proc.returncode == 0, proc.stderr
         assert proc.stdout.startswith(f"usage: fedhetero {' '.join(argv[:-1])}".rstrip()), argv
+
+
+def test_strategies_and_keys_list_what_the_app_runs(capsys):
+    """``fedhetero strategies`` names every strategy with its paper; ``fedhetero keys
+    --strategy NAME`` the keys the app and NAME read, each with its default."""
+    from fedapp.config_keys import ALL, APP, KEYS, SUMMARIES
+
+    assert set(SUMMARIES) == set(ALL)
+    assert fedhetero_main(["strategies", "--names-only"]) == 0
+    assert capsys.readouterr().out.split() == list(ALL)
+    assert fedhetero_main(["strategies"]) == 0
+    listing = capsys.readouterr().out
+    assert "FedBuff (Nguyen et al. 2022)" in listing and "Flower's class" in listing
+    assert fedhetero_main(["keys", "--strategy", "fedbuff"]) == 0
+    text = capsys.readouterr().out
+    read = [k.name for k in KEYS if APP in k.used_by or "fedbuff" in k.used_by]
+    assert "fedbuff-buffer-size = 10" in text and "proximal-mu" not in text
+    assert f"{len(read)} keys read with strategy=fedbuff" in text
+    assert fedhetero_main(["keys"]) == 0
+    assert f"{len(KEYS)} keys;" in capsys.readouterr().out
