@@ -102,7 +102,13 @@ def spec_of(args: argparse.Namespace) -> tuple[DeploySpec, dict]:
     overrides.setdefault("min-available-nodes", spec.num_supernodes)  # all join before round 1
     if spec.auth:  # node identity: each registered key may claim only its own partition
         overrides.setdefault("partition-map", str(Layout(args.workdir.resolve()).partition_map))
-    check_run_config(overrides)  # the ServerApp's rules, before anything starts
+    cfg = check_run_config(overrides)  # the ServerApp's rules, before anything starts
+    if cfg.min_available_nodes > spec.num_supernodes:
+        raise ValueError(
+            f"min-available-nodes={cfg.min_available_nodes}, but --num-supernodes is "
+            f"{spec.num_supernodes}: the ServerApp would wait for nodes forever; give "
+            f"--num-supernodes {cfg.min_available_nodes} or -c min-available-nodes="
+            f"{spec.num_supernodes}")
     return spec, overrides
 
 

@@ -89,3 +89,26 @@ def test_a_sweep_variant_on_cuda_needs_the_files_gpu_share(tmp_path, no_flwr_run
     assert str(info.value).startswith("variant 'gpu', seed 0: device='cuda', but the "
                                       "ClientApps ask for no GPU share")
     assert "a sweep file's gpus-per-client = 0.25" in str(info.value) and no_flwr_run == []
+
+
+def test_a_federation_smaller_than_min_available_nodes_stops_before_flwr_run(no_flwr_run):
+    """The default min-available-nodes = 2 on one SuperNode would wait forever."""
+    with pytest.raises(SystemExit) as info:
+        simulation_cli.main(["run", "--num-supernodes", "1"])
+    message = str(info.value)
+    assert "min-available-nodes=2, but the federation has 1 SuperNode(s)" in message
+    assert "-c min-available-nodes=1, or --num-supernodes 2" in message
+    assert no_flwr_run == []
+
+
+def test_deploy_run_refuses_more_min_available_nodes_than_supernodes(tmp_path):
+    from deploy.run import add_arguments, spec_of
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    with pytest.raises(ValueError, match="min-available-nodes=3, but --num-supernodes is 2"):
+        spec_of(parser.parse_args(["--num-supernodes", "2", "--workdir", str(tmp_path),
+                                   "-c", "min-available-nodes=3"]))
+    spec, overrides = spec_of(parser.parse_args(["--num-supernodes", "2",
+                                                 "--workdir", str(tmp_path)]))
+    assert overrides["min-available-nodes"] == 2
