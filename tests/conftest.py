@@ -7,6 +7,8 @@ import os
 import pytest
 import torch
 
+from simulation.runtime.flwr_cli import CONTROL_PORT_ENV, HTTP_PORT_ENV
+from simulation.runtime.processes import free_port
 from task.cache import ROOT_ENV
 
 
@@ -21,6 +23,15 @@ def private_data_cache(tmp_path_factory):
         os.environ.pop(ROOT_ENV, None)
     else:
         os.environ[ROOT_ENV] = previous
+
+
+@pytest.fixture(autouse=True)
+def own_local_superlink_ports(monkeypatch):
+    """Every test's ``flwr run`` (``run_app``, with or without ``isolate_ports``) gets free
+    ports for the local SuperLink that flwr starts, never Flower's default 39091, which
+    another SuperLink on the machine may hold (a test that sets its own keeps them)."""
+    monkeypatch.setenv(HTTP_PORT_ENV, str(free_port()))
+    monkeypatch.setenv(CONTROL_PORT_ENV, str(free_port()))
 
 
 @pytest.fixture
