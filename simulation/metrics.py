@@ -45,9 +45,11 @@ def rounds_to_target(records: list[dict], target: float) -> float | None:
 
 
 def cumulative_bytes(records: list[dict]) -> np.ndarray:
-    """Bytes up + down communicated up to and including each round (round 0 = 0)."""
+    """Bytes up + down communicated up to and including each round (round 0 = 0), a
+    Power-of-Choice loss query's model downloads included."""
     per_round = [
         float(r.get(C.LOG_BYTES_UP, 0) or 0) + float(r.get(C.LOG_BYTES_DOWN, 0) or 0)
+        + float(r.get(C.LOG_POC_QUERY_BYTES, 0) or 0)
         for r in records
     ]
     return np.cumsum(per_round)

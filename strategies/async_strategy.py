@@ -298,4 +298,6 @@ def merged_selections(sections: list[SelectionSection]) -> SelectionSection:
         losses={k: v for s in sections for k, v in (s.losses or {}).items()} or None,
         explored=sum(s.explored for s in sections) if last.explored is not None else None,
         query_messages=sum(queries) if queries else None,
-        query_bytes=sum(s.query_bytes or 0 for s in sections) if queries else None)
+        query_bytes=sum(s.query_bytes or 0 for s in sections) if queries else None,
+        query_seconds=(sum(s.query_seconds or 0.0 for s in sections)
+                       if any(s.query_seconds is not None for s in sections) else None))

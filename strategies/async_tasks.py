@@ -154,17 +154,18 @@ class AsyncTasks:
         p = self.participation
         nodes = p.ordered(p.connected(grid))
         while len(self.in_flight) < self.concurrency:
-            node = self.next_client(nodes, grid, arrays, config, work)
+            node, delay = self.next_client(nodes, grid, arrays, config, work)
             if node is None:
                 return
-            self.send(self.new_task(node, version, config, work, arrays), arrays)
+            self.send(self.new_task(node, version, config, work, arrays, delay), arrays)
 
     def next_client(self, nodes: list[int], grid: Grid, arrays: ArrayRecord,
-                    config: ConfigRecord, work: ClientWork) -> int | None:
-        """The client of the next task: one draw of the selection policy among the online
+                    config: ConfigRecord, work: ClientWork) -> tuple[int | None, float]:
+        """The client of the next task and the simulated seconds its selection's loss query
+        took (Power-of-Choice; 0 otherwise): one draw of the selection policy among the online
         idle ``nodes`` (online: :func:`strategies.devices.online_mask` at the simulated time),
         the task number as its round (an informed policy's section goes to
-        :attr:`selections`); None when every client trains. While nobody is online and
+        :attr:`selections`); (None, 0) when every client trains. While nobody is online and
         nothing trains the simulated time moves on to the next availability window (or by
         ``IDLE_STEP``)."""
         p = self.participation
@@ -177,9 +178,9 @@ class AsyncTasks:
                                                 arrays, config, work)
                 if section is not None:
                     self.selections.append(section)
-                return online[min(picks)]
+                return online[min(picks)], (section.query_seconds or 0.0) if section else 0.0
             if self.in_flight or not idle:
-                return None
+                return None, 0.0
             timer = p.timer
             wait = devices.wait_for_window([timer.clock.profile(p.partition_of(n))
                                             for n in idle], self.now)
@@ -200,9 +201,10 @@ class AsyncTasks:
         return [n for n, up in zip(idle, mask) if up]
 
     def new_task(self, node: int, version: int, config: ConfigRecord, work: ClientWork,
-                 arrays: ArrayRecord) -> AsyncTask:
+                 arrays: ArrayRecord, delay: float = 0.0) -> AsyncTask:
         """Task number ``next_number`` for ``node``: ``config`` with ``async-task`` = the
-        task number, completing t_i (eq. 1) after now."""
+        task number, completing ``delay`` (its selection's loss query) + t_i (eq. 1) after
+        now."""
         number = self.next_number
         self.next_number += 1
         own = ConfigRecord(dict(config))
@@ -211,7 +213,7 @@ class AsyncTasks:
         timer = self.participation.timer
         if timer is not None:
             down, up = work.expected_bytes(arrays)
-            done_at = self.now + timer.client_seconds(
+            done_at = self.now + delay + timer.client_seconds(
                 self.participation.partition_of(node), work.full_local_steps(node, own),
                 work.examples_per_step(node, own), down, up, work.extra_examples(node, own))
         return AsyncTask(number, node, self.participation.info(node).partition_id, version,

@@ -69,6 +69,18 @@ def client_seconds(profile: DeviceProfile, steps: int, examples_per_step: int,
             + transfer_seconds(bytes_up, profile.uplink_mbps))
 
 
+INFERENCE_SHARE = 1.0 / 3.0  # an evaluated example's compute, of a trained one's (FedScale: 3x)
+
+
+def evaluation_seconds(profile: DeviceProfile, num_examples: int, seconds_per_example: float,
+                       bytes_down: float) -> float:
+    """A client evaluating the model it is sent on its ``num_examples`` (a loss query):
+    download + n c / (3 speed), a forward pass a third of a trained example (as FedScale
+    charges training 3x inference); the loss it sends back is a few bytes."""
+    return (transfer_seconds(bytes_down, profile.downlink_mbps)
+            + num_examples * INFERENCE_SHARE * seconds_per_example / profile.speed)
+
+
 def steps_within(deadline: float, profile: DeviceProfile, examples_per_step: int,
                  seconds_per_example: float, bytes_down: float, bytes_up: float,
                  extra_examples: int = 0) -> int:
@@ -236,6 +248,17 @@ class RoundTimer:
         """Eq. (1) for partition ``partition_id``."""
         return client_seconds(self.clock.profile(partition_id), steps, examples_per_step,
                               self.clock.cost(), bytes_down, bytes_up, extra_examples)
+
+    def evaluation_seconds(self, partition_id: int, num_examples: int,
+                           bytes_down: float) -> float:
+        """:func:`evaluation_seconds` for partition ``partition_id``."""
+        return evaluation_seconds(self.clock.profile(partition_id), num_examples,
+                                  self.clock.cost(), bytes_down)
+
+    def delay_start(self, seconds: float) -> None:
+        """The round's clients start ``seconds`` later (Power-of-Choice's loss query runs
+        first); counted in the round's simulated seconds."""
+        self.wait += float(seconds)
 
     def steps_by_deadline(self, partition_id: int, examples_per_step: int, bytes_down: float,
                           bytes_up: float, extra_examples: int = 0) -> int | None:

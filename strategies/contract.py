@@ -225,6 +225,7 @@ LOG_OORT_BLACKLISTED = "oort-blacklisted"  # int, clients left out for too many 
 LOG_POC_LOSSES = "poc-losses"  # dict key -> loss on the global model of the d candidates
 LOG_POC_QUERY_MESSAGES = "poc-query-messages"  # int, evaluate messages sent to query losses
 LOG_POC_QUERY_BYTES = "poc-query-bytes"  # int, array bytes those messages carried
+LOG_POC_QUERY_SECONDS = "poc-query-seconds"  # float, simulated seconds the query delayed the round
 LOG_TIFL_TIER = "tifl-tier"  # int, the tier chosen (0 = fastest)
 LOG_TIFL_PROBABILITIES = "tifl-probabilities"  # list[float], tier probabilities (Alg. 2)
 LOG_TIFL_CREDITS = "tifl-credits"  # list[int], credits left per tier after the choice

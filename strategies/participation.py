@@ -228,7 +228,8 @@ class Participation:
             query=self.query_client_info, timeout=self.query_timeout, owner=self.owner,
             warned=self._warned_query, partition_map=getattr(self, "partition_map", None))
         nodes = records.bound_nodes(nodes, self.clients)  # a node its key does not allow
-        # the clock keys profiles by partition id: nodes whose answer was refused sit out
+        # the clock keys profiles by partition id: nodes whose answer was refused, or that
+        # the query did not reach (asked again next round), sit out
         return nodes if self.timer is None else records.usable_nodes(nodes, self.clients)
 
     def ordered(self, node_ids: Sequence[int]) -> list[int]:
@@ -272,6 +273,8 @@ class Participation:
             probabilities = self.data_shares(online) if draw_by_data_size else None
             picks, section = self.select_among(server_round, grid, online, m, probabilities,
                                                arrays, config, work)
+            if section is not None and section.query_seconds:
+                self.timer.delay_start(section.query_seconds)  # the loss query came first
         draws = {online[k]: d for k, d in picks.items()}
         down, up = work.expected_bytes(arrays)
         reduced = self.stragglers(server_round, draws, config, work, down, up)
@@ -304,7 +307,9 @@ class Participation:
         """Position in ``online`` -> draws of the selected clients, and the policy's run-log
         section (None for a plain :class:`SelectionPolicy`): an
         :class:`~strategies.selection.InformedSelection` is given the candidates' facts
-        (:meth:`candidate`) and, if it asks, the loss query (:meth:`query_losses`)."""
+        (:meth:`candidate`) and, if it asks, the loss query (:meth:`query_losses`), whose
+        simulated duration (the slowest queried client's download and evaluation) the
+        section carries as ``query_seconds`` for the caller to put before the work."""
         policy = self.selection
         if not isinstance(policy, InformedSelection):
             return policy.select(server_round, online, m, self.fraction_train,
@@ -313,7 +318,7 @@ class Participation:
             m = sampling.num_to_sample(self.fraction_train, len(online))
         down, up = work.expected_bytes(arrays)
         candidates = [self.candidate(n, config, work, down, up) for n in online]
-        asked = {"messages": 0, "bytes": 0}
+        asked = {"messages": 0, "bytes": 0, "nodes": []}
 
         def query(positions):
             return self.query_losses(server_round, grid, [online[k] for k in positions],
@@ -323,8 +328,13 @@ class Participation:
                                query if policy.queries_losses else None)
         section = choice.section
         if policy.queries_losses:
+            seconds = None
+            if self.timer is not None and asked["nodes"]:  # the query runs before training
+                seconds = max(self.timer.evaluation_seconds(
+                    self.partition_of(n), self.info(n).num_examples, arrays.count_bytes())
+                    for n in asked["nodes"])
             section = dataclasses.replace(section, query_messages=asked["messages"],
-                                          query_bytes=asked["bytes"])
+                                          query_bytes=asked["bytes"], query_seconds=seconds)
         return choice.picks, section
 
     def candidate(self, node: int, config: ConfigRecord, work: ClientWork, down: int,
@@ -349,6 +359,7 @@ class Participation:
         messages = [Message(RecordDict({C.ARRAYS: arrays, C.CONFIG: config}),
                             message_type=MessageType.EVALUATE, dst_node_id=n) for n in nodes]
         asked["messages"] += len(messages)
+        asked["nodes"] += nodes
         asked["bytes"] += len(messages) * arrays.count_bytes()
         by_node = dict(zip(nodes, positions))
         losses: dict[int, float | None] = {k: None for k in positions}

@@ -232,9 +232,11 @@ def bound_nodes(nodes: Iterable[int], clients: Mapping[int, ClientInfo]) -> list
 
 
 def usable_nodes(nodes: Iterable[int], clients: Mapping[int, ClientInfo]) -> list[int]:
-    """``nodes`` without those whose client-info answer the trust gate refused (for what
-    needs every node's facts: the simulated clock, DynamicFL's grouping)."""
-    return [n for n in nodes if not clients.get(n, ClientInfo()).refused]
+    """``nodes`` without those whose client-info answer the trust gate refused or that the
+    query did not reach (asked again next round), for what needs every node's facts: the
+    simulated clock, DynamicFL's grouping."""
+    return [n for n in nodes
+            if not (clients.get(n, ClientInfo()).refused or clients.get(n, ClientInfo()).unreached)]
 
 
 def partition_order(nodes: Iterable[int], clients: Mapping[int, ClientInfo]) -> list[int]:

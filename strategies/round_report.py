@@ -124,6 +124,7 @@ class SelectionSection(Section):
     losses: Mapping[str, float | None] | None = logged(C.LOG_POC_LOSSES)
     query_messages: int | None = logged(C.LOG_POC_QUERY_MESSAGES)
     query_bytes: int | None = logged(C.LOG_POC_QUERY_BYTES)
+    query_seconds: float | None = logged(C.LOG_POC_QUERY_SECONDS)
     tier: int | None = logged(C.LOG_TIFL_TIER)
     probabilities: list[float] | None = logged(C.LOG_TIFL_PROBABILITIES)
     credits: list[int] | None = logged(C.LOG_TIFL_CREDITS)

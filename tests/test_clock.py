@@ -276,3 +276,12 @@ def test_the_shipped_example_traces_agree():
     json_fleet = dv.load_trace(folder / "fleet.json")
     assert csv_fleet.profiles(range(4)) == json_fleet.profiles(range(4))
     assert csv_fleet.profile(2).windows == ((0.0, 28800.0), (64800.0, 86400.0))
+
+
+def test_a_loss_query_costs_the_download_and_a_third_of_a_trained_example_per_example():
+    """Power-of-Choice's query on the clock: 10^6 bytes at 8 Mbit/s = 1 s, plus 300 examples
+    x 0.01 s / 3 at speed 2 = 0.5 s (the loss sent back is a few bytes: not counted)."""
+    from strategies.clock import evaluation_seconds
+
+    profile = DeviceProfile(speed=2.0, downlink_mbps=8.0, uplink_mbps=1.0)
+    assert evaluation_seconds(profile, 300, 0.01, 1e6) == pytest.approx(1.5)

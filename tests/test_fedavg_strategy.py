@@ -511,3 +511,30 @@ def test_valid_constructor_args():
 def test_weightings_listed():
     assert set(WEIGHTINGS) == {"examples", "uniform", "pre-erratum", "scheme-i", "scheme-ii"}
 
+
+
+def test_with_a_clock_a_node_the_query_did_not_reach_sits_the_round_out():
+    """At 1,000 SuperNodes a query reply can come back NODE_UNAVAILABLE; the simulated clock
+    keys profiles by partition id, so that node is left out of the round (not a crash) and
+    joins once the next round's query reaches it."""
+    from strategies.clock import SimClock
+    from strategies.devices import GeneratedFleet
+
+    reach = {"node 0": False}
+
+    def hook(msg, reply, context):
+        pid = int(context.node_config["partition-id"])
+        if msg.metadata.message_type == MessageType.QUERY and pid == 0 and not reach["node 0"]:
+            return Message(Error(code=ErrorCode.NODE_UNAVAILABLE, reason="node_unavail"),
+                           reply_to=msg)
+        return reply
+
+    grid = InProcessGrid(fake_app, 3, {}, node_ids=[30, 20, 10])
+    grid.reply_hook = hook
+    clock = SimClock(GeneratedFleet("homogeneous", seed=0), seconds_per_example=0.01)
+    strategy = FedAvg(query_client_info=True, fraction_train=1.0, clock=clock)
+    list(strategy.configure_train(1, record({"w": np.zeros(1)}), ConfigRecord(), grid))
+    assert sorted(strategy.plan_of(1).tasks) == [10, 20]  # partition 0's node sits out
+    reach["node 0"] = True
+    list(strategy.configure_train(2, record({"w": np.zeros(1)}), ConfigRecord(), grid))
+    assert sorted(strategy.plan_of(2).tasks) == [10, 20, 30]

@@ -14,7 +14,7 @@ from flwr.clientapp import ClientApp
 from fedapp import checkpoint_format
 from strategies import FedAvg, FedBuff
 from strategies import contract as C
-from strategies.clock import SimClock
+from strategies.clock import SimClock, evaluation_seconds
 from strategies.devices import GeneratedFleet
 from strategies.participation import Participation, RandomSelection
 from strategies.rounds import run_rounds
@@ -274,6 +274,14 @@ def test_fedavg_runs_each_policy_logs_its_choice_and_resumes_bit_exact(name):
         losses = log[0][C.LOG_POC_LOSSES]
         assert sorted(log[0][C.LOG_SELECTION_CHOSEN]) == sorted(
             sorted(losses, key=losses.get)[-3:])
+        # the query on the clock: the slowest candidate's download + n_i c / 3, before training
+        model_bytes = record({"w": np.zeros(2)}).count_bytes()
+        fleet = clock()
+        for r in log:
+            query = max(evaluation_seconds(fleet.profile(int(k)), 10 * (int(k) + 1), 0.01,
+                                           model_bytes) for k in r[C.LOG_POC_LOSSES])
+            assert r[C.LOG_POC_QUERY_SECONDS] == pytest.approx(query, rel=1e-12)
+            assert r[C.LOG_SIM_SECONDS] > query
     first = fedavg(POLICIES[name]())
     first_result = run(first, 2)
     tree, arrays = checkpoint_format.encode(first.state_dict())
