@@ -203,6 +203,7 @@ class Participation:
         self.owner = owner
         self.clients: dict[int, ClientInfo] = {}
         self._warned_query = False
+        self._sat_out: set[int] = set()  # nodes without a partition id the clock left out
 
     # ------------------------------------------------------------------ clients
     def summary_lines(self) -> list[str]:
@@ -228,9 +229,26 @@ class Participation:
             query=self.query_client_info, timeout=self.query_timeout, owner=self.owner,
             warned=self._warned_query, partition_map=getattr(self, "partition_map", None))
         nodes = records.bound_nodes(nodes, self.clients)  # a node its key does not allow
+        if self.timer is None:
+            return nodes
         # the clock keys profiles by partition id: nodes whose answer was refused, or that
         # the query did not reach (asked again next round), sit out
-        return nodes if self.timer is None else records.usable_nodes(nodes, self.clients)
+        return self.timed_nodes(records.usable_nodes(nodes, self.clients))
+
+    def timed_nodes(self, nodes: list[int]) -> list[int]:
+        """The ``nodes`` the clock can time: those with a partition id. The others (their
+        client-info query failed; the ServerApp log has each reply's error) sit out, with
+        one WARNING per node; when no node has one, the error naming the query helper."""
+        known = [n for n in nodes if self.info(n).partition_id is not None]
+        if nodes and not known:
+            self.partition_of(nodes[0])  # raises, naming records.QUERY_HELPER
+        new = [n for n in nodes if self.info(n).partition_id is None and n not in self._sat_out]
+        if new:
+            log(WARNING, "%s: %d node(s) reported no '%s' (their client-info query failed): "
+                "the simulated clock cannot time them, so they sit out: %s", self.owner,
+                len(new), C.PARTITION_ID, ", ".join(map(str, new)))
+            self._sat_out.update(new)
+        return known
 
     def ordered(self, node_ids: Sequence[int]) -> list[int]:
         """Nodes sorted by reported partition id; nodes without one after, by node id."""

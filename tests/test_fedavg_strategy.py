@@ -538,3 +538,28 @@ def test_with_a_clock_a_node_the_query_did_not_reach_sits_the_round_out():
     reach["node 0"] = True
     list(strategy.configure_train(2, record({"w": np.zeros(1)}), ConfigRecord(), grid))
     assert sorted(strategy.plan_of(2).tasks) == [10, 20, 30]
+
+
+def test_with_a_clock_a_node_whose_query_failed_sits_out_with_a_warning(caplog):
+    """A ClientApp that answers the client-info query with an error (its data missing) has
+    no partition id for the clock: it sits out, named once; the others train."""
+    from strategies.clock import SimClock
+    from strategies.devices import GeneratedFleet
+
+    def hook(msg, reply, context):
+        if msg.metadata.message_type == MessageType.QUERY and \
+                int(context.node_config["partition-id"]) == 1:
+            return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION,
+                                 reason="data missing"), reply_to=msg)
+        return reply
+
+    grid = InProcessGrid(fake_app, 3, {}, node_ids=[30, 20, 10])
+    grid.reply_hook = hook
+    clock = SimClock(GeneratedFleet("homogeneous", seed=0), seconds_per_example=0.01)
+    strategy = FedAvg(query_client_info=True, fraction_train=1.0, clock=clock)
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        for r in (1, 2):
+            list(strategy.configure_train(r, record({"w": np.zeros(1)}), ConfigRecord(), grid))
+    assert sorted(strategy.plan_of(2).tasks) == [10, 30]
+    said = [m for m in caplog.messages if "cannot time them, so they sit out: 20" in m]
+    assert len(said) == 1
