@@ -275,8 +275,10 @@ def clock_partition_id(strategy: str, clients: Mapping[int, ClientInfo], node_id
     pid = clients.get(node_id, ClientInfo()).partition_id
     if pid is None:
         raise ValueError(f"{strategy}: node {node_id} reported no '{C.PARTITION_ID}', which the "
-                         f"simulated clock keys device profiles by; register {QUERY_HELPER} in "
-                         f"the ClientApp's @app.query()")
+                         f"simulated clock keys device profiles by: either its ClientApp failed "
+                         f"to answer the client-info query (the WARNING 'could not answer' above "
+                         f"gives its error) or it does not register {QUERY_HELPER} in the "
+                         f"ClientApp's @app.query()")
     return pid
 
 
