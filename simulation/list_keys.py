@@ -12,7 +12,6 @@ from fedapp.config import toml_value
 from fedapp.config_keys import ALL, APP, KEYS, Key
 
 
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--strategy", choices=ALL, metavar="NAME",
                    help="only the keys the app and this strategy read (fedhetero strategies "

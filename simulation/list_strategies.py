@@ -8,7 +8,6 @@ import argparse
 from fedapp.config_keys import ALL, ASYNC, FLOWER, SUMMARIES
 
 
-
 def kind(name: str) -> str:
     if name in FLOWER:
         return "Flower's class"

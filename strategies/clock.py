@@ -222,6 +222,7 @@ class RoundTimer:
         self.deadline = None if deadline is None else float(deadline)
         self.elapsed = 0.0  # simulated seconds of the finished rounds
         self.wait = 0.0  # this round's wait for a device window
+        self.delay = 0.0  # this round's work before its clients start (a loss query)
 
     def calibrate(self, seconds_per_example: float) -> None:
         """Give the clock the model's cost c (:meth:`SimClock.calibrated`)."""
@@ -257,8 +258,8 @@ class RoundTimer:
 
     def delay_start(self, seconds: float) -> None:
         """The round's clients start ``seconds`` later (Power-of-Choice's loss query runs
-        first); counted in the round's simulated seconds."""
-        self.wait += float(seconds)
+        first); counted in the round's simulated seconds, not in its window wait."""
+        self.delay += float(seconds)
 
     def steps_by_deadline(self, partition_id: int, examples_per_step: int, bytes_down: float,
                           bytes_up: float, extra_examples: int = 0) -> int | None:
@@ -283,10 +284,12 @@ class RoundTimer:
 
     def finish_round(self, client_times: Sequence[float],
                      waited_for_deadline: bool = False) -> float:
-        """The round's simulated seconds (wait + :func:`round_seconds`), added to elapsed."""
-        seconds = self.wait + round_seconds(client_times, self.deadline, waited_for_deadline)
+        """The round's simulated seconds (wait + delay + :func:`round_seconds`), added to
+        elapsed."""
+        seconds = self.wait + self.delay + round_seconds(client_times, self.deadline,
+                                                         waited_for_deadline)
         self.elapsed += seconds
-        self.wait = 0.0
+        self.wait = self.delay = 0.0
         return seconds
 
 

@@ -348,8 +348,8 @@ class Participation:
         if policy.queries_losses:
             seconds = None
             if self.timer is not None and asked["nodes"]:  # the query runs before training
-                seconds = max(self.timer.evaluation_seconds(
-                    self.partition_of(n), self.info(n).num_examples, arrays.count_bytes())
+                seconds = max(self.timer.evaluation_seconds(  # n_i unknown: its download
+                    self.partition_of(n), self.info(n).num_examples or 0, arrays.count_bytes())
                     for n in asked["nodes"])
             section = dataclasses.replace(section, query_messages=asked["messages"],
                                           query_bytes=asked["bytes"], query_seconds=seconds)

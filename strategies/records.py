@@ -235,8 +235,9 @@ def usable_nodes(nodes: Iterable[int], clients: Mapping[int, ClientInfo]) -> lis
     """``nodes`` without those whose client-info answer the trust gate refused or that the
     query did not reach (asked again next round), for what needs every node's facts: the
     simulated clock, DynamicFL's grouping."""
-    return [n for n in nodes
-            if not (clients.get(n, ClientInfo()).refused or clients.get(n, ClientInfo()).unreached)]
+    def usable(info: ClientInfo) -> bool:
+        return not (info.refused or info.unreached)
+    return [n for n in nodes if usable(clients.get(n, ClientInfo()))]
 
 
 def partition_order(nodes: Iterable[int], clients: Mapping[int, ClientInfo]) -> list[int]:

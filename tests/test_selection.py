@@ -282,6 +282,7 @@ def test_fedavg_runs_each_policy_logs_its_choice_and_resumes_bit_exact(name):
                                            model_bytes) for k in r[C.LOG_POC_LOSSES])
             assert r[C.LOG_POC_QUERY_SECONDS] == pytest.approx(query, rel=1e-12)
             assert r[C.LOG_SIM_SECONDS] > query
+            assert C.LOG_SIM_WAIT_SECONDS not in r  # no device window waited for
     first = fedavg(POLICIES[name]())
     first_result = run(first, 2)
     tree, arrays = checkpoint_format.encode(first.state_dict())
@@ -344,3 +345,19 @@ def test_selection_bench_prints_each_policys_cost_per_round(capsys):
     line = next(l for l in out.splitlines() if l.startswith("selection cost per round at 200"))
     for name in ("random", "oort", "power-of-choice", "tifl"):
         assert f"{name} " in line and " ms" in line
+
+
+def test_poc_query_on_the_clock_with_a_client_that_reported_no_size():
+    """A client-info answer without num-examples (allowed: the fact is optional) costs the
+    query only its download on the clock, not the run."""
+    import dataclasses
+
+    strategy = fedavg(PowerOfChoice(seed=7, candidates=10))
+    run(strategy, 1)
+    clients = strategy.participation.clients
+    for node in clients:
+        clients[node] = dataclasses.replace(clients[node], num_examples=None)
+    run_rounds(strategy, InProcessGrid(app(), 10, {}), record({"w": np.zeros(2)}),
+               num_rounds=2, first_round=2,
+               train_config=ConfigRecord({C.LOCAL_STEPS: 2, C.BATCH_SIZE: 5}))
+    assert strategy.round_log(2)[C.LOG_POC_QUERY_SECONDS] > 0

@@ -23,12 +23,12 @@ import time
 import numpy as np
 
 from strategies.participation import RandomSelection
-
-from .common import DATA_DIR, simulation_round_seconds
 from strategies.selection import Candidate, Outcome
 from strategies.selection_oort import OortSelection
 from strategies.selection_power_of_choice import PowerOfChoice
 from strategies.selection_tifl import TiFLSelection
+
+from .common import DATA_DIR, simulation_round_seconds
 
 HELP = "each selection policy's cost per round at 1,000 and 10,000 clients"
 POLICIES = ("random", "oort", "power-of-choice", "tifl")
@@ -76,6 +76,12 @@ def round_ms(name: str, k: int, m: int, rounds: int) -> float:
     return statistics.median(times)
 
 
+def policy_costs(k: int, fraction: float, rounds: int) -> dict[str, float]:
+    """Each policy's :func:`round_ms` at K = ``k``, m = max(floor(fraction k), 1)."""
+    m = max(int(fraction * k), 1)
+    return {n: round_ms(n, k, m, rounds) for n in POLICIES}
+
+
 def app_round_seconds(k: int, fraction: float, rounds: int, data_dir: str) -> float:
     """Mean wall seconds of the warm rounds of a real ``flwr run`` on ``k`` SuperNodes with
     Oort selection and the selection experiment's workload."""
@@ -97,10 +103,9 @@ def run(args: argparse.Namespace) -> None:
     results = {}
     print(f"{'clients':>8} {'m':>5}  " + "  ".join(f"{n:>16}" for n in POLICIES))
     for k in args.clients:
-        m = max(int(args.fraction * k), 1)
-        results[k] = {n: round_ms(n, k, m, args.rounds) for n in POLICIES}
-        print(f"{k:>8} {m:>5}  " + "  ".join(f"{results[k][n]:>13.3f} ms" for n in POLICIES),
-              flush=True)
+        results[k] = policy_costs(k, args.fraction, args.rounds)
+        print(f"{k:>8} {max(int(args.fraction * k), 1):>5}  "
+              + "  ".join(f"{results[k][n]:>13.3f} ms" for n in POLICIES), flush=True)
     for k in args.clients:
         print(f"selection cost per round at {k} clients: "
               + ", ".join(f"{n} {results[k][n]:.3f} ms" for n in POLICIES))
@@ -108,11 +113,10 @@ def run(args: argparse.Namespace) -> None:
     if not k:
         return
     if k not in results:
-        m = max(int(args.fraction * k), 1)
-        results[k] = {n: round_ms(n, k, m, args.rounds) for n in POLICIES}
+        results[k] = policy_costs(k, args.fraction, args.rounds)
     print(f"Real flwr run on {k} SuperNodes (FedAvg, oort selection, m = fraction x online "
-          f"clients, lenet-gn, E = 1, B = 10, IID split, log-normal fleet), {args.app_rounds} rounds, "
-          f"rounds 2..{args.app_rounds - 1} timed ...", flush=True)
+          f"clients, lenet-gn, E = 1, B = 10, IID split, log-normal fleet), "
+          f"{args.app_rounds} rounds, rounds 2..{args.app_rounds - 1} timed ...", flush=True)
     round_s = app_round_seconds(k, args.fraction, args.app_rounds, args.data_dir)
     print(f"a warm round at {k} clients: {round_s:.3f} s wall")
     print(f"selection cost as a share of the round's wall time at {k} clients: "
