@@ -9,7 +9,9 @@ sync events and, later, asynchronous strategies (:meth:`GridEventLoop.push` then
   push, 5 ms .. ``pull_interval`` (:func:`pull_delay`), so fast replies are not held a
   whole interval, and a long exchange is pulled every ``pull_interval``;
 * timeouts: a message without a reply ``timeout`` seconds after the wait started is lost;
-  its tag is returned, nothing else is held up;
+  its tag is returned, nothing else is held up. "Without a reply" means a pull that began
+  after the deadline did not bring it: time the server spends between two pulls (its own
+  aggregation, an evaluation) never makes a reply that is already in count as lost;
 * replies the link refuses to take (``push_messages`` returned fewer ids) count as lost;
 * the order of delivery: as the replies arrive (:meth:`GridEventLoop.run_until`, real time),
   or by simulated completion time (:meth:`GridEventLoop.run_in_clock_order`): a reply is
@@ -68,6 +70,7 @@ class GridEventLoop(Generic[Tag]):
         self.push_number: dict[Tag, int] = {}
         self.push_time: dict[Tag, float] = {}
         self.pushed_at = self.now()
+        self.polled_at = self.now()  # when the last pull began: deadlines are checked against it
         self.held: dict[Tag, Message] = {}  # replies pulled but not yet delivered, by tag
 
     def push(self, messages: Sequence[Message], tags: Sequence[Tag]) -> list[Tag]:
@@ -92,6 +95,7 @@ class GridEventLoop(Generic[Tag]):
 
     def poll(self) -> list[tuple[Tag, Message]]:
         """One pull: the replies that are in, with their messages' tags."""
+        self.polled_at = self.now()
         if not self.pending:
             return []
         arrived = []
@@ -135,7 +139,7 @@ class GridEventLoop(Generic[Tag]):
             expired = self.expired(expire_after)
             if expired:
                 return expired
-            if deadline is not None and self.now() >= deadline:
+            if deadline is not None and self.polled_at >= deadline:
                 late = set(waiting_for() if waiting_for is not None else self.pending.values())
                 lost = [tag for tag in self.pending.values() if tag in late]
                 self.pending = {i: t for i, t in self.pending.items() if t not in late}
@@ -188,7 +192,7 @@ class GridEventLoop(Generic[Tag]):
                 arrived.update(dict.fromkeys(expired, LOST))
                 deliver()
                 continue
-            if deadline is not None and self.now() >= deadline:
+            if deadline is not None and self.polled_at >= deadline:
                 lost = list(self.pending.values())
                 self.pending.clear()
                 deliver()
@@ -197,12 +201,13 @@ class GridEventLoop(Generic[Tag]):
         return []
 
     def expired(self, expire_after: float | None) -> list[Tag]:
-        """The pending tags pushed ``expire_after`` seconds ago or more, taken off pending
-        (none without ``expire_after``)."""
+        """The pending tags pushed ``expire_after`` seconds or more before the last pull
+        began (that pull did not bring their replies), taken off pending (none without
+        ``expire_after``)."""
         if expire_after is None:
             return []
-        now = self.now()
-        expired = [t for t in self.pending.values() if now - self.push_time[t] >= expire_after]
+        expired = [t for t in self.pending.values()
+                   if self.polled_at - self.push_time[t] >= expire_after]
         if expired:
             gone = set(expired)
             self.pending = {i: t for i, t in self.pending.items() if t not in gone}
