@@ -4,8 +4,11 @@ Server strategies: :class:`FedAvg`, :class:`FedProx`, :class:`FedNova`, :class:`
 :class:`DynamicFL`, :class:`Scaffold`, :class:`FedDyn`, :class:`Moon`; asynchronous:
 :class:`FedBuff`, :class:`FedAsync`. A strategy whose contract the clients do not
 implement stops the run with a :class:`ClientContractError` naming the
-``strategies.client`` helper to call. Flower's own server optimisers with a
-``state_dict`` for checkpoints: :mod:`strategies.server_optimizers`. Client selection
+``strategies.client`` helper to call. Each takes Flower's FedAvg constructor arguments,
+positional in Flower's order (:mod:`strategies.flower_args`). Flower's own server
+optimisers, behind the trust gate and with a ``state_dict`` for checkpoints:
+:class:`FedAdam`, :class:`FedYogi`, :class:`FedAdagrad`, :class:`FedAvgM`
+(:mod:`strategies.server_optimizers`). Client selection
 policies for any strategy's participation model: :class:`RandomSelection` (default),
 :class:`OortSelection`, :class:`PowerOfChoice`, :class:`TiFLSelection`.
 """
@@ -22,12 +25,13 @@ from .moon import Moon
 from .records import ClientContractError
 from .participation import RandomSelection
 from .scaffold import Scaffold
+from .server_optimizers import FedAdagrad, FedAdam, FedAvgM, FedYogi
 from .selection import SELECTIONS
 from .selection_oort import OortSelection
 from .selection_power_of_choice import PowerOfChoice
 from .selection_tifl import TiFLSelection
 
-__all__ = ["ClientContractError", "DynamicFL", "FedAsync", "FedAvg", "FedBuff", "FedDyn",
-           "FedNova", "FedProx", "FedVeca", "Moon", "OortSelection", "PowerOfChoice",
+__all__ = ["ClientContractError", "DynamicFL", "FedAdagrad", "FedAdam", "FedAsync", "FedAvg",
+           "FedAvgM", "FedBuff", "FedDyn", "FedNova", "FedProx", "FedVeca", "FedYogi", "Moon", "OortSelection", "PowerOfChoice",
            "RandomSelection", "SELECTIONS", "STRAGGLER_POLICIES", "STRAGGLER_UNITS",
            "Scaffold", "TiFLSelection", "WEIGHTINGS"]

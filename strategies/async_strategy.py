@@ -22,17 +22,18 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
 
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
 
 from . import contract as C
-from . import records, trust_gate
+from . import flower_args, records, trust_gate
 from .aggregate import NDArrays
 from .async_tasks import AsyncTask, AsyncTasks
 from .clock import SimClock
-from .participation import ModelWork, Participation, SelectionPolicy, check_fraction
+from .participation import (ModelWork, Participation, SelectionPolicy, check_fraction,
+                            check_whole)
 from .round_report import Aggregation, AsyncUpdate, ClockTime, SelectionSection
 from .round_report import Participation as ParticipationSection
 from .round_report import RoundReport
@@ -59,14 +60,18 @@ class AsyncStrategy(RunsRounds, ModelWork, FlowerFedAvg):
 
     Parameters
     ----------
+    fraction_train, fraction_evaluate, min_train_nodes, min_evaluate_nodes, \
+min_available_nodes, weighted_by_key, arrayrecord_key, configrecord_key, \
+train_metrics_aggr_fn, evaluate_metrics_aggr_fn
+        Flower's FedAvg arguments, positional in Flower's order
+        (:mod:`strategies.flower_args`); ``fraction_train`` stays 1.0 and
+        ``min_train_nodes`` 1 (``concurrency`` replaces round sampling).
     concurrency : int
         Most clients training at once.
     arrival : {"simulated", "real-time"}
         Apply replies in simulated completion order (deterministic, resumable bit for bit;
         :mod:`strategies.async_tasks`) or as they arrive.
-    fraction_evaluate : float
-        Fraction of clients asked to evaluate the model after each round (0 disables).
-    seed, min_available_nodes, query_client_info, query_timeout, clock, selection
+    seed, query_client_info, query_timeout, clock, selection
         As :class:`strategies.participation.Participation`'s; ``clock`` times each task
         on the device profiles (it needs ``query_client_info``); ``selection`` picks the
         client of each freed slot (the task number as its round).
@@ -75,13 +80,25 @@ class AsyncStrategy(RunsRounds, ModelWork, FlowerFedAvg):
         strategy waits for no round).
     """
 
-    def __init__(self, *, concurrency: int = 20, arrival: str = "simulated",
-                 fraction_evaluate: float = 1.0, seed: int = 0, min_available_nodes: int = 2,
+    def __init__(self, fraction_train: float = 1.0, fraction_evaluate: float = 1.0,
+                 min_train_nodes: int = 1, min_evaluate_nodes: int = 1,
+                 min_available_nodes: int = 2, weighted_by_key: str = C.NUM_EXAMPLES,
+                 arrayrecord_key: str = C.ARRAYS, configrecord_key: str = C.CONFIG,
+                 train_metrics_aggr_fn: flower_args.MetricsAggregation | None = None,
+                 evaluate_metrics_aggr_fn: flower_args.MetricsAggregation | None = None, *,
+                 concurrency: int = 20, arrival: str = "simulated", seed: int = 0,
                  query_client_info: bool = False, query_timeout: float = 600.0,
                  clock: SimClock | None = None, selection: SelectionPolicy | None = None,
                  participation: Participation | None = None) -> None:
         check_fraction("fraction_evaluate", fraction_evaluate, allow_zero=True)
+        check_whole("min_evaluate_nodes", min_evaluate_nodes, minimum=0)
         name = type(self).__name__
+        flower_args.check_record_keys(name, weighted_by_key, arrayrecord_key, configrecord_key)
+        if fraction_train != 1.0 or min_train_nodes != 1:
+            raise ValueError(f"{name} samples no round: it keeps `concurrency` clients "
+                             f"training (here {concurrency}); leave fraction_train=1.0 and "
+                             f"min_train_nodes=1 (got {fraction_train!r}, {min_train_nodes!r}) "
+                             f"and set concurrency instead")
         if participation is None:
             participation = Participation(
                 seed=seed, min_available_nodes=min_available_nodes,
@@ -94,8 +111,13 @@ class AsyncStrategy(RunsRounds, ModelWork, FlowerFedAvg):
                              f"round_deadline and straggler_fraction (slow clients are simply "
                              f"stale)")
         super().__init__(fraction_train=1.0, fraction_evaluate=fraction_evaluate,
-                         min_train_nodes=1, min_evaluate_nodes=1,
-                         min_available_nodes=participation.min_available_nodes)
+                         min_train_nodes=1, min_evaluate_nodes=min_evaluate_nodes,
+                         min_available_nodes=participation.min_available_nodes,
+                         train_metrics_aggr_fn=flower_args.check_metrics_fn(
+                             "train_metrics_aggr_fn", train_metrics_aggr_fn),
+                         evaluate_metrics_aggr_fn=flower_args.check_metrics_fn(
+                             "evaluate_metrics_aggr_fn", evaluate_metrics_aggr_fn))
+        self.custom_metrics = (train_metrics_aggr_fn, evaluate_metrics_aggr_fn)  # None: ours
         self.participation = participation
         self.tasks = AsyncTasks(participation, concurrency, arrival, owner=name)
         self.version = 0  # server model versions made so far
@@ -170,8 +192,12 @@ class AsyncStrategy(RunsRounds, ModelWork, FlowerFedAvg):
         report.add(ParticipationSection(
             sampled=self.tasks.sent - sent, bytes_down=self.tasks.bytes_down - down,
             lr=float(lr) if isinstance(lr, (int, float)) and not isinstance(lr, bool) else None))
+        flower_args.log_counts("aggregate_train", len(u.metrics), u.failed)
         metrics = records.mean_of_metrics(u.metrics) if u.metrics else {}
         loss = metrics.get(C.TRAIN_LOSS, metrics.get(C.STOCK_TRAIN_LOSS))
+        if self.custom_metrics[0] is not None and u.metrics:
+            metrics = flower_args.flower_metrics(
+                self.custom_metrics[0], [RecordDict({C.METRICS: m}) for m in u.metrics])
         report.add(Aggregation(received=len(u.metrics), failed=u.failed, bytes_up=u.bytes_up,
                                train_loss=loss, model_kept=new is None))
         report.add(AsyncUpdate(staleness=list(u.staleness), concurrency=len(self.tasks.in_flight),
@@ -250,7 +276,8 @@ class AsyncStrategy(RunsRounds, ModelWork, FlowerFedAvg):
                            ) -> MetricRecord | None:
         """Flower's weighted mean of the evaluate metrics over the replies the trust gate
         accepts (:func:`strategies.trust_gate.aggregate_evaluate`)."""
-        return trust_gate.aggregate_evaluate(replies, self.participation.clients)
+        return trust_gate.aggregate_evaluate(replies, self.participation.clients,
+                                             self.custom_metrics[1])
 
     def round_log(self, server_round: int) -> dict[str, object]:
         """Round ``server_round``'s run-log items (empty before it ran)."""

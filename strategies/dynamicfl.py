@@ -29,11 +29,11 @@ from . import aggregate as agg
 from . import contract as C
 from . import dynacomm as dc
 from . import dynamicfl_schedule as ds
-from . import records, schedules, trust_gate
+from . import flower_args, records, schedules, trust_gate
 from .clock import SimClock, byte_budget
 from .contract import NUM_STEPS, ROUND_STEPS, START_STEP
 from .event_loop import GridEventLoop
-from .participation import Participation, check_fraction
+from .participation import Participation, check_fraction, check_whole
 from .records import to_numpy, to_record
 from .round_report import (Aggregation, ClockTime, Drift, DynamicFLSection, Participation
                            as ParticipationSection, RoundReport)
@@ -95,12 +95,14 @@ class DynamicFL(RunsRounds, FlowerFedAvg):
         The longest sleep between two ``pull_messages`` calls while waiting for a sync event
         (:func:`strategies.event_loop.pull_delay`; 0: no sleep).
     fraction_train : float
-        C: |M^t| = max(floor(C K), 1) active clients per round (Flower's default, 1.0;
-        the paper samples C = 0.1 of 100 clients).
-    fraction_evaluate, min_available_nodes, seed, query_client_info, query_timeout, \
-drift_diagnostics, participation
-        As :class:`strategies.FedAvg` (Flower's defaults: ``fraction_evaluate`` 1.0,
-        ``min_available_nodes`` 2).
+        C: |M^t| = max(floor(C K), ``min_train_nodes``) active clients per round
+        (Flower's default, 1.0; the paper samples C = 0.1 of 100 clients).
+    fraction_evaluate, min_train_nodes, min_evaluate_nodes, min_available_nodes, \
+weighted_by_key, arrayrecord_key, configrecord_key, train_metrics_aggr_fn, \
+evaluate_metrics_aggr_fn, seed, query_client_info, query_timeout, drift_diagnostics, \
+participation
+        As :class:`strategies.FedAvg` (Flower's ten FedAvg arguments first, positional in
+        Flower's order; :mod:`strategies.flower_args`).
 
     Contract
     --------
@@ -118,6 +120,16 @@ drift_diagnostics, participation
 
     def __init__(
         self,
+        fraction_train: float = 1.0,
+        fraction_evaluate: float = 1.0,
+        min_train_nodes: int = 1,
+        min_evaluate_nodes: int = 1,
+        min_available_nodes: int = 2,
+        weighted_by_key: str = C.NUM_EXAMPLES,
+        arrayrecord_key: str = C.ARRAYS,
+        configrecord_key: str = C.CONFIG,
+        train_metrics_aggr_fn: flower_args.MetricsAggregation | None = None,
+        evaluate_metrics_aggr_fn: flower_args.MetricsAggregation | None = None,
         *,
         intervals: str = "a-g",
         local_steps: int = 0,
@@ -130,10 +142,7 @@ drift_diagnostics, participation
         lr_schedule: schedules.LRSchedule | schedules.Schedule | str | None = None,
         cosine_lr_min: float | None = None,
         poll_interval: float = 0.01,
-        fraction_train: float = 1.0,
-        fraction_evaluate: float = 1.0,
         seed: int = 0,
-        min_available_nodes: int = 2,
         query_client_info: bool = False,
         query_timeout: float = 600.0,
         drift_diagnostics: bool = False,
@@ -142,15 +151,24 @@ drift_diagnostics, participation
         participation: Participation | None = None,
     ) -> None:
         check_fraction("fraction_evaluate", fraction_evaluate, allow_zero=True)
+        check_whole("min_evaluate_nodes", min_evaluate_nodes, minimum=0)
+        flower_args.check_record_keys("DynamicFL", weighted_by_key, arrayrecord_key,
+                                      configrecord_key)
         if participation is None:
             participation = Participation(
                 fraction_train=fraction_train, seed=seed, min_available_nodes=min_available_nodes,
-                query_client_info=query_client_info, query_timeout=query_timeout, clock=clock,
-                owner="DynamicFL")
+                min_train_nodes=min_train_nodes, query_client_info=query_client_info,
+                query_timeout=query_timeout, clock=clock, owner="DynamicFL")
         super().__init__(fraction_train=participation.fraction_train,
-                         fraction_evaluate=fraction_evaluate, min_train_nodes=1,
-                         min_evaluate_nodes=1,
-                         min_available_nodes=participation.min_available_nodes)
+                         fraction_evaluate=fraction_evaluate,
+                         min_train_nodes=participation.min_train_nodes,
+                         min_evaluate_nodes=min_evaluate_nodes,
+                         min_available_nodes=participation.min_available_nodes,
+                         train_metrics_aggr_fn=flower_args.check_metrics_fn(
+                             "train_metrics_aggr_fn", train_metrics_aggr_fn),
+                         evaluate_metrics_aggr_fn=flower_args.check_metrics_fn(
+                             "evaluate_metrics_aggr_fn", evaluate_metrics_aggr_fn))
+        self.custom_metrics = (train_metrics_aggr_fn, evaluate_metrics_aggr_fn)  # None: ours
         if not callable(getattr(participation.selection, "select", None)):
             raise ValueError(f"DynamicFL picks its active clients with a plain selection policy "
                              f"(select(...), e.g. RandomSelection), not "
@@ -443,6 +461,7 @@ drift_diagnostics, participation
         lr = self.round_lr(server_round, float(config.get(C.LR, 0.01)))
         run = SyncEvents(self, grid, schedule, arrays, config, server_round, lr)
         new = run.run(self.round_timeout)
+        flower_args.log_counts("aggregate_train", run.received, len(run.failed))
         cost = ds.round_cost(schedule, model_bytes)
         events = max(run.events, 1)
         report.add(ParticipationSection(sampled=len(active), bytes_down=run.bytes_down, lr=lr,
@@ -475,8 +494,10 @@ drift_diagnostics, participation
                 server_round)
             return RoundOutcome(server_round, None, None)
         loss = run.train_loss()
-        metrics = {**report.metric_items(), **({C.TRAIN_LOSS: loss} if loss is not None else {})}
-        return RoundOutcome(server_round, new, MetricRecord(metrics))
+        clients = {C.TRAIN_LOSS: loss} if loss is not None else {}
+        if self.custom_metrics[0] is not None and run.final_metrics:
+            clients = flower_args.flower_metrics(self.custom_metrics[0], run.final_metrics)
+        return RoundOutcome(server_round, new, MetricRecord({**report.metric_items(), **clients}))
 
     def round_lr(self, server_round: int, lr0: float) -> float:
         """lr_t of ``lr_schedule`` (a cosine one without T gets the run's number of rounds),
@@ -521,7 +542,8 @@ drift_diagnostics, participation
                            ) -> MetricRecord | None:
         """Flower's weighted mean of the evaluate metrics over the replies the trust gate
         accepts (:func:`strategies.trust_gate.aggregate_evaluate`)."""
-        return trust_gate.aggregate_evaluate(replies, self.participation.clients)
+        return trust_gate.aggregate_evaluate(replies, self.participation.clients,
+                                             self.custom_metrics[1])
 
     def contract_gap(self, reply: Message) -> str | None:
         """What a chunk reply lacks of the chunk contract (``local-steps``), or None."""
@@ -567,6 +589,7 @@ class SyncEvents:
         self.bytes_up = self.bytes_down = self.events = self.received = 0
         self.synced: list[list[tuple[int, int]]] = []
         self.losses: list[tuple[float, float]] = []
+        self.final_metrics: list[RecordDict] = []  # the metrics of the replies at step L
         self.drift: Drift | None = None
 
     def push(self, chunks: list[ds.Chunk], model: ArrayRecord) -> None:
@@ -642,6 +665,7 @@ class SyncEvents:
                 for model in models:
                     drift.add(model)
                 self.drift = drift.summary()
+            self.final_metrics = [RecordDict({C.METRICS: r.content[C.METRICS]}) for r in replies]
             for r, w in zip(replies, weights):
                 loss = r.content[C.METRICS].get(C.TRAIN_LOSS)
                 if isinstance(loss, (int, float)):

@@ -50,7 +50,7 @@ class FedAsync(AsyncStrategy):
         :class:`strategies.async_strategy.AsyncStrategy`'s.
     """
 
-    def __init__(self, *, alpha: float = 0.6, staleness: Staleness | str = "polynomial",
+    def __init__(self, *flower_args, alpha: float = 0.6, staleness: Staleness | str = "polynomial",
                  updates_per_round: int = 1, concurrency: int = 20, rho: float = 0.0,
                  **kwargs) -> None:
         if not (isinstance(alpha, (int, float)) and 0 < alpha <= 1):
@@ -58,7 +58,7 @@ class FedAsync(AsyncStrategy):
         check_whole("updates_per_round", updates_per_round, minimum=1)
         if not (isinstance(rho, (int, float)) and rho >= 0):
             raise ValueError(f"rho must be >= 0, got {rho!r}")
-        super().__init__(concurrency=concurrency, **kwargs)
+        super().__init__(*flower_args, concurrency=concurrency, **kwargs)
         self.staleness = staleness if isinstance(staleness, Staleness) else Staleness(staleness)
         self.alpha, self.rho = float(alpha), float(rho)
         self.updates_per_round = int(updates_per_round)

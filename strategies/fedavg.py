@@ -27,10 +27,10 @@ from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
 
 from . import aggregate as agg
 from . import contract as C
-from . import records, schedules, trust_gate
+from . import flower_args, records, schedules, trust_gate
 from .clock import SimClock
 from .participation import (STRAGGLER_POLICIES, STRAGGLER_UNITS, ModelWork, Participation,
-                            SelectionPolicy, check_choice, check_fraction)
+                            SelectionPolicy, check_choice, check_fraction, check_whole)
 from .round_plan import ClientTask, RoundPlan
 from .round_report import Aggregation, OverCommitment
 from .round_report import Participation as ParticipationSection
@@ -53,6 +53,11 @@ class FedAvg(RunsRounds, ModelWork, FlowerFedAvg):
     fraction_evaluate : float
         Fraction of clients asked to evaluate the global model (0 disables; Flower's
         default, 1.0).
+    min_train_nodes, min_evaluate_nodes, min_available_nodes, weighted_by_key, \
+arrayrecord_key, configrecord_key, train_metrics_aggr_fn, evaluate_metrics_aggr_fn
+        Flower's FedAvg arguments, positional in Flower's order, with Flower's meaning
+        (:mod:`strategies.flower_args`): m = max(floor(C K), ``min_train_nodes``); the
+        record names only Flower's defaults.
     weighting : str
         ``"examples"``: c_k = n_k / m_t over the aggregated clients (Algorithm 1, erratum;
         default). ``"uniform"``: 1 / |S_t|. ``"pre-erratum"``: n_k / n over all clients,
@@ -85,8 +90,9 @@ class FedAvg(RunsRounds, ModelWork, FlowerFedAvg):
 
     Notes
     -----
-    Difference from Flower's FedAvg: ``min_train_nodes`` is 1, since m = max(floor(C K), 1)
-    is Algorithm 1's rule (Flower's default is 2); :meth:`summary` logs it.
+    Difference from Flower's FedAvg: ``min_train_nodes`` and ``min_evaluate_nodes`` default
+    to 1, since m = max(floor(C K), 1) is Algorithm 1's rule (Flower's default is 2);
+    :meth:`summary` logs it.
 
     Contract
     --------
@@ -100,9 +106,14 @@ class FedAvg(RunsRounds, ModelWork, FlowerFedAvg):
     CLIENT_HELPER: str | None = None
     """``strategies.client`` helper a ClientApp calls to honour the contract (subclasses)."""
     def __init__(
-        self, *, fraction_train: float = 1.0, fraction_evaluate: float = 1.0,
+        self, fraction_train: float = 1.0, fraction_evaluate: float = 1.0,
+        min_train_nodes: int = 1, min_evaluate_nodes: int = 1, min_available_nodes: int = 2,
+        weighted_by_key: str = C.NUM_EXAMPLES, arrayrecord_key: str = C.ARRAYS,
+        configrecord_key: str = C.CONFIG,
+        train_metrics_aggr_fn: flower_args.MetricsAggregation | None = None,
+        evaluate_metrics_aggr_fn: flower_args.MetricsAggregation | None = None, *,
         weighting: str = "examples", server_lr: float = 1.0, seed: int = 0,
-        min_available_nodes: int = 2, query_client_info: bool = False,
+        query_client_info: bool = False,
         query_timeout: float = 600.0, straggler_fraction: float = 0.0,
         straggler_policy: str = "drop", straggler_unit: str = "steps",
         drift_diagnostics: bool = False,
@@ -112,6 +123,9 @@ class FedAvg(RunsRounds, ModelWork, FlowerFedAvg):
         participation: Participation | None = None,
     ) -> None:
         check_fraction("fraction_evaluate", fraction_evaluate, allow_zero=True)
+        check_whole("min_evaluate_nodes", min_evaluate_nodes, minimum=0)
+        flower_args.check_record_keys(type(self).__name__, weighted_by_key, arrayrecord_key,
+                                      configrecord_key)
         check_choice("weighting", weighting, WEIGHTINGS)
         if not server_lr > 0:
             raise ValueError(f"server_lr must be > 0, got {server_lr}")
@@ -123,6 +137,7 @@ class FedAvg(RunsRounds, ModelWork, FlowerFedAvg):
         if participation is None:
             participation = Participation(
                 fraction_train=fraction_train, seed=seed, min_available_nodes=min_available_nodes,
+                min_train_nodes=min_train_nodes,
                 query_client_info=query_client_info, query_timeout=query_timeout,
                 straggler_fraction=straggler_fraction, straggler_policy=straggler_policy,
                 straggler_unit=straggler_unit, clock=clock, round_deadline=round_deadline,
@@ -133,9 +148,15 @@ class FedAvg(RunsRounds, ModelWork, FlowerFedAvg):
                 type(self).__name__, f"weighting={weighting!r} (every client's n_k)",
                 "use weighting='examples' or 'uniform'")
         super().__init__(fraction_train=participation.fraction_train,
-                         fraction_evaluate=fraction_evaluate, min_train_nodes=1,
-                         min_evaluate_nodes=1,
-                         min_available_nodes=participation.min_available_nodes)
+                         fraction_evaluate=fraction_evaluate,
+                         min_train_nodes=participation.min_train_nodes,
+                         min_evaluate_nodes=min_evaluate_nodes,
+                         min_available_nodes=participation.min_available_nodes,
+                         train_metrics_aggr_fn=flower_args.check_metrics_fn(
+                             "train_metrics_aggr_fn", train_metrics_aggr_fn),
+                         evaluate_metrics_aggr_fn=flower_args.check_metrics_fn(
+                             "evaluate_metrics_aggr_fn", evaluate_metrics_aggr_fn))
+        self.custom_metrics = (train_metrics_aggr_fn, evaluate_metrics_aggr_fn)  # None: ours
         self.participation = participation
         self.weighting = weighting
         self.server_lr = float(server_lr)
@@ -149,8 +170,9 @@ class FedAvg(RunsRounds, ModelWork, FlowerFedAvg):
         p = self.participation
         log(INFO, "\t├──> Weighting: %s | server lr: %s | seed: %s | client-info query: %s",
             self.weighting, self.server_lr, p.seed, "on" if p.query_client_info else "off")
-        log(INFO, "\t├──> Differs from Flower's FedAvg: m = max(floor(C K), 1) clients per "
-            "round (min_train_nodes 1, Flower's default 2)")
+        if p.min_train_nodes == 1:
+            log(INFO, "\t├──> Differs from Flower's FedAvg: m = max(floor(C K), 1) clients "
+                "per round (min_train_nodes 1, Flower's default 2)")
         if self.lr_schedule is not None:
             log(INFO, "\t├──> Learning rate per round: %s", self.lr_schedule)
         for line in p.summary_lines():
@@ -309,6 +331,9 @@ class FedAvg(RunsRounds, ModelWork, FlowerFedAvg):
             return None, None
         metrics = records.mean_metrics(accepted)
         loss = metrics.get(C.TRAIN_LOSS, metrics.get(C.STOCK_TRAIN_LOSS))
+        if self.custom_metrics[0] is not None:
+            metrics = flower_args.flower_metrics(self.custom_metrics[0],
+                                                 [r.content for r in accepted])
         if loss is not None and aggregation is not None:
             plan.report.add(Aggregation(**{**vars(aggregation), "train_loss": loss}))
         return records.to_record(new), MetricRecord({**plan.report.metric_items(), **metrics})
@@ -329,6 +354,7 @@ class FedAvg(RunsRounds, ModelWork, FlowerFedAvg):
         (:meth:`contract_gap`): the ClientApp does not implement it.
         """
         ordered = records.replies_in_order(replies, self.participation.clients)
+        flower_args.log_received("aggregate_train", ordered)
         answered = [r for r in ordered if not r.has_error()]
         gaps = [self.contract_gap(r) for r in answered]
         if answered and all(gaps) and self.CLIENT_HELPER:
@@ -369,7 +395,8 @@ class FedAvg(RunsRounds, ModelWork, FlowerFedAvg):
                            ) -> MetricRecord | None:
         """Flower's weighted mean of the evaluate metrics over the replies the trust gate
         accepts (:func:`strategies.trust_gate.aggregate_evaluate`)."""
-        return trust_gate.aggregate_evaluate(replies, self.participation.clients)
+        return trust_gate.aggregate_evaluate(replies, self.participation.clients,
+                                             self.custom_metrics[1])
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict:

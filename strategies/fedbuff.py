@@ -50,7 +50,7 @@ class FedBuff(AsyncStrategy):
         ``query_timeout``, ``clock``, ``participation``.
     """
 
-    def __init__(self, *, buffer_size: int = 10, concurrency: int = 20, server_lr: float = 1.0,
+    def __init__(self, *flower_args, buffer_size: int = 10, concurrency: int = 20, server_lr: float = 1.0,
                  server_momentum: float = 0.0, staleness: Staleness | str = "fedbuff",
                  **kwargs) -> None:
         check_whole("buffer_size", buffer_size, minimum=1)
@@ -58,7 +58,7 @@ class FedBuff(AsyncStrategy):
             raise ValueError(f"server_lr must be > 0, got {server_lr!r}")
         if not (isinstance(server_momentum, (int, float)) and 0 <= server_momentum < 1):
             raise ValueError(f"server_momentum must be in [0, 1), got {server_momentum!r}")
-        super().__init__(concurrency=concurrency, **kwargs)
+        super().__init__(*flower_args, concurrency=concurrency, **kwargs)
         self.buffer_size = int(buffer_size)
         self.server_lr, self.server_momentum = float(server_lr), float(server_momentum)
         self.staleness = staleness if isinstance(staleness, Staleness) else Staleness(staleness)

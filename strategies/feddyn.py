@@ -84,7 +84,7 @@ class FedDyn(StatefulFedAvg):
 
     CLIENT_HELPER = FEDDYN_HELPER
 
-    def __init__(self, *, alpha: float = 0.01, weighting: str = "uniform",
+    def __init__(self, *flower_args, alpha: float = 0.01, weighting: str = "uniform",
                  straggler_policy: str = "partial", **kwargs) -> None:
         if not alpha > 0:
             raise ValueError(f"FedDyn's alpha must be > 0, got {alpha}")
@@ -94,7 +94,7 @@ class FedDyn(StatefulFedAvg):
         if kwargs.get("server_lr", 1.0) != 1.0:
             raise ValueError(f"FedDyn's server model is (1 / |P_t|) sum theta_k - h / alpha "
                              f"(Alg. 1): server_lr must be 1.0, got {kwargs['server_lr']}")
-        super().__init__(weighting=weighting, straggler_policy=straggler_policy, **kwargs)
+        super().__init__(*flower_args, weighting=weighting, straggler_policy=straggler_policy, **kwargs)
         self.alpha = float(alpha)
         self.h: fm.NDArrays | None = None  # h^t
 

@@ -63,7 +63,7 @@ class FedNova(FedAvg):
 
     CLIENT_HELPER = REPORT_STEPS_HELPER
 
-    def __init__(self, *, server_momentum: float = 0.0, local_epochs: float | None = None,
+    def __init__(self, *flower_args, server_momentum: float = 0.0, local_epochs: float | None = None,
                  batch_size: int | None = None, drop_last: bool = False,
                  straggler_policy: str = "partial", **kwargs) -> None:
         if not 0 <= server_momentum < 1:
@@ -71,7 +71,7 @@ class FedNova(FedAvg):
         if kwargs.get("weighting", "examples") != "examples":
             raise ValueError(f"FedNova weights clients by num-examples; "
                              f"weighting={kwargs['weighting']!r} is not supported")
-        super().__init__(straggler_policy=straggler_policy, **kwargs)
+        super().__init__(*flower_args, straggler_policy=straggler_policy, **kwargs)
         self.server_momentum = float(server_momentum)
         self.local_epochs = local_epochs
         self.batch_size = batch_size

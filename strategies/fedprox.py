@@ -15,7 +15,11 @@ from flwr.common.logger import log
 
 from . import contract as C
 from .fedavg import FedAvg
+from .flower_args import FLOWER_ARGS
 from .round_plan import ClientTask, RoundPlan
+
+
+DEFAULT_PROXIMAL_MU = 0.01
 
 
 class FedProx(FedAvg):
@@ -24,7 +28,9 @@ class FedProx(FedAvg):
     Parameters
     ----------
     proximal_mu : float
-        mu >= 0 of the proximal term (mu/2)||w - w_t||^2; 0 is exactly FedAvg.
+        mu >= 0 of the proximal term (mu/2)||w - w_t||^2; 0 is exactly FedAvg. Default
+        0.01 (Flower's FedProx: 0.0); positional after Flower's ten FedAvg arguments, as in
+        Flower's FedProx.
     straggler_policy : str
         ``"partial"`` by default (FedProx accepts partial work); see :class:`FedAvg`
         for this and every other parameter.
@@ -36,11 +42,16 @@ class FedProx(FedAvg):
     ``strategies.client.local_sgd(..., proximal_mu=mu)``).
     """
 
-    def __init__(self, *, proximal_mu: float = 0.01, straggler_policy: str = "partial",
-                 **kwargs) -> None:
-        if not proximal_mu >= 0:
+    def __init__(self, *flower_args, proximal_mu: float | None = None,
+                 straggler_policy: str = "partial", **kwargs) -> None:
+        if len(flower_args) == len(FLOWER_ARGS) + 1:  # Flower's FedProx: mu after FedAvg's ten
+            if proximal_mu is not None:
+                raise TypeError("FedProx got proximal_mu both by position and by name")
+            *flower_args, proximal_mu = flower_args
+        proximal_mu = DEFAULT_PROXIMAL_MU if proximal_mu is None else proximal_mu
+        if not (isinstance(proximal_mu, (int, float)) and proximal_mu >= 0):
             raise ValueError(f"proximal_mu must be >= 0, got {proximal_mu}")
-        super().__init__(straggler_policy=straggler_policy, **kwargs)
+        super().__init__(*flower_args, straggler_policy=straggler_policy, **kwargs)
         self.proximal_mu = float(proximal_mu)
 
     def summary(self) -> None:

@@ -108,7 +108,7 @@ class FedVeca(FedNova):
     CLIENT_HELPER = "strategies.client.fedveca.fedveca_train"
     min_partial_steps = vm.TAU_MIN  # delta_(k,i) needs two local steps (Alg. 2 line 18)
 
-    def __init__(self, *, tau_init: int = 20, tau_max: int = 50, alpha: float = 0.95,
+    def __init__(self, *flower_args, tau_init: int = 20, tau_max: int = 50, alpha: float = 0.95,
                  beta_mode: str = "same-batch", grad_subsample: int = 0, lr: float = 0.01,
                  **kwargs) -> None:
         if isinstance(tau_max, bool) or not isinstance(tau_max, int) or tau_max < vm.TAU_MIN:
@@ -132,7 +132,7 @@ class FedVeca(FedNova):
                 raise ValueError(f"FedVeca: {name}={kwargs[name]!r} is not supported (eq. 5 has no "
                                  f"such term; FedVeca sets each client's local steps itself); "
                                  f"leave it at {neutral}")
-        super().__init__(**kwargs)
+        super().__init__(*flower_args, **kwargs)
         self.tau_init = int(tau_init)
         self.tau_max = int(tau_max)
         self.alpha = float(alpha)

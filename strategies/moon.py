@@ -71,12 +71,12 @@ class Moon(StatefulFedAvg):
 
     CLIENT_HELPER = MOON_HELPER
 
-    def __init__(self, *, mu: float = 1.0, temperature: float = 0.5, **kwargs) -> None:
+    def __init__(self, *flower_args, mu: float = 1.0, temperature: float = 0.5, **kwargs) -> None:
         if not mu >= 0:
             raise ValueError(f"MOON's mu must be >= 0, got {mu}")
         if not temperature > 0:
             raise ValueError(f"MOON's temperature tau must be > 0, got {temperature}")
-        super().__init__(**kwargs)
+        super().__init__(*flower_args, **kwargs)
         self.mu = float(mu)
         self.temperature = float(temperature)
 

@@ -133,6 +133,9 @@ class Participation:
         (``default_rng([seed, round, 1])``).
     min_available_nodes : int
         Wait until this many nodes are connected before selecting.
+    min_train_nodes : int
+        m is at least this many (Flower's argument; 1 is Algorithm 1's rule), at most the
+        online clients.
     query_client_info : bool
         Ask new nodes for their partition id, n_k and label counts (a ``query`` message;
         the ClientApp registers ``strategies.client.info.client_info_reply``).
@@ -159,7 +162,8 @@ class Participation:
     """
 
     def __init__(self, *, fraction_train: float = 1.0, seed: int = 0,
-                 min_available_nodes: int = 2, query_client_info: bool = False,
+                 min_available_nodes: int = 2, min_train_nodes: int = 1,
+                 query_client_info: bool = False,
                  query_timeout: float = 600.0, straggler_fraction: float = 0.0,
                  straggler_policy: str = "drop", straggler_unit: str = "steps",
                  clock: SimClock | None = None, round_deadline: float | None = None,
@@ -168,6 +172,7 @@ class Participation:
         check_fraction("fraction_train", fraction_train, allow_zero=False)
         check_whole("seed", seed, minimum=0)
         check_whole("min_available_nodes", min_available_nodes, minimum=1)
+        check_whole("min_train_nodes", min_train_nodes, minimum=1)
         if not (isinstance(query_timeout, (int, float)) and query_timeout > 0):
             raise ValueError(f"query_timeout must be > 0 seconds (how long a client-info query "
                              f"waits for replies), got {query_timeout!r}")
@@ -190,6 +195,7 @@ class Participation:
         self.fraction_train = float(fraction_train)
         self.seed = int(seed)
         self.min_available_nodes = int(min_available_nodes)
+        self.min_train_nodes = int(min_train_nodes)
         self.query_client_info = bool(query_client_info)
         self.query_timeout = float(query_timeout)
         self.straggler_fraction = float(straggler_fraction)
@@ -424,12 +430,19 @@ class Participation:
     def online_nodes(self, server_round: int, ordered: list[int]) -> tuple[list[int], int | None]:
         """The nodes that can be selected this round and m: all of them and None (m =
         max(floor(C K), 1)) without a clock; with one, :meth:`strategies.clock.RoundTimer.
-        online_nodes`."""
+        online_nodes`. With ``min_train_nodes`` > 1, m is at least that, at most the
+        online nodes."""
         if self.timer is None:
-            return ordered, None
-        return self.timer.online_nodes(server_round, ordered,
-                                       [self.partition_of(n) for n in ordered],
-                                       self.fraction_train)
+            online, m = ordered, None
+        else:
+            online, m = self.timer.online_nodes(server_round, ordered,
+                                                [self.partition_of(n) for n in ordered],
+                                                self.fraction_train)
+        if self.min_train_nodes > 1 and online:
+            base = m if m is not None else sampling.num_to_sample(self.fraction_train,
+                                                                   len(online))
+            m = min(max(base, self.min_train_nodes), len(online))
+        return online, m
 
     def stragglers(self, server_round: int, draws: Mapping[int, int], config: ConfigRecord,
                    work: ClientWork, down: int, up: int) -> dict[int, int]:

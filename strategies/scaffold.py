@@ -77,12 +77,12 @@ class Scaffold(StatefulFedAvg):
 
     CLIENT_HELPER = SCAFFOLD_HELPER
 
-    def __init__(self, *, weighting: str = "uniform", straggler_policy: str = "partial",
+    def __init__(self, *flower_args, weighting: str = "uniform", straggler_policy: str = "partial",
                  **kwargs) -> None:
         if weighting not in SCAFFOLD_WEIGHTINGS:
             raise ValueError(f"SCAFFOLD averages delta y_i with weighting 'uniform' (Alg. 1) or "
                              f"'examples' (NIID-Bench); weighting={weighting!r} is not supported")
-        super().__init__(weighting=weighting, straggler_policy=straggler_policy, **kwargs)
+        super().__init__(*flower_args, weighting=weighting, straggler_policy=straggler_policy, **kwargs)
         self.control: sm.NDArrays | None = None  # c; self.mirror holds the copies of c_i
 
     def summary(self) -> None:

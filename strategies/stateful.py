@@ -41,8 +41,8 @@ class StatefulFedAvg(FedAvg):
     their own state to :meth:`state_dict`.
     """
 
-    def __init__(self, **kwargs) -> None:
-        super().__init__(**kwargs)
+    def __init__(self, *flower_args, **kwargs) -> None:
+        super().__init__(*flower_args, **kwargs)
         self.mirror = ClientStateMirror()
 
     def client_key(self, node_id: int) -> str:

@@ -38,17 +38,18 @@ import io
 import math
 import numbers
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from logging import INFO, WARNING
+from logging import WARNING
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, Message, MetricRecord
+from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.common.constant import SType
 from flwr.common.logger import log
 
 from . import contract as C
+from . import flower_args
 from . import scaffold_math as sm
 
 # ------------------------------------------------------------------ documented caps
@@ -551,10 +552,12 @@ def evaluate_reply_problem(reply: Message, reported_size: int | None) -> str | N
     return problem or metrics_finite_problem(metrics)
 
 
-def aggregate_evaluate(replies: Iterable[Message], clients: Mapping[int, object] | None = None
+def aggregate_evaluate(replies: Iterable[Message], clients: Mapping[int, object] | None = None,
+                       aggregate: Callable[[list[RecordDict], str], MetricRecord] | None = None
                        ) -> MetricRecord | None:
     """Flower's ``aggregate_evaluate`` (the ``num-examples``-weighted mean of every metric,
-    ``aggregate_metricrecords``) over the replies the gate accepts.
+    ``aggregate_metricrecords``, or the strategy's ``evaluate_metrics_aggr_fn`` given as
+    ``aggregate``) over the replies the gate accepts.
 
     A reply is refused (one WARNING naming node, partition and field) when
     :func:`evaluate_reply_problem` says so or when its metric keys differ from those most
@@ -563,12 +566,7 @@ def aggregate_evaluate(replies: Iterable[Message], clients: Mapping[int, object]
     clients = clients or {}
     replies = list(replies)
     good = [r for r in replies if not r.has_error()]
-    log(INFO, "aggregate_evaluate: Received %s results and %s failures", len(good),
-        len(replies) - len(good))
-    for reply in replies:
-        if reply.has_error():
-            log(INFO, "\t> Received error in reply from node %d: %s",
-                reply.metadata.src_node_id, reply.error.reason)
+    flower_args.log_received("aggregate_evaluate", replies)
     usable = []
     for reply in good:
         node = reply.metadata.src_node_id
@@ -582,6 +580,8 @@ def aggregate_evaluate(replies: Iterable[Message], clients: Mapping[int, object]
     kept = same_metric_keys(usable, "Evaluate reply", clients)
     if not kept:
         return None
+    if aggregate is not None:
+        return flower_args.flower_metrics(aggregate, [r.content for r in kept])
     return weighted_metrics([next(iter(r.content.metric_records.values())) for r in kept])
 
 
