@@ -550,6 +550,9 @@ KEYS: tuple[Key, ...] = (
     Key("tracking-dir", "", "absolute folder for the tracking output (\"\" = the run "
         "directory); a folder several runs name holds one MLflow store for all of them",
         check=_absolute_or_empty, note="an absolute path, or '' for the run directory"),
+    Key("run-plots", True, "write the run's plots (accuracy and loss vs round, vs MB, vs "
+        "simulated time) into its directory when it ends, beside `metrics.csv` and "
+        "`summary.json` ([outputs](docs/outputs.md)); `false` saves about half a second"),
 )
 
 RULES: tuple[Rule, ...] = (

@@ -7,7 +7,7 @@ import random
 import shutil
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from logging import ERROR, INFO
+from logging import ERROR, INFO, WARNING
 from pathlib import Path
 
 import flwr
@@ -29,12 +29,14 @@ from task.partition import plot_label_histogram
 from .checkpoint import (Checkpointer, arrays_of, check_compatible, load_checkpoint, restore_rng,
                          restore_strategy, run_rounds)
 from .config import ConfigError, RunConfig
+from .divergence import DivergenceWatch, likely_cause
 from .evaluation_process import (EvaluationProcess, EvaluationResult, EvaluationSpec,
                                  evaluation_process, peak_rss_mb)
 from .grid import ServerAppGrid
 from .partition_map import bind_partition_map
 from .registry import build_strategy
 from .run_log import RunLog, format_table, model_sha256, table_header, table_row
+from .run_outputs import write_run_outputs
 from .tracking import check_installed
 
 app = ServerApp()
@@ -80,6 +82,7 @@ class ServerEvaluator:
         self.records: list[dict] = []
         self.started = self.last = time.perf_counter()
         self.checkpointer: Checkpointer | None = None  # checkpoint-every
+        self.divergence = DivergenceWatch()  # one warning when the test loss diverges
         # waits for the evaluation process while round r + 1 trains, then writes round r
         self.worker = (ThreadPoolExecutor(1, thread_name_prefix="fedhetero-eval")
                        if overlap else None)
@@ -146,6 +149,9 @@ class ServerEvaluator:
             log(INFO, "Per-round results (also in %s):", self.run_log.rounds_path)
             log(INFO, table_header())
         log(INFO, table_row(record))
+        found = self.divergence.check(record)
+        if found is not None:
+            log(WARNING, "%s", self.divergence.warning(found))
         if checkpoint is not None:
             self.checkpointer.write(checkpoint, self.records)
 
@@ -300,29 +306,37 @@ def run(cfg: RunConfig, grid: Grid, context: Context, strategy, train_config: di
                                 last_round=cfg.num_server_rounds, overlap=cfg.eval_overlap)
     evaluator.checkpointer = Checkpointer(run_log.directory, cfg.checkpoint_every, strategy,
                                           cfg.to_dict())
+    evaluator.divergence.cause = likely_cause(
+        cfg.strategy, cfg.lr, cfg.server_lr,
+        cut_work=cfg.round_deadline > 0 or cfg.straggler_fraction > 0)
     initial_arrays, first_round = arrays_of(info), 1
     if checkpoint is not None:
         initial_arrays, first_round = arrays_of(checkpoint), checkpoint["round"] + 1
         evaluator.resume(checkpoint, cfg.resume_from)
         restore_rng(checkpoint["rng"])  # last: nothing may draw from the global RNGs after this
     try:
-        result = run_rounds(
-            strategy,
-            grid=ServerAppGrid(grid),  # pulls 5 ms .. 0.1 s apart; one exchange's replies held
-            initial_arrays=initial_arrays,
-            num_rounds=cfg.num_server_rounds,
-            first_round=first_round,
-            timeout=cfg.round_timeout,
-            train_config=ConfigRecord(train_config),
-            evaluate_config=ConfigRecord({C.SEED: cfg.seed}),
-            evaluate_fn=evaluator,
-        )
-    finally:
-        evaluator.close()
+        try:
+            result = run_rounds(
+                strategy,
+                grid=ServerAppGrid(grid),  # pulls 5 ms .. 0.1 s apart; one exchange's replies held
+                initial_arrays=initial_arrays,
+                num_rounds=cfg.num_server_rounds,
+                first_round=first_round,
+                timeout=cfg.round_timeout,
+                train_config=ConfigRecord(train_config),
+                evaluate_config=ConfigRecord({C.SEED: cfg.seed}),
+                evaluate_fn=evaluator,
+            )
+        finally:
+            evaluator.close()
+    except Exception:
+        write_run_outputs(run_log.directory, cfg.run_plots)  # the rounds logged before the error
+        raise
     del result  # the final global model is the last evaluated one (the last round is evaluated)
     evaluator.plot_partitions()
     evaluator.list_devices()  # the simulated clock's fleet, when the run has one
     path = evaluator.save_final_model()
     run_log.close()
+    write_run_outputs(run_log.directory, cfg.run_plots)  # metrics.csv, summary.json, plots: docs/outputs.md
     log(INFO, "Final model: %s", path)
     log(INFO, "Per-round results:\n%s", format_table(evaluator.records))

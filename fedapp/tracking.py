@@ -31,7 +31,10 @@ import atexit
 import importlib.util
 import time
 from collections.abc import Mapping
+from logging import INFO
 from pathlib import Path
+
+from flwr.common.logger import log as flwr_log
 
 from strategies import contract as C
 
@@ -87,6 +90,8 @@ class TensorBoardTracker:
 
         self.writer = SummaryWriter(log_dir=str(directory))
         self.directory = directory
+        flwr_log(INFO, "Tracking: TensorBoard event files in %s (tensorboard --logdir %s)",
+                 directory, directory)
 
     def log(self, record: Mapping[str, object]) -> None:
         step, now = int(record[C.LOG_ROUND]), time.time()
@@ -119,6 +124,8 @@ class MlflowTracker:
             self.client.log_batch(self.run_id, params=items[start:start + 100])
         self.closed = False
         atexit.register(self.close, "FAILED")  # a run that dies before close() says so
+        flwr_log(INFO, "Tracking: MLflow run %r (experiment %s) in %s (mlflow ui "
+                 "--backend-store-uri %s)", run_name, MLFLOW_EXPERIMENT, self.uri, self.uri)
 
     def log(self, record: Mapping[str, object]) -> None:
         from mlflow.entities import Metric  # noqa: PLC0415

@@ -19,7 +19,7 @@ PROG = "python -m simulation"
 COMMANDS = {
     "run": ("simulation.run", "flwr run . --stream on the simulation engine"),
     "sweep": ("simulation.sweep", "variants x seeds from a TOML sweep file, resumable"),
-    "report": ("simulation.report", "tables and plots of a sweep folder"),
+    "report": ("simulation.report", "tables and plots of run directories and sweep folders"),
     "results": ("simulation.results", "rebuild docs/results/* from runs/*"),
     "bench": ("simulation.bench", "benchmarks (their own sub-commands)"),
     "strategies": ("simulation.list_strategies",

@@ -1,7 +1,12 @@
-"""``python -m simulation report FOLDER``: tables and plots of a sweep's runs.
+"""``python -m simulation report PATH...``: tables and plots of a sweep's runs, or of any runs.
 
-Reads every ``<FOLDER>/<variant>/seed<k>/<run>/rounds.jsonl`` and writes into FOLDER
-(or ``--out``):
+A PATH is a sweep's results folder (every ``<PATH>/<variant>/seed<k>/<run>/rounds.jsonl``),
+one run directory (``<PATH>/rounds.jsonl``), or a folder of run directories (an
+``output-dir``); several may be mixed (:func:`collect_paths`). The report goes into the one
+PATH given (a run directory: its ``report/``), or ``--out``, which several PATHs need. A
+sweep folder that keeps its sweep file (``sweep.toml``, :mod:`simulation.sweep`) gives the
+report its title, targets (unless ``--target``), baselines, variant order and published
+numbers. The report holds:
 
 * ``report.csv`` and ``report.md``: per variant, final and best test accuracy (mean ± std
   over seeds), rounds-to-target and bytes-to-target (best-so-far curve, linear
@@ -32,6 +37,7 @@ import argparse
 import csv
 import shutil
 import statistics
+import tomllib
 from pathlib import Path
 
 import numpy as np
@@ -44,6 +50,10 @@ from .metrics import (bytes_to_target, cumulative_bytes, evaluated, evaluated_by
                       updates_to_target)
 from .runtime import fraction
 
+SWEEP_COPY = "sweep.toml"  # a sweep folder's copy of its sweep file (simulation.sweep)
+DEFAULT_TARGETS = [0.6, 0.7]
+Runs = dict[str, list[tuple[Path, list[dict]]]]
+
 
 def collect(folder: Path) -> dict[str, list[tuple[Path, list[dict]]]]:
     """variant -> [(run directory, round records)] for every finished run under folder."""
@@ -53,6 +63,69 @@ def collect(folder: Path) -> dict[str, list[tuple[Path, list[dict]]]]:
         if run_finished(path.parent):
             runs.setdefault(variant, []).append((path.parent, read_rounds(path.parent)))
     return runs
+
+
+def is_run_dir(path: Path) -> bool:
+    """Whether ``path`` is one run directory (it has a round log)."""
+    return (path / "rounds.jsonl").is_file()
+
+
+def is_sweep_folder(path: Path) -> bool:
+    """Whether ``path`` holds runs in a sweep's ``<variant>/seed<k>/<run>/`` layout."""
+    return any(path.glob("*/seed*/*/rounds.jsonl"))
+
+
+def run_label(run_dir: Path) -> str:
+    """A run directory's name in the tables: its variant when it sits in a sweep's layout
+    (so that the seeds of a variant are averaged), else its own name."""
+    return run_dir.parent.parent.name if run_dir.parent.name.startswith("seed") else run_dir.name
+
+
+def records_to_report(run_dir: Path) -> list[dict] | None:
+    """A named run directory's records: all of a finished run; of an unfinished one, those
+    up to its last evaluated round (with a note); None (with a note) when none was evaluated."""
+    records = read_rounds(run_dir)
+    if run_finished(run_dir):
+        return records
+    scored = [i for i, r in enumerate(records) if r.get(C.LOG_ACCURACY) is not None]
+    if not scored:
+        print(f"note: {run_dir} has no evaluated round yet; left out")
+        return None
+    print(f"note: {run_dir} is not finished; its rounds up to {records[scored[-1]][C.LOG_ROUND]} "
+          "are reported")
+    return records[:scored[-1] + 1]
+
+
+def collect_paths(paths: list[Path]) -> tuple[Runs, list[dict]]:
+    """label -> [(run directory, round records)] of every run the PATHs name, and the sweep
+    files kept in the sweep folders among them (in PATH order).
+
+    A sweep folder's runs are labelled by their variant, prefixed with ``<folder name>/``
+    when several sweep folders are given; a run directory by :func:`run_label`. A run
+    directory named twice counts once."""
+    sweeps = [p for p in paths if not is_run_dir(p) and is_sweep_folder(p)]
+    runs: Runs = {}
+    seen: set[Path] = set()
+    for path in paths:
+        if path in sweeps:
+            prefix = f"{path.name}/" if len(sweeps) > 1 else ""
+            found = [(f"{prefix}{variant}", run_dir, records)
+                     for variant, items in collect(path).items() for run_dir, records in items]
+        else:
+            named = [path] if is_run_dir(path) else sorted(
+                p.parent for p in path.glob("*/rounds.jsonl"))
+            if not named:
+                raise SystemExit(f"{path}: neither a run directory (rounds.jsonl), a folder of "
+                                 "run directories, nor a sweep folder (<variant>/seed<k>/<run>/)")
+            found = [(run_label(d), d, r) for d in named
+                     for r in [records_to_report(d)] if r is not None]
+        for label, run_dir, records in found:
+            if run_dir.resolve() not in seen:
+                seen.add(run_dir.resolve())
+                runs.setdefault(label, []).append((run_dir, records))
+    specs = [tomllib.loads((p / SWEEP_COPY).read_text()) for p in sweeps
+             if (p / SWEEP_COPY).is_file()]
+    return runs, specs
 
 
 def _mean_std(values: list[float]) -> tuple[float, float]:
@@ -340,6 +413,12 @@ def plot_curves(
     fig.savefig(path, dpi=100)
 
 
+def picture_name(run_dir: Path) -> str:
+    """label_distribution_<seed folder or run directory name>.png."""
+    seed = run_dir.parent.name
+    return f"label_distribution_{seed if seed.startswith('seed') else run_dir.name}.png"
+
+
 def build_report(
     folder: Path,
     out: Path,
@@ -357,12 +436,28 @@ def build_report(
     ``published`` (variant -> accuracy from ``published_source``), a verdict per variant
     (:func:`compare_published`)."""
     runs = collect(folder)
-    rank = {name: i for i, name in enumerate(order or [])}
-    runs = dict(sorted(runs.items(), key=lambda item: (rank.get(item[0], len(rank)), item[0])))
     if not runs:
         raise SystemExit(
             f"no finished runs under {folder} (expected <variant>/seed<k>/<run>/rounds.jsonl)"
         )
+    return write_report(runs, out, targets, baselines, header, order, published,
+                        published_source, tolerance)
+
+
+def write_report(
+    runs: Runs,
+    out: Path,
+    targets: list[float],
+    baselines: dict[str, str] | None = None,
+    header: str = "",
+    order: list[str] | None = None,
+    published: dict[str, float] | None = None,
+    published_source: str = "",
+    tolerance: float = 0.015,
+) -> str:
+    """:func:`build_report` of runs already collected (label -> runs, not empty)."""
+    rank = {name: i for i, name in enumerate(order or [])}
+    runs = dict(sorted(runs.items(), key=lambda item: (rank.get(item[0], len(rank)), item[0])))
     out.mkdir(parents=True, exist_ok=True)
     rows = table_rows(runs, targets)
     if published:
@@ -407,28 +502,60 @@ def build_report(
     for run_dir, _ in first:
         picture = run_dir / "label_distribution.png"
         if picture.is_file():
-            shutil.copyfile(picture, out / f"label_distribution_{run_dir.parent.name}.png")
+            shutil.copyfile(picture, out / picture_name(run_dir))
     return table
+
+
+def build_report_for(paths: list[Path], out: Path | None,
+                     targets: list[float] | None = None) -> str:
+    """The report of any mix of sweep folders and run directories (:func:`collect_paths`),
+    with the first kept sweep file's title, targets (where ``targets`` is None), and, when
+    one sweep folder is given, its baselines, variant order and published numbers."""
+    runs, specs = collect_paths(paths)
+    if not runs:
+        raise SystemExit(f"no finished runs in {', '.join(map(str, paths))} (a sweep folder "
+                         "holds <variant>/seed<k>/<run>/rounds.jsonl, a run directory "
+                         "rounds.jsonl)")
+    if out is None:
+        if len(paths) > 1:
+            raise SystemExit("several PATHs: say where the report goes with --out FOLDER")
+        out = paths[0] / "report" if is_run_dir(paths[0]) else paths[0]
+    titled = next((spec for spec in specs if "title" in spec), None)
+    header = "" if titled is None else \
+        f"# {titled['title']}\n\n{str(titled.get('claim', '')).strip()}\n\n"
+    if targets is None:
+        targets = next((list(spec["targets"]) for spec in specs if "targets" in spec),
+                       DEFAULT_TARGETS)
+    sweeps = [p for p in paths if not is_run_dir(p) and is_sweep_folder(p)]
+    spec = specs[0] if len(sweeps) == 1 and specs else {}
+    return write_report(runs, out, targets, spec.get("baselines"), header,
+                        order=list(spec.get("variants", {})), published=spec.get("published"),
+                        published_source=spec.get("published-source", ""),
+                        tolerance=float(spec.get("tolerance", 0.015)))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The report options."""
-    parser.add_argument("folder", type=Path, help="a sweep's results folder")
+    parser.add_argument("paths", nargs="+", type=Path, metavar="PATH",
+                        help="a sweep's results folder, a run directory or a folder of run "
+                        "directories (several may be mixed; then --out is needed)")
     parser.add_argument(
-        "--out", type=Path, default=None, help="where to write (default: the folder)"
+        "--out", type=Path, default=None,
+        help="where to write (default: the one PATH; a run directory: its report/)"
     )
     parser.add_argument(
         "--target",
         type=fraction,
         action="append",
         default=None,
-        help="target accuracy in [0, 1], repeatable (default 0.6 and 0.7)",
+        help="target accuracy in [0, 1], repeatable (default: the sweep file's targets, "
+        "else 0.6 and 0.7)",
     )
 
 
 def run(args: argparse.Namespace) -> int:
     """Write the report and print its tables."""
-    targets = args.target or [0.6, 0.7]
-    table = build_report(args.folder.resolve(), (args.out or args.folder).resolve(), targets)
+    table = build_report_for([p.resolve() for p in args.paths],
+                             args.out.resolve() if args.out else None, args.target)
     print(table)
     return 0

@@ -11,7 +11,9 @@ of starting again. It resumes only a checkpoint written with the run config it w
 now (the checkpoint's config digest: same variant, seed and output folder) and says why
 it passes over any other. Variant names are single safe folder names (checked before any
 run). At the end, ``summary.md`` and ``summary.csv`` hold final and best accuracy (mean ±
-std over seeds).
+std over seeds). The sweep file is kept as ``<out>/sweep.toml`` (its title, targets and
+baselines are what ``python -m simulation report <out>`` uses), and each run's streamed
+ServerApp output as ``server.log`` in its run directory.
 """
 
 from __future__ import annotations
@@ -53,6 +55,8 @@ SWEEP_KEYS = ("seeds", "base", "variants", *FEDERATION_KEYS, "timeout-seconds",
               "published-source", "tolerance")
 # a variant name is one folder of the results: letters, digits, . _ + = - (no leading dot)
 VARIANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=-]{0,127}")
+SWEEP_COPY = "sweep.toml"  # the sweep file, kept in its results folder
+SERVER_LOG = "server.log"  # a run's streamed output, kept in its run directory
 
 
 @dataclass(frozen=True)
@@ -231,6 +235,7 @@ def execute_one(run: SweepRun, label: str, spec: dict, out: Path, federation: di
         print(f"{label}: resuming from the checkpoint in {partial} ...", flush=True)
     else:
         print(f"{label}: running ...", flush=True)
+    before = run_dirs(run.directory)
     try:
         result = run_app(
             run_config,
@@ -244,6 +249,7 @@ def execute_one(run: SweepRun, label: str, spec: dict, out: Path, federation: di
         )
     finally:
         progress.end_run()
+    keep_server_log(run, before, result.output)
     existing = finished_run_dir(run)
     if result.returncode != 0 or existing is None:
         print(f"{label}: FAILED ({result.status}); last output:\n{result.output[-2000:]}",
@@ -253,6 +259,27 @@ def execute_one(run: SweepRun, label: str, spec: dict, out: Path, federation: di
     print(f"{label}: done in {time.monotonic() - start:.0f} s, final accuracy "
           f"{records[-1]['accuracy']:.4f}", flush=True)
     return existing
+
+
+def run_dirs(folder: Path) -> set[Path]:
+    """The run directories in ``folder`` (a variant's ``seed<k>`` folder) now."""
+    return {p for p in folder.iterdir() if p.is_dir()} if folder.is_dir() else set()
+
+
+def keep_server_log(run: SweepRun, before: set[Path], output: str) -> Path | None:
+    """Write a run's streamed output as ``server.log`` into the run directory it made (the
+    newest new one), or, when it made none (it stopped before), as
+    ``server-<time>.log`` beside them; the path, or None when it could not be written."""
+    made = sorted(run_dirs(run.directory) - before, key=lambda p: p.stat().st_mtime_ns)
+    path = (made[-1] / SERVER_LOG if made else
+            run.directory / f"server-{time.strftime('%Y%m%d-%H%M%S')}.log")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(output)
+    except OSError as exc:
+        print(f"{run.variant} seed {run.seed}: {path} not written: {exc}", flush=True)
+        return None
+    return path
 
 
 def summarize(done: list[tuple[SweepRun, Path]]) -> list[dict]:
@@ -366,6 +393,7 @@ def run(args: argparse.Namespace) -> int:
     if not selected:
         raise SystemExit(nothing_selected(args.file, spec, args.seeds, args.variants))
     out.mkdir(parents=True, exist_ok=True)
+    (out / SWEEP_COPY).write_text(Path(args.file).read_text())  # for the report: title, targets
     done = execute(spec, out, ray_address=args.ray_address, seeds=args.seeds,
                    variants=args.variants)
     table = write_summary(summarize(done), out, spec)

@@ -31,6 +31,7 @@ BASE = {
     "dynamicfl-intervals": "1-4",
     "round-timeout": 0.3,
     "drift-diagnostics": False,
+    "run-plots": False,  # the plots cost ~0.5 s a run; tests/test_run_outputs.py draws them
 }
 
 
