@@ -22,11 +22,13 @@ for. Flower's own strategies send no client-info query, so with them pass
 from __future__ import annotations
 
 import argparse
+import shlex
+import subprocess
 import sys
 from pathlib import Path
 
 from fedapp import check_run_config  # the app's public entry point
-from simulation.runtime import parse_overrides
+from simulation.runtime import parse_overrides, to_flwr_config
 
 from .bind_policy import insecure_remote_warning
 from .cluster import DeploySpec, LocalDeployment
@@ -112,10 +114,27 @@ def spec_of(args: argparse.Namespace) -> tuple[DeploySpec, dict]:
     return spec, overrides
 
 
+def preflight(spec: DeploySpec, overrides: dict) -> None:
+    """ValueError with the message of ``python -m simulation run --check``'s checks of a
+    checkpoint to resume, the data and the partitions (simulation.preflight), run in a
+    child process for ``spec``'s SuperNodes (deploy/ imports no simulation module but the
+    runtime: ARCHITECTURE.md, "Layers"); its warnings go to stderr."""
+    argv = [sys.executable, "-m", "simulation", "run", "--check", "--deployment",
+            "--num-supernodes", str(spec.num_supernodes), "--node-data-dir", spec.data_dir]
+    for key, value in overrides.items():
+        argv += ["-c", f"{key}={to_flwr_config({key: value}).partition('=')[2]}"]
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if done.returncode == 0:
+        sys.stderr.write(done.stderr)
+        return
+    raise ValueError(done.stderr.strip() or f"{shlex.join(argv)} exited {done.returncode}")
+
+
 def run(args: argparse.Namespace) -> int:
     """Start everything, run the app once, stop everything; the run's exit code."""
     try:
         spec, overrides = spec_of(args)
+        preflight(spec, overrides)
     except ValueError as err:  # a usage error, as argparse reports one
         print(
             f"usage: python -m deploy run [-h] ...\npython -m deploy run: error: {err}",

@@ -298,10 +298,27 @@ def arrays_of(payload: dict) -> ArrayRecord:
                         for key, value in payload["arrays"].items()})
 
 
-def restore_strategy(strategy: Strategy, payload: dict) -> None:
-    if payload["strategy-class"] != type(strategy).__name__:
+def check_strategy_class(payload: dict, strategy_class: str) -> None:
+    """Refuse a checkpoint written by another strategy class than the run config builds."""
+    if payload["strategy-class"] != strategy_class:
         raise ConfigError(f"checkpoint is of strategy {payload['strategy-class']}, the run config "
-                          f"builds {type(strategy).__name__}")
+                          f"builds {strategy_class}")
+
+
+def check_resumable(run_dir: str | Path, run_config: dict, strategy_class: str) -> dict:
+    """Every check the ServerApp makes of ``resume-from`` before it trains, reading only
+    (a driver runs it before anything starts): the checkpoint of ``run_dir`` loads
+    (:func:`load_checkpoint`), was written with this resolved ``run_config``
+    (:func:`check_compatible`) and by ``strategy_class``. Returns the checkpoint;
+    ConfigError names what is wrong and the fix."""
+    payload = load_checkpoint(run_dir)
+    check_compatible(payload, run_config)
+    check_strategy_class(payload, strategy_class)
+    return payload
+
+
+def restore_strategy(strategy: Strategy, payload: dict) -> None:
+    check_strategy_class(payload, type(strategy).__name__)
     if payload["strategy"] is not None:
         strategy.load_state_dict(payload["strategy"])
 
@@ -348,5 +365,5 @@ def run_rounds(strategy: Strategy, *, grid: Grid, initial_arrays: ArrayRecord, n
 
 
 __all__ = ["CHECKPOINT_NAME", "CheckpointWriteError", "Checkpointer", "arrays_of",
-           "check_compatible", "config_digest", "load_checkpoint", "restore_rng",
-           "restore_strategy", "run_rounds", "save_checkpoint"]
+           "check_compatible", "check_resumable", "check_strategy_class", "config_digest",
+           "load_checkpoint", "restore_rng", "restore_strategy", "run_rounds", "save_checkpoint"]

@@ -27,6 +27,8 @@ examples:
   fedhetero strategies                      # the strategies, each with its paper
   fedhetero keys --strategy fedprox         # the run-config keys fedprox reads
   fedhetero run --num-supernodes 10 -c strategy=fednova -c num-server-rounds=20
+  fedhetero run --check -c partition=dirichlet -c dirichlet-alpha=0.1   # check, start nothing
+  fedhetero run --resume RUN_DIR            # continue a stopped run from its last checkpoint
   fedhetero sweep simulation/experiments/niid_alpha_sweep.toml
   fedhetero report runs/niid_alpha_sweep --target 0.7
   fedhetero bench efficiency

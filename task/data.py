@@ -128,6 +128,71 @@ def default_cache_dir() -> Path:
     return Path(base) / "fedhetero" / "data"
 
 
+def train_labels(source: DataSource) -> tuple[np.ndarray, np.ndarray | None] | None:
+    """(the training labels as int64, in the order of the loaded ``y_train``; the natural
+    groups or None) of ``source``, found without decoding an image: the label IDX file of
+    the files :func:`load_dataset` would read (Fashion-MNIST, MNIST), Synthetic's numpy
+    generator. None where the labels come only with the images (CIFAR's pickles, ``hf:``)
+    or the files are not on this machine. What :func:`split_labels` needs to give every
+    partition's size before anything loads the data."""
+    if source.name == "synthetic":
+        arrays = synthetic_arrays(source.synthetic_alpha, source.synthetic_beta)
+        return arrays["y_train"].astype(np.int64), arrays["natural_ids"]
+    files = source_files(source) or []
+    labels = next((f for f in files if f.name.split(".")[0] == IDX_FILES["y_train"]), None)
+    return None if labels is None else (read_idx(labels).astype(np.int64), None)
+
+
+def missing_idx_files(folder: Path) -> list[str]:
+    """The Fashion-MNIST IDX files (their names without ``.gz``) that ``folder`` lacks."""
+    return [stem for stem in IDX_FILES.values() if not idx_path(folder, stem).is_file()]
+
+
+def download_hosts(name: str) -> list[tuple[str, int]]:
+    """(host, port) of each place torchvision downloads dataset ``name`` from (its mirrors),
+    or of the proxy urllib would use for them; [] for a dataset torchvision does not fetch."""
+    import urllib.request  # noqa: PLC0415
+    from urllib.parse import urlsplit  # noqa: PLC0415
+
+    if name not in TORCHVISION_FOLDERS:
+        return []
+    import torchvision.datasets as tv  # noqa: PLC0415 - heavy: only when a download is needed
+
+    kind = {"fashion-mnist": tv.FashionMNIST, "mnist": tv.MNIST, "cifar10": tv.CIFAR10,
+            "cifar100": tv.CIFAR100}[name]
+    urls = list(getattr(kind, "mirrors", None) or [kind.url])
+    proxies = urllib.request.getproxies()
+    hosts = []
+    for url in urls:
+        scheme = urlsplit(url).scheme
+        parts = urlsplit(proxies[scheme]) if scheme in proxies else urlsplit(url)
+        hosts.append((parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)))
+    return hosts
+
+
+def download_reachable(hosts: list[tuple[str, int]], timeout: float = 5.0) -> bool:
+    """True when a TCP connection to one of ``hosts`` opens within ``timeout`` seconds (name
+    lookup included): a download can start. Nothing is sent."""
+    import socket  # noqa: PLC0415
+    import threading  # noqa: PLC0415
+
+    reached: list[bool] = []
+
+    def probe() -> None:
+        for host, port in hosts:
+            try:
+                socket.create_connection((host, port), timeout=timeout).close()
+            except OSError:
+                continue
+            reached.append(True)
+            return
+
+    worker = threading.Thread(target=probe, daemon=True)  # a hung name lookup is left behind
+    worker.start()
+    worker.join(timeout)
+    return bool(reached)
+
+
 def check_dataset_name(name: str) -> None:
     """Raise ValueError unless ``name`` is a known dataset."""
     if name.startswith("hf:") and len(name) > 3:
@@ -414,16 +479,36 @@ def _hub(hub_id: str, normalize: bool = True, with_train: bool = True) -> Tensor
 def synthetic_dataset(
     alpha: float, beta: float, num_devices: int = 30, dim: int = 60, num_classes: int = 10, seed: int = 0
 ) -> TensorDataset:
-    """Synthetic(alpha, beta) of FedProx (Li et al. MLSys'20, Sec. 5.1; Shamir et al.).
+    """Synthetic(alpha, beta) of FedProx (Li et al. MLSys'20, Sec. 5.1; Shamir et al.) as
+    tensors of shape (N, 1, 1, dim), so every model's (C, H, W) contract holds: the arrays
+    of :func:`synthetic_arrays`."""
+    import torch  # noqa: PLC0415
+
+    arrays = synthetic_arrays(alpha, beta, num_devices, dim, num_classes, seed)
+
+    def tensor(x: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(x.astype(np.float32)).reshape(len(x), 1, 1, dim)
+
+    return TensorDataset(
+        name="synthetic",
+        x_train=tensor(arrays["x_train"]), y_train=torch.from_numpy(arrays["y_train"]).long(),
+        x_test=tensor(arrays["x_test"]), y_test=torch.from_numpy(arrays["y_test"]).long(),
+        num_classes=num_classes, natural_ids=arrays["natural_ids"],
+        source=f"synthetic(alpha={alpha}, beta={beta})",
+    )
+
+
+def synthetic_arrays(alpha: float, beta: float, num_devices: int = 30, dim: int = 60,
+                     num_classes: int = 10, seed: int = 0) -> dict[str, np.ndarray]:
+    """Synthetic(alpha, beta) as numpy arrays (no torch): ``x_train`` / ``x_test`` float64
+    (n, dim), ``y_train`` / ``y_test`` int labels, ``natural_ids`` (each training example's
+    device).
 
     Device k: u_k ~ N(0, alpha), B_k ~ N(0, beta); W_k, b_k ~ N(u_k, 1); v_k ~ N(B_k, 1);
     x ~ N(v_k, Sigma) with Sigma_jj = j^-1.2; y = argmax softmax(W_k x + b_k).
     As in the authors' generator, alpha and beta are standard deviations and sizes
-    follow a power law (log-normal(4, 2) + 50); 80/20 train/test
-    per device. Shapes (N, 1, 1, dim) so every model's (C, H, W) contract holds.
+    follow a power law (log-normal(4, 2) + 50); 80/20 train/test per device.
     """
-    import torch  # noqa: PLC0415
-
     rng = np.random.default_rng(seed)
     sizes = (rng.lognormal(4, 2, num_devices).astype(int) + 50)
     cov = np.diag(np.arange(1, dim + 1, dtype=np.float64) ** -1.2)
@@ -442,17 +527,9 @@ def synthetic_dataset(
     for k in range(num_devices):
         members = np.flatnonzero(id_all == k)
         test_mask[rng.choice(members, size=max(1, len(members) // 5), replace=False)] = True
-
-    def tensor(x: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(x.astype(np.float32)).reshape(len(x), 1, 1, dim)
-
-    return TensorDataset(
-        name="synthetic",
-        x_train=tensor(x_all[~test_mask]), y_train=torch.from_numpy(y_all[~test_mask]).long(),
-        x_test=tensor(x_all[test_mask]), y_test=torch.from_numpy(y_all[test_mask]).long(),
-        num_classes=num_classes, natural_ids=id_all[~test_mask],
-        source=f"synthetic(alpha={alpha}, beta={beta})",
-    )
+    return {"x_train": x_all[~test_mask], "y_train": y_all[~test_mask],
+            "x_test": x_all[test_mask], "y_test": y_all[test_mask],
+            "natural_ids": id_all[~test_mask]}
 
 
 def main(argv: list[str] | None = None) -> int:

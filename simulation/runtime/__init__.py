@@ -6,6 +6,7 @@ Public API (everything else is internal to this package):
 * overrides: :func:`parse_value`, :func:`parse_overrides`, :func:`to_flwr_config`;
 * processes: :func:`free_port`, :func:`descendants`, :func:`process_tree`,
   :func:`is_alive`, :func:`send_signal`, :func:`stop_pids`, :func:`stop_on_sigterm`,
+  :func:`interrupt_once`,
   :class:`Started`, :func:`start_process`, :func:`stop_processes`, :func:`wait_for_port`;
 * the ``flwr`` CLI: :data:`PROJECT_ROOT`, :func:`flwr_env`, :func:`flwr_run_command`,
   :func:`stream_command`, :func:`run_status`, :func:`submit_run`, :class:`AppRun`;
@@ -30,14 +31,15 @@ from .local_superlink import (ForeignSuperLinkError, local_superlink_pids, run_a
                               stop_local_superlink)
 from .option_types import at_least, fraction
 from .overrides import parse_overrides, parse_value, to_flwr_config
-from .processes import (Started, descendants, free_port, is_alive, process_tree, send_signal,
-                        start_process, stop_on_sigterm, stop_pids, stop_processes,
+from .processes import (Started, descendants, free_port, interrupt_once, is_alive, process_tree,
+                        send_signal, start_process, stop_on_sigterm, stop_pids, stop_processes,
                         wait_for_port)
 
 __all__ = [
     "AppRun", "NOTHING_RAN", "at_least", "client_resources", "FederationConfigError",
     "ForeignSuperLinkError", "HelpFormatter", "PROJECT_ROOT", "Started", "descendants",
-    "federation_value", "flwr_env", "fraction", "flwr_run_command", "free_port", "is_alive",
+    "federation_value", "flwr_env", "fraction", "flwr_run_command", "free_port",
+    "interrupt_once", "is_alive",
     "local_superlink_pids", "option_type", "parse_overrides", "parse_value", "process_tree",
     "refuse_unfittable", "run_app", "run_id_of", "run_status", "send_signal", "start_process",
     "stop_local_superlink", "stop_on_sigterm", "stop_pids", "stop_processes", "stream_command",

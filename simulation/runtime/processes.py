@@ -90,6 +90,27 @@ def stop_on_sigterm() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+@contextlib.contextmanager
+def interrupt_once() -> Iterator[None]:
+    """Within it, the first Ctrl-C (SIGINT) raises KeyboardInterrupt as always, and later
+    ones are ignored, so that the ``finally`` blocks that stop what was started (the
+    SuperLink, its processes, Ray), by PID, finish instead of being cut short by a second
+    Ctrl-C. The previous handler is back afterwards; main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(_signum: int, _frame) -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def stop_pids(pids: list[int], timeout: float = 15.0) -> None:
     """SIGTERM every PID, wait up to ``timeout`` s, then SIGKILL the survivors."""
     for pid in pids:
