@@ -73,6 +73,9 @@ GNORM2_PREV = "gnorm2-prev"
 FEDVECA_ESTIMATE = "fedveca-estimate"  # bool, True when beta and delta are wanted (k >= 1)
 BETA_MODE = "beta-mode"  # str, one of BETA_MODES (FedVeca Assumption 3)
 BETA_MODES = ("same-batch", "literal")  # the client-side beta estimators
+DYNAMICFL_PAPER_SGD = {BATCH_SIZE: 10, LR: 0.01, MOMENTUM: 0.9, WEIGHT_DECAY: 5e-4}
+"""What DynamicFL's ``train_chunk`` uses without the ClientApp's own optimiser, for a
+setting the train config does not send (Le et al., hyper-parameter table)."""
 GRAD_SUBSAMPLE = "grad-subsample"  # int >= 0, examples for grad F_i(w_k); 0 = the whole local set
 # client -> server
 GRAD = "grad"  # ArrayRecord: grad F_i(w_k), the local full-data gradient at the received model

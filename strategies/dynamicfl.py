@@ -41,7 +41,7 @@ from .rounds import RunsRounds
 
 STATE_VERSION = 1  # of state_dict()
 DEFAULT_TIMEOUT = 3600.0  # seconds, Flower's Strategy.start default
-CHUNK_HELPER = "strategies.client.dynamicfl.train_chunk"
+CHUNK_HELPER = "strategies.client.train_chunk"
 
 
 class DynamicFL(RunsRounds, FlowerFedAvg):
@@ -209,6 +209,8 @@ participation
                              f"device bandwidths: it needs budget_mode='budget' (got "
                              f"{budget_mode!r}) and a clock (got {clock!r})")
         self.budget_seconds = float(budget_seconds)
+        self.announced_client_sgd = False  # configure_train logs the client's SGD settings once
+        self.warned_empty_group = False  # choose_group warns once when z must be empty
         self.local_steps = int(local_steps)
         self.budget_mode = budget_mode
         self.beta = float(beta)
@@ -304,8 +306,23 @@ participation
         sync events on the Grid event loop. A DynamicFL round is several exchanges, which
         Flower's round loop does not have, so they all run here and no message is left for
         the loop to send; :meth:`aggregate_train` returns the round's model."""
+        if not self.announced_client_sgd:
+            self.announce_client_sgd(config)
         self.round_outcome = self.train_round(server_round, arrays, config, grid)
         return []
+
+    def announce_client_sgd(self, config: ConfigRecord) -> None:
+        """Say once in the ServerApp log which SGD settings a ClientApp that calls
+        ``train_chunk`` without its own optimiser will use: the train config's, else the
+        paper's (:data:`strategies.contract.DYNAMICFL_PAPER_SGD`)."""
+        self.announced_client_sgd = True
+        paper = {k: v for k, v in C.DYNAMICFL_PAPER_SGD.items() if k not in config}
+        if paper:
+            log(INFO, "DynamicFL: the train config has no %s: a ClientApp that calls "
+                "train_chunk without its own optimiser trains with the paper's %s (Le et al.); "
+                "send them in train_config to choose, or pass your optimiser to train_chunk",
+                ", ".join(f"'{k}'" for k in paper),
+                ", ".join(f"{k} {v:g}" for k, v in paper.items()))
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
@@ -388,6 +405,15 @@ participation
                 and all_low > self.server_budget:
             log(WARNING, "Round %d: even the all-low schedule (%d bytes) exceeds the server "
                 "budget (%s bytes)", server_round, all_low, self.server_budget)
+        if cons.k_max is not None and cons.k_max < self.min_group_size \
+                and not self.warned_empty_group:
+            self.warned_empty_group = True
+            log(WARNING, "DynamicFL, round %d: no client can join the high-frequency group "
+                "(k_max = %d with |M^t| = %d active clients, budget mode '%s', beta %s, "
+                "min_group_size %d): every client syncs at the low interval only, i.e. FedAvg "
+                "with %d sync event(s) per round. Raise beta, sample more clients "
+                "(fraction_train) or use intervals='a' to say so", server_round, cons.k_max,
+                len(active), self.budget_mode, self.beta, self.min_group_size, max(nu_low, 1))
         return dc.dynacomm(counts, q, eligible=cons.eligible, k_max=cons.k_max, n_ens=self.n_ens,
                            rng=[self.participation.seed, server_round, 7],
                            min_size=self.min_group_size)

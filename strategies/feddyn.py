@@ -28,7 +28,7 @@ from .round_plan import ClientTask, RoundPlan
 from .round_report import FedDynSection
 from .stateful import StatefulFedAvg
 
-FEDDYN_HELPER = "strategies.client.feddyn.FedDynClient"
+FEDDYN_HELPER = "strategies.client.FedDynClient"
 FEDDYN_WEIGHTINGS = ("uniform", "examples")
 STATE_VERSION = 1
 

@@ -25,7 +25,7 @@ from .fedavg import FedAvg
 from .round_plan import RoundPlan
 from .round_report import FedNovaSection
 
-REPORT_STEPS_HELPER = "strategies.client.fednova.report_local_steps"
+REPORT_STEPS_HELPER = "strategies.client.report_local_steps"
 
 
 class FedNova(FedAvg):

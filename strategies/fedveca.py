@@ -105,7 +105,7 @@ class FedVeca(FedNova):
     :class:`strategies.records.ClientContractError` naming that helper.
     """
 
-    CLIENT_HELPER = "strategies.client.fedveca.fedveca_train"
+    CLIENT_HELPER = "strategies.client.fedveca_train"
     min_partial_steps = vm.TAU_MIN  # delta_(k,i) needs two local steps (Alg. 2 line 18)
 
     def __init__(self, *flower_args, tau_init: int = 20, tau_max: int = 50, alpha: float = 0.95,
@@ -154,6 +154,9 @@ class FedVeca(FedNova):
         log(INFO, "\t├──> FedVeca: tau_init %d, tau_max %d, alpha %s, beta mode %s, "
             "grad subsample %s", self.tau_init, self.tau_max, self.alpha, self.beta_mode,
             self.grad_subsample or "off")
+        log(INFO, "\t├──> FedVeca clients run tau plain-SGD steps (eq. 1: no momentum, no "
+            "weight decay) at the train config's lr (%g when it sends none): an lr tuned for "
+            "SGD with momentum rho is about (1 - rho) times too small (docs/fedveca.md)", self.lr)
         super().summary()
 
     # ------------------------------------------------------------------ state

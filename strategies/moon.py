@@ -24,7 +24,7 @@ from .round_plan import ClientTask, RoundPlan
 from .round_report import MoonSection
 from .stateful import StatefulFedAvg
 
-MOON_HELPER = "strategies.client.moon.MoonClient"
+MOON_HELPER = "strategies.client.MoonClient"
 
 
 class Moon(StatefulFedAvg):

@@ -27,7 +27,7 @@ from .node_identity import PartitionMap
 
 NDArrays = dict[str, np.ndarray]
 
-QUERY_HELPER = "strategies.client.info.client_info_reply"
+QUERY_HELPER = "strategies.client.client_info_reply"
 """The client helper that answers the client-info query (registered in ``@app.query()``)."""
 
 

@@ -28,7 +28,7 @@ from .round_plan import RoundPlan
 from .round_report import ScaffoldSection
 from .stateful import StatefulFedAvg
 
-SCAFFOLD_HELPER = "strategies.client.scaffold.ScaffoldClient"
+SCAFFOLD_HELPER = "strategies.client.ScaffoldClient"
 SCAFFOLD_WEIGHTINGS = ("uniform", "examples")
 STATE_VERSION = 2  # 2: the copies of c_i in StatefulFedAvg's state
 

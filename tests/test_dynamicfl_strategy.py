@@ -10,6 +10,7 @@ run on the same plans.
 
 from __future__ import annotations
 
+import logging
 import random
 
 import numpy as np
@@ -25,6 +26,7 @@ from strategies import dynamicfl_schedule as ds
 from tests.oracles import dynamicfl as oracle
 from strategies.contract import COMM_BUDGET, NUM_STEPS, ROUND_STEPS, START_STEP
 from strategies.dynamicfl import DynamicFL
+from strategies.records import ClientInfo
 from tests.inprocess import InProcessGrid
 from tests.messages import numpy_of, record
 
@@ -325,3 +327,19 @@ def test_runs_under_flowers_own_round_loop_as_under_ours():
     (w_ours, log_ours), (w_flower, log_flower) = final(ours), final(flowers)
     assert w_ours.tobytes() == w_flower.tobytes()
     assert log_ours[C.LOG_SYNC_EVENTS] == log_flower[C.LOG_SYNC_EVENTS] >= 2
+
+
+def test_a_group_no_client_can_join_is_said_once(caplog):
+    """Dynamic-beta with k_max = floor(beta |M^t|) = 0: DynaComm's z is empty and every client
+    syncs only at the low interval (FedAvg in effect): one WARNING says so and how to fix it."""
+    strategy = DynamicFL(intervals="1-4", local_steps=4, beta=0.3, query_client_info=True)
+    nodes = [11, 12, 13]
+    for k, node in enumerate(nodes):
+        strategy.participation.clients[node] = ClientInfo(partition_id=k, num_examples=10,
+                                                          label_counts=[5, 5])
+    with caplog.at_level(logging.WARNING):
+        for server_round in (1, 2):
+            selection = strategy.choose_group(server_round, nodes, nodes, model_bytes=1000)
+            assert len(selection.members) == 0
+    warnings = [r.getMessage() for r in caplog.records if "high-frequency group" in r.getMessage()]
+    assert len(warnings) == 1 and "k_max = 0" in warnings[0] and "Raise beta" in warnings[0]

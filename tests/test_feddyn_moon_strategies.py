@@ -197,8 +197,8 @@ def test_moon_refuses_bad_parameters(kwargs, match):
 
 
 # ------------------------------------------------------------------ both
-@pytest.mark.parametrize("strategy, helper", [(FedDyn, "strategies.client.feddyn.FedDynClient"),
-                                              (Moon, "strategies.client.moon.MoonClient")])
+@pytest.mark.parametrize("strategy, helper", [(FedDyn, "strategies.client.FedDynClient"),
+                                              (Moon, "strategies.client.MoonClient")])
 def test_a_stock_client_stops_with_one_error_naming_the_helper(strategy, helper):
     stock = ClientApp()
 

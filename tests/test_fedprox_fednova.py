@@ -683,7 +683,7 @@ def test_fednova_stock_replies_derive_tau_and_warn_once(caplog):
                 if r.levelno == logging.WARNING and "FedNova" in r.getMessage()]
     assert len(warnings) == 1
     assert C.LOCAL_STEPS_TAKEN in warnings[0].getMessage()
-    assert "strategies.client.fednova.report_local_steps" in warnings[0].getMessage()
+    assert "strategies.client.report_local_steps" in warnings[0].getMessage()
 
 
 def test_fednova_stock_replies_drop_last_floor():
@@ -705,7 +705,7 @@ def test_fednova_stock_reply_without_batch_size_is_an_error_naming_the_fix(sent,
     with pytest.raises(ValueError) as info:
         s.aggregate_train(1, [reply(1, [1.0], 10), reply(2, [1.0], 10)])
     message = str(info.value)
-    for part in ("batch_size", "local_epochs", "strategies.client.fednova.report_local_steps",
+    for part in ("batch_size", "local_epochs", "strategies.client.report_local_steps",
                  C.BATCH_SIZE, C.LOCAL_EPOCHS):
         assert part in message
 

@@ -311,7 +311,7 @@ def test_every_reply_without_the_contract_stops_the_run_naming_the_helper(missin
     with pytest.raises(ClientContractError) as info:
         s.aggregate_train(1, replies)
     assert isinstance(info.value, RuntimeError)
-    assert "strategies.client.fedveca.fedveca_train" in str(info.value)
+    assert "strategies.client.fedveca_train" in str(info.value)
     assert missing in str(info.value)
 
 

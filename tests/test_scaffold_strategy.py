@@ -128,7 +128,7 @@ def test_a_stock_client_stops_with_one_error_naming_the_helper():
     with pytest.raises(ClientContractError) as info:
         start(Scaffold(), stock, rounds=2)
     message = str(info.value)
-    assert "strategies.client.scaffold.ScaffoldClient" in message and "round 1" in message
+    assert "strategies.client.ScaffoldClient" in message and "round 1" in message
     assert "'scaffold-delta-c'" in message
 
 

@@ -27,7 +27,7 @@ from tests.inprocess import InProcessGrid
 from tests.messages import numpy_of, record
 
 SIZES = [10, 30, 60]
-QUERY_HELPER = "strategies.client.info.client_info_reply"
+QUERY_HELPER = "strategies.client.client_info_reply"
 
 
 @pytest.fixture(autouse=True)
@@ -158,13 +158,13 @@ def test_fedveca_with_a_stock_client_stops_with_one_error_naming_the_helper():
         FedVeca().start(grid, record({"w": np.zeros(2)}), num_rounds=3,
                         train_config=ConfigRecord({C.LR: 0.01}))
     message = str(info.value)
-    assert "strategies.client.fedveca.fedveca_train" in message and "round 1" in message
+    assert "strategies.client.fedveca_train" in message and "round 1" in message
     assert sum(1 for _, kind in grid.calls if kind == MessageType.TRAIN) == len(SIZES)
 
 
 def test_dynamicfl_with_a_stock_client_stops_with_one_error_naming_the_helper():
     grid = InProcessGrid(stock_app, len(SIZES), {})
-    with pytest.raises(ClientContractError, match="strategies.client.dynamicfl.train_chunk"):
+    with pytest.raises(ClientContractError, match="strategies.client.train_chunk"):
         DynamicFL(intervals="a", local_steps=3, poll_interval=0).start(
             grid, record({"w": np.zeros(2)}), num_rounds=2, train_config=ConfigRecord({C.LR: 0.1}))
 

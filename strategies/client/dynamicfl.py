@@ -55,7 +55,7 @@ OPTIMIZER_META = meta_key(OPTIMIZER_STATE)  # its ConfigRecord: round and next s
 ROUND, NEXT_STEP, KIND = "round", "next-step", "optimizer"  # the meta's scalars
 
 # Le et al., hyper-parameter table ("Shared parameter"): used when nobody else says.
-PAPER_DEFAULTS = {C.BATCH_SIZE: 10, C.LR: 0.01, C.MOMENTUM: 0.9, C.WEIGHT_DECAY: 5e-4}
+PAPER_DEFAULTS = C.DYNAMICFL_PAPER_SGD
 _announced: set[str] = set()
 
 
