@@ -10,18 +10,30 @@ FMNIST_SYSTEM := /usr/share/datasets/fashion-mnist
 PIP_QUIET := { grep -v "is ignored: it is neither a file nor a directory" || true; }
 NUM_SUPERNODES ?= 10
 
-.PHONY: run test install data bench clean
+.PHONY: run test test-fast install data bench clean docs
 
 run: install data  ## train FedAvg on Fashion-MNIST (10 clients, Dirichlet 0.5) with flwr run
 	$(PY) -m simulation run --num-supernodes $(NUM_SUPERNODES)
 
-test: install data  ## the whole test suite (offline)
+test: install data  ## the whole test suite (offline): unit, app and deploy tests
 	$(PY) -m pytest
+
+test-fast: install data  ## the unit tests only (one process each, about 2 min on 2 cores)
+	$(PY) -m pytest -m unit -q
 
 bench: install data  ## efficiency, aggregation time and memory (python -m simulation bench)
 	$(PY) -m simulation bench
 
 install: $(STAMP)
+
+DOCS_STAMP := $(VENV)/.fedhetero-docs-installed
+
+docs: $(DOCS_STAMP)  ## the docs site (mkdocs.yml, docs/) into site/, offline; any warning fails it
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
+
+$(DOCS_STAMP): $(STAMP) pyproject.toml
+	$(PY) -m pip install --quiet -e ".[docs]" 2>&1 | $(PIP_QUIET)
+	@touch $(DOCS_STAMP)
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)

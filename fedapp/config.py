@@ -96,7 +96,7 @@ RunConfig = dataclasses.make_dataclass(
     "RunConfig", [(key.field, key.type, dataclasses.field(default=key.default)) for key in KEYS],
     bases=(_RunConfigMethods,), frozen=True, namespace={"__module__": __name__})
 RunConfig.__doc__ = """The run config, typed: one field per key of fedapp.config_keys.KEYS
-(README "Run-config keys"), with the key's default."""
+(docs/config.md), with the key's default."""
 
 
 def default(key: str) -> Value:

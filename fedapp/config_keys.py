@@ -2,7 +2,9 @@
 allowed, which strategies read it, and one line of doc.
 
 Everything else comes from this table: :class:`fedapp.config.RunConfig` (fields, defaults,
-validation, messages), README's "Run-config keys" table (``python -m fedapp.config_docs``).
+validation, messages), the docs' run-config keys table, docs/config.md (``python -m
+fedapp.config_docs``), whose links (``strategies/fedveca.md``, ``clock.md#trace-format``, ...)
+are relative to docs/.
 pyproject.toml's ``[tool.flwr.app.config]`` (which Flower reads) is checked against it by a
 test, and so are the strategy constructors: a value the table accepts, the strategies that
 read it accept; one it refuses, they refuse (tests/test_config_keys.py).
@@ -240,16 +242,19 @@ KEYS: tuple[Key, ...] = (
         "`fedavg`; `fedsgd` (FedAvg preset with E = 1 and B = full local data, McMahan et al.); "
         "`fedprox` (Li et al. MLSys'20); `fednova` (Wang et al. NeurIPS'20); `scaffold` "
         "(Karimireddy et al. ICML'20, Algorithm 1 with option II: [client state]"
-        "(#client-state-that-survives-a-resume-lost-replies-and-restarts)); `feddyn` (Acar et "
+        "(your-project.md#client-state-that-survives-a-resume-lost-replies-and-restarts)); "
+        "`feddyn` (Acar et "
         "al. ICLR'21, Algorithm 1: each client's linear term kept as client state, the server "
         "state h); `moon` (Li, He and Song CVPR'21: the model-contrastive loss against the "
         "global and the client's previous local model, kept as client state; needs a `model` "
         "with a projection head); `fedveca` (Luo et al., adaptive per-client τ: "
-        "[docs/fedveca.md](docs/fedveca.md)); `dynamicfl` and `dynamicsgd` (DynaComm grouping, "
-        "two sync frequencies: [docs/dynamicfl.md](docs/dynamicfl.md)); `fedavgm`, `fedadam`, "
+        "[FedVeca](strategies/fedveca.md)); `dynamicfl` and `dynamicsgd` (DynaComm grouping, "
+        "two sync frequencies: [DynamicFL](strategies/dynamicfl.md)); `fedavgm`, `fedadam`, "
         "`fedyogi`, `fedadagrad` (Flower's own classes: [Flower's server optimisers]"
-        "(#flowers-server-optimisers-by-name)); asynchronous: `fedbuff` (Nguyen et al. "
-        "AISTATS'22), `fedasync` (Xie, Koyejo and Gupta 2019) ([docs/async.md](docs/async.md))",
+        "(strategies/fedavg.md#flowers-server-optimisers-by-name)); asynchronous: `fedbuff` "
+        "(Nguyen et al. "
+        "AISTATS'22), `fedasync` (Xie, Koyejo and Gupta 2019) "
+        "([asynchronous FL](strategies/async.md))",
         choices=ALL),
     Key("weighting", "examples",
         "aggregation scheme: `examples` n_k/m_t over the sampled clients (McMahan et al. Alg. 1 "
@@ -318,7 +323,7 @@ KEYS: tuple[Key, ...] = (
         "D, simulated seconds per round (needs `device-profiles`): a client whose work does not "
         "fit does the steps that fit, aggregated under `straggler-policy` `partial` (FedProx, "
         "FedNova, FedVeca), not sent work under `drop` (FedAvg); the realistic alternative to "
-        "`straggler-fraction` (not both). [docs/clock.md](docs/clock.md)",
+        "`straggler-fraction` (not both). [simulated clock](clock.md)",
         FEDAVG_FAMILY, at_least(0.0), note="(0 = wait for every reply)",
         only=(Only(DYNAMICFL, (0.0,), DYNAMICFL_WHY), Only(ASYNC, (0.0,), ASYNC_WHY))),
     Key("over-commitment", 0.0,
@@ -334,7 +339,7 @@ KEYS: tuple[Key, ...] = (
         "al. 2020: speed tiers, adaptive tier probabilities); `oort` and `tifl` need "
         "`device-profiles`; FedBuff / FedAsync draw each freed slot with it. Logs "
         "`selection-chosen` and the policy's inputs per round "
-        "([docs/clock.md](docs/clock.md#client-selection))", SELECTING, choices=SELECTIONS,
+        "([client selection](strategies/selection.md))", SELECTING, choices=SELECTIONS,
         only=(Only(DYNAMICFL, ("random",), DYNAMICFL_SELECTION_WHY),
               Only(FLOWER, ("random",), FLOWER_SELECTION_WHY))),
     Key("oort-preferred-duration", 0.0,
@@ -349,7 +354,7 @@ KEYS: tuple[Key, ...] = (
     Key("device-profiles", "none",
         "the simulated clock's fleet, per partition: `none` (no clock), `homogeneous`, "
         "`lognormal`, `two-tier` (DynamicFL's rich / poor), or the absolute path of a `.csv` / "
-        "`.json` device trace ([format](docs/clock.md#trace-format)); logs `sim-seconds` and "
+        "`.json` device trace ([format](clock.md#trace-format)); logs `sim-seconds` and "
         "`sim-elapsed` per round", CLOCKED, check=_device_profiles,
         note=f"none, {', '.join(FLEETS)}, or the absolute path of a .csv / .json device trace",
         only=(Only(FLOWER, ("none",), FLOWER_WHY),)),
@@ -373,8 +378,9 @@ KEYS: tuple[Key, ...] = (
         "log client drift each round: per layer the mean pairwise cosine similarity of the "
         "client updates (the IID→non-IID study's Fig. 13) and the spread of the update norms",
         OURS),
-    Key("fedveca-tau-init", 20, "FedVeca's τ of rounds 0 and 1 ([docs/fedveca.md]"
-        "(docs/fedveca.md))", ("fedveca",), at_least(TAU_MIN), note="(δ needs two local steps)"),
+    Key("fedveca-tau-init", 20, "FedVeca's τ of rounds 0 and 1 ([FedVeca]"
+        "(strategies/fedveca.md))", ("fedveca",), at_least(TAU_MIN),
+        note="(δ needs two local steps)"),
     Key("fedveca-tau-max", 50, "FedVeca's cap on every τ", ("fedveca",), at_least(TAU_MIN)),
     Key("fedveca-alpha", 0.95, "FedVeca's α of eq. (15)", ("fedveca",), above(0.0)),
     Key("fedveca-beta-mode", "same-batch",
@@ -385,7 +391,7 @@ KEYS: tuple[Key, ...] = (
     Key("dynamicfl-intervals", "a-g",
         "DynamicFL's `<high>-<low>` sync levels a–g = 1, 4, 16, 32, 64, 128, 256 steps (capped "
         "at L), `x` (everyone at x), `x*` (only the high group trains), or step counts "
-        "(`\"4-300\"`) ([docs/dynamicfl.md](docs/dynamicfl.md))", ("dynamicfl",),
+        "(`\"4-300\"`) ([DynamicFL](strategies/dynamicfl.md))", ("dynamicfl",),
         check=parse_interval_spec, note="'x-y' (high <= low), 'x' or 'x*', x and y in a-g or "
         "step counts >= 1"),
     Key("dynamicfl-local-steps", 0, "L, local steps per round (0 = the paper's Eq. 4)",
@@ -531,7 +537,7 @@ KEYS: tuple[Key, ...] = (
     Key("partition-map", "", "absolute path of a partition map (`deploy run --auth` writes "
         "and passes its `keys/partitions.json`): a node whose registered key may not serve "
         "the partition it claims is refused and never selected "
-        "([node identity](docs/deployment.md#node-identity-and-partition-ids)); \"\" = off",
+        "([node identity](deployment.md#node-identity-and-partition-ids)); \"\" = off",
         check=_absolute_or_empty, note="the absolute path of a partitions.json, or '' (off)",
         only=(Only(FLOWER, ("",), "Flower's own class sends no client-info query, where a "
                    "node claims its partition"),)),
@@ -545,14 +551,14 @@ KEYS: tuple[Key, ...] = (
         check=_absolute_or_empty, note="an absolute path, or '' for the per-user default"),
     Key("tracking", "", "also log every round record as scalars: `tensorboard`, `mlflow`, or "
         "both (`\"tensorboard,mlflow\"`); \"\" = off. Needs the `tracking` extra "
-        "([Tracking](#tracking-tensorboard-and-mlflow))", check=tracker_names,
+        "([Tracking](simulation.md#tracking-tensorboard-and-mlflow))", check=tracker_names,
         note=f"'' (off) or one or more of {', '.join(TRACKERS)}, comma-separated"),
     Key("tracking-dir", "", "absolute folder for the tracking output (\"\" = the run "
         "directory); a folder several runs name holds one MLflow store for all of them",
         check=_absolute_or_empty, note="an absolute path, or '' for the run directory"),
     Key("run-plots", True, "write the run's plots (accuracy and loss vs round, vs MB, vs "
         "simulated time) into its directory when it ends, beside `metrics.csv` and "
-        "`summary.json` ([outputs](docs/outputs.md)); `false` saves about half a second"),
+        "`summary.json` ([outputs](outputs.md)); `false` saves about half a second"),
 )
 
 RULES: tuple[Rule, ...] = (

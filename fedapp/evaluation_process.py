@@ -5,7 +5,7 @@ The ServerApp aggregates with numpy only (the strategies need flwr + numpy) and 
 import torch, whose import alone is about 500 MB resident: this child process, started once
 per run, builds the seeded initial model, evaluates each evaluated round's model on the test
 split and writes ``final_model.pt``. It also runs the evaluation beside the next round's
-training without sharing the ServerApp's interpreter (docs/results/README.md, "ServerApp
+training without sharing the ServerApp's interpreter (docs/results/benchmark.md, "ServerApp
 memory").
 
 The child is ``python -m fedapp.evaluation_process FD`` with the ServerApp's ``sys.path``;
@@ -185,7 +185,7 @@ def background_evaluation_thread() -> None:
     nice 15 (``RAY_worker_niceness``), so where a client trains on the same core the
     scheduler's weights (15 against 36) give this thread a share of it, not only the
     time the clients leave idle: on a machine whose cores all train, the evaluation's CPU
-    comes out of the clients' (docs/results/README.md, "The background evaluation's share
+    comes out of the clients' (docs/results/benchmark.md, "The background evaluation's share
     of the CPU")."""
     import torch  # noqa: PLC0415 - the child's side only
 

@@ -298,7 +298,7 @@ def build_strategy(cfg: RunConfig) -> tuple[Strategy, dict]:
     except ValueError as exc:
         said = f"{type(exc).__name__}: {exc}" if type(exc) is not ValueError else str(exc)
         raise ConfigError(f"run config: strategy={cfg.strategy!r} cannot be built from this "
-                          f"run config: {said}. Change the key it names (README \"Run-config "
+                          f"run config: {said}. Change the key it names (docs/config.md \"Run-config "
                           f"keys\") with: flwr run . --run-config \"<key>=<value>\"") from exc
 
 

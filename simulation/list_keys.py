@@ -1,6 +1,6 @@
 """``fedhetero keys [--strategy NAME]``: the run-config keys (all of them, or those the app
 and strategy NAME read), each with its default, what it accepts and its doc; the
-full table is README's "Run-config keys"."""
+full table is docs/config.md."""
 
 from __future__ import annotations
 

@@ -342,7 +342,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="HOST:PORT",
         help="run the ClientApps on this Ray cluster (its head's GCS address) instead of "
-        "a private Ray on this machine; README: 'Running on a Ray cluster'",
+        "a private Ray on this machine; docs/simulation.md: 'Running on a Ray cluster'",
     )
     parser.add_argument(
         "--seeds",

@@ -66,7 +66,7 @@ LABEL_COUNTS = "label-counts"  # list[int], label histogram (query reply)
 EVAL_LOSS = "eval-loss"  # float, evaluate reply
 EVAL_ACCURACY = "eval-accuracy"  # float, evaluate reply
 
-# --- FedVeca (strategies/fedveca.py; docs/fedveca.md) ----------------------------
+# --- FedVeca (strategies/fedveca.py; docs/strategies/fedveca.md) ----------------------------
 # server -> client, per node (ConfigRecord "config"): LOCAL_STEPS is this client's tau_(k,i)
 # float, ||grad F(w_{k-1})||^2 (eq. 8) for delta; 0.0 when not known (k = 0)
 GNORM2_PREV = "gnorm2-prev"
@@ -83,7 +83,7 @@ BETA = "beta"  # float >= 0, beta_(k,i) (Assumption 3, Alg. 2 line 16); when FED
 DELTA = "delta"  # float >= 0, delta_(k,i) (Assumption 4, Alg. 2 line 18); when FEDVECA_ESTIMATE
 LOSS_AT_GLOBAL = "loss-at-global"  # float, optional: F_i(w_k) on the gradient's examples
 
-# --- DynamicFL (strategies/dynamicfl.py; docs/dynamicfl.md) ----------------------
+# --- DynamicFL (strategies/dynamicfl.py; docs/strategies/dynamicfl.md) ----------------------
 # server -> client, per chunk (ConfigRecord "config"): SERVER_ROUND is the round t,
 # LOCAL_STEPS = NUM_STEPS
 # int >= 0: local steps this client already did this round (chunk [s, s+k))

@@ -156,7 +156,7 @@ class FedVeca(FedNova):
             self.grad_subsample or "off")
         log(INFO, "\t├──> FedVeca clients run tau plain-SGD steps (eq. 1: no momentum, no "
             "weight decay) at the train config's lr (%g when it sends none): an lr tuned for "
-            "SGD with momentum rho is about (1 - rho) times too small (docs/fedveca.md)", self.lr)
+            "SGD with momentum rho is about (1 - rho) times too small (docs/strategies/fedveca.md)", self.lr)
         super().summary()
 
     # ------------------------------------------------------------------ state

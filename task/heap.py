@@ -57,5 +57,5 @@ def unmap_large_blocks() -> bool:
     McMahan CNN), serve later such blocks from its heaps and keep their pages when they are
     freed, one heap per thread that touched them; with the fixed threshold each block is
     its own mapping and goes back to the kernel when freed. The bench workload's ServerApp
-    peaked at 436 MB with it against 472 MB without (docs/results/README.md)."""
+    peaked at 436 MB with it against 472 MB without (docs/results/benchmark.md)."""
     return _mallopt((M_MMAP_THRESHOLD, SERVER_MMAP_THRESHOLD_BYTES))

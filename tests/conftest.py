@@ -1,8 +1,18 @@
-"""Shared pytest fixtures."""
+"""Shared pytest fixtures, and the suite's three kinds of test.
+
+Every test is marked ``unit`` (in one process: strategies, helpers, files; the fast
+target ``make test-fast`` = ``pytest -m unit``), ``app`` (runs the ServerApp and
+ClientApps: in-process runs, user projects, ``flwr run``; or starts fresh processes) or
+``deploy`` (starts a SuperLink and SuperNodes). A module is classified by what its source calls (:data:`KINDS`, first match
+wins); a module that sets one of the three marks itself keeps it. ``make test`` runs all.
+"""
 
 from __future__ import annotations
 
+import functools
 import os
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -42,3 +52,36 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+KINDS = (
+    ("deploy", re.compile(r"LocalDeployment|tests\.deployed|from deploy import cluster|"
+                          r"deploy\.warm_superexec|run_on_connection")),
+    ("app", re.compile(r"run_inprocess|submit_run|flwr_run_command|run_app\(|user_project|"
+                       r"stock_app|FaultGrid|fedapp\.server_app|\"-m\", \"simulation|"
+                       r"subprocess|multiprocessing|get_context\(")),  # fresh processes
+)
+KIND_DOCS = {"unit": "in one process: strategies, helpers, files (make test-fast)",
+             "app": "runs the ServerApp and ClientApps (in-process, user projects, flwr run)",
+             "deploy": "starts a SuperLink and SuperNodes"}
+
+
+@functools.lru_cache(maxsize=None)
+def kind_of(path: str) -> str:
+    """``deploy``, ``app`` or ``unit`` for the test module at ``path`` (module docstring)."""
+    source = Path(path).read_text()
+    for kind, pattern in KINDS:
+        if pattern.search(source):
+            return kind
+    return "unit"
+
+
+def pytest_configure(config):
+    for kind, doc in KIND_DOCS.items():
+        config.addinivalue_line("markers", f"{kind}: {doc}")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if not any(item.get_closest_marker(kind) for kind in KIND_DOCS):
+            item.add_marker(getattr(pytest.mark, kind_of(str(item.fspath))))

@@ -180,10 +180,10 @@ def test_pyproject_has_the_tables_keys_in_order_with_its_defaults_and_types():
 
 
 def test_the_readme_table_is_the_generated_one():
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / config_docs.PAGE).read_text()
     assert config_docs.with_table(readme) == readme, (
-        "run: python -m fedapp.config_docs --write README.md")
-    assert config_docs.main(["--check", str(ROOT / "README.md")]) == 0
+        f"run: python -m fedapp.config_docs --write {config_docs.PAGE}")
+    assert config_docs.main(["--check", str(ROOT / config_docs.PAGE)]) == 0
 
 
 def test_the_table_names_only_registry_strategies_and_every_one():

@@ -215,7 +215,7 @@ def gap_study(kind: str, mode: str, trials: int, seed: int = 0, num_active: int 
 @pytest.mark.parametrize("mode", ["no-budget", "dynamic-0.3", "fix-0.3"])
 def test_dynacomm_close_to_brute_force(kind, mode):
     """Measured over 200 rounds per cell (seed 0), M = 100, |M^t| = 10, C = 10, n_ens = 10
-    (numbers in docs/dynamicfl.md): DynaComm never beats the exact optimum, finds it in
+    (numbers in docs/strategies/dynamicfl.md): DynaComm never beats the exact optimum, finds it in
     90-100% of rounds, and its worst gap is a few 1e-2 nats."""
     gaps = gap_study(kind, mode, trials=200)
     print(f"\n{kind:14s} {mode:12s} optimal {np.mean(gaps <= 1e-12):.3f} mean {gaps.mean():.2e} "

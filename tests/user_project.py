@@ -413,7 +413,7 @@ def main(grid: Grid, context: Context) -> None:
     """Main entry point for the ServerApp."""
     cfg = context.run_config
     strategy = make_strategy(cfg["strategy"], cfg["query-client-info"])
-    lr = cfg["lr"] * (5 if cfg["strategy"] == "fedveca" else 1)  # plain SGD: docs/fedveca.md
+    lr = cfg["lr"] * (5 if cfg["strategy"] == "fedveca" else 1)  # plain SGD: docs/strategies/fedveca.md
     strategy.start(
         grid=grid,
         initial_arrays=ArrayRecord(Net().state_dict()),

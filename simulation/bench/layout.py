@@ -3,7 +3,7 @@ contiguous (NCHW) weights against channels-last (NHWC) weights, on the run's dev
 torch thread on the CPU, as each ClientApp gets), and the 10k-image test-set evaluation in
 both layouts; next to each, the layout :func:`task.layout.training_layout` picks on this
 device. These figures are why it picks channels-last on the CPU and leaves CUDA as it is
-(docs/results/README.md, "Channels-last training"). Random images: a convolution's cost
+(docs/results/benchmark.md, "Channels-last training"). Random images: a convolution's cost
 does not depend on the pixel values. Each layout is warmed up once, then the two alternate,
 best of ``--repeats``."""
 

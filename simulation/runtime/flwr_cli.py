@@ -44,7 +44,7 @@ def flwr_env(flwr_home: Path, base: Mapping[str, str] | None = None, isolate_por
     env["PATH"] = str(BIN) + os.pathsep + env.get("PATH", "")
     # Without an explicit RAY_ADDRESS, ray.init() attaches to any Ray cluster that
     # `ray start` left running on this machine; a simulation should start its own
-    # unless the user points it at a cluster (README: "Ray cluster").
+    # unless the user points it at a cluster (docs/simulation.md: "Running on a Ray cluster").
     if ray_address:
         env["RAY_ADDRESS"] = ray_address
     env.setdefault("RAY_ADDRESS", "local")

@@ -1,6 +1,6 @@
 """Start and stop Ray cluster nodes by PID (``ray start --block``), for tests and demos.
 
-On real machines use ``ray start`` directly (README, "Running on a Ray cluster"); this
+On real machines use ``ray start`` directly (docs/simulation.md, "Running on a Ray cluster"); this
 module starts the same commands as child processes so a test can bring up a head and a
 worker on one machine, point the simulation engine at them (``RAY_ADDRESS``) and stop
 exactly what it started. ``ray stop`` is never used: it stops every Ray on the machine.
@@ -21,7 +21,7 @@ from pathlib import Path
 from .processes import process_tree, stop_pids
 
 RAY = str(Path(sys.executable).parent / "ray")
-RAY_CLUSTER_HELP = ("start the head with: ray start --head --port=6379 (README: 'Running on a Ray "
+RAY_CLUSTER_HELP = ("start the head with: ray start --head --port=6379 (docs/simulation.md: 'Running on a Ray "
                     "cluster'), or leave --ray-address out for a private Ray on this machine")
 
 

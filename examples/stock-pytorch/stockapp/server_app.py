@@ -14,7 +14,7 @@ def main(grid: Grid, context: Context) -> None:
     cfg = context.run_config
     # FedVeca, DynamicFL, the drift-correction family (client state keyed by partition) and
     # the weightings that need every n_k ask the client-info query: they need
-    # stockapp.client_app_plus, whose query handler answers it (README)
+    # stockapp.client_app_plus, whose query handler answers it (docs/your-project.md)
     query = cfg["query-client-info"] or cfg["strategy"] in (
         "fedveca", "dynamicfl", "scaffold", "feddyn", "moon")
     common = {"fraction_train": cfg["fraction-train"], "fraction_evaluate": 1.0,
