@@ -110,13 +110,9 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
             raise ValueError(f"{name} waits for no round: give it a Participation without "
                              f"round_deadline and straggler_fraction (slow clients are simply "
                              f"stale)")
-        super().__init__(fraction_train=1.0, fraction_evaluate=fraction_evaluate,
-                         min_train_nodes=1, min_evaluate_nodes=min_evaluate_nodes,
-                         min_available_nodes=participation.min_available_nodes,
-                         train_metrics_aggr_fn=flower_args.check_metrics_fn(
-                             "train_metrics_aggr_fn", train_metrics_aggr_fn),
-                         evaluate_metrics_aggr_fn=flower_args.check_metrics_fn(
-                             "evaluate_metrics_aggr_fn", evaluate_metrics_aggr_fn))
+        super().__init__(**flower_args.flower_base_args(
+            participation, fraction_evaluate, min_evaluate_nodes, train_metrics_aggr_fn,
+            evaluate_metrics_aggr_fn))
         self.custom_metrics = (train_metrics_aggr_fn, evaluate_metrics_aggr_fn)  # None: ours
         self.participation = participation
         self.tasks = AsyncTasks(participation, concurrency, arrival, owner=name)

@@ -159,15 +159,9 @@ participation
                 fraction_train=fraction_train, seed=seed, min_available_nodes=min_available_nodes,
                 min_train_nodes=min_train_nodes, query_client_info=query_client_info,
                 query_timeout=query_timeout, clock=clock, owner="DynamicFL")
-        super().__init__(fraction_train=participation.fraction_train,
-                         fraction_evaluate=fraction_evaluate,
-                         min_train_nodes=participation.min_train_nodes,
-                         min_evaluate_nodes=min_evaluate_nodes,
-                         min_available_nodes=participation.min_available_nodes,
-                         train_metrics_aggr_fn=flower_args.check_metrics_fn(
-                             "train_metrics_aggr_fn", train_metrics_aggr_fn),
-                         evaluate_metrics_aggr_fn=flower_args.check_metrics_fn(
-                             "evaluate_metrics_aggr_fn", evaluate_metrics_aggr_fn))
+        super().__init__(**flower_args.flower_base_args(
+            participation, fraction_evaluate, min_evaluate_nodes, train_metrics_aggr_fn,
+            evaluate_metrics_aggr_fn))
         self.custom_metrics = (train_metrics_aggr_fn, evaluate_metrics_aggr_fn)  # None: ours
         if not callable(getattr(participation.selection, "select", None)):
             raise ValueError(f"DynamicFL picks its active clients with a plain selection policy "

@@ -147,15 +147,9 @@ arrayrecord_key, configrecord_key, train_metrics_aggr_fn, evaluate_metrics_aggr_
             raise records.query_required(
                 type(self).__name__, f"weighting={weighting!r} (every client's n_k)",
                 "use weighting='examples' or 'uniform'")
-        super().__init__(fraction_train=participation.fraction_train,
-                         fraction_evaluate=fraction_evaluate,
-                         min_train_nodes=participation.min_train_nodes,
-                         min_evaluate_nodes=min_evaluate_nodes,
-                         min_available_nodes=participation.min_available_nodes,
-                         train_metrics_aggr_fn=flower_args.check_metrics_fn(
-                             "train_metrics_aggr_fn", train_metrics_aggr_fn),
-                         evaluate_metrics_aggr_fn=flower_args.check_metrics_fn(
-                             "evaluate_metrics_aggr_fn", evaluate_metrics_aggr_fn))
+        super().__init__(**flower_args.flower_base_args(
+            participation, fraction_evaluate, min_evaluate_nodes, train_metrics_aggr_fn,
+            evaluate_metrics_aggr_fn))
         self.custom_metrics = (train_metrics_aggr_fn, evaluate_metrics_aggr_fn)  # None: ours
         self.participation = participation
         self.weighting = weighting

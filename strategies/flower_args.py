@@ -32,7 +32,7 @@ from flwr.common.logger import log
 from . import contract as C
 
 __all__ = ["FLOWER_ARGS", "MetricsAggregation", "check_metrics_fn", "check_record_keys",
-           "flower_metrics", "log_counts", "log_received"]
+           "flower_base_args", "flower_metrics", "log_counts", "log_received"]
 
 FLOWER_ARGS = ("fraction_train", "fraction_evaluate", "min_train_nodes", "min_evaluate_nodes",
                "min_available_nodes", "weighted_by_key", "arrayrecord_key", "configrecord_key",
@@ -67,6 +67,23 @@ def check_metrics_fn(name: str, fn: object) -> MetricsAggregation | None:
         raise ValueError(f"{name} must be a function (list[RecordDict], str) -> MetricRecord "
                          f"as in Flower's FedAvg, or None; got {fn!r}")
     return fn
+
+
+def flower_base_args(participation: object, fraction_evaluate: float,
+                     min_evaluate_nodes: int, train_metrics_aggr_fn: object,
+                     evaluate_metrics_aggr_fn: object) -> dict:
+    """The keyword arguments of Flower's ``FedAvg.__init__`` for a strategy whose sampling
+    is ``participation``'s (its C, minimum m and minimum connected nodes), the metrics
+    functions checked (:func:`check_metrics_fn`)."""
+    return {"fraction_train": participation.fraction_train,
+            "fraction_evaluate": fraction_evaluate,
+            "min_train_nodes": participation.min_train_nodes,
+            "min_evaluate_nodes": min_evaluate_nodes,
+            "min_available_nodes": participation.min_available_nodes,
+            "train_metrics_aggr_fn": check_metrics_fn("train_metrics_aggr_fn",
+                                                      train_metrics_aggr_fn),
+            "evaluate_metrics_aggr_fn": check_metrics_fn("evaluate_metrics_aggr_fn",
+                                                         evaluate_metrics_aggr_fn)}
 
 
 def flower_metrics(fn: MetricsAggregation, contents: Sequence[RecordDict]) -> MetricRecord:
