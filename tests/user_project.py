@@ -395,8 +395,8 @@ def make_strategy(name: str, query: bool):
         "fedveca": lambda: FedVeca(tau_init=50, tau_max=100, fraction_evaluate=0.0, **common),
         "dynamicfl": lambda: DynamicFL(intervals="1-4", local_steps=94, beta=0.5, **common),
         "scaffold": lambda: Scaffold(fraction_evaluate=0.0, **common),
-        "feddyn": lambda: FedDyn(alpha=0.001, fraction_evaluate=0.0, **common),
-        "moon": lambda: Moon(mu=1.0, temperature=0.5, fraction_evaluate=0.0, **common),
+        "feddyn": lambda: FedDyn(alpha=0.01, fraction_evaluate=0.0, **common),
+        "moon": lambda: Moon(mu=0.1, temperature=0.5, fraction_evaluate=0.0, **common),
     }[name]()
 
 
@@ -429,6 +429,7 @@ RUNNER = '''\
 """Run a Flower project's ServerApp against its ClientApp in this process (no Ray)."""
 
 import json
+import random
 import sys
 
 project, run_config, num_nodes = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
@@ -470,6 +471,14 @@ class LocalGrid(Grid):
 
     def call(self, msg):
         self.calls.append(msg.metadata.message_type)
+        # each call's torch RNG (the DataLoader's shuffle) depends on the node, the round and
+        # the chunk, not on the order the strategy calls the nodes in: strategies compare
+        # like for like (as separate SuperNode processes would, each with its own RNG)
+        node = self.nodes.index(msg.metadata.dst_node_id)
+        config = msg.content.config_records.get("config", {})
+        kind = ("train", "evaluate", "query").index(msg.metadata.message_type.split(".")[0])
+        torch.manual_seed(((node * 1009 + int(config.get("server-round", 0))) * 100003
+                           + int(config.get("start-step", 0))) * 3 + kind)
         try:
             return self.app(msg, self.contexts[msg.metadata.dst_node_id])
         except Exception as exc:  # a failing ClientApp becomes an error reply
@@ -494,6 +503,8 @@ class LocalGrid(Grid):
 
 TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1  # as a SuperLink sets
 torch.manual_seed(0)  # the initial model and batch orders: runs compare like for like
+random.seed(0)  # Flower's FedAvg samples (and so sums) the nodes in random.sample's order
+torch.set_num_threads(1)  # and the same sums on any machine (a thread count changes the bits)
 grid = LocalGrid(client_app.app, num_nodes, run_config)
 context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config)
 server_app.app(grid, context)
