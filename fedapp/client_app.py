@@ -50,6 +50,7 @@ from strategies.client import (
     local_sgd,
     report_local_steps,
     train_chunk,
+    virtual_clients,
 )
 from task.data import DataSource, PartitionSpec
 from task.node_data import Partition, load_partition
@@ -65,7 +66,7 @@ DATA_DIR = "data-dir"  # absolute dataset folder on this node (default: the run 
 DATA_CACHE_DIR = "data-cache-dir"  # absolute folder of the on-disk data cache
 NUM_THREADS = "num-threads"  # torch intra-op threads of this node's ClientApp
 
-app = ClientApp()
+app = ClientApp(mods=[virtual_clients])  # packed mode: a share of virtual clients per call
 
 
 @functools.lru_cache(maxsize=8)
@@ -217,7 +218,7 @@ def train(msg: Message, context: Context) -> Message:
     seed = client_seed(int(config.get(C.SEED, cfg.seed)), batches, partition_id)
     apply_fault(int(config.get(C.SEED, cfg.seed)), server_round, partition_id,
                 cfg.fault_crash_prob, cfg.fault_late_prob,  # fault-*-prob (docs/reliability.md)
-                cfg.round_timeout)
+                cfg.round_timeout, packed=bool(context.node_config.get(C.VIRTUAL_CLIENT)))
     if len(y) == 0:  # an empty partition: 0 examples; the server skips the reply (one log line)
         empty = MetricRecord({C.NUM_EXAMPLES: 0, C.PARTITION_ID: partition_id})
         content = RecordDict({C.ARRAYS: msg.content[C.ARRAYS], C.METRICS: empty})

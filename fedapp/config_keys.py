@@ -534,6 +534,11 @@ KEYS: tuple[Key, ...] = (
         "when the server has stopped waiting", interval=UNIT),
     Key("round-timeout", 3600.0, "seconds the server waits for a round's replies (for "
         "DynamicFL, per sync event)", interval=above(0.0)),
+    Key("virtual-clients", 0, "packed simulation: serve this many virtual clients "
+        "(partitions 0 .. N - 1) from the SuperNodes, each SuperNode's ClientApp running its "
+        "share of a round one after another, model and data kept in memory; same models as N "
+        "SuperNodes, bit for bit ([packed simulation](simulation.md#packed-simulation)); "
+        "0 = one client per SuperNode", interval=at_least(0)),
     Key("partition-map", "", "absolute path of a partition map (`deploy run --auth` writes "
         "and passes its `keys/partitions.json`): a node whose registered key may not serve "
         "the partition it claims is refused and never selected "
@@ -576,6 +581,11 @@ RULES: tuple[Rule, ...] = (
     Rule(("lr-schedule", "lr-decay"),
          lambda v: v["lr-schedule"] not in DECAYING or v["lr-decay"] <= 1,
          f"lr-decay <= 1 with lr-schedule {' or '.join(DECAYING)} (lr_t would grow)"),
+    Rule(("virtual-clients", "partition-map"),
+         lambda v: v["virtual-clients"] == 0 or v["partition-map"] == "",
+         "virtual-clients = 0 or partition-map = \"\" (a partition map checks the "
+         "partition each SuperNode claims against its registered key; virtual clients have "
+         "no keys)"),
     Rule(("round-deadline", "device-profiles"),
          lambda v: v["round-deadline"] == 0 or v["device-profiles"] != "none",
          "a round-deadline needs a simulated clock: device-profiles other than 'none'"),

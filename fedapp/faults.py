@@ -73,13 +73,21 @@ def apply_fault(
     crash_prob: float,
     late_prob: float,
     round_timeout: float,
+    *,
+    packed: bool = False,
 ) -> None:
-    """Raise (crash), sleep past the round timeout (late), or return at once."""
+    """Raise (crash), sleep past the round timeout (late), or return at once. A late
+    virtual client of packed mode (``packed``) raises ``NoReply`` instead of sleeping: it
+    never answers, and the others of its share are not held up."""
     fault = fault_of(seed, server_round, partition_id, crash_prob, late_prob)
     if fault == "crash":
         raise InjectedCrash(
             f"injected crash (fault-crash-prob={crash_prob}) of partition {partition_id} "
             f"in round {server_round}"
         )
+    if fault == "late" and packed:
+        from strategies.client import NoReply  # noqa: PLC0415
+
+        raise NoReply(f"late fault of partition {partition_id} in round {server_round}")
     if fault == "late":
         _sleeper(round_timeout + LATE_MARGIN)

@@ -19,6 +19,7 @@ from flwr.serverapp import Grid, ServerApp
 from fedapp.flower_patches import shorten_object_pulls
 from strategies import contract as C
 from strategies.devices import write_trace
+from strategies.packing import PackedGrid
 from strategies.participation import participation_of
 from strategies.rounds import round_log
 from task.data import DataNotFoundError
@@ -281,6 +282,16 @@ def main(grid: Grid, context: Context) -> None:
     run(cfg, grid, context, strategy, train_config, checkpoint, process)
 
 
+def packed(grid: Grid, cfg: RunConfig) -> Grid:
+    """``grid`` itself, or with ``virtual-clients`` = N > 0 the N virtual clients on its
+    SuperNodes (:class:`strategies.packing.PackedGrid`)."""
+    if cfg.virtual_clients == 0:
+        return grid
+    log(INFO, "Packed simulation: %d virtual clients (partitions 0 .. %d) on the SuperNodes",
+        cfg.virtual_clients, cfg.virtual_clients - 1)
+    return PackedGrid(grid, cfg.virtual_clients)
+
+
 def run(cfg: RunConfig, grid: Grid, context: Context, strategy, train_config: dict, checkpoint: dict | None,
         process: EvaluationProcess) -> None:
     """The rounds, with the run log, the evaluations and the final model."""
@@ -318,7 +329,7 @@ def run(cfg: RunConfig, grid: Grid, context: Context, strategy, train_config: di
         try:
             result = run_rounds(
                 strategy,
-                grid=ServerAppGrid(grid),  # pulls 5 ms .. 0.1 s apart; one exchange's replies held
+                grid=ServerAppGrid(packed(grid, cfg)),  # pulls 5 ms .. 0.1 s apart
                 initial_arrays=initial_arrays,
                 num_rounds=cfg.num_server_rounds,
                 first_round=first_round,

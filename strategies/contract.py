@@ -233,6 +233,21 @@ LOG_TIFL_TIER = "tifl-tier"  # int, the tier chosen (0 = fastest)
 LOG_TIFL_PROBABILITIES = "tifl-probabilities"  # list[float], tier probabilities (Alg. 2)
 LOG_TIFL_CREDITS = "tifl-credits"  # list[int], credits left per tier after the choice
 
+# --- packed mode (strategies/packing.py, strategies/client/packing.py) ----------------
+# N virtual clients served by W SuperNodes: each SuperNode gets one message holding its
+# share of an exchange's messages; its reply holds one reply per virtual client.
+PACKED = "packed"  # ConfigRecord of a packed message: the virtual clients it holds
+PACKED_NODE_IDS = "virtual-node-ids"  # list[int], their node ids, in the order run
+PACKED_PARTITION_IDS = "partition-ids"  # list[int], their partition ids
+PACKED_MESSAGE_IDS = "message-ids"  # list[str], their messages' ids
+PACKED_NUM_PARTITIONS = "num-partitions"  # int, N (the virtual clients' num-partitions)
+PACKED_CONTENT = "v"  # record name f"v{i}:{name}": record `name` of virtual client i
+PACKED_STATE = "s"  # f"s{i}:{name}": its Context.state record (travels with the client)
+PACKED_ERROR = "e"  # f"e{i}": ConfigRecord {code, reason}: its handler raised / errored
+PACKED_ERROR_CODE = "code"  # int, Flower's error code
+PACKED_ERROR_REASON = "reason"  # str
+VIRTUAL_CLIENT = "virtual-client"  # node-config key, True in a virtual client's Context
+
 # Keys that count what the server sends again after a resume: every client's copy of its
 # state (strategies.client_state), an asynchronous strategy's tasks in flight at the
 # checkpoint (strategies.async_tasks). The first round after a resume differs from an

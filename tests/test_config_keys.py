@@ -79,6 +79,9 @@ RULE_CASES: dict[tuple[str, ...], tuple[list[dict], dict]] = {
                                              {**CLOCK, "over-commitment": 0.3}),
     ("selection", "device-profiles"): ([{"selection": "oort"}, {"selection": "tifl"}],
                                        {**CLOCK, "selection": "tifl"}),
+    ("virtual-clients", "partition-map"): (
+        [{"virtual-clients": 6, "partition-map": "/keys/partitions.json"}],
+        {"virtual-clients": 6}),
     ("round-deadline", "device-profiles"): ([{"round-deadline": 5.0}],
                                             {**CLOCK, "round-deadline": 5.0}),
     ("round-deadline", "straggler-fraction"): (

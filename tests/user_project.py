@@ -407,6 +407,14 @@ def write_summary(context: Context) -> None:
             json.dump({"history": HISTORY}, f)
 '''
 
+# the ClientApp with every helper also serves packed messages (docs/simulation.md, packed
+# simulation in your own project): two lines more than the template's header
+HELPER_HEADER = CLIENT_SECTIONS["header"].replace(
+    "# Flower ClientApp\napp = ClientApp()\n",
+    "from strategies.client import virtual_clients\n\n"
+    "# Flower ClientApp\napp = ClientApp(mods=[virtual_clients])\n")
+assert HELPER_HEADER != CLIENT_SECTIONS["header"]
+
 SERVER_MAIN = '''
 @app.main()
 def main(grid: Grid, context: Context) -> None:
@@ -528,7 +536,8 @@ def build(folder: Path, *, train: str | None = None, query: str | None = None,
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "pyproject.toml").write_text(PYPROJECT)
     (folder / "task.py").write_text(TASK)
-    client = [CLIENT_SECTIONS["header"], HELPER_TRAIN if train is None else train,
+    header = HELPER_HEADER if train is None else CLIENT_SECTIONS["header"]
+    client = [header, HELPER_TRAIN if train is None else train,
               CLIENT_SECTIONS["evaluate"], HELPER_QUERY if query is None else query]
     (folder / "client_app.py").write_text("\n".join(client))
     (folder / "server_app.py").write_text(SERVER_HEADER + (server_main or SERVER_MAIN))

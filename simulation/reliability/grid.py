@@ -87,7 +87,7 @@ class FaultGrid(Grid):
         """The reply, or None when it would arrive after ``timeout`` (virtual seconds)."""
         node = msg.metadata.dst_node_id
         kind = msg.metadata.message_type
-        config = msg.content[C.CONFIG] if C.CONFIG in msg.content else {}
+        config = config_of(msg)
         server_round = int(config.get(C.SERVER_ROUND, 0))
         killed = self.kill_after_round is not None and server_round > self.kill_after_round
         if kind == "train" and killed:
@@ -131,6 +131,15 @@ class FaultGrid(Grid):
             if reply is not None:
                 replies.append(reply)
         return replies
+
+
+def config_of(msg: Message):
+    """The message's ConfigRecord; of a packed message (strategies.packing), its first
+    virtual client's."""
+    for name in (C.CONFIG, f"{C.PACKED_CONTENT}0:{C.CONFIG}"):
+        if name in msg.content:
+            return msg.content[name]
+    return {}
 
 
 def faults_timeout(msg: Message) -> float | None:

@@ -1,0 +1,80 @@
+"""Packed mode on the client: one ClientApp call serves many virtual clients.
+
+Add the mod to any ClientApp (``ClientApp(mods=[virtual_clients])``): a message from a
+:class:`strategies.packing.PackedGrid` holds a share of virtual clients, and the mod calls
+the app's own handler (``@app.train``, ``@app.evaluate``, ``@app.query``) once per virtual
+client, in the order sent, each with its own message and its own ``Context``: node id
+the virtual client's, ``node_config`` the SuperNode's with ``partition-id`` /
+``num-partitions`` the virtual client's (and ``virtual-client`` = True), ``state`` the
+virtual client's (it travels with the client: the server sends it and gets it back). The
+replies go back in one message. Any other message goes to the handler unchanged, so the
+same ClientApp serves packed and unpacked runs. Whatever the handler keeps in memory
+(a model object, the data) stays warm from one virtual client to the next.
+
+A handler that raises gives its virtual client an error reply (the others go on); one
+that raises :class:`NoReply` gives it none, as a client that never answers.
+"""
+
+from __future__ import annotations
+
+from flwr.app import Context, Error, Message, Metadata, RecordDict
+from flwr.common.constant import ErrorCode
+
+from .. import contract as C
+from ..packed_records import error_record, put, take
+
+__all__ = ["NoReply", "is_packed", "virtual_clients"]
+
+
+class NoReply(Exception):  # noqa: N818 - it is a control signal, not an error
+    """Raised by a handler: this virtual client sends no reply (the server's timeout
+    decides, as for a client that never answers)."""
+
+
+def is_packed(message: Message) -> bool:
+    """Whether ``message`` holds a share of virtual clients."""
+    return not message.has_error() and C.PACKED in message.content
+
+
+def virtual_clients(message: Message, context: Context, call_next) -> Message:
+    """The mod (module docstring): run each virtual client of a packed ``message``."""
+    if not is_packed(message):
+        return call_next(message, context)
+    index = message.content[C.PACKED]
+    nodes = list(index[C.PACKED_NODE_IDS])
+    partitions = list(index[C.PACKED_PARTITION_IDS])
+    message_ids = list(index[C.PACKED_MESSAGE_IDS])
+    num_partitions = int(index[C.PACKED_NUM_PARTITIONS])
+    if not len(nodes) == len(partitions) == len(message_ids):
+        raise ValueError(f"packed message: {len(nodes)} node ids, {len(partitions)} "
+                         f"partition ids and {len(message_ids)} message ids")
+    parts, _, _ = take(message.content)
+    reply = RecordDict()
+    for number, (node, partition, message_id) in enumerate(zip(nodes, partitions,
+                                                               message_ids)):
+        records = parts.get(number, {})
+        asked = message.metadata
+        virtual = Message(records.get(C.PACKED_CONTENT, RecordDict()), metadata=Metadata(
+            run_id=asked.run_id, message_id=message_id, src_node_id=asked.src_node_id,
+            dst_node_id=node, reply_to_message_id="", group_id=asked.group_id,
+            created_at=asked.created_at, ttl=asked.ttl, message_type=asked.message_type))
+        node_config = {**context.node_config, "partition-id": partition,
+                       "num-partitions": num_partitions, C.VIRTUAL_CLIENT: True}
+        state = RecordDict(dict(records.get(C.PACKED_STATE, RecordDict()).items()))
+        own = Context(run_id=context.run_id, node_id=node, node_config=node_config,
+                      state=state, run_config=context.run_config)
+        try:
+            answer = call_next(virtual, own)
+        except NoReply:
+            continue
+        except Exception as exc:  # noqa: BLE001 - this client's error reply, the others go on
+            reply[f"{C.PACKED_ERROR}{number}"] = error_record(Error(
+                code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION,
+                reason=f"{type(exc).__name__}: {exc}"))
+            continue
+        if answer.has_error():
+            reply[f"{C.PACKED_ERROR}{number}"] = error_record(answer.error)
+            continue
+        put(reply, number, C.PACKED_CONTENT, answer.content)
+        put(reply, number, C.PACKED_STATE, own.state)
+    return Message(reply, reply_to=message)
