@@ -53,7 +53,7 @@ from strategies.client import (
     virtual_clients,
 )
 from task.data import DataSource, PartitionSpec
-from task.node_data import Partition, load_partition
+from task.node_data import PARTITIONS_KEPT, Partition, load_partition
 
 from .config import ConfigError, RunConfig
 from .faults import apply_fault
@@ -163,7 +163,7 @@ def local_data(context: Context) -> tuple[torch.Tensor, torch.Tensor, Partition,
     return x, y, part, cfg
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=PARTITIONS_KEPT)
 def _on_device(part: Partition, device: str) -> tuple[torch.Tensor, torch.Tensor]:
     import torch  # noqa: PLC0415
 
@@ -194,8 +194,27 @@ def received_model(msg: Message, cfg: RunConfig, part: Partition) -> torch.nn.Mo
 
     device = str(resolve_device(cfg.device))
     model = _model(cfg.model, part.input_shape, part.num_classes, device)
-    model.load_state_dict(msg.content[C.ARRAYS].to_torch_state_dict())
+    model.load_state_dict(received_state(msg.content[C.ARRAYS]))
     return model
+
+
+_RECEIVED: list = [(), None]  # (the last received arrays' bytes objects, their tensors)
+
+
+def received_state(record) -> dict[str, torch.Tensor]:
+    """The received weights as tensors, converted once per received content: the virtual
+    clients of a packed share all get the one global model (one object after Flower
+    inflates the message), so all but the first reuse the tensors. The cache is keyed by the
+    arrays' immutable bytes objects themselves (held by it), so a changed record converts
+    again."""
+    key = tuple((name, array.data) for name, array in record.items())
+    cached, state = _RECEIVED
+    if len(cached) == len(key) and all(a[0] == b[0] and a[1] is b[1]
+                                       for a, b in zip(cached, key)):
+        return state
+    state = record.to_torch_state_dict()
+    _RECEIVED[:] = [key, state]
+    return state
 
 
 def _epochs(value: object) -> int | float:

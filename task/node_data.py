@@ -51,7 +51,12 @@ class Partition:
         return tuple(self.x.shape[1:])  # type: ignore[return-value]
 
 
-@functools.lru_cache(maxsize=256)
+# partitions a process keeps decoded: a packed SuperNode serves many virtual clients, each
+# with its own partition, every round (together they are at most the dataset, once per split)
+PARTITIONS_KEPT = 16384
+
+
+@functools.lru_cache(maxsize=PARTITIONS_KEPT)
 def load_partition(source: DataSource, spec: PartitionSpec, partition_id: int,
                    num_partitions: int, cache_dir: str = "") -> Partition:
     """Partition ``partition_id`` of ``num_partitions`` (once per process), through the

@@ -73,10 +73,10 @@ class EchoGrid:
         return replies
 
 
-def adding_app(bad_partition: int | None = None) -> ClientApp:
+def adding_app(bad_partition: int | None = None, mods: list | None = None) -> ClientApp:
     """Partition p answers the query (n = 10 (p + 1)) and returns w + p + 1; the
-    ``bad_partition`` returns NaN."""
-    app = ClientApp()
+    ``bad_partition`` returns NaN. ``mods``: the ClientApp's mods."""
+    app = ClientApp(mods=mods)
 
     @app.query()
     def query(msg: Message, context: Context) -> Message:

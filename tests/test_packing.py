@@ -15,7 +15,7 @@ from strategies.client import NoReply, virtual_clients
 from strategies.event_loop import GridEventLoop
 from strategies.packed_records import put, take
 from strategies.packing import PackedGrid, balance, task_cost, virtual_node_id
-from tests.inprocess import InProcessGrid
+from tests.inprocess import InProcessGrid, adding_app
 from tests.messages import record
 
 pytestmark = pytest.mark.unit
@@ -225,3 +225,16 @@ def test_an_unpacked_message_goes_to_the_handler_unchanged():
                                    C.VIRTUAL_CLIENT: True})
     reply = app(msg, context)
     np.testing.assert_array_equal(reply.content[C.ARRAYS]["w"].numpy(), [4, 4])
+
+
+def test_the_trust_gate_refuses_one_virtual_clients_bad_reply_and_keeps_the_others(caplog):
+    from strategies import FedAvg  # noqa: PLC0415
+
+    grid = PackedGrid(InProcessGrid(adding_app(bad_partition=3, mods=[virtual_clients]), 2, {}),
+                      N)
+    strategy = FedAvg(query_client_info=True, weighting="uniform")
+    result = strategy.start(grid=grid, initial_arrays=record({"w": np.zeros(2)}), num_rounds=1)
+    w = result.arrays["w"].numpy()
+    np.testing.assert_allclose(w, [np.mean([p + 1 for p in range(N) if p != 3])] * 2)
+    assert f"Reply from node {virtual_node_id(3)} (partition 3) rejected" in caplog.text
+    assert "NaN or Inf" in caplog.text

@@ -34,6 +34,20 @@ def test_a_packed_run_equals_the_unpacked_run_bit_for_bit(strategy, tmp_path):
     assert failed > 0  # the faults hit some virtual clients, and the same ones
 
 
+CLOCKED = {"device-profiles": "lognormal", "round-deadline": 2.0, "over-commitment": 0.3,
+           "fraction-train": 0.5}
+
+
+@pytest.mark.parametrize("strategy", ["fedavg", "fedprox"])
+def test_deadlines_and_over_commitment_on_the_clock_are_the_same_packed(strategy, tmp_path):
+    _, _, unpacked, unpacked_model = run(strategy, tmp_path / "u", VIRTUAL, **FAULTY, **CLOCKED)
+    _, _, packed, packed_model = run(strategy, tmp_path / "p", 2, **FAULTY, **CLOCKED, **PACKED)
+    assert without_timings(packed) == without_timings(unpacked)
+    assert same_model(packed_model, unpacked_model)
+    assert any(r.get(C.LOG_CLIENTS_LATE, 0) or r.get(C.LOG_CLIENTS_STRAGGLERS, 0)
+               for r in unpacked[1:])  # the clock cut or left out someone
+
+
 def test_a_packed_run_killed_and_resumed_equals_the_uninterrupted_one(tmp_path):
     rc = {**FAULTY, **PACKED, "checkpoint-every": 2}
     _, _, full_rounds, full_model = run("scaffold", tmp_path / "full", 2, **rc)
