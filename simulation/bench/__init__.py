@@ -13,7 +13,8 @@ aggregation's peak extra memory (from (b)).
 * ``aggregation``: ``aggregate_train`` time and memory against Flower's FedAvg;
 * ``import``: ``import strategies`` against ``import flwr.serverapp.strategy``;
 * ``sync-events``: DynamicFL's seconds per sync event against the active clients;
-* ``scale``: per-round time at 10, 100, 1,000 clients against a bare Flower FedAvg app;
+* ``scale``: per-round time at 10, 100, 1,000 clients: ours, a bare Flower FedAvg app,
+  packed mode and bare torch; a 10,000-client packed round's time and peak memory;
 * ``layout``: SGD step and evaluation times, channels-last against contiguous, on this device;
 * ``heap``: SGD step time with glibc's malloc thresholds against fixed ones (CPU);
 * ``selection``: each selection policy's cost per round at 1,000 and 10,000 clients;

@@ -61,7 +61,7 @@ def bare_setup(workload: dict, num_clients: int, pids: list[int]):
     keep_step_memory()  # as the ClientApp's process (fedapp.client_app._model)
     cfg = RunConfig.from_user_config(workload)
     device = resolve_device(cfg.device)
-    dataset = load_dataset(cfg.dataset)
+    dataset = load_dataset(cfg.dataset, cfg.data_dir)  # the folder the apps read
     spec = PartitionSpec(scheme=cfg.partition, seed=cfg.partition_data_seed)
     parts = {pid: tuple(t.to(device) for t in client_data(dataset, spec, pid, num_clients))
              for pid in pids}
@@ -283,3 +283,64 @@ def bare_parallel_seconds(
     ]
     with context.Pool(workers, initializer=_init_bare_worker, initargs=(barrier,)) as pool:
         return max(pool.map(_bare_worker, jobs))
+
+
+def copied_update(model: torch.nn.Module) -> dict:
+    """The model's weights copied out as NumPy arrays, as a ClientApp's reply takes them."""
+    return {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()}
+
+
+def bare_packed_process_seconds(workload: dict, num_clients: int, rounds: int, threads: int,
+                                clients: list[int], ready=None) -> list[float]:
+    """Per round 1..R: the wall seconds of one packed worker's share ``clients`` in bare
+    torch with ``threads`` threads, as its ClientApp serves them one after another: per
+    client the global weights loaded into the model, its local SGD (the workload's steps or
+    epochs, seeded by round and client) and the update copied out. After a warm-up;
+    ``ready`` (a barrier) is awaited before each round, so the workers' rounds line up."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        cfg, device, parts, start_model, model = bare_setup(workload, num_clients, clients)
+        warm_up(model, parts, cfg)
+        global_state = start_model.state_dict()
+        times = []
+        for server_round in range(1, rounds + 1):
+            if ready is not None:
+                ready.wait()
+            settled(device)
+            start = time.perf_counter()
+            for pid, (x, y) in parts.items():
+                model.load_state_dict(global_state)
+                local_sgd(model, x, y, lr=cfg.lr, batch_size=cfg.batch_size,
+                          epochs=cfg.local_epochs, steps=cfg.local_steps,
+                          seed=client_seed(cfg.seed, server_round, pid))
+                copied_update(model)
+            settled(device)
+            times.append(time.perf_counter() - start)
+        return times
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _bare_packed_worker(job: tuple) -> list[float]:
+    workload, num_clients, rounds, threads, clients = job
+    return bare_packed_process_seconds(workload, num_clients, rounds, threads, clients,
+                                       ready=_BARRIER)
+
+
+def bare_packed_round_seconds(workload: dict, num_clients: int, rounds: int, threads: int,
+                              workers: int) -> list[float]:
+    """Per round 1..R: the wall seconds of packed mode's limit, the clients' work in bare
+    torch (:func:`bare_packed_process_seconds`) dealt round-robin over ``workers`` processes
+    started together (spawned, each with ``threads`` torch threads): a round takes as long
+    as its slowest process."""
+    import multiprocessing  # noqa: PLC0415
+
+    workers = max(1, min(workers, num_clients))
+    context = multiprocessing.get_context("spawn")
+    barrier = context.Barrier(workers)
+    jobs = [(workload, num_clients, rounds, threads, list(range(w, num_clients, workers)))
+            for w in range(workers)]
+    with context.Pool(workers, initializer=_init_bare_worker, initargs=(barrier,)) as pool:
+        per_process = pool.map(_bare_packed_worker, jobs)
+    return [max(seconds) for seconds in zip(*per_process)]

@@ -1,69 +1,260 @@
-"""``bench scale``: how the per-round cost grows with the number of clients. For 10, 100
-and 1,000 clients with tiny local work (one SGD step of B = 32 on an IID share of
-Fashion-MNIST, the template CNN = ``cnn-small``), the per-round wall time of fedhetero's
-FedAvg (our app, ``strategy=fedavg``, its defaults otherwise) next to a bare Flower app
-(``simulation/bench/bare_app``: Flower's own FedAvg, a template ClientApp, nothing of
-ours) on the same number of SuperNodes, both with real ``flwr run`` on the simulation
-engine, one after the other in this run. Per size: the mean wall time of the warm rounds
-(2 .. R-1: round 1 starts the actors and reads the data; ours evaluates the test set only
-after rounds 0 and R, ``eval-every`` = R, the bare app never) and the ratio ours / bare.
-The last line is ``scale ratio at <largest> clients = X.XX`` (target <= 1.1)."""
+"""``bench scale``: how the per-round cost grows with the number of clients, and what
+packing them onto a few SuperNodes buys. For 10, 100 and 1,000 clients with tiny local work
+(one SGD step of B = 32 on an IID share of Fashion-MNIST, the template CNN = ``cnn-small``),
+one after the other in this run, per size, the mean wall time of the warm rounds (2 .. R-1:
+round 1 starts the actors and reads the data) of four ways to run the same FedAvg rounds:
+
+* **fedhetero**: our app (``strategy=fedavg``, its defaults otherwise; it evaluates the test
+  set only after rounds 0 and R, ``eval-every`` = R), one SuperNode per client;
+* **bare Flower**: a bare Flower app (``simulation/bench/bare_app``: Flower's own FedAvg, a
+  template ClientApp, nothing of ours, no evaluation) on as many SuperNodes;
+* **packed**: our app with ``virtual-clients`` = N on W SuperNodes (``--workers``, default:
+  the cores this process may use / ``--cpus-per-client``), each ClientApp running its share
+  of the N clients one after another;
+* **bare torch**: packed mode's limit, the same client work without Flower on the same cores:
+  W processes started together, the clients dealt round-robin, torch threads =
+  ``--cpus-per-client``; per client the global weights loaded into the model, the SGD step,
+  the update copied out; a round lasts as long as its slowest process.
+
+The three Flower apps run with real ``flwr run`` on the simulation engine. With CUDA, every
+ClientApp gets a 1/W share of the GPU, so W packed workers share it; ours train on it
+(``device = "auto"``), as do the bare-torch processes; the bare Flower app's template
+ClientApp trains on the CPU wherever it runs. The ratios: ours / bare Flower, packed / bare Flower,
+packed / bare torch. Then one packed run of ``--huge`` virtual clients (default 10,000; W
+workers, 3 rounds): its warm round (round 2), the peak over time of the summed RSS of every
+process the bench started (flwr run, the SuperLink, the ServerApp, Ray and its actors;
+:mod:`.machine_sampler`) and the ServerApp's own peak (its run log); with ``nvidia-smi`` on
+PATH, the mean GPU utilisation during the packed runs. The last lines::
+
+    scale ratio at <largest> clients = X.XX   (target <= 1.1)
+    packed/bare-Flower ratio at <largest> clients = X.XX   (target <= 0.25, stretch 0.15)
+    packed/bare-torch ratio at <largest> clients = Y.YY   (target <= 2)
+"""
 
 from __future__ import annotations
 
 import argparse
+import math
+import os
+import shutil
 import statistics
+from dataclasses import dataclass
 
-from ..runtime import option_type
-from .common import DATA_DIR, run_bare_app, simulation_round_seconds
+import torch
 
-HELP = "per-round time vs number of clients: ours against a bare Flower FedAvg app"
+from strategies import contract as C
+
+from ..runtime import at_least, option_type
+from .common import DATA_DIR, bare_packed_round_seconds, run_bare_app, simulation_round_seconds
+from .machine_sampler import MachineSampler
+
+HELP = ("per-round time vs number of clients: ours, a bare Flower FedAvg app, packed mode "
+        "and bare torch; a 10,000-client packed round")
+HUGE_ROUNDS = 3
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--clients", type=option_type("num-supernodes"), nargs="+",
                    default=[10, 100, 1000],
-                   help="numbers of clients (SuperNodes), one pair of runs each")
+                   help="numbers of clients: SuperNodes of the unpacked runs, virtual clients "
+                        "of the packed run and of bare torch; four measurements each")
     p.add_argument("--rounds", type=int, default=5,
                    help="rounds per run (>= 3: rounds 2..R-1 are timed)")
     p.add_argument("--cpus-per-client", type=option_type("client-resources-num-cpus"), default=1,
-                   help="CPUs per ClientApp (the parallel workers: CPUs / this)")
+                   help="CPUs per ClientApp (the parallel workers: CPUs / this), and torch "
+                        "threads per bare-torch process")
+    p.add_argument("--workers", type=at_least(1), default=None, metavar="W",
+                   help="packed mode's SuperNodes and bare torch's processes (default: the "
+                        "cores this process may use / --cpus-per-client)")
+    p.add_argument("--huge", type=at_least(0), default=10_000, metavar="N",
+                   help=f"virtual clients of the one large packed run ({HUGE_ROUNDS} rounds, "
+                        "W workers; its round time and peak memory); 0 skips it")
     p.add_argument("--data-dir", default=DATA_DIR,
-                   help="Fashion-MNIST IDX folder (both apps read it)")
+                   help="Fashion-MNIST IDX folder (every app and bare torch read it)")
 
 
-def ours_round_seconds(num_clients: int, rounds: int, cpus: float, data_dir: str) -> list[float]:
-    """Wall seconds of rounds 1..R of our app (its run log)."""
-    workload = {
+def workload(num_clients: int, rounds: int, data_dir: str) -> dict:
+    """Our app's run config: FedAvg, one SGD step of B = 32 per client, evaluation after
+    rounds 0 and R only."""
+    return {
         "strategy": "fedavg", "num-server-rounds": rounds, "partition": "iid",
         "model": "cnn-small", "local-steps": 1, "batch-size": 32, "lr": 0.05,
         "dataset": "fashion-mnist", "data-dir": data_dir, "min-available-nodes": num_clients,
         "eval-every": rounds,
     }
-    return simulation_round_seconds(workload, num_clients, cpus)
 
 
-def bare_round_seconds(num_clients: int, rounds: int, cpus: float, data_dir: str) -> list[float]:
+def packed_workload(num_clients: int, rounds: int, data_dir: str) -> dict:
+    """:func:`workload` served as ``num_clients`` virtual clients (packed mode)."""
+    return {**workload(num_clients, rounds, data_dir), "virtual-clients": num_clients}
+
+
+def default_workers(cpus_per_client: int) -> int:
+    """Packed workers that fit the cores this process may use."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, (cores or 1) // cpus_per_client)
+
+
+def gpu_share(workers: int) -> float:
+    """1 / ``workers``, rounded down to Ray's resource precision (1e-4), so that ``workers``
+    shares fit one GPU."""
+    return math.floor(10_000 / workers) / 10_000
+
+
+def federation(cpus: int, workers: int, gpu: bool) -> dict:
+    """ClientApp resources: ``cpus`` each, and with a GPU a 1/``workers`` share of it."""
+    return {"client-resources-num-cpus": cpus,
+            **({"client-resources-num-gpus": gpu_share(workers)} if gpu else {})}
+
+
+def warm_mean(seconds: list[float]) -> float:
+    """Mean of rounds 2..R-1 of per-round seconds 1..R."""
+    return statistics.mean(seconds[1:-1])
+
+
+def ours_round_seconds(num_clients: int, rounds: int, resources: dict,
+                       data_dir: str) -> list[float]:
+    """Wall seconds of rounds 1..R of our app, one SuperNode per client (its run log)."""
+    return simulation_round_seconds(workload(num_clients, rounds, data_dir), num_clients,
+                                    resources["client-resources-num-cpus"], resources)
+
+
+def bare_round_seconds(num_clients: int, rounds: int, resources: dict,
+                       data_dir: str) -> list[float]:
     """Wall seconds of rounds 1..R of the bare Flower app (its round-end times)."""
-    ends = run_bare_app(num_clients, rounds, {"client-resources-num-cpus": cpus},
-                        data_dir=data_dir)["round-ends"]  # rounds 0..R
+    ends = run_bare_app(num_clients, rounds, resources, data_dir=data_dir)["round-ends"]  # 0..R
     return [b - a for a, b in zip(ends, ends[1:])]
+
+
+def packed_records(num_clients: int, rounds: int, workers: int, resources: dict, data_dir: str,
+                   observer=None) -> list[dict]:
+    """The run log's records of our app with ``num_clients`` virtual clients on ``workers``
+    SuperNodes."""
+    return simulation_round_seconds(packed_workload(num_clients, rounds, data_dir),
+                                    min(workers, num_clients),
+                                    resources["client-resources-num-cpus"], resources,
+                                    keep_records=True, observer=observer)
+
+
+def round_seconds(records: list[dict]) -> list[float]:
+    """Wall seconds of rounds 1..R from run-log records."""
+    return [r[C.LOG_WALL_SECONDS] for r in records if r[C.LOG_ROUND] >= 1]
+
+
+@dataclass(frozen=True)
+class SizeResult:
+    """One size's warm seconds per round: ours, bare Flower, packed, bare torch."""
+
+    clients: int
+    ours: float
+    bare_flower: float
+    packed: float
+    bare_torch: float
+
+    @property
+    def ours_over_bare(self) -> float:
+        return self.ours / self.bare_flower
+
+    @property
+    def packed_over_flower(self) -> float:
+        return self.packed / self.bare_flower
+
+    @property
+    def packed_over_torch(self) -> float:
+        return self.packed / self.bare_torch
+
+
+HEADER = (f"{'clients':>8} | {'fedhetero s/round':>17} | {'bare Flower s/round':>19} | "
+          f"{'ours/bare':>9} | {'packed s/round':>14} | {'bare torch s/round':>18} | "
+          f"{'packed/bare-Flower':>18} | {'packed/bare-torch':>17}")
+
+
+def table_row(r: SizeResult) -> str:
+    return (f"{r.clients:>8} | {r.ours:>17.3f} | {r.bare_flower:>19.3f} | "
+            f"{r.ours_over_bare:>9.2f} | {r.packed:>14.3f} | {r.bare_torch:>18.3f} | "
+            f"{r.packed_over_flower:>18.2f} | {r.packed_over_torch:>17.2f}")
+
+
+def ratio_lines(r: SizeResult) -> list[str]:
+    """The bench's last three lines, at size ``r``."""
+    return [f"scale ratio at {r.clients} clients = {r.ours_over_bare:.2f}   (target <= 1.1)",
+            f"packed/bare-Flower ratio at {r.clients} clients = {r.packed_over_flower:.2f}   "
+            f"(target <= 0.25, stretch 0.15)",
+            f"packed/bare-torch ratio at {r.clients} clients = {r.packed_over_torch:.2f}   "
+            f"(target <= 2)"]
+
+
+def huge_lines(num_clients: int, workers: int, records: list[dict],
+               sampler: MachineSampler) -> list[str]:
+    """The large packed run: its warm round, the peak summed RSS, the ServerApp's peak."""
+    warm = next(r[C.LOG_WALL_SECONDS] for r in records if r[C.LOG_ROUND] == 2)
+    server = max(r.get(C.LOG_SERVER_MAX_RSS_MB, 0.0) for r in records)
+    return [f"packed, {num_clients} virtual clients on {workers} SuperNodes, {HUGE_ROUNDS} rounds: "
+            f"warm round (round 2) {warm:.2f} s",
+            f"    peak RSS, summed over every process the bench started (flwr run, SuperLink, "
+            f"ServerApp, Ray and its actors): {sampler.peak_rss_mb:.0f} MB "
+            f"({sampler.peak_anon_mb:.0f} MB anonymous); the ServerApp's own peak {server:.0f} MB"]
+
+
+def gpu_line(samplers: dict[str, MachineSampler]) -> str:
+    """The mean GPU utilisation during each packed run and over all, or why there is none."""
+    readings = {name: s for name, s in samplers.items() if s.mean_gpu_utilisation is not None}
+    if not readings:
+        why = ("nvidia-smi not on PATH" if not shutil.which("nvidia-smi") else
+               "nvidia-smi gave no utilisation" if any(s.gpu for s in samplers.values()) else "")
+        return "GPU utilisation during the packed runs: no GPU" + (f" ({why})" if why else "")
+    every = [u for s in readings.values() for u, _ in s.gpu if u is not None]
+    each = ", ".join(f"{name}: {s.mean_gpu_utilisation:.0f}%" for name, s in readings.items())
+    memory = [m for s in readings.values() if (m := s.peak_gpu_memory_mb) is not None]
+    return (f"GPU utilisation during the packed runs: mean {statistics.mean(every):.0f}% "
+            f"({each})" + (f"; peak GPU memory used {max(memory):.0f} MiB" if memory else ""))
+
+
+def sampled_into(samplers: dict[str, MachineSampler], name: str):
+    """An ``observer`` that samples the run with a :class:`MachineSampler` kept as ``name``."""
+
+    def observe(output_dir):
+        samplers[name] = MachineSampler(output_dir)
+        return samplers[name]
+
+    return observe
+
+
+def measure_size(n: int, args, workers: int, resources: dict,
+                 samplers: dict[str, MachineSampler]) -> SizeResult:
+    """The four ways at ``n`` clients; the packed run's sampler goes into ``samplers``."""
+    ours = ours_round_seconds(n, args.rounds, resources, args.data_dir)
+    bare = bare_round_seconds(n, args.rounds, resources, args.data_dir)
+    packed = round_seconds(packed_records(n, args.rounds, workers, resources, args.data_dir,
+                                          sampled_into(samplers, f"{n} clients")))
+    limit = bare_packed_round_seconds(workload(n, args.rounds, args.data_dir), n, args.rounds,
+                                      args.cpus_per_client, workers)
+    return SizeResult(n, warm_mean(ours), warm_mean(bare), warm_mean(packed), warm_mean(limit))
 
 
 def run(args) -> None:
     if args.rounds < 3:
         raise SystemExit("bench scale: --rounds must be >= 3 (rounds 2..R-1 are timed)")
+    gpu = torch.cuda.is_available()
+    workers = args.workers or default_workers(args.cpus_per_client)
+    resources = federation(args.cpus_per_client, workers, gpu)
     print(f"Per-round wall time, FedAvg, one SGD step per client (B=32, cnn-small, "
           f"Fashion-MNIST IID), {args.rounds} rounds per run, rounds 2..{args.rounds - 1} "
-          f"timed; {args.cpus_per_client} CPU per ClientApp", flush=True)
-    print(f"{'clients':>8} | {'fedhetero s/round':>17} | {'bare Flower s/round':>19} | "
-          f"{'ratio':>5}", flush=True)
-    ratio = None
+          f"timed; {args.cpus_per_client} CPU per ClientApp; packed and bare torch on "
+          f"{workers} workers" + (f", each with a 1/{workers} share of the GPU" if gpu else
+                                  ", no GPU"), flush=True)
+    print(HEADER, flush=True)
+    samplers: dict[str, MachineSampler] = {}
+    results = []
     for n in args.clients:
-        ours = ours_round_seconds(n, args.rounds, args.cpus_per_client, args.data_dir)
-        bare = bare_round_seconds(n, args.rounds, args.cpus_per_client, args.data_dir)
-        warm_ours = statistics.mean(ours[1:-1])
-        warm_bare = statistics.mean(bare[1:-1])
-        ratio = warm_ours / warm_bare
-        print(f"{n:>8} | {warm_ours:>17.3f} | {warm_bare:>19.3f} | {ratio:>5.2f}", flush=True)
-    print(f"scale ratio at {args.clients[-1]} clients = {ratio:.2f}   (target <= 1.1)")
+        results.append(measure_size(n, args, workers, resources, samplers))
+        print(table_row(results[-1]), flush=True)
+    if args.huge:
+        name = f"{args.huge} clients (the large run)"
+        records = packed_records(args.huge, HUGE_ROUNDS, workers, resources, args.data_dir,
+                                 sampled_into(samplers, name))
+        print("\n".join(huge_lines(args.huge, min(workers, args.huge), records, samplers[name])),
+              flush=True)
+    print(gpu_line(samplers))
+    largest = max(results, key=lambda r: r.clients)
+    print("\n".join(ratio_lines(largest)))
