@@ -101,11 +101,18 @@ def spec_of(args: argparse.Namespace) -> tuple[DeploySpec, dict]:
         insecure_remote=args.insecure_remote,
         cert_hosts=tuple(args.cert_host),
     )
-    overrides.setdefault("min-available-nodes", spec.num_supernodes)  # all join before round 1
+    virtual = overrides.get("virtual-clients", 0)  # packed: N virtual clients on the SuperNodes
+    overrides.setdefault("min-available-nodes",  # all join before round 1
+                         virtual if isinstance(virtual, int) and virtual > 0 else spec.num_supernodes)
     if spec.auth:  # node identity: each registered key may claim only its own partition
         overrides.setdefault("partition-map", str(Layout(args.workdir.resolve()).partition_map))
     cfg = check_run_config(overrides)  # the ServerApp's rules, before anything starts
-    if cfg.min_available_nodes > spec.num_supernodes:
+    if cfg.virtual_clients and cfg.min_available_nodes > cfg.virtual_clients:
+        raise ValueError(
+            f"min-available-nodes={cfg.min_available_nodes}, but there are virtual-clients="
+            f"{cfg.virtual_clients}: the ServerApp would wait for nodes forever; give -c "
+            f"min-available-nodes={cfg.virtual_clients}")
+    if not cfg.virtual_clients and cfg.min_available_nodes > spec.num_supernodes:
         raise ValueError(
             f"min-available-nodes={cfg.min_available_nodes}, but --num-supernodes is "
             f"{spec.num_supernodes}: the ServerApp would wait for nodes forever; give "

@@ -68,12 +68,18 @@ def refuse_bad_run_configs(runs: Iterable[tuple[str, Mapping[str, object]]],
             cfg = check_run_config(run_config)
         except ValueError as exc:  # ConfigError and the strategies' own checks
             raise SystemExit(f"{what}: {exc}\n{NOTHING_RAN}") from None
-        if isinstance(nodes, int) and cfg.min_available_nodes > nodes:
+        if cfg.virtual_clients and cfg.min_available_nodes > cfg.virtual_clients:
+            raise SystemExit(
+                f"{what}: min-available-nodes={cfg.min_available_nodes}, but there are "
+                f"virtual-clients={cfg.virtual_clients}: the ServerApp would wait for nodes "
+                f"forever. Give -c min-available-nodes={cfg.virtual_clients}\n{NOTHING_RAN}")
+        if isinstance(nodes, int) and not cfg.virtual_clients and cfg.min_available_nodes > nodes:
             raise SystemExit(
                 f"{what}: min-available-nodes={cfg.min_available_nodes}, but the federation "
                 f"has {nodes} SuperNode(s) (num-supernodes): the ServerApp would wait for "
                 f"nodes forever. Give -c min-available-nodes={nodes}, or --num-supernodes "
-                f"{cfg.min_available_nodes} (a sweep file's num-supernodes)\n{NOTHING_RAN}")
+                f"{cfg.min_available_nodes} (a sweep file's num-supernodes), or serve them "
+                f"packed (-c virtual-clients={cfg.min_available_nodes})\n{NOTHING_RAN}")
         device = str(run_config.get("device", ""))
         if federation is not None and not gpu_share and device.startswith("cuda"):
             raise SystemExit(
@@ -98,7 +104,7 @@ def check_before_start(run_config: Mapping[str, object], num_partitions: int,
                        node_data_dir: str = "") -> list[str]:
     """The checks of ``resume-from``, the data and the partitions of a run whose config
     passes :func:`refuse_bad_run_configs`, with ``num_partitions`` SuperNodes (one partition
-    each). ``node_data_dir``: the SuperNodes' data folder where it is not the run config's
+    each; with ``virtual-clients`` = N, N partitions whatever the SuperNodes). ``node_data_dir``: the SuperNodes' data folder where it is not the run config's
     ``data-dir`` (``python -m deploy run --data-dir``). Raises :class:`PreflightError` (or
     the ServerApp's ConfigError of a checkpoint); returns the warnings."""
     cfg = check_run_config(run_config)
@@ -109,7 +115,7 @@ def check_before_start(run_config: Mapping[str, object], num_partitions: int,
     check_data(clients, "--data-dir" if node_data_dir else "data-dir")
     if node_data_dir and node_data_dir != cfg.data_dir:  # the ServerApp's test split
         check_data(data_source(cfg, cfg.data_dir), "data-dir")
-    sizes = partition_sizes(cfg, clients, num_partitions)
+    sizes = partition_sizes(cfg, clients, cfg.virtual_clients or num_partitions)  # packed: N
     batch_size = int(train_config.get(C.BATCH_SIZE, cfg.batch_size))
     return batch_size_warnings(cfg, batch_size, sizes)
 

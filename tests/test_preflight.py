@@ -112,3 +112,26 @@ def test_deploy_run_refuses_more_min_available_nodes_than_supernodes(tmp_path):
     spec, overrides = spec_of(parser.parse_args(["--num-supernodes", "2",
                                                  "--workdir", str(tmp_path)]))
     assert overrides["min-available-nodes"] == 2
+
+
+def test_packed_runs_wait_for_their_virtual_clients_not_the_supernodes(no_flwr_run, tmp_path):
+    """virtual-clients = 10 on 2 SuperNodes: min-available-nodes may be 10, not more."""
+    from deploy.run import add_arguments, spec_of
+
+    with pytest.raises(SystemExit) as info:
+        simulation_cli.main(["run", "--num-supernodes", "2", "-c", "virtual-clients=10",
+                             "-c", "min-available-nodes=11"])
+    assert ("min-available-nodes=11, but there are virtual-clients=10: the ServerApp would "
+            "wait for nodes forever. Give -c min-available-nodes=10") in str(info.value)
+    with pytest.raises(SystemExit) as info:
+        simulation_cli.main(["run", "--num-supernodes", "2", "-c", "min-available-nodes=10"])
+    assert "or serve them packed (-c virtual-clients=10)" in str(info.value)
+    assert no_flwr_run == []
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    _, overrides = spec_of(parser.parse_args(["--num-supernodes", "2", "--workdir",
+                                              str(tmp_path), "-c", "virtual-clients=10"]))
+    assert overrides["min-available-nodes"] == 10
+    with pytest.raises(ValueError, match="min-available-nodes=11, but there are virtual-cli"):
+        spec_of(parser.parse_args(["--num-supernodes", "2", "--workdir", str(tmp_path),
+                                   "-c", "virtual-clients=10", "-c", "min-available-nodes=11"]))
