@@ -24,19 +24,15 @@ Flower's loop (and every strategy here) has aggregated them. A strategy that kee
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
-from flwr.app import Message, RecordDict
+from flwr.app import Message
 from flwr.serverapp import Grid
 
 from strategies.event_loop import PULL_INTERVAL, GridEventLoop
-
-if TYPE_CHECKING:
-    from flwr.proto.node_pb2 import NodeInfo  # pylint: disable=no-name-in-module
-    from flwr.supercore.run import Run
+from strategies.wrapped_grid import WrappedGrid
 
 
-class ServerAppGrid(Grid):
+class ServerAppGrid(WrappedGrid):
     """``grid`` whose ``send_and_receive`` is the Grid event loop's exchange (pulls at most
     ``pull_interval`` seconds apart, sooner right after the push) and lets go of the previous
     exchange's replies first."""
@@ -44,7 +40,7 @@ class ServerAppGrid(Grid):
     def __init__(self, grid: Grid, pull_interval: float = PULL_INTERVAL) -> None:
         if not pull_interval > 0:
             raise ValueError(f"pull_interval={pull_interval} must be > 0 seconds")
-        self.grid = grid
+        super().__init__(grid)
         self.pull_interval = float(pull_interval)
         self.last_replies: list[Message] = []  # what send_and_receive returned last
 
@@ -58,30 +54,3 @@ class ServerAppGrid(Grid):
         self.last_replies = GridEventLoop(self.grid, self.pull_interval).exchange(messages,
                                                                                    timeout)
         return self.last_replies
-
-    # everything else: the wrapped Grid
-    def set_run(self, run: Run) -> None:
-        self.grid.set_run(run)
-
-    @property
-    def run(self) -> Run:
-        return self.grid.run
-
-    def create_message(self, content: RecordDict, message_type: str, dst_node_id: int,
-                       group_id: str, ttl: float | None = None) -> Message:
-        return self.grid.create_message(content, message_type, dst_node_id, group_id, ttl)
-
-    def get_node_ids(self) -> Iterable[int]:
-        return self.grid.get_node_ids()
-
-    def get_nodes(self) -> Iterable[NodeInfo]:
-        return self.grid.get_nodes()
-
-    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
-        return self.grid.push_messages(messages)
-
-    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
-        return self.grid.pull_messages(message_ids)
-
-    def __getattr__(self, name: str) -> object:  # what a Grid subclass adds (close, ...)
-        return getattr(self.grid, name)

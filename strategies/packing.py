@@ -32,7 +32,6 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterable, Sequence
 from logging import WARNING
-from typing import TYPE_CHECKING
 
 from flwr.app import ConfigRecord, Error, Message, MessageType, Metadata, RecordDict
 from flwr.common.logger import log
@@ -40,9 +39,7 @@ from flwr.serverapp import Grid
 
 from . import contract as C
 from .packed_records import error_of, put, take
-
-if TYPE_CHECKING:
-    from flwr.supercore.run import Run
+from .wrapped_grid import WrappedGrid
 
 __all__ = ["PackedGrid", "VIRTUAL_NODE_BASE", "balance", "task_cost", "virtual_node_id"]
 
@@ -82,7 +79,7 @@ def balance(costs: Sequence[float], num_workers: int) -> list[list[int]]:
     return [sorted(share) for share in shares]
 
 
-class PackedGrid(Grid):
+class PackedGrid(WrappedGrid):
     """N virtual clients on the SuperNodes of ``grid`` (module docstring)."""
 
     def __init__(self, grid: Grid, num_clients: int,
@@ -90,7 +87,7 @@ class PackedGrid(Grid):
         if isinstance(num_clients, bool) or not isinstance(num_clients, int) or num_clients < 1:
             raise ValueError(f"num_clients={num_clients!r}: packed mode needs an int >= 1 "
                              "(the virtual clients, partitions 0 .. N - 1)")
-        self.grid = grid
+        super().__init__(grid)
         self.num_clients = num_clients
         self.cost = cost
         self.node_ids = [virtual_node_id(p) for p in range(num_clients)]
@@ -245,18 +242,7 @@ class PackedGrid(Grid):
                           f"{why}")
             self.ready[message_id] = self.reply(message, message, error=error)
 
-    # everything else: the wrapped Grid ----------------------------------------------
-    def set_run(self, run: Run) -> None:
-        self.grid.set_run(run)
-
-    @property
-    def run(self) -> Run:
-        return self.grid.run
-
-    def create_message(self, content: RecordDict, message_type: str, dst_node_id: int,
-                       group_id: str, ttl: float | None = None) -> Message:
-        return self.grid.create_message(content, message_type, dst_node_id, group_id, ttl)
-
+    # what a packed Grid has not --------------------------------------------------
     def get_nodes(self):
         raise NotImplementedError("a packed Grid's virtual clients have no NodeInfo; "
                                   "use get_node_ids()")

@@ -7,9 +7,10 @@ and starts the timed rounds' wall seconds before that."""
 from __future__ import annotations
 
 import os
-import threading
 import time
 from pathlib import Path
+
+from .periodic import PeriodicSampler
 
 CLIENT_ACTORS = "client actors (Ray workers running the ClientApps)"
 SERVER_PROCESS = "ServerApp (strategy, Flower's engine, Ray driver) + its evaluation process"
@@ -50,29 +51,16 @@ def cpu_seconds_by_pid(exclude: int) -> dict[int, tuple[str, float]]:
     return seconds
 
 
-class CpuSampler:
+class CpuSampler(PeriodicSampler):
     """Samples :func:`cpu_seconds_by_pid` every ``interval`` seconds in a daemon thread,
     with how many records the run log (the first file matching ``run_log_glob`` under
     ``root``) has at that moment. ``available`` is False off Linux (no ``/proc``)."""
 
     def __init__(self, root: Path, run_log_glob: str = "*/rounds.jsonl",
                  interval: float = 0.5) -> None:
-        self.root, self.run_log_glob, self.interval = Path(root), run_log_glob, interval
-        self.available = Path("/proc/self/stat").is_file()
+        super().__init__(interval, "fedhetero-cpu-sampler")
+        self.root, self.run_log_glob = Path(root), run_log_glob
         self.samples: list[tuple[float, int, dict[int, tuple[str, float]]]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True,
-                                        name="fedhetero-cpu-sampler")
-
-    def __enter__(self) -> CpuSampler:
-        if self.available:
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
 
     def _records(self) -> int:
         logs = sorted(self.root.glob(self.run_log_glob))
@@ -81,11 +69,8 @@ class CpuSampler:
         except OSError:
             return 0
 
-    def _sample(self) -> None:
-        me = os.getpid()
-        while not self._stop.is_set():
-            self.samples.append((time.monotonic(), self._records(), cpu_seconds_by_pid(me)))
-            self._stop.wait(self.interval)
+    def sample(self) -> None:
+        self.samples.append((time.monotonic(), self._records(), cpu_seconds_by_pid(os.getpid())))
 
     def by_kind(self, records: int, window_seconds: float, cpus: int) -> dict[str, float] | None:
         """CPU seconds per kind of process (and ``IDLE``: the rest of ``cpus`` x the window)

@@ -13,10 +13,10 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import threading
 from pathlib import Path
 
 from .cpu_accounting import stat_fields
+from .periodic import PeriodicSampler
 
 GPU_QUERY = ["--query-gpu=utilization.gpu,memory.used", "--format=csv,noheader,nounits"]
 
@@ -98,7 +98,7 @@ def gpu_reading(nvidia_smi: str) -> tuple[float | None, float | None] | None:
             sum(memory) if memory else None)
 
 
-class MachineSampler:
+class MachineSampler(PeriodicSampler):
     """Samples :func:`tree_resident_mb` of ``root`` (default: this process) and, with
     ``nvidia-smi`` on PATH, :func:`gpu_reading`, every ``interval`` seconds in a daemon
     thread while held. Usable as a bench's ``observer(output_dir)`` (the folder is not
@@ -106,40 +106,25 @@ class MachineSampler:
 
     def __init__(self, output_dir: Path | None = None, *, root: int | None = None,
                  interval: float = 0.5) -> None:
-        self.output_dir, self.interval = output_dir, interval
+        super().__init__(interval, "fedhetero-machine-sampler")
+        self.output_dir = output_dir
         self.root = os.getpid() if root is None else root
-        self.available = Path("/proc/self/status").is_file()
         self.nvidia_smi = shutil.which("nvidia-smi")
         self.peak_rss_mb = 0.0
         self.peak_anon_mb = 0.0
         self.gpu: list[tuple[float | None, float | None]] = []  # (utilisation %, MiB used)
         self._known: set[int] = set()  # every descendant seen, while it runs
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True,
-                                        name="fedhetero-machine-sampler")
 
-    def __enter__(self) -> MachineSampler:
-        if self.available:
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
-
-    def _sample(self) -> None:
-        while not self._stop.is_set():
-            rss, anon = tree_resident_mb(self.root, self._known)
-            self.peak_rss_mb = max(self.peak_rss_mb, rss)
-            self.peak_anon_mb = max(self.peak_anon_mb, anon)
-            if self.nvidia_smi is not None:
-                reading = gpu_reading(self.nvidia_smi)
-                if reading is None:
-                    self.nvidia_smi = None  # no GPU answers: stop asking
-                else:
-                    self.gpu.append(reading)
-            self._stop.wait(self.interval)
+    def sample(self) -> None:
+        rss, anon = tree_resident_mb(self.root, self._known)
+        self.peak_rss_mb = max(self.peak_rss_mb, rss)
+        self.peak_anon_mb = max(self.peak_anon_mb, anon)
+        if self.nvidia_smi is not None:
+            reading = gpu_reading(self.nvidia_smi)
+            if reading is None:
+                self.nvidia_smi = None  # no GPU answers: stop asking
+            else:
+                self.gpu.append(reading)
 
     @property
     def mean_gpu_utilisation(self) -> float | None:
