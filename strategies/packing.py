@@ -38,6 +38,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from . import contract as C
+from .event_loop import GridEventLoop
 from .packed_records import error_of, put, take
 from .wrapped_grid import WrappedGrid
 
@@ -249,6 +250,4 @@ class PackedGrid(WrappedGrid):
 
     def send_and_receive(self, messages: Iterable[Message], *,
                          timeout: float | None = None) -> Iterable[Message]:
-        from .event_loop import GridEventLoop  # noqa: PLC0415 - the one exchange loop
-
-        return GridEventLoop(self).exchange(messages, timeout)
+        return GridEventLoop(self).exchange(messages, timeout)  # the one exchange loop
