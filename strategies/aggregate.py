@@ -472,27 +472,36 @@ class UpdateDrift:
         self.layers: dict[str, list[str]] = {}
         for key in self.global_arrays:
             self.layers.setdefault(layer_of(key), []).append(key)
-        self.unit_sum: NDArrays = {}
+        # per layer: its keys' slices of one flat float64 vector (the layer's update)
+        self.slices: dict[str, list[tuple[str, slice]]] = {}
+        for layer, keys in self.layers.items():
+            start, self.slices[layer] = 0, []
+            for key in keys:
+                size = self.global_arrays[key].size
+                self.slices[layer].append((key, slice(start, start + size)))
+                start += size
+        self.scratch = {layer: np.empty(sl[-1][1].stop) for layer, sl in self.slices.items()}
+        self.unit_sum: NDArrays = {}  # layer -> sum of the clients' unit update vectors
         self.unit_count: dict[str, int] = {}
         self.norms: list[float] = []
 
     def add(self, arrays: Mapping[str, np.ndarray]) -> None:
         """Fold in one client's model (not modified)."""
         total = 0.0
-        for layer, keys in self.layers.items():
-            deltas = {k: np.subtract(arrays[k], self.global_arrays[k], dtype=np.float64)
-                      for k in keys}
-            norm2 = sum(squared_sum(d) for d in deltas.values())
+        for layer, slices in self.slices.items():
+            delta = self.scratch[layer]
+            for key, part in slices:
+                np.subtract(np.ravel(arrays[key]), np.ravel(self.global_arrays[key]),
+                            out=delta[part], dtype=np.float64)
+            norm2 = squared_sum(delta)
             total += norm2
             if norm2 == 0.0:
                 continue
-            inv = 1.0 / np.sqrt(norm2)
-            for k, d in deltas.items():
-                d *= inv
-                if k in self.unit_sum:
-                    self.unit_sum[k] += d
-                else:
-                    self.unit_sum[k] = d
+            delta *= 1.0 / np.sqrt(norm2)
+            if layer in self.unit_sum:
+                self.unit_sum[layer] += delta
+            else:
+                self.unit_sum[layer] = delta.copy()
             self.unit_count[layer] = self.unit_count.get(layer, 0) + 1
         self.norms.append(float(np.sqrt(total)))
 
@@ -501,10 +510,10 @@ class UpdateDrift:
         cosine, their mean, and the mean and coefficient of variation of the update norms
         (cosines need at least two clients with a non-zero update)."""
         cosine = {}
-        for layer, keys in self.layers.items():
+        for layer in self.layers:
             k = self.unit_count.get(layer, 0)
             if k >= 2:
-                s2 = sum(squared_sum(self.unit_sum[key]) for key in keys)
+                s2 = squared_sum(self.unit_sum[layer])
                 cosine[layer] = (s2 - k) / (k * (k - 1))
         mean = float(np.mean(self.norms)) if self.norms else None
         return Drift(

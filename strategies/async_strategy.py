@@ -248,7 +248,7 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
         self.client_updates += 1
         self.updates.staleness.append(staleness)
         self.updates.metrics.append(reply.content[C.METRICS])
-        self.updates.bytes_up += sum(r.count_bytes() for r in reply.content.array_records.values())
+        self.updates.bytes_up += records.array_bytes(reply.content)
         timed = self.participation.timer is not None
         self.participation.feedback(task.number + 1, [
             (node, reply, task.done_at - task.sent_at if timed else None)])

@@ -192,8 +192,7 @@ arrayrecord_key, configrecord_key, train_metrics_aggr_fn, evaluate_metrics_aggr_
         plan.report.add(ParticipationSection(
             sampled=plan.sampled, stragglers=plan.stragglers,
             dropped=plan.sampled - len(messages),
-            bytes_down=sum(sum(r.count_bytes() for r in m.content.array_records.values())
-                           for m in messages),
+            bytes_down=sum(records.array_bytes(m.content) for m in messages),
             lr=float(lr) if isinstance(lr, (int, float)) and not isinstance(lr, bool) else None,
             unavailable=plan.unavailable))
         return messages
@@ -256,8 +255,7 @@ arrayrecord_key, configrecord_key, train_metrics_aggr_fn, evaluate_metrics_aggr_
         steps = [r.content[C.METRICS].get(C.LOCAL_STEPS_TAKEN) for r in accepted]
         plan.report.add(Aggregation(
             received=len(accepted), failed=len(plan.tasks) - len(accepted),
-            bytes_up=sum(sum(rec.count_bytes() for rec in r.content.array_records.values())
-                         for r in accepted),
+            bytes_up=sum(records.array_bytes(r.content) for r in accepted),
             local_steps=([int(s) for s in steps]
                          if steps and all(isinstance(s, (int, float)) for s in steps) else None),
             model_kept=not accepted))

@@ -535,7 +535,7 @@ class Participation:
             taken = reply.content[C.METRICS].get(C.LOCAL_STEPS_TAKEN)
             if isinstance(taken, int) and not isinstance(taken, bool) and taken >= 1:
                 steps = taken
-            up = sum(rec.count_bytes() for rec in reply.content.array_records.values())
+            up = records.array_bytes(reply.content)
         return self.timer.client_seconds(
             self.partition_of(node), steps, work.examples_per_step(node, task.config),
             plan.bytes_down, up, work.extra_examples(node, task.config))

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import functools
 import io
 import time
 from collections.abc import Iterable, Mapping
@@ -55,6 +56,26 @@ def to_numpy(record: ArrayRecord) -> NDArrays:
     return {key: array_view(array, key) for key, array in record.items()}
 
 
+@functools.lru_cache(maxsize=1024)
+def npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes | None:
+    """The ``.npy`` 1.0 header ``np.save`` writes for a C-ordered array of ``dtype`` and
+    ``shape`` (None where version 1.0 cannot hold it). Cached: a model's arrays repeat."""
+    header = io.BytesIO()
+    try:
+        np.lib.format.write_array_header_1_0(header, {
+            "descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False,
+            "shape": shape})
+    except ValueError:  # a header too large for version 1.0: np.save picks another
+        return None
+    return header.getvalue()
+
+
+@functools.lru_cache(maxsize=256)
+def dtype_name(dtype: np.dtype) -> str:
+    """``str(dtype)``, as ``Array`` declares it (cached)."""
+    return str(dtype)
+
+
 def array_of(value: np.ndarray) -> Array:
     """numpy array -> Flower ``Array`` holding the same ``.npy`` bytes as ``Array(value)``
     (``np.save``'s version 1.0 header), written with one copy of the data instead of
@@ -62,22 +83,26 @@ def array_of(value: np.ndarray) -> Array:
     value = np.asarray(value)
     if not value.flags.c_contiguous:
         value = np.array(value, order="C")
-    header = io.BytesIO()
-    try:
-        np.lib.format.write_array_header_1_0(
-            header, np.lib.format.header_data_from_array_1_0(value))
-    except ValueError:  # a header too large for version 1.0: np.save picks another
-        return Array(value)
     if value.dtype.hasobject:
         return Array(value)  # Flower refuses it (no pickles)
-    data = b"".join((header.getvalue(), value.reshape(-1).view(np.uint8)))
-    return Array(dtype=str(value.dtype), shape=tuple(int(d) for d in value.shape),
-                 stype=SType.NUMPY, data=data)
+    shape = tuple(int(d) for d in value.shape)
+    header = npy_header(value.dtype, shape)
+    if header is None:
+        return Array(value)
+    data = b"".join((header, value.reshape(-1).view(np.uint8)))
+    return Array(dtype_name(value.dtype), shape, SType.NUMPY, data)
 
 
 def to_record(arrays: Mapping[str, np.ndarray]) -> ArrayRecord:
     """{key: numpy array} -> ArrayRecord (:func:`array_of`)."""
     return ArrayRecord({key: array_of(value) for key, value in arrays.items()})
+
+
+def array_bytes(content: RecordDict) -> int:
+    """Bytes of every ArrayRecord in ``content`` (Flower's ``count_bytes``), read in place:
+    ``RecordDict.array_records`` would build a new mapping on each call."""
+    return sum(record.count_bytes() for record in content.values()
+               if isinstance(record, ArrayRecord))
 
 
 # ------------------------------------------------------------------ client table

@@ -40,7 +40,6 @@ import numbers
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from logging import WARNING
 
 import numpy as np
@@ -137,7 +136,6 @@ def specs_of(arrays: Mapping[str, object]) -> dict[str, ArraySpec]:
     return {key: spec_of(value) for key, value in arrays.items()}
 
 
-@lru_cache(maxsize=4096)
 @functools.lru_cache(maxsize=4096)
 def _parse_header(prefix: bytes) -> tuple[tuple[int, ...], bool, np.dtype, int] | str:
     """(shape, fortran order, dtype, data offset) of an ``.npy`` 1.0 / 2.0 header read by
@@ -169,15 +167,15 @@ def npy_view(data: bytes | bytearray | memoryview, field: str) -> np.ndarray:
     size = len(data)
     if size < 10:
         raise Refused(field, f"has {size} bytes: too short for an .npy header (truncated)")
-    if bytes(data[:6]) != b"\x93NUMPY":
+    if data[:6] != b"\x93NUMPY":
         raise Refused(field, "is not .npy data (bad magic)")
-    version = (data[6], data[7])
-    if version not in ((1, 0), (2, 0)):
-        raise Refused(field, f"has .npy version {version[0]}.{version[1]}, not 1.0 or 2.0")
-    start = 8 + (2 if version == (1, 0) else 4)
+    major, minor = data[6], data[7]
+    if minor != 0 or major not in (1, 2):
+        raise Refused(field, f"has .npy version {major}.{minor}, not 1.0 or 2.0")
+    start = 10 if major == 1 else 12
     if size < start:
         raise Refused(field, f"has {size} bytes: too short for an .npy header (truncated)")
-    length = int.from_bytes(bytes(data[8:start]), "little")
+    length = int.from_bytes(data[8:start], "little")
     if length > MAX_NPY_HEADER:
         raise Refused(field, f"has an .npy header of {length} bytes; at most {MAX_NPY_HEADER} "
                              f"are allowed (np.save writes < 1,500)")
@@ -199,9 +197,20 @@ def npy_view(data: bytes | bytearray | memoryview, field: str) -> np.ndarray:
         raise Refused(field, f"has {size} bytes; its header {dtype}{shape} needs exactly "
                              f"{expected_size} ({kind})")
     view = np.frombuffer(data, dtype=dtype, count=count, offset=offset)
-    view = view.reshape(shape, order="F" if fortran_order else "C")
+    if len(shape) != 1:
+        view = view.reshape(shape, order="F" if fortran_order else "C")
     view.flags.writeable = False
     return view
+
+
+@functools.lru_cache(maxsize=1024)
+def _declared_dtype(name: object) -> np.dtype | None:
+    """numpy's dtype of a declared dtype name, None if numpy has none (cached: a round's
+    replies declare the same few)."""
+    try:
+        return np.dtype(name)
+    except TypeError:
+        return None
 
 
 def read_array(array: Array, expected: ArraySpec | None, field: str) -> np.ndarray:
@@ -216,16 +225,17 @@ def read_array(array: Array, expected: ArraySpec | None, field: str) -> np.ndarr
     view = npy_view(array.data, field)
     declared_shape = tuple(array.shape)
     try:
-        declared_dtype = np.dtype(array.dtype)
-    except TypeError:
-        raise Refused(field, f"declares dtype {array.dtype!r}, which is not a numpy dtype"
-                      ) from None
-    held = f"{view.dtype}{view.shape}"
+        declared_dtype = _declared_dtype(array.dtype)
+    except TypeError:  # unhashable: not a dtype name
+        declared_dtype = None
+    if declared_dtype is None:
+        raise Refused(field, f"declares dtype {array.dtype!r}, which is not a numpy dtype")
     if view.shape != declared_shape or view.dtype != declared_dtype:
         raise Refused(field, f"declares {declared_dtype}{declared_shape} but its bytes hold "
-                             f"{held}")
+                             f"{view.dtype}{view.shape}")
     if expected is not None and (view.shape != expected.shape or view.dtype != expected.dtype):
-        raise Refused(field, f"is {held}, expected {expected.dtype}{expected.shape}")
+        raise Refused(field, f"is {view.dtype}{view.shape}, expected "
+                             f"{expected.dtype}{expected.shape}")
     return view
 
 
@@ -235,7 +245,8 @@ def value_problem(view: np.ndarray) -> str | None:
 
     One summing pass: the float32 sum of squares is finite exactly when the norm is at most
     MAX_NORM and no element is NaN / Inf."""
-    if np.issubdtype(view.dtype, np.floating):
+    kind = view.dtype.kind
+    if kind == "f":
         flat = view.ravel(order="K")  # a view of the bytes in memory order (no copy)
         with np.errstate(over="ignore", invalid="ignore"):
             squares = float(np.dot(flat, flat))  # BLAS: in the array's own dtype
@@ -248,10 +259,10 @@ def value_problem(view: np.ndarray) -> str | None:
         if not np.isfinite(view).all():
             return "has NaN or Inf"
         return f"has an L2 norm above {MAX_NORM:.3g} (huge finite values)"
-    if np.issubdtype(view.dtype, np.integer) and view.size:
+    if kind in "iu" and view.size:
         if int(np.max(np.abs(view.astype(np.float64)))) > MAX_INTEGER_ARRAY:
             return "has integers beyond +-2^53 (huge values)"
-    if view.dtype.kind not in "biuf":
+    if kind not in "biuf":
         return f"has dtype {view.dtype}, not a number"
     return None
 
@@ -415,7 +426,8 @@ def train_reply_problem(reply: Message, expected: Mapping[str, object], *,
     if reply.has_error():
         return f"client error: {reply.error.reason}"
     content = reply.content
-    if C.ARRAYS not in content.array_records or C.METRICS not in content.metric_records:
+    if not (isinstance(content.get(C.ARRAYS), ArrayRecord)
+            and isinstance(content.get(C.METRICS), MetricRecord)):
         return f"needs an ArrayRecord '{C.ARRAYS}' and a MetricRecord '{C.METRICS}'"
     problem = train_metrics_problem(content[C.METRICS], sent=sent, reported_size=reported_size)
     if problem:
