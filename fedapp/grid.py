@@ -37,7 +37,9 @@ class ServerAppGrid(WrappedGrid):
     ``pull_interval`` seconds apart, sooner right after the push) and lets go of the previous
     exchange's replies first."""
 
-    def __init__(self, grid: Grid, pull_interval: float = PULL_INTERVAL) -> None:
+    def __init__(self, grid: Grid, pull_interval: float | None = None) -> None:
+        if pull_interval is None:  # the wrapped Grid's own, where it has one (a packed Grid's)
+            pull_interval = getattr(grid, "pull_interval", PULL_INTERVAL)
         if not pull_interval > 0:
             raise ValueError(f"pull_interval={pull_interval} must be > 0 seconds")
         super().__init__(grid)

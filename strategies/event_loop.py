@@ -7,7 +7,8 @@ sync events and, later, asynchronous strategies (:meth:`GridEventLoop.push` then
 
 * the pull schedule: the sleep between two pulls is a quarter of the time since the last
   push, 5 ms .. ``pull_interval`` (:func:`pull_delay`), so fast replies are not held a
-  whole interval, and a long exchange is pulled every ``pull_interval``;
+  whole interval, and a long exchange is pulled every ``pull_interval`` (the Grid's own
+  ``pull_interval`` where it has one: a packed Grid pulls every 20 ms at most);
 * timeouts: a message without a reply ``timeout`` seconds after the wait started is lost;
   its tag is returned, nothing else is held up. "Without a reply" means a pull that began
   after the deadline did not bring it: time the server spends between two pulls (its own
@@ -56,9 +57,11 @@ def pull_delay(since_push: float, pull_interval: float = PULL_INTERVAL) -> float
 class GridEventLoop(Generic[Tag]):
     """Push / pull / timeouts over ``grid`` (module docstring)."""
 
-    def __init__(self, grid: Grid, pull_interval: float = PULL_INTERVAL, *,
+    def __init__(self, grid: Grid, pull_interval: float | None = None, *,
                  sleep: Callable[[float], None] | None = None,
                  now: Callable[[], float] | None = None) -> None:
+        if pull_interval is None:  # the Grid's own, where it has one (a packed Grid's)
+            pull_interval = getattr(grid, "pull_interval", PULL_INTERVAL)
         if not pull_interval >= 0:
             raise ValueError(f"pull_interval={pull_interval} must be >= 0 seconds")
         self.grid = grid

@@ -39,7 +39,7 @@ from flwr.serverapp import Grid
 
 from . import contract as C
 from .event_loop import GridEventLoop
-from .packed_records import error_of, put, take
+from .packed_records import error_of, put, read_reply, take
 from .wrapped_grid import WrappedGrid
 
 __all__ = ["PackedGrid", "VIRTUAL_NODE_BASE", "balance", "task_cost", "virtual_node_id"]
@@ -82,6 +82,10 @@ def balance(costs: Sequence[float], num_workers: int) -> list[list[int]]:
 
 class PackedGrid(WrappedGrid):
     """N virtual clients on the SuperNodes of ``grid`` (module docstring)."""
+
+    # seconds between pulls at most (the Grid event loop's): a pull asks for W messages, not
+    # N, so pulling every 20 ms costs little and a share's reply waits at most that long
+    pull_interval = 0.02
 
     def __init__(self, grid: Grid, num_clients: int,
                  cost: Callable[[Message, int | None], float] = task_cost) -> None:
@@ -196,7 +200,13 @@ class PackedGrid(WrappedGrid):
             self.fail(share, f"SuperNode {worker}, which served it packed, replied with an "
                       f"error: {reply.error.reason}", reply.error.code)
             return
-        parts, errors, unknown = take(reply.content)
+        try:
+            content = read_reply(reply.content)
+        except ValueError as exc:
+            self.fail(share, f"SuperNode {worker}, which served it packed, sent a malformed "
+                      f"reply: {exc}")
+            return
+        parts, errors, unknown = take(content)
         stray = sorted((set(parts) | set(errors)) - set(range(len(share))))
         if unknown or stray:
             log(WARNING, "Packed reply of SuperNode %s: dropped records %s (they name no "

@@ -7,8 +7,9 @@ client, in the order sent, each with its own message and its own ``Context``: no
 the virtual client's, ``node_config`` the SuperNode's with ``partition-id`` /
 ``num-partitions`` the virtual client's (and ``virtual-client`` = True), ``state`` the
 virtual client's (it travels with the client: the server sends it and gets it back). The
-replies go back in one message. Any other message goes to the handler unchanged, so the
-same ClientApp serves packed and unpacked runs. Whatever the handler keeps in memory
+replies go back in one message (each client's arrays joined into one byte string:
+:class:`strategies.packed_records.ReplyWriter`). Any other message goes to the handler
+unchanged, so the same ClientApp serves packed and unpacked runs. Whatever the handler keeps in memory
 (a model object, the data) stays warm from one virtual client to the next.
 
 A handler that raises gives its virtual client an error reply (the others go on); one
@@ -21,7 +22,7 @@ from flwr.app import Context, Error, Message, Metadata, RecordDict
 from flwr.common.constant import ErrorCode
 
 from .. import contract as C
-from ..packed_records import error_record, put, take
+from ..packed_records import ReplyWriter, take
 
 __all__ = ["NoReply", "is_packed", "virtual_clients"]
 
@@ -49,7 +50,7 @@ def virtual_clients(message: Message, context: Context, call_next) -> Message:
         raise ValueError(f"packed message: {len(nodes)} node ids, {len(partitions)} "
                          f"partition ids and {len(message_ids)} message ids")
     parts, _, _ = take(message.content)
-    reply = RecordDict()
+    reply = ReplyWriter()
     for number, (node, partition, message_id) in enumerate(zip(nodes, partitions,
                                                                message_ids)):
         records = parts.get(number, {})
@@ -68,13 +69,11 @@ def virtual_clients(message: Message, context: Context, call_next) -> Message:
         except NoReply:
             continue
         except Exception as exc:  # noqa: BLE001 - this client's error reply, the others go on
-            reply[f"{C.PACKED_ERROR}{number}"] = error_record(Error(
-                code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION,
-                reason=f"{type(exc).__name__}: {exc}"))
+            reply.error(number, Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION,
+                                      reason=f"{type(exc).__name__}: {exc}"))
             continue
         if answer.has_error():
-            reply[f"{C.PACKED_ERROR}{number}"] = error_record(answer.error)
+            reply.error(number, answer.error)
             continue
-        put(reply, number, C.PACKED_CONTENT, answer.content)
-        put(reply, number, C.PACKED_STATE, own.state)
-    return Message(reply, reply_to=message)
+        reply.add(number, [(C.PACKED_CONTENT, answer.content), (C.PACKED_STATE, own.state)])
+    return Message(reply.finish(), reply_to=message)

@@ -1,0 +1,116 @@
+"""A packed reply's arrays travel joined, one byte string per virtual client
+(strategies.packed_records.ReplyWriter / read_reply): they come back byte for byte, in the
+order written, and a malformed index is a clear error that costs only its worker's share."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, ConfigRecord, Error, MetricRecord, RecordDict
+
+from strategies import contract as C
+from strategies.client import virtual_clients
+from strategies.packed_records import ReplyWriter, read_reply
+from strategies.packing import PackedGrid
+from tests.inprocess import InProcessGrid, adding_app
+from tests.test_packing import exchange, train_messages
+
+pytestmark = pytest.mark.unit
+
+
+def same_arrays(a: ArrayRecord, b: ArrayRecord) -> bool:
+    return list(a) == list(b) and all(
+        (x.dtype, tuple(x.shape), x.stype, x.data) == (y.dtype, tuple(y.shape), y.stype, y.data)
+        for x, y in zip(a.values(), b.values()))
+
+
+def written():
+    """A reply of three virtual clients: 0 answered (arrays of several kinds, state), 1
+    failed, 2 answered with an empty ArrayRecord and one array object twice."""
+    shared = Array(np.arange(6, dtype=np.float32).reshape(2, 3))
+    first = RecordDict({
+        C.ARRAYS: ArrayRecord({"w": shared, "count": Array(np.array(7, dtype=np.int64)),
+                               "empty": Array(np.zeros((0, 4), dtype=np.float64)),
+                               "fortran": Array(np.asfortranarray(np.ones((2, 2))))}),
+        C.METRICS: MetricRecord({C.NUM_EXAMPLES: 5})})
+    state = {"c": ArrayRecord({"c": Array(np.full(3, 0.5))})}
+    third = RecordDict({"none": ArrayRecord(), C.ARRAYS: ArrayRecord({"a": shared, "b": shared}),
+                        C.METRICS: MetricRecord({C.NUM_EXAMPLES: 2})})
+    writer = ReplyWriter()
+    writer.add(0, [(C.PACKED_CONTENT, first), (C.PACKED_STATE, state)])
+    writer.error(1, Error(code=3, reason="broke"))
+    writer.add(2, [(C.PACKED_CONTENT, third), (C.PACKED_STATE, {})])
+    records = {**{f"v0:{k}": v for k, v in first.items()}, "s0:c": state["c"],
+               "e1": None, **{f"v2:{k}": v for k, v in third.items()}}
+    return writer.finish(), records
+
+
+def test_the_arrays_come_back_byte_for_byte_in_the_order_written():
+    pack, records = written()
+    chunks = pack[C.PACKED_BYTES]
+    assert set(chunks) == {"0", "2"}  # one byte string per client that sent arrays
+    assert len(chunks["2"].data) == len(records["v2:arrays"]["a"].data)  # stored once
+    assert not any(isinstance(r, ArrayRecord) for n, r in pack.items() if n != C.PACKED_BYTES)
+    back = read_reply(pack)
+    assert list(back) == list(records)
+    for name, original in records.items():
+        if isinstance(original, ArrayRecord):
+            assert same_arrays(back[name], original), name
+    assert back["v0:metrics"][C.NUM_EXAMPLES] == 5 and back["e1"]["reason"] == "broke"
+    assert len(pack[C.PACKED_BYTES]) == 0  # each byte string let go once read
+
+
+def test_a_reply_without_arrays_is_left_as_it_is():
+    writer = ReplyWriter()
+    writer.add(0, [(C.PACKED_CONTENT, {C.METRICS: MetricRecord({"x": 1})})])
+    pack = writer.finish()
+    assert C.PACKED_INDEX not in pack and read_reply(pack) is pack
+
+
+def spoilt(change) -> RecordDict:
+    pack, _ = written()
+    index = dict(pack[C.PACKED_INDEX].items())
+    change(index, pack)
+    pack[C.PACKED_INDEX] = ConfigRecord(index)
+    return pack
+
+
+def put_back(key, value):
+    return lambda index, pack: index.__setitem__(key, value)
+
+
+@pytest.mark.parametrize("change, why", [
+    (lambda index, pack: pack.__delitem__(C.PACKED_BYTES), "needs a ConfigRecord"),
+    (put_back(C.PACKED_INDEX_OFFSETS, "0"), "'offsets' must be a list of int >= 0"),
+    (lambda index, pack: index[C.PACKED_INDEX_OFFSETS].__setitem__(0, -1), "int >= 0"),
+    (lambda index, pack: index[C.PACKED_INDEX_KEYS].pop(), "mismatched lengths"),
+    (lambda index, pack: index[C.PACKED_INDEX_DIMS].append(1), "mismatched lengths"),
+    (lambda index, pack: index[C.PACKED_INDEX_SIZES].__setitem__(0, 10**9), "bytes 0 .. "),
+    (lambda index, pack: index[C.PACKED_INDEX_KEYS].__setitem__(1, "w"), "repeated key"),
+    (lambda index, pack: index[C.PACKED_INDEX_RECORD_CLIENTS].__setitem__(0, 1),
+     "no byte string of virtual client #1"),
+    (lambda index, pack: index[C.PACKED_INDEX_ORDER].append("e1"), "joined ArrayRecord once"),
+    (lambda index, pack: index[C.PACKED_INDEX_ORDER].remove("v0:arrays"), "joined ArrayRecord once"),
+])
+def test_a_malformed_index_is_a_clear_error(change, why):
+    with pytest.raises(ValueError, match=why.replace("(", r"\(")):
+        read_reply(spoilt(change))
+
+
+def test_a_worker_whose_index_is_malformed_fails_its_own_share_only():
+    class Spoiling(InProcessGrid):
+        def deliver(self, msg, timeout=None):
+            reply = super().deliver(msg, timeout)
+            if msg.metadata.dst_node_id == self.node_ids[0]:
+                index = dict(reply.content[C.PACKED_INDEX].items())
+                index[C.PACKED_INDEX_SIZES] = [10**9] * len(index[C.PACKED_INDEX_SIZES])
+                reply.content[C.PACKED_INDEX] = ConfigRecord(index)
+            return reply
+
+    grid = PackedGrid(Spoiling(adding_app(mods=[virtual_clients]), 2, {}), 6)
+    replies = exchange(grid, train_messages(grid, list(grid.get_node_ids())))
+    failed = [r for r in replies if r.has_error()]
+    assert len(replies) == 6 and 0 < len(failed) < 6
+    first = grid.grid.node_ids[0]
+    assert all(f"SuperNode {first}, which served it packed, sent a malformed reply"
+               in r.error.reason for r in failed)
