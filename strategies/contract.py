@@ -246,23 +246,29 @@ PACKED_STATE = "s"  # f"s{i}:{name}": its Context.state record (travels with the
 PACKED_ERROR = "e"  # f"e{i}": ConfigRecord {code, reason}: its handler raised / errored
 PACKED_ERROR_CODE = "code"  # int, Flower's error code
 PACKED_ERROR_REASON = "reason"  # str
-# a packed reply's ArrayRecords travel as one byte string per virtual client (the .npy
-# bytes of its arrays back to back) plus one index, so Flower (de)serialises W objects,
-# not one per array (strategies/packed_records.py: ReplyWriter, read_reply)
-PACKED_BYTES = "packed-bytes"  # ArrayRecord {str(i): Array of stype PACKED_BYTES_STYPE}
+# a packed reply's records travel as a few byte strings (blocks of about 16 MiB: the .npy
+# bytes of the arrays, the MetricRecords / ConfigRecords as Flower serialises them) plus one
+# index, so Flower moves a few objects per reply, not several per virtual client
+# (strategies/packed_records.py: ReplyWriter, read_reply)
+PACKED_BYTES = "packed-bytes"  # ArrayRecord {str(block): Array of stype PACKED_BYTES_STYPE}
 PACKED_BYTES_STYPE = "fedhetero.packed-bytes"  # raw bytes, not an .npy payload
-PACKED_INDEX = "packed-index"  # ConfigRecord: where each array's bytes lie (the lists below)
+PACKED_INDEX = "packed-index"  # ConfigRecord: where each record's bytes lie (lists below)
 PACKED_INDEX_ORDER = "order"  # list[str], every record name of the reply, in order
 PACKED_INDEX_RECORDS = "records"  # list[str], the ArrayRecords' names
-PACKED_INDEX_RECORD_CLIENTS = "record-clients"  # list[int], each one's virtual client i
+PACKED_INDEX_RECORD_BLOCKS = "record-blocks"  # list[int], the block of each one's arrays
 PACKED_INDEX_RECORD_SIZES = "record-sizes"  # list[int], each one's number of arrays
 PACKED_INDEX_KEYS = "keys"  # list[str], per array: its key, dtype, stype, ndim, ...
 PACKED_INDEX_DTYPES = "dtypes"  # list[str]
 PACKED_INDEX_STYPES = "stypes"  # list[str]
 PACKED_INDEX_NDIMS = "ndims"  # list[int]
 PACKED_INDEX_DIMS = "dims"  # list[int], every array's shape, one after another
-PACKED_INDEX_OFFSETS = "offsets"  # list[int], where its bytes start in its client's string
+PACKED_INDEX_OFFSETS = "offsets"  # list[int], where its bytes start in its block
 PACKED_INDEX_SIZES = "sizes"  # list[int], how many bytes
+PACKED_INDEX_SERIALIZED = "serialized"  # list[str], the MetricRecords' / ConfigRecords' names
+PACKED_INDEX_SERIALIZED_KINDS = "serialized-kinds"  # list[str], "MetricRecord" / "ConfigRecord"
+PACKED_INDEX_SERIALIZED_BLOCKS = "serialized-blocks"  # list[int]
+PACKED_INDEX_SERIALIZED_OFFSETS = "serialized-offsets"  # list[int]
+PACKED_INDEX_SERIALIZED_SIZES = "serialized-sizes"  # list[int]
 VIRTUAL_CLIENT = "virtual-client"  # node-config key, True in a virtual client's Context
 
 # Keys that count what the server sends again after a resume: every client's copy of its

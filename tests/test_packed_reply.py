@@ -1,6 +1,7 @@
-"""A packed reply's arrays travel joined, one byte string per virtual client
-(strategies.packed_records.ReplyWriter / read_reply): they come back byte for byte, in the
-order written, and a malformed index is a clear error that costs only its worker's share."""
+"""A packed reply's records travel joined, in a few byte blocks
+(strategies.packed_records.ReplyWriter / read_reply): they come back as written (arrays byte
+for byte), in the order written, and a malformed index is a clear error that costs only its
+worker's share."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Error, MetricRecord, Reco
 
 from strategies import contract as C
 from strategies.client import virtual_clients
+from strategies import packed_records
 from strategies.packed_records import ReplyWriter, read_reply
 from strategies.packing import PackedGrid
 from tests.inprocess import InProcessGrid, adding_app
@@ -45,24 +47,39 @@ def written():
     return writer.finish(), records
 
 
-def test_the_arrays_come_back_byte_for_byte_in_the_order_written():
+def test_the_records_come_back_as_written_in_the_order_written():
     pack, records = written()
-    chunks = pack[C.PACKED_BYTES]
-    assert set(chunks) == {"0", "2"}  # one byte string per client that sent arrays
-    assert len(chunks["2"].data) == len(records["v2:arrays"]["a"].data)  # stored once
-    assert not any(isinstance(r, ArrayRecord) for n, r in pack.items() if n != C.PACKED_BYTES)
+    assert list(pack[C.PACKED_BYTES]) == ["0"]  # one block: it holds less than BLOCK_BYTES
+    assert set(pack) == {"e1", C.PACKED_BYTES, C.PACKED_INDEX}  # the rest is joined
     back = read_reply(pack)
     assert list(back) == list(records)
     for name, original in records.items():
         if isinstance(original, ArrayRecord):
             assert same_arrays(back[name], original), name
-    assert back["v0:metrics"][C.NUM_EXAMPLES] == 5 and back["e1"]["reason"] == "broke"
-    assert len(pack[C.PACKED_BYTES]) == 0  # each byte string let go once read
+        elif isinstance(original, MetricRecord):
+            assert type(back[name]) is MetricRecord and dict(back[name]) == dict(original)
+    assert back["e1"]["reason"] == "broke"
+    assert len(pack[C.PACKED_BYTES]) == 0  # each block let go once read
 
 
-def test_a_reply_without_arrays_is_left_as_it_is():
+def test_an_array_returned_twice_is_stored_once_and_blocks_close_at_their_size(monkeypatch):
+    pack, records = written()
+    shared = len(records["v2:arrays"]["a"].data)
+    index = pack[C.PACKED_INDEX]
+    offsets = index[C.PACKED_INDEX_OFFSETS]
+    assert offsets[-1] == offsets[-2]  # v2's "a" and "b": the same bytes
+    monkeypatch.setattr(packed_records, "BLOCK_BYTES", shared)
+    pack, records = written()
+    assert len(pack[C.PACKED_BYTES]) == 2  # client 0 filled block 0; client 2 is in block 1
+    back = read_reply(pack)
+    assert same_arrays(back["v2:arrays"], records["v2:arrays"])
+    assert same_arrays(back["v0:arrays"], records["v0:arrays"])
+
+
+def test_a_reply_of_errors_only_is_left_as_it_is():
     writer = ReplyWriter()
-    writer.add(0, [(C.PACKED_CONTENT, {C.METRICS: MetricRecord({"x": 1})})])
+    writer.add(0, [(C.PACKED_CONTENT, {})])
+    writer.error(1, Error(code=3, reason="broke"))
     pack = writer.finish()
     assert C.PACKED_INDEX not in pack and read_reply(pack) is pack
 
@@ -87,10 +104,16 @@ def put_back(key, value):
     (lambda index, pack: index[C.PACKED_INDEX_DIMS].append(1), "mismatched lengths"),
     (lambda index, pack: index[C.PACKED_INDEX_SIZES].__setitem__(0, 10**9), "bytes 0 .. "),
     (lambda index, pack: index[C.PACKED_INDEX_KEYS].__setitem__(1, "w"), "repeated key"),
-    (lambda index, pack: index[C.PACKED_INDEX_RECORD_CLIENTS].__setitem__(0, 1),
-     "no byte string of virtual client #1"),
-    (lambda index, pack: index[C.PACKED_INDEX_ORDER].append("e1"), "joined ArrayRecord once"),
-    (lambda index, pack: index[C.PACKED_INDEX_ORDER].remove("v0:arrays"), "joined ArrayRecord once"),
+    (lambda index, pack: index[C.PACKED_INDEX_RECORD_BLOCKS].__setitem__(0, 1),
+     "no byte block #1"),
+    (lambda index, pack: index[C.PACKED_INDEX_SERIALIZED_KINDS].__setitem__(0, "Evil"),
+     "a 'Evil' at bytes"),
+    (lambda index, pack: index[C.PACKED_INDEX_SERIALIZED_OFFSETS].__setitem__(0, 1),
+     "is no MetricRecord"),
+    (lambda index, pack: index[C.PACKED_INDEX_SERIALIZED_KINDS].__setitem__(0, "ConfigRecord"),
+     "is no ConfigRecord"),
+    (lambda index, pack: index[C.PACKED_INDEX_ORDER].append("e1"), "each joined record once"),
+    (lambda index, pack: index[C.PACKED_INDEX_ORDER].remove("v0:arrays"), "each joined record once"),
 ])
 def test_a_malformed_index_is_a_clear_error(change, why):
     with pytest.raises(ValueError, match=why.replace("(", r"\(")):

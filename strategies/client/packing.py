@@ -7,7 +7,7 @@ client, in the order sent, each with its own message and its own ``Context``: no
 the virtual client's, ``node_config`` the SuperNode's with ``partition-id`` /
 ``num-partitions`` the virtual client's (and ``virtual-client`` = True), ``state`` the
 virtual client's (it travels with the client: the server sends it and gets it back). The
-replies go back in one message (each client's arrays joined into one byte string:
+replies go back in one message (their records joined into a few byte strings:
 :class:`strategies.packed_records.ReplyWriter`). Any other message goes to the handler
 unchanged, so the same ClientApp serves packed and unpacked runs. Whatever the handler keeps in memory
 (a model object, the data) stays warm from one virtual client to the next.
