@@ -3,12 +3,19 @@
 Every model subclasses :class:`ClassifierModule`, which carries its own loss and
 accuracy counting so that training code never needs to know which model it runs.
 Flattened feature sizes are always computed from ``input_shape``, never hard-coded.
+
+Width scaling (``cnn-small``, ``resnet18-gn``; HeteroFL, Diao, Ding and Tarokh, ICLR 2021,
+Sec. 3.1; FjORD, Horvath et al., NeurIPS 2021, Sec. 3; FedRolex, Alam et al., NeurIPS 2022,
+Sec. 3.2): ``build_model(..., width=r)`` keeps :func:`width_units` of every hidden layer's
+units, and :func:`width_spec` says which array axes hold which hidden units, in the form
+``strategies.submodel_math.WidthSpec`` takes.
 """
 
 from __future__ import annotations
 
 import functools
-from pathlib import Path
+import math
+import numbers
 from typing import Callable
 
 import torch
@@ -34,6 +41,37 @@ class ClassifierModule(nn.Module):
     def num_correct(self, outputs: torch.Tensor, targets: torch.Tensor) -> int:
         """Number of samples whose arg-max logit equals the target class."""
         return int((outputs.argmax(dim=1) == targets).sum().item())
+
+
+def width_units(units: int, width: float) -> int:
+    """Units a hidden layer of ``units`` keeps at ``width``: ceil(width * units), where a
+    product within a relative 1e-12 above an integer counts as that integer, capped at
+    ``units``; the rule of ``strategies.submodel_math.unit_indices`` (tests check they agree)."""
+    product = int(units) * float(width)
+    return min(int(units), math.ceil(product - product * 1e-12))
+
+
+class Scaler(nn.Module):
+    """HeteroFL's Scaler (Diao et al., ICLR 2021, Sec. 3): divides its input by the width
+    rate in training mode and is the identity in eval mode; no parameters. As in the
+    authors' code (``src/modules/modules.py``; ``src/models/conv.py`` and ``resnet.py``) it
+    sits on a scaled layer's output, before that layer's norm and activation."""
+
+    def __init__(self, rate: float):
+        super().__init__()
+        self.rate = float(rate)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x / self.rate if self.training else x
+
+    def extra_repr(self) -> str:
+        return f"rate={self.rate}"
+
+
+def _relu(scaler_rate: float | None = None) -> nn.Module:
+    """ReLU, preceded by a :class:`Scaler` when ``scaler_rate`` is given; the pair takes the
+    ReLU's place in a Sequential, so the parameter keys stay those without a scaler."""
+    return nn.ReLU() if scaler_rate is None else nn.Sequential(Scaler(scaler_rate), nn.ReLU())
 
 
 def _flat_features(features: nn.Module, input_shape: InputShape) -> int:
@@ -74,16 +112,19 @@ class ConvNet(ClassifierModule):
         Widths of the ReLU hidden layers of the classifier head.
     num_classes : int
         Number of output logits.
+    scaler_rate : float, optional
+        If given, a :class:`Scaler` of this rate before each hidden layer's ReLU.
     """
 
     def __init__(self, features: nn.Module, input_shape: InputShape,
-                 hidden_sizes: tuple[int, ...], num_classes: int):
+                 hidden_sizes: tuple[int, ...], num_classes: int,
+                 scaler_rate: float | None = None):
         super().__init__()
         self.features = features
         layers: list[nn.Module] = [nn.Flatten()]
         in_features = _flat_features(features, input_shape)
         for width in hidden_sizes:
-            layers += [nn.Linear(in_features, width), nn.ReLU()]
+            layers += [nn.Linear(in_features, width), _relu(scaler_rate)]
             in_features = width
         layers.append(nn.Linear(in_features, num_classes))
         self.classifier = nn.Sequential(*layers)
@@ -92,11 +133,15 @@ class ConvNet(ClassifierModule):
         return self.classifier(self.features(x))
 
 
-def _conv_block(in_ch: int, out_ch: int, padding: int, groups: int = 0) -> nn.Sequential:
-    """5x5 conv, optional GroupNorm(``groups``), ReLU, 2x2 max-pool."""
+def _conv_block(in_ch: int, out_ch: int, padding: int, groups: int = 0,
+                scaler_rate: float | None = None) -> nn.Sequential:
+    """5x5 conv, optional GroupNorm(``groups``), ReLU, 2x2 max-pool; ``scaler_rate``
+    (blocks without a norm only) puts a :class:`Scaler` in the ReLU's slot, before it."""
+    if groups and scaler_rate is not None:
+        raise ValueError("a Scaler belongs before the norm; only norm-free blocks take one")
     norm = [nn.GroupNorm(groups, out_ch)] if groups else []
     return nn.Sequential(nn.Conv2d(in_ch, out_ch, 5, padding=padding), *norm,
-                         nn.ReLU(), nn.MaxPool2d(2))
+                         _relu(scaler_rate), nn.MaxPool2d(2))
 
 
 def cnn_mcmahan(input_shape: InputShape, num_classes: int) -> ConvNet:
@@ -107,13 +152,22 @@ def cnn_mcmahan(input_shape: InputShape, num_classes: int) -> ConvNet:
     return ConvNet(features, input_shape, (512,), num_classes)
 
 
-def cnn_small(input_shape: InputShape, num_classes: int) -> ConvNet:
+def cnn_small(input_shape: InputShape, num_classes: int, width: float = 1.0,
+              scaler: bool = False) -> ConvNet:
     """Li et al., 2021, "Federated Learning on Non-IID Data Silos: An
     Experimental Study" (NIID-Bench, ICDE): LeNet-like simple CNN with
-    unpadded 5x5 convs (6, 16) and FC 120 -> 84 -> classes."""
+    unpadded 5x5 convs (6, 16) and FC 120 -> 84 -> classes.
+
+    At ``width`` r the convs and the two hidden FC layers keep :func:`width_units` of
+    their units (HeteroFL Sec. 3.1); ``scaler`` puts a :class:`Scaler` on each of their
+    outputs, before the ReLU (HeteroFL's ``conv.py``: conv, scaler, norm, ReLU, pool)."""
     c = input_shape[0]
-    features = nn.Sequential(_conv_block(c, 6, 0), _conv_block(6, 16, 0))
-    return ConvNet(features, input_shape, (120, 84), num_classes)
+    units = functools.partial(width_units, width=width)
+    rate = float(width) if scaler else None
+    features = nn.Sequential(_conv_block(c, units(6), 0, scaler_rate=rate),
+                             _conv_block(units(6), units(16), 0, scaler_rate=rate))
+    return ConvNet(features, input_shape, (units(120), units(84)), num_classes,
+                   scaler_rate=rate)
 
 
 def lenet_gn(input_shape: InputShape, num_classes: int) -> ConvNet:
@@ -208,20 +262,68 @@ def mlp_2nn_moon(input_shape: InputShape, num_classes: int) -> ProjectionHeadNet
     return ProjectionHeadNet(encoder, 200, num_classes)
 
 
+class _ScaledGroupNorm(nn.GroupNorm):
+    """GroupNorm whose input first passes its ``scaler`` (a :class:`Scaler`, no
+    parameters), so the keys are GroupNorm's. GroupNorm is invariant to a positive input
+    scale up to its eps, so here the Scaler changes almost nothing (so in HeteroFL's
+    ResNet with ``norm='gn'``, where it also precedes the norm)."""
+
+    def __init__(self, num_groups: int, num_channels: int, rate: float):
+        super().__init__(num_groups, num_channels)
+        self.scaler = Scaler(rate)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(self.scaler(x))
+
+
+def _resnet_group_norm(channels: int, scaler_rate: float | None = None) -> nn.GroupNorm:
+    """GroupNorm(2, C) where C is even, else GroupNorm(1, C) (widths 1 .. 1/32 keep every
+    stage even: 64 r >= 2)."""
+    groups = 2 if channels % 2 == 0 else 1
+    if scaler_rate is None:
+        return nn.GroupNorm(groups, channels)
+    return _ScaledGroupNorm(groups, channels, scaler_rate)
+
+
 class ResNet18GN(ClassifierModule):
     """He et al., 2016, "Deep Residual Learning for Image Recognition" (CVPR):
     torchvision ResNet-18 with GroupNorm(2, C) instead of BatchNorm (Hsieh et
     al., 2020), a 3x3 stride-1 stem and no max-pool for small images.
-    Randomly initialised; no weights are ever downloaded."""
+    Randomly initialised; no weights are ever downloaded.
 
-    def __init__(self, input_shape: InputShape, num_classes: int):
+    At ``width`` r every conv keeps :func:`width_units` of its channels (stages 64, 128,
+    256, 512; HeteroFL Sec. 3.1); the input channels and the class outputs never scale.
+    GroupNorm rule: 2 groups where the channel count is even, else 1 (width 1 is today's
+    GroupNorm(2, C)); its weight and bias scale with their channels. ``scaler`` puts a
+    :class:`Scaler` on every conv's output, inside the norm that follows it, before the
+    normalisation (HeteroFL's ``resnet.py``: ``n1(scaler(x))``)."""
+
+    def __init__(self, input_shape: InputShape, num_classes: int, width: float = 1.0,
+                 scaler: bool = False):
         super().__init__()
-        import torchvision  # noqa: PLC0415 - ~170 MB resident; only this model needs it
+        from torchvision.models.resnet import BasicBlock, ResNet  # noqa: PLC0415 - ~170 MB
 
-        self.net = torchvision.models.resnet18(
-            weights=None, num_classes=num_classes,
-            norm_layer=functools.partial(nn.GroupNorm, 2))
-        self.net.conv1 = nn.Conv2d(input_shape[0], 64, 3, stride=1, padding=1, bias=False)
+        units = functools.partial(width_units, width=width)
+        rate = float(width) if scaler else None
+        norm_layer = functools.partial(_resnet_group_norm, scaler_rate=rate)
+
+        class WidthResNet(ResNet):
+            """torchvision's ResNet (the same modules, initialisation and RNG draws as
+            ``resnet18``) with every stage's planes mapped by ``units``."""
+
+            def _make_layer(self, block, planes, blocks, stride=1, dilate=False):
+                if planes == 64:  # layer1 takes the stem's 64 channels, which scale too
+                    self.inplanes = units(64)
+                return super()._make_layer(block, units(planes), blocks, stride, dilate)
+
+        self.net = WidthResNet(BasicBlock, [2, 2, 2, 2], num_classes=num_classes,
+                               norm_layer=norm_layer)
+        self.net.conv1 = nn.Conv2d(input_shape[0], units(64), 3, stride=1, padding=1,
+                                   bias=False)
+        if units(64) != 64:  # built by ResNet.__init__ at full width
+            self.net.bn1 = norm_layer(units(64))
+        if units(512) != 512:
+            self.net.fc = nn.Linear(units(512), num_classes)
         self.net.maxpool = nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -277,17 +379,115 @@ if tuple(_BUILDERS) != MODEL_NAMES:  # one list of names, kept where torch is no
                       f"{MODEL_NAMES}: make them equal")
 
 
-def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int) -> ClassifierModule:
+# the models build_model scales in width, and width_spec describes
+WIDTH_MODELS: tuple[str, ...] = ("cnn-small", "resnet18-gn")
+
+
+def _check_width(name: str, width, scaler) -> None:
+    if name not in _BUILDERS:
+        raise ValueError(f"Unknown model name {name!r}; valid names: {', '.join(MODEL_NAMES)}")
+    if (not isinstance(width, numbers.Real) or isinstance(width, bool)
+            or not 0.0 < float(width) <= 1.0):
+        raise ValueError(f"width={width!r} must be a number in (0, 1], e.g. 0.5 for half "
+                         f"width (1.0: the full model)")
+    if not isinstance(scaler, bool):
+        raise ValueError(f"scaler={scaler!r} must be True or False")
+    if name not in WIDTH_MODELS and (float(width) != 1.0 or scaler):
+        raise ValueError(f"model {name!r} does not scale in width (width={width!r}, "
+                         f"scaler={scaler!r}); use width=1.0 and scaler=False with it, or a "
+                         f"width-scalable model: {', '.join(WIDTH_MODELS)}")
+
+
+def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int,
+                width: float = 1.0, scaler: bool = False) -> ClassifierModule:
     """Build the model registered as ``name`` for ``(C, H, W)`` inputs.
+
+    ``width`` in (0, 1] shrinks every hidden layer to :func:`width_units` of its units
+    (only :data:`WIDTH_MODELS`; 1.0 is the full model, the same parameters and RNG draws
+    as without the argument); ``scaler`` adds HeteroFL's :class:`Scaler` after each scaled
+    layer (HeteroFL Sec. 3; only :data:`WIDTH_MODELS`).
 
     Raises
     ------
     ValueError
-        If ``name`` is not one of :data:`MODEL_NAMES`.
+        If ``name`` is not one of :data:`MODEL_NAMES`, ``width`` is not in (0, 1], or
+        ``width != 1`` or ``scaler`` is asked of a model not in :data:`WIDTH_MODELS`.
     """
-    if name not in _BUILDERS:
-        raise ValueError(f"Unknown model name {name!r}; valid names: {', '.join(MODEL_NAMES)}")
+    _check_width(name, width, scaler)
+    if name in WIDTH_MODELS:
+        return _BUILDERS[name](tuple(input_shape), num_classes, width=width, scaler=scaler)
     return _BUILDERS[name](tuple(input_shape), num_classes)
+
+
+def width_spec(name: str, input_shape: tuple[int, int, int], num_classes: int
+               ) -> dict[str, tuple]:
+    """Per parameter key of the full-width model's state_dict, per array axis: None (never
+    scales: first inputs, class outputs, kernels) or ``(hidden_dimension, repeat)``, the
+    arguments of ``strategies.submodel_math.HiddenUnits`` (repeat = entries per unit: H*W
+    of the feature map after cnn-small's flatten, else 1).
+
+    cnn-small: dimensions ``conv1``, ``conv2``, ``fc1``, ``fc2``. resnet18-gn: ``layerI``
+    for stage I's block outputs, shared by everything a residual adds together (the stem
+    with layer1, each downsample with its stage), and ``layerI.J.conv1`` for a block's
+    inner channels.
+    """
+    _check_width(name, 1.0, False)
+    if name == "cnn-small":
+        return _cnn_small_spec(tuple(input_shape), num_classes)
+    if name == "resnet18-gn":
+        return _resnet18_spec()
+    raise ValueError(f"model {name!r} does not scale in width; width_spec describes only "
+                     f"{', '.join(WIDTH_MODELS)}")
+
+
+def _cnn_small_spec(input_shape: InputShape, num_classes: int) -> dict[str, tuple]:
+    with torch.random.fork_rng(devices=[]):  # leave the caller's RNG stream alone
+        features = cnn_small(input_shape, num_classes).features
+    with torch.no_grad():
+        _, _, height, width = features(torch.zeros(1, *input_shape)).shape  # feature map
+    spec: dict[str, tuple] = {}
+    conv_in = None
+    for index, dim in enumerate(("conv1", "conv2")):
+        spec[f"features.{index}.0.weight"] = ((dim, 1), conv_in, None, None)
+        spec[f"features.{index}.0.bias"] = ((dim, 1),)
+        conv_in = (dim, 1)
+    fc_in = ("conv2", height * width)  # flatten: channel c -> inputs c*H*W .. c*H*W+H*W-1
+    for index, dim in ((1, "fc1"), (3, "fc2")):
+        spec[f"classifier.{index}.weight"] = ((dim, 1), fc_in)
+        spec[f"classifier.{index}.bias"] = ((dim, 1),)
+        fc_in = (dim, 1)
+    spec["classifier.5.weight"] = (None, fc_in)
+    spec["classifier.5.bias"] = (None,)
+    return spec
+
+
+def _resnet18_spec() -> dict[str, tuple]:
+    def conv(out, inp):
+        return (out, inp, None, None)
+
+    def norm(prefix, dim):
+        return {f"{prefix}.weight": (dim,), f"{prefix}.bias": (dim,)}
+
+    spec: dict[str, tuple] = {"net.conv1.weight": conv(("layer1", 1), None),
+                              **norm("net.bn1", ("layer1", 1))}
+    stage_in = ("layer1", 1)  # layer1's blocks add their outputs to the stem's
+    for stage in range(1, 5):
+        stage_out = (f"layer{stage}", 1)
+        for block in range(2):
+            prefix = f"net.layer{stage}.{block}"
+            inner = (f"layer{stage}.{block}.conv1", 1)
+            block_in = stage_in if block == 0 else stage_out
+            spec[f"{prefix}.conv1.weight"] = conv(inner, block_in)
+            spec.update(norm(f"{prefix}.bn1", inner))
+            spec[f"{prefix}.conv2.weight"] = conv(stage_out, inner)
+            spec.update(norm(f"{prefix}.bn2", stage_out))
+            if block == 0 and stage > 1:
+                spec[f"{prefix}.downsample.0.weight"] = conv(stage_out, stage_in)
+                spec.update(norm(f"{prefix}.downsample.1", stage_out))
+        stage_in = stage_out
+    spec["net.fc.weight"] = (None, stage_in)
+    spec["net.fc.bias"] = (None,)
+    return spec
 
 
 def count_parameters(model: nn.Module) -> int:
