@@ -26,7 +26,6 @@ from . import contract as C
 
 __all__ = ["ReplyWriter", "error_of", "error_record", "put", "read_reply", "take"]
 
-KINDS = (C.PACKED_CONTENT, C.PACKED_STATE)
 _NAME = re.compile(r"^([vs])(\d{1,9}):(.+)$", re.DOTALL)
 _ERROR = re.compile(rf"^{C.PACKED_ERROR}(\d{{1,9}})$")
 
