@@ -7,7 +7,10 @@ any user's ClientApp calls, on the optimiser the task builds from the train mess
 ``report_local_steps`` (FedNova's tau_i), ``ProximalTerm`` (FedProx), ``fedveca_train``
 (FedVeca), ``train_chunk`` (DynamicFL), ``ScaffoldClient`` (SCAFFOLD; c_i in
 ``context.state``), ``FedDynClient`` (FedDyn; the linear term in ``context.state``) and
-``MoonClient`` (MOON; the previous local model in ``context.state``); every step runs in
+``MoonClient`` (MOON; the previous local model in ``context.state``) and, for a message
+with ``model-width`` (HeteroFL, FedRolex, FjORD), the model built at that width holding the
+received sub-model (``load_width_state``), trained by ``ordered_dropout_sgd`` when the
+message has FjORD's ``width-levels``; every other step runs in
 ``strategies.client.local_sgd``.
 
 Each node finds its data by ``partition-id`` / ``num-partitions`` in its node config
@@ -46,9 +49,15 @@ from strategies.client import (
     is_fedveca_round,
     is_moon_message,
     is_scaffold_message,
+    is_width_message,
     label_counts,
+    load_width_state,
     local_sgd,
+    ordered_dropout_sgd,
     report_local_steps,
+    sent_levels,
+    sent_scaler,
+    sent_width,
     train_chunk,
     virtual_clients,
 )
@@ -175,26 +184,44 @@ def clear_caches() -> None:
     _on_device.cache_clear()
 
 
-@functools.lru_cache(maxsize=4)
-def _model(name: str, input_shape: tuple, num_classes: int, device: str) -> torch.nn.Module:
-    """One model object per process; every call loads the received weights into it. On the
-    CPU a convolutional model keeps channels-last weights (:func:`task.layout.training_layout`);
-    the process keeps one SGD step's memory for the next (:func:`task.heap.keep_step_memory`)."""
+@functools.lru_cache(maxsize=8)
+def _model(name: str, input_shape: tuple, num_classes: int, device: str, width: float = 1.0,
+           scaler: bool = False) -> torch.nn.Module:
+    """One model object per process and width; every call loads the received weights into
+    it. On the CPU a convolutional model keeps channels-last weights
+    (:func:`task.layout.training_layout`); the process keeps one SGD step's memory for the
+    next (:func:`task.heap.keep_step_memory`). ``width`` / ``scaler``: ``build_model``'s
+    (HeteroFL, FjORD, FedRolex; 1.0 / False: the full model)."""
     from task.heap import keep_step_memory  # noqa: PLC0415
     from task.layout import training_layout  # noqa: PLC0415
     from task.models import build_model  # noqa: PLC0415
 
     keep_step_memory()
-    return training_layout(build_model(name, input_shape, num_classes).to(device), input_shape)
+    model = build_model(name, input_shape, num_classes, width=width, scaler=scaler)
+    return training_layout(model.to(device), input_shape)
+
+
+def model_device(cfg: RunConfig) -> str:
+    """The training device's name, as :func:`_model` caches it."""
+    from task.train import resolve_device  # noqa: PLC0415
+
+    return str(resolve_device(cfg.device))
 
 
 def received_model(msg: Message, cfg: RunConfig, part: Partition) -> torch.nn.Module:
-    """The process's model for this config, holding the received weights."""
-    from task.train import resolve_device  # noqa: PLC0415
-
-    device = str(resolve_device(cfg.device))
-    model = _model(cfg.model, part.input_shape, part.num_classes, device)
-    model.load_state_dict(received_state(msg.content[C.ARRAYS]))
+    """The process's model for this config, holding the received weights; for a message
+    with ``model-width`` r the model built at r (and ``width-scaler``), loaded strictly
+    (:func:`strategies.client.load_width_state`: a clear error for a wrong shape)."""
+    width, scaler = cfg.model_width, False  # model-width: every client's model (FedAvg at r)
+    if is_width_message(msg):
+        config = msg.content[C.CONFIG]
+        width, scaler = sent_width(config), sent_scaler(config)
+    model = _model(cfg.model, part.input_shape, part.num_classes, model_device(cfg), width,
+                   scaler)
+    state = received_state(msg.content[C.ARRAYS])
+    if is_width_message(msg):
+        return load_width_state(model, state, width)
+    model.load_state_dict(state)
     return model
 
 
@@ -246,6 +273,9 @@ def train(msg: Message, context: Context) -> Message:
         return train_fedveca(msg, model, x, y, cfg, seed, partition_id)
     if is_dynamicfl_chunk(config):  # a DynamicFL chunk [start-step, start-step + num-steps)
         return train_dynamicfl_chunk(msg, context, model, x, y, cfg, partition_id)
+    levels = sent_levels(config) if is_width_message(msg) else None
+    if levels is not None:  # FjORD: ordered dropout over the sent widths
+        return train_ordered_dropout(msg, model, x, y, cfg, part, seed, partition_id, levels)
     optimizer = app_optimizer(model, config, cfg)
     lr = float(config.get(C.LR, cfg.lr))
     mu = float(config.get(C.PROXIMAL_MU, 0.0))
@@ -275,9 +305,44 @@ def train(msg: Message, context: Context) -> Message:
     helper = scaffold or feddyn or moon
     if helper is not None:  # the helper keeps its state in context.state, builds the reply
         return Message(helper.finish(model, metrics), reply_to=msg)
+    return model_reply(msg, model, metrics)
+
+
+def model_reply(msg: Message, model: torch.nn.Module, metrics: dict) -> Message:
+    """The reply: the trained model's state_dict (its own keys and shapes) and ``metrics``."""
     arrays = to_record({k: v.detach().cpu().numpy() for k, v in model.state_dict().items()})
     content = RecordDict({C.ARRAYS: arrays, C.METRICS: MetricRecord(metrics)})
     return Message(content, reply_to=msg)
+
+
+def train_ordered_dropout(msg: Message, model: torch.nn.Module, x: torch.Tensor,
+                          y: torch.Tensor, cfg: RunConfig, part: Partition, seed: int,
+                          partition_id: int, levels: tuple[float, ...]) -> Message:
+    """FjORD (Horvath et al., Sec. 3): each step trains the width-p prefix of the width-r
+    model, p drawn uniformly from the sent levels; the process's model at each p (one per
+    width, :func:`_model`) is the step's sub-model. Plain SGD at the config's lr / momentum
+    / weight-decay (the run config's where the message has none)."""
+    config = msg.content[C.CONFIG]
+    scaler, device = sent_scaler(config), model_device(cfg)
+
+    def build(width: float) -> torch.nn.Module:
+        return _model(cfg.model, part.input_shape, part.num_classes, device, width, scaler)
+
+    result = ordered_dropout_sgd(
+        model, build, x, y, levels,
+        batch_size=int(config.get(C.BATCH_SIZE, cfg.batch_size)),
+        epochs=_epochs(config.get(C.LOCAL_EPOCHS, cfg.local_epochs)),
+        steps=int(config.get(C.LOCAL_STEPS, cfg.local_steps)),
+        seed=seed,
+        lr=float(config.get(C.LR, cfg.lr)),
+        momentum=float(config.get(C.MOMENTUM, cfg.momentum)),
+        weight_decay=float(config.get(C.WEIGHT_DECAY, cfg.weight_decay)),
+        width=sent_width(config),
+    )
+    metrics = {C.NUM_EXAMPLES: result.num_examples, C.TRAIN_LOSS: result.train_loss}
+    metrics = report_local_steps(metrics, result.local_steps)
+    metrics[C.PARTITION_ID] = partition_id
+    return model_reply(msg, model, metrics)
 
 
 def app_optimizer(model: torch.nn.Module, config: object, cfg: RunConfig) -> torch.optim.SGD:

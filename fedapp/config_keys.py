@@ -38,7 +38,7 @@ from strategies.fedveca_math import BETA_MODES, TAU_MIN, normalise_beta_mode
 from strategies.schedules import DECAYING, SCHEDULES
 from strategies.staleness import STALENESS_FUNCTIONS
 from task.data import DATASET_NAMES, check_dataset_name
-from task.model_names import MODEL_NAMES, REPRESENTATION_MODELS
+from task.model_names import MODEL_NAMES, REPRESENTATION_MODELS, WIDTH_MODELS
 from task.partition import PARTITION_NAMES
 
 from .tracking import TRACKERS, tracker_names
@@ -46,7 +46,9 @@ from .tracking import TRACKERS, tracker_names
 Value = bool | int | float | str
 
 APP = "app"
-FEDAVG_FAMILY = ("fedavg", "fedsgd", "fedprox", "fednova", "fedveca", "scaffold", "feddyn", "moon")
+WIDTH = ("heterofl", "fjord", "fedrolex")  # width-heterogeneous sub-models
+FEDAVG_FAMILY = ("fedavg", "fedsgd", "fedprox", "fednova", "fedveca", "scaffold", "feddyn", "moon",
+                 *WIDTH)
 DYNAMICFL = ("dynamicfl", "dynamicsgd")
 OURS = FEDAVG_FAMILY + DYNAMICFL
 ASYNC = ("fedbuff", "fedasync")
@@ -71,6 +73,12 @@ SUMMARIES = {  # strategy -> one line (``fedhetero strategies``)
     "feddyn": "FedDyn (Acar et al. 2021, Alg. 1): dynamic regulariser (client helper)",
     "moon": "MOON (Li, He and Song 2021, Alg. 1): model-contrastive loss (client helper, a "
             "representation model)",
+    "heterofl": "HeteroFL (Diao, Ding and Tarokh 2021): static sub-models of per-client widths, "
+                "overlap averaging (client helper)",
+    "fjord": "FjORD (Horvath et al. 2021): ordered dropout up to each client's width "
+             "(client helper)",
+    "fedrolex": "FedRolex (Alam et al. 2022): rolling sub-model windows of per-client widths "
+                "(client helper)",
     "fedbuff": "FedBuff (Nguyen et al. 2022): buffered asynchronous aggregation, "
                "staleness-weighted",
     "fedasync": "FedAsync (Xie, Koyejo and Gupta 2019): each arriving model mixed in, "
@@ -200,6 +208,17 @@ def _device(name: str) -> None:
         raise ValueError("not a torch device name")
 
 
+def width_levels(value: str) -> tuple[float, ...]:
+    """``width-levels`` as numbers: comma-separated, each in (0, 1], at least one."""
+    try:
+        levels = tuple(float(part) for part in value.split(","))
+    except ValueError:
+        raise ValueError("not comma-separated numbers, e.g. \"1,0.5,0.25\"") from None
+    if not all(0.0 < level <= 1.0 for level in levels):
+        raise ValueError("every width must be in (0, 1]")
+    return levels
+
+
 def _device_profiles(value: str) -> None:
     if value == "none" or value in FLEETS:
         return
@@ -227,6 +246,9 @@ FEDASYNC_WHY = "FedAsync's server step is its mixing weight fedasync-alpha (Xie 
 DYNAMICFL_SELECTION_WHY = ("DynamicFL samples its active clients uniformly and DynaComm forms "
                            "its groups from that sample (Le et al., Alg. 1)")
 FLOWER_SELECTION_WHY = "Flower's own class samples clients uniformly (its ClientManager)"
+WIDTH_WHY = ("the clients train sub-models of different shapes; the overlap average counts "
+             "each client holding an entry once ('uniform', HeteroFL's and FedRolex's code) or "
+             "by its examples ('examples', FjORD's)")
 SELECTING = FEDAVG_FAMILY + ASYNC  # the strategies that take a selection policy
 
 NO_SERVER_MOMENTUM = (Only(("fedveca",), (0.0,), FEDVECA_WHY),
@@ -254,7 +276,9 @@ KEYS: tuple[Key, ...] = (
         "(strategies/fedavg.md#flowers-server-optimisers-by-name)); asynchronous: `fedbuff` "
         "(Nguyen et al. "
         "AISTATS'22), `fedasync` (Xie, Koyejo and Gupta 2019) "
-        "([asynchronous FL](strategies/async.md))",
+        "([asynchronous FL](strategies/async.md)); width-heterogeneous sub-models: `heterofl` "
+        "(Diao, Ding and Tarokh ICLR'21), `fjord` (Horváth et al. NeurIPS'21), `fedrolex` (Alam "
+        "et al. NeurIPS'22) ([model width](strategies/width.md))",
         choices=ALL),
     Key("weighting", "examples",
         "aggregation scheme: `examples` n_k/m_t over the sampled clients (McMahan et al. Alg. 1 "
@@ -269,6 +293,7 @@ KEYS: tuple[Key, ...] = (
                    "SCAFFOLD and FedDyn average over the sampled clients: 'examples' "
                    "(NIID-Bench's form) or 'uniform' (Algorithm 1)"),
               Only(DYNAMICFL, ("examples",), DYNAMICFL_WHY),
+              Only(WIDTH, ("examples", "uniform"), WIDTH_WHY),
               Only(FLOWER, ("examples",), FLOWER_WHY),
               Only(("fedbuff",), ("examples",), FEDBUFF_WHY),
               Only(("fedasync",), ("examples",), FEDASYNC_WHY))),
@@ -353,7 +378,8 @@ KEYS: tuple[Key, ...] = (
         "credits in the FedAvg family)", SELECTING, at_least(1)),
     Key("device-profiles", "none",
         "the simulated clock's fleet, per partition: `none` (no clock), `homogeneous`, "
-        "`lognormal`, `two-tier` (DynamicFL's rich / poor), or the absolute path of a `.csv` / "
+        "`lognormal`, `two-tier` (DynamicFL's rich / poor), `tiers` (`device-tiers` compute "
+        "tiers 1, 1/2, 1/4, ...), or the absolute path of a `.csv` / "
         "`.json` device trace ([format](clock.md#trace-format)); logs `sim-seconds` and "
         "`sim-elapsed` per round", CLOCKED, check=_device_profiles,
         note=f"none, {', '.join(FLEETS)}, or the absolute path of a .csv / .json device trace",
@@ -369,6 +395,9 @@ KEYS: tuple[Key, ...] = (
     Key("device-poor-factor", 10.0,
         "`two-tier`: how many times slower a poor device computes and transfers",
         CLOCKED, at_least(1.0)),
+    Key("device-tiers", 5,
+        "`tiers`: T compute tiers, partition p at 2^−(p mod T) of the reference speed (5: 1, "
+        "1/2, 1/4, 1/8, 1/16), the reference bandwidths", CLOCKED, at_least(1)),
     Key("device-availability", 1.0, "probability that a generated device is online in a round "
         "(offline devices are not sampled)", CLOCKED, UNIT),
     Key("device-reference-gflops", 1.0,
@@ -377,7 +406,21 @@ KEYS: tuple[Key, ...] = (
     Key("drift-diagnostics", True,
         "log client drift each round: per layer the mean pairwise cosine similarity of the "
         "client updates (the IID→non-IID study's Fig. 13) and the spread of the update norms",
-        OURS),
+        tuple(s for s in OURS if s not in WIDTH), note="(not for the width strategies: "
+        "their clients send sub-models of different shapes)"),
+    Key("width-levels", "1,0.5,0.25,0.125,0.0625",
+        "the widths r a client of `heterofl`, `fjord` or `fedrolex` can train, comma-separated "
+        "(HeteroFL's 1, 1/2, ..., 1/16); each client's model keeps ⌈r·K⌉ units of every hidden "
+        "layer", WIDTH, check=lambda v: width_levels(v), note="(numbers in (0, 1])"),
+    Key("width-rule", "auto",
+        "how a client's width is chosen: `deadline` (the largest level whose time on the "
+        "simulated clock, with its own sub-model's bytes and FLOPs, fits `round-deadline`), "
+        "`fixed` (partition p trains level p mod L), `dynamic` (a fresh draw per round); `auto` "
+        "= `deadline` with a `round-deadline`, else `fixed`", WIDTH,
+        choices=("auto", "deadline", "fixed", "dynamic")),
+    Key("width-scaler", "auto",
+        "HeteroFL's Scaler (outputs divided by r in training): `on`, `off`; `auto` = on for "
+        "`heterofl`, off for `fjord` and `fedrolex`", WIDTH, choices=("auto", "on", "off")),
     Key("fedveca-tau-init", 20, "FedVeca's τ of rounds 0 and 1 ([FedVeca]"
         "(strategies/fedveca.md))", ("fedveca",), at_least(TAU_MIN),
         note="(δ needs two local steps)"),
@@ -485,7 +528,16 @@ KEYS: tuple[Key, ...] = (
         "even/odd)", choices=MODEL_NAMES,
         only=(Only(("moon",), REPRESENTATION_MODELS,
                    "MOON's contrastive loss (Li et al. 2021, Eq. 3) needs the representation "
-                   "R_w(x) of a projection head, which these models expose"),)),
+                   "R_w(x) of a projection head, which these models expose"),
+              Only(WIDTH, WIDTH_MODELS, "the clients build the model at their width: these "
+                   "models scale in width (task.models.build_model(..., width=r))"))),
+    Key("model-width", 1.0,
+        "the width r of the model every client trains and the server evaluates: ⌈r·K⌉ units of "
+        "every hidden layer (`mlp-2nn`, `cnn-small`, `resnet18-gn`); < 1 runs any strategy on the narrower "
+        "model (e.g. FedAvg with everyone at the smallest width). `heterofl`, `fjord` and "
+        "`fedrolex` give each client its own width instead", interval=FRACTION,
+        only=(Only(WIDTH, (1.0,), "the global model is the full-width one; each client's "
+                   "width comes from width-levels and width-rule"),)),
     Key("local-epochs", 2.0,
         "E, local epochs per round: max(1, ⌊E·n_i/B⌋) SGD steps of exactly B examples "
         "(McMahan's u_k, FedNova's τ_i); fractions are allowed (FedVeca's fairness protocol)",
@@ -589,6 +641,13 @@ RULES: tuple[Rule, ...] = (
     Rule(("round-deadline", "device-profiles"),
          lambda v: v["round-deadline"] == 0 or v["device-profiles"] != "none",
          "a round-deadline needs a simulated clock: device-profiles other than 'none'"),
+    Rule(("model-width", "model"),
+         lambda v: v["model-width"] == 1 or v["model"] in WIDTH_MODELS,
+         f"model-width < 1 needs a model that scales in width: {', '.join(WIDTH_MODELS)}"),
+    Rule(("width-rule", "round-deadline"),
+         lambda v: v["width-rule"] != "deadline" or v["round-deadline"] > 0,
+         "width-rule 'deadline' picks the largest width that fits the round deadline: it needs "
+         "round-deadline > 0 (and device-profiles)"),
     Rule(("round-deadline", "straggler-fraction"),
          lambda v: v["round-deadline"] == 0 or v["straggler-fraction"] == 0,
          "round-deadline or straggler-fraction, not both (the deadline makes the stragglers)"),

@@ -54,16 +54,21 @@ class EvaluationSpec:
     device: str
     batch_size: int
     reference_gflops: float | None  # the simulated clock's, when the strategy has one
+    width_levels: tuple[float, ...] = ()  # a width strategy's levels: each width evaluated too
+    model_width: float = 1.0  # the run's model-width: the model built at this width
 
 
 @dataclass(frozen=True)
 class EvaluationResult:
-    """One evaluation: test loss and accuracy, its seconds, the child's peak memory so far."""
+    """One evaluation: test loss and accuracy, its seconds, the child's peak memory so far;
+    with width levels, the accuracy of each width's static sub-model (the first ceil(r K)
+    units of every hidden layer) by width."""
 
     loss: float
     accuracy: float
     seconds: float
     peak_rss_mb: float
+    width_accuracy: dict | None = None
 
 
 class EvaluationProcess:
@@ -72,7 +77,9 @@ class EvaluationProcess:
     ``info`` holds what the child reported once started: ``arrays`` (the seeded initial
     model, key -> numpy array, the state dict's order), ``input-shape``, ``num-classes``,
     ``source`` (where the data came from), ``device``, ``torch`` (its version) and
-    ``seconds-per-example`` (the simulated clock's cost, when ``reference_gflops`` is set).
+    ``seconds-per-example`` (the simulated clock's cost, when ``reference_gflops`` is set);
+    with ``width_levels``, ``width-spec`` (``task.models.width_spec``'s plain tuples) and
+    ``width-compute`` (per level, the width-r model's training FLOPs over the full model's).
     """
 
     def __init__(self, spec: EvaluationSpec) -> None:
@@ -215,7 +222,8 @@ class Evaluator:
                                spec.synthetic_alpha, spec.synthetic_beta, spec.normalize,
                                with_train=False)  # the server evaluates on the test split only
         torch.manual_seed(spec.seed)
-        model = build_model(spec.model, dataset.input_shape, dataset.num_classes)
+        model = build_model(spec.model, dataset.input_shape, dataset.num_classes,
+                            width=spec.model_width)
         device = resolve_device(spec.device)
         self.info = {
             "arrays": {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()},
@@ -229,6 +237,21 @@ class Evaluator:
                                     seconds_per_example(model, dataset.input_shape,
                                                         spec.reference_gflops)),
         }
+        self.width_models = {}
+        if spec.width_levels:
+            from task.devices import training_flops_per_example  # noqa: PLC0415
+            from task.models import width_spec  # noqa: PLC0415
+
+            shape, classes = dataset.input_shape, dataset.num_classes
+            full = training_flops_per_example(model, shape)
+            built = {r: build_model(spec.model, shape, classes, width=r)
+                     for r in spec.width_levels if r != 1.0}
+            self.info["width-spec"] = width_spec(spec.model, shape, classes)
+            self.info["width-compute"] = {
+                float(r): (1.0 if r == 1.0 else training_flops_per_example(built[r], shape) / full)
+                for r in spec.width_levels}
+            self.width_models = {r: inference_layout(m.to(device), dataset.x_test[:1].to(device))[0]
+                                 for r, m in built.items()}
         self.model, self.x_test = inference_layout(model.to(device), dataset.x_test.to(device))
         self.y_test = dataset.y_test.to(device)
         self.batch_size = spec.batch_size
@@ -249,8 +272,16 @@ class Evaluator:
         began = time.perf_counter()
         self.load(arrays)
         result = evaluate(self.model, self.x_test, self.y_test, self.batch_size)
+        widths = None
+        if self.width_models:
+            widths = {1.0: float(result.accuracy)}
+            for r, model in self.width_models.items():
+                load_prefix(model, arrays)
+                widths[float(r)] = float(
+                    evaluate(model, self.x_test, self.y_test, self.batch_size).accuracy)
         return {"loss": float(result.loss), "accuracy": float(result.accuracy),
-                "seconds": time.perf_counter() - began, "peak_rss_mb": peak_rss_mb()}
+                "seconds": time.perf_counter() - began, "peak_rss_mb": peak_rss_mb(),
+                "width_accuracy": widths}
 
     def save_model(self, arrays: dict[str, np.ndarray], path: str) -> str:
         from .model_file import write_model  # noqa: PLC0415
@@ -258,6 +289,19 @@ class Evaluator:
         self.load(arrays)
         final = {k: v.cpu().contiguous() for k, v in self.model.state_dict().items()}
         return str(write_model(final, Path(path)))
+
+
+def load_prefix(model, arrays: dict[str, np.ndarray]) -> None:
+    """Load into a width-r ``model`` the first entries of every full-width array along each
+    axis (its shapes): the static sub-model of the first ceil(r K) units of every hidden
+    layer (``strategies.submodel_math``, "static"; a flatten's units are consecutive)."""
+    import torch  # noqa: PLC0415
+
+    state = model.state_dict()
+    model.load_state_dict({
+        key: torch.from_numpy(np.ascontiguousarray(
+            arrays[key][tuple(slice(0, n) for n in value.shape)]))
+        for key, value in state.items()})
 
 
 def peak_rss_mb() -> float:

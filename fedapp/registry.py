@@ -16,8 +16,9 @@ from logging import WARNING
 from flwr.common.logger import FLOWER_LOGGER, log
 from flwr.serverapp.strategy import Strategy
 
-from strategies import (DynamicFL, FedAsync, FedAvg, FedBuff, FedDyn, FedNova, FedProx, FedVeca,
-                        Moon, OortSelection, PowerOfChoice, Scaffold, TiFLSelection)
+from strategies import (DynamicFL, FedAsync, FedAvg, FedBuff, FedDyn, FedNova, FedProx, FedRolex,
+                        FedVeca, FjORD, HeteroFL, Moon, OortSelection, PowerOfChoice, Scaffold,
+                        TiFLSelection)
 from strategies import SELECTIONS
 from strategies import contract as C
 from strategies import server_optimizers as flower
@@ -26,7 +27,7 @@ from strategies.devices import FLEETS, GeneratedFleet, load_trace
 from strategies.schedules import LRSchedule
 
 from .config import ConfigError, RunConfig, default, flwr_run_fix
-from .config_keys import FLOWER
+from .config_keys import FLOWER, width_levels
 
 Builder = Callable[[RunConfig], tuple[Strategy, dict]]
 
@@ -64,7 +65,7 @@ def device_clock(cfg: RunConfig) -> SimClock | None:
             kind, seed=cfg.seed, downlink_mbps=cfg.device_downlink_mbps,
             uplink_mbps=cfg.device_uplink_mbps, sigma=cfg.device_sigma,
             rich_fraction=cfg.device_rich_fraction, poor_factor=cfg.device_poor_factor,
-            availability=cfg.device_availability))
+            availability=cfg.device_availability, tiers=cfg.device_tiers))
     try:
         return SimClock(load_trace(kind))
     except (OSError, ValueError) as exc:
@@ -91,8 +92,9 @@ def selection_policy(cfg: RunConfig, rounds: int | None) -> object | None:
     return None
 
 
-def _common(cfg: RunConfig) -> dict:
-    """Constructor arguments of the FedAvg family; straggler-policy 'auto' = the class default.
+def _common(cfg: RunConfig, drift: bool = True) -> dict:
+    """Constructor arguments of the FedAvg family; straggler-policy 'auto' = the class default;
+    ``drift``: pass ``drift-diagnostics`` (False: the strategy compares no updates).
 
     fedhetero's ClientApp answers the client-info query, so it is always on here.
     """
@@ -104,7 +106,7 @@ def _common(cfg: RunConfig) -> dict:
         "min_available_nodes": cfg.min_available_nodes,
         "straggler_fraction": cfg.straggler_fraction,
         "straggler_unit": cfg.straggler_unit,
-        "drift_diagnostics": cfg.drift_diagnostics,
+        "drift_diagnostics": cfg.drift_diagnostics if drift else False,
         "weighting": cfg.weighting,
         "server_lr": cfg.server_lr,
         "lr_schedule": lr_schedule(cfg),
@@ -192,6 +194,21 @@ def _moon(cfg: RunConfig) -> tuple[Strategy, dict]:
         train_config(cfg)
 
 
+def _width(cls, cfg: RunConfig) -> tuple[Strategy, dict]:
+    """HeteroFL / FjORD / FedRolex: ``width-levels``, ``width-rule`` (``auto``: the class's
+    choice), ``width-scaler`` (``auto``: the class's default). The model's width spec and
+    each level's FLOPs come from the ServerApp (``use_model``) once it knows the model."""
+    kwargs = {**_common(cfg, drift=False), "levels": width_levels(cfg.width_levels)}
+    if cfg.width_rule != "auto":
+        kwargs["width_rule"] = cfg.width_rule
+    scaler = cfg.width_scaler
+    if scaler != "auto":
+        if scaler not in ("on", "off"):
+            raise ValueError(f"width-scaler={scaler!r}: use 'auto', 'on' or 'off'")
+        kwargs["scaler"] = scaler == "on"
+    return cls(**kwargs), train_config(cfg)
+
+
 def _async_common(cfg: RunConfig, default_staleness: str) -> dict:
     """Constructor arguments of FedBuff and FedAsync (the client-info query is on: the
     clock's profiles and a resume's in-flight tasks are keyed by partition id)."""
@@ -261,6 +278,9 @@ STRATEGIES: dict[str, Builder] = {
     "scaffold": _scaffold,
     "feddyn": _feddyn,
     "moon": _moon,
+    "heterofl": lambda cfg: _width(HeteroFL, cfg),
+    "fjord": lambda cfg: _width(FjORD, cfg),
+    "fedrolex": lambda cfg: _width(FedRolex, cfg),
     "fedbuff": _fedbuff,
     "fedasync": _fedasync,
     "fedavgm": _fedavgm,

@@ -22,6 +22,7 @@ from strategies.devices import write_trace
 from strategies.packing import PackedGrid
 from strategies.participation import participation_of
 from strategies.rounds import round_log
+from strategies.width_fedavg import WidthFedAvg
 from task.data import DataNotFoundError
 from task.heap import unmap_large_blocks
 from task.device_plot import plot_device_profiles
@@ -141,6 +142,9 @@ class ServerEvaluator:
             record[C.LOG_LOSS] = result.loss
             record[C.LOG_EVAL_SECONDS] = result.seconds
             record[C.LOG_EVAL_MAX_RSS_MB] = result.peak_rss_mb
+            if result.width_accuracy:
+                record[C.LOG_WIDTH_ACCURACY] = {f"{r:g}": a
+                                                for r, a in sorted(result.width_accuracy.items())}
         record[C.LOG_SERVER_MAX_RSS_MB] = peak_rss_mb()
         self.records.append(record)
         self.run_log.append_round(record)
@@ -248,7 +252,9 @@ def evaluation_spec(cfg: RunConfig, strategy) -> EvaluationSpec:
         synthetic_alpha=cfg.synthetic_alpha, synthetic_beta=cfg.synthetic_beta,
         normalize=cfg.normalize, model=cfg.model, seed=cfg.seed, device=cfg.device,
         batch_size=cfg.eval_batch_size,
-        reference_gflops=cfg.device_reference_gflops if clocked else None)
+        reference_gflops=cfg.device_reference_gflops if clocked else None,
+        width_levels=tuple(strategy.rule.levels) if isinstance(strategy, WidthFedAvg) else (),
+        model_width=cfg.model_width)
 
 
 def stopped_before_training(exc: Exception) -> RuntimeError:
@@ -297,6 +303,8 @@ def run(cfg: RunConfig, grid: Grid, context: Context, strategy, train_config: di
     """The rounds, with the run log, the evaluations and the final model."""
     info = process.info
     clock = calibrate_clock(strategy, info["seconds-per-example"], cfg.device_reference_gflops)
+    if isinstance(strategy, WidthFedAvg):  # the model's width spec, each width's FLOPs share
+        strategy.use_model(info["width-spec"], info["width-compute"])
     config_dump = {
         "run-config": cfg.to_dict(),
         "run-id": context.run_id,

@@ -2,7 +2,8 @@
 
 Server strategies: :class:`FedAvg`, :class:`FedProx`, :class:`FedNova`, :class:`FedVeca`,
 :class:`DynamicFL`, :class:`Scaffold`, :class:`FedDyn`, :class:`Moon`; asynchronous:
-:class:`FedBuff`, :class:`FedAsync`. A strategy whose contract the clients do not
+:class:`FedBuff`, :class:`FedAsync`; width-heterogeneous sub-models: :class:`HeteroFL`,
+:class:`FjORD`, :class:`FedRolex`. A strategy whose contract the clients do not
 implement stops the run with a :class:`ClientContractError` naming the
 ``strategies.client`` helper to call. Each takes Flower's FedAvg constructor arguments,
 positional in Flower's order (:mod:`strategies.flower_args`). Flower's own server
@@ -20,6 +21,9 @@ from .fedbuff import FedBuff
 from .feddyn import FedDyn
 from .fednova import FedNova
 from .fedprox import FedProx
+from .fedrolex import FedRolex
+from .fjord import FjORD
+from .heterofl import HeteroFL
 from .fedveca import FedVeca
 from .moon import Moon
 from .records import ClientContractError
@@ -32,6 +36,7 @@ from .selection_power_of_choice import PowerOfChoice
 from .selection_tifl import TiFLSelection
 
 __all__ = ["ClientContractError", "DynamicFL", "FedAdagrad", "FedAdam", "FedAsync", "FedAvg",
-           "FedAvgM", "FedBuff", "FedDyn", "FedNova", "FedProx", "FedVeca", "FedYogi", "Moon", "OortSelection", "PowerOfChoice",
+           "FedAvgM", "FedBuff", "FedDyn", "FedNova", "FedProx", "FedRolex", "FedVeca", "FedYogi",
+           "FjORD", "HeteroFL", "Moon", "OortSelection", "PowerOfChoice",
            "RandomSelection", "SELECTIONS", "STRAGGLER_POLICIES", "STRAGGLER_UNITS",
            "Scaffold", "TiFLSelection", "WEIGHTINGS"]

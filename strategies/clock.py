@@ -245,10 +245,13 @@ class RoundTimer:
         return online, min(num_to_sample(fraction, max(len(nodes), 1)), len(online))
 
     def client_seconds(self, partition_id: int, steps: int, examples_per_step: int,
-                       bytes_down: float, bytes_up: float, extra_examples: int = 0) -> float:
-        """Eq. (1) for partition ``partition_id``."""
+                       bytes_down: float, bytes_up: float, extra_examples: int = 0,
+                       compute: float = 1.0) -> float:
+        """Eq. (1) for partition ``partition_id``; ``compute`` scales c (a client training a
+        sub-model: its training FLOPs over the full model's)."""
         return client_seconds(self.clock.profile(partition_id), steps, examples_per_step,
-                              self.clock.cost(), bytes_down, bytes_up, extra_examples)
+                              self.clock.cost() * compute, bytes_down, bytes_up,
+                              extra_examples)
 
     def evaluation_seconds(self, partition_id: int, num_examples: int,
                            bytes_down: float) -> float:
@@ -262,12 +265,14 @@ class RoundTimer:
         self.delay += float(seconds)
 
     def steps_by_deadline(self, partition_id: int, examples_per_step: int, bytes_down: float,
-                          bytes_up: float, extra_examples: int = 0) -> int | None:
-        """The steps partition ``partition_id`` can do by the deadline (None: no deadline)."""
+                          bytes_up: float, extra_examples: int = 0,
+                          compute: float = 1.0) -> int | None:
+        """The steps partition ``partition_id`` can do by the deadline (None: no deadline);
+        ``compute`` as in :meth:`client_seconds`."""
         if self.deadline is None:
             return None
         return steps_within(self.deadline, self.clock.profile(partition_id), examples_per_step,
-                            self.clock.cost(), bytes_down, bytes_up, extra_examples)
+                            self.clock.cost() * compute, bytes_down, bytes_up, extra_examples)
 
     def event_times(self, events: Sequence[Sequence[tuple[int, int]]],
                     examples_per_step: Mapping[int, int], bytes_down: float,

@@ -66,6 +66,14 @@ LABEL_COUNTS = "label-counts"  # list[int], label histogram (query reply)
 EVAL_LOSS = "eval-loss"  # float, evaluate reply
 EVAL_ACCURACY = "eval-accuracy"  # float, evaluate reply
 
+# --- width-heterogeneous sub-models (HeteroFL, FjORD, FedRolex; strategies/width_fedavg.py) ---
+# server -> client, per node (ConfigRecord "config"); the ArrayRecord "arrays" is the
+# client's sub-model, the shapes of the ClientApp's model built at MODEL_WIDTH
+MODEL_WIDTH = "model-width"  # float in (0, 1], the width r the client builds its model at
+WIDTH_SCALER = "width-scaler"  # bool, HeteroFL: build the model with its Scaler (divide by r in training)
+WIDTH_LEVELS = "width-levels"  # list[float], FjORD: the ordered-dropout widths p <= r a step samples
+# client -> server: the sub-model in "arrays" (same keys and shapes as sent), NUM_EXAMPLES
+
 # --- FedVeca (strategies/fedveca.py; docs/strategies/fedveca.md) ----------------------------
 # server -> client, per node (ConfigRecord "config"): LOCAL_STEPS is this client's tau_(k,i)
 # float, ||grad F(w_{k-1})||^2 (eq. 8) for delta; 0.0 when not known (k = 0)
@@ -283,6 +291,12 @@ LOG_SIM_ELAPSED = "sim-elapsed"  # float, simulated seconds since the start, thi
 LOG_SIM_WAIT_SECONDS = "sim-wait-seconds"  # float, part of sim-seconds waiting for a device window
 LOG_CLIENTS_UNAVAILABLE = "clients-unavailable"  # int, connected clients offline this round
 LOG_SIM_SECONDS_PER_EVENT = "sim-seconds-per-event"  # float, DynamicFL: sim-seconds / sync events
+
+# --- width-heterogeneous sub-models (strategies/width_fedavg.py) -----------------------
+LOG_CLIENT_WIDTHS = "client-widths"  # dict[str, float], each client's width r this round, by partition id
+LOG_WIDTH_COUNTS = "width-counts"  # dict[str, int], clients sent work per width this round
+LOG_WIDTH_ACCURACY = "width-accuracy"  # dict[str, float], test accuracy of each width's static sub-model
+LOG_WIDTH_RULE = "width-rule"  # str, how the widths were chosen: deadline, fixed, dynamic
 
 # Keys whose values depend on the machine, not on the run's seed (ignored by
 # bit-identity comparisons of run logs).

@@ -16,7 +16,9 @@ clock:
   Sec. 4.1 "Configurations", Fix-beta: a fraction beta of the clients can afford
   high-frequency communication, the others low-frequency only): each partition is rich
   with probability ``rich_fraction``, a poor device is ``poor_factor`` times slower in
-  compute and both bandwidths. Partition p's profile is drawn from
+  compute and both bandwidths; ``tiers``, T compute tiers (the fleet of width-heterogeneity
+  studies such as HeteroFL's, Diao et al. ICLR 2021, levels 1 .. 1/16): partition p computes
+  at 2^-(p mod T) of the reference speed, with the reference bandwidths. Partition p's profile is drawn from
   ``default_rng([seed, p, FLEET_TAG])``, so it does not depend on the number of partitions;
 * a measured trace (:func:`load_trace`, CSV or JSON, :data:`TRACE_COLUMNS`);
   :func:`write_trace` writes any fleet in that format (the run directory's
@@ -39,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 DAY = 86400.0  # seconds; availability windows repeat every simulated day
-FLEETS = ("homogeneous", "lognormal", "two-tier")
+FLEETS = ("homogeneous", "lognormal", "two-tier", "tiers")
 FLEET_TAG = 0xDE7  # rng stream of the generated profiles
 ONLINE_TAG = 0xA7A  # rng stream of the per-round availability draws
 TRACE_COLUMNS = ("partition-id", "speed", "downlink-mbps", "uplink-mbps", "availability",
@@ -151,7 +153,8 @@ class GeneratedFleet(Fleet):
 
     ``downlink_mbps`` / ``uplink_mbps`` are the reference (median) bandwidths, ``sigma``
     the log-normal spread of ``lognormal``, ``rich_fraction`` and ``poor_factor`` the
-    two tiers of ``two-tier``, ``availability`` every device's probability to be online.
+    two tiers of ``two-tier``, ``tiers`` the compute tiers of ``tiers``, ``availability``
+    every device's probability to be online.
     """
 
     kind: str
@@ -162,8 +165,13 @@ class GeneratedFleet(Fleet):
     rich_fraction: float = 0.3
     poor_factor: float = 10.0
     availability: float = 1.0
+    tiers: int = 5
 
     def __post_init__(self) -> None:
+        if not (isinstance(self.tiers, int) and not isinstance(self.tiers, bool)
+                and self.tiers >= 1):
+            raise ValueError(f"tiers (compute tiers of the 'tiers' fleet) must be an int >= 1, "
+                             f"got {self.tiers!r}")
         if self.kind not in FLEETS:
             raise ValueError(f"device fleet {self.kind!r} is not known; use one of "
                              f"{', '.join(FLEETS)}, or load a trace file")
@@ -183,6 +191,8 @@ class GeneratedFleet(Fleet):
         base = DeviceProfile(1.0, self.downlink_mbps, self.uplink_mbps, self.availability)
         if self.kind == "homogeneous":
             return base
+        if self.kind == "tiers":
+            return replace(base, speed=2.0 ** -(int(partition_id) % self.tiers))
         rng = np.random.default_rng([self.seed, int(partition_id), FLEET_TAG])
         if self.kind == "lognormal":
             z = rng.standard_normal(3)

@@ -46,7 +46,7 @@ from .round_plan import ClientTask, RoundPlan
 from .round_report import ClockTime, SelectionSection
 from .selection import Candidate, InformedSelection, Outcome, reported_loss
 
-__all__ = ["ClientWork", "ModelWork", "Participation", "RandomSelection", "SelectionPolicy",
+__all__ = ["ClientWork", "ModelShare", "ModelWork", "Participation", "RandomSelection", "SelectionPolicy",
            "STRAGGLER_POLICIES", "STRAGGLER_UNITS", "check_choice", "check_fraction",
            "check_whole", "participation_of"]
 
@@ -71,6 +71,22 @@ class ClientWork(Protocol):
 
     def expected_bytes(self, arrays: ArrayRecord) -> tuple[int, int]:
         """Bytes down and up per client, as planned."""
+
+    def model_share(self, node_id: int, config: ConfigRecord, down: int, up: int
+                    ) -> ModelShare:
+        """The model a client trains, as the clock charges it: the full one (``down`` /
+        ``up`` the planned bytes), or its own sub-model (width-heterogeneous strategies)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelShare:
+    """One client's model on the clock: ``compute``, its training cost per example over the
+    full model's (c_i = compute c in eq. (1) of :mod:`strategies.clock`), and the bytes it
+    moves down and up."""
+
+    compute: float
+    bytes_down: int
+    bytes_up: int
 
 
 class ModelWork:
@@ -97,6 +113,11 @@ class ModelWork:
         """Bytes down and up per client as the clock plans them: the model each way."""
         size = arrays.count_bytes()
         return size, size
+
+    def model_share(self, node_id: int, config: ConfigRecord, down: int, up: int
+                    ) -> ModelShare:
+        """The full model: compute 1, the planned bytes."""
+        return ModelShare(1.0, down, up)
 
 
 class SelectionPolicy(Protocol):
@@ -366,10 +387,11 @@ class Participation:
         """What a policy sees of an online node: key, n_k, t_i of its full work (eq. 1)."""
         seconds = None
         if self.timer is not None:
+            share = work.model_share(node, config, down, up)
             seconds = self.timer.client_seconds(
                 self.partition_of(node), work.full_local_steps(node, config),
-                work.examples_per_step(node, config), down, up,
-                work.extra_examples(node, config))
+                work.examples_per_step(node, config), share.bytes_down, share.bytes_up,
+                work.extra_examples(node, config), share.compute)
         return Candidate(self.client_key(node), self.info(node).num_examples, seconds)
 
     def query_losses(self, server_round: int, grid: Grid, nodes: list[int],
@@ -453,9 +475,11 @@ class Participation:
             cut = {}
             for node in draws:
                 full = work.full_local_steps(node, config)
+                share = work.model_share(node, config, down, up)
                 fit = self.timer.steps_by_deadline(
-                    self.partition_of(node), work.examples_per_step(node, config), down, up,
-                    work.extra_examples(node, config))
+                    self.partition_of(node), work.examples_per_step(node, config),
+                    share.bytes_down, share.bytes_up, work.extra_examples(node, config),
+                    share.compute)
                 if fit < full:
                     cut[node] = fit if fit >= work.min_partial_steps else 0
             return cut
@@ -530,7 +554,8 @@ class Participation:
         usable reply) the planned ones."""
         node = task.node_id
         steps = int(task.config.get(C.LOCAL_STEPS, 0)) or work.full_local_steps(node, task.config)
-        up = plan.bytes_up
+        share = work.model_share(node, task.config, plan.bytes_down, plan.bytes_up)
+        up = share.bytes_up
         if reply is not None:
             taken = reply.content[C.METRICS].get(C.LOCAL_STEPS_TAKEN)
             if isinstance(taken, int) and not isinstance(taken, bool) and taken >= 1:
@@ -538,7 +563,7 @@ class Participation:
             up = records.array_bytes(reply.content)
         return self.timer.client_seconds(
             self.partition_of(node), steps, work.examples_per_step(node, task.config),
-            plan.bytes_down, up, work.extra_examples(node, task.config))
+            share.bytes_down, up, work.extra_examples(node, task.config), share.compute)
 
     def first_replies(self, plan: RoundPlan, usable: list[Message], work: ClientWork
                       ) -> tuple[list[Message], int]:

@@ -19,5 +19,8 @@ MODEL_NAMES: tuple[str, ...] = (
     "svm",
 )
 
+# models that scale in width: ``build_model(name, ..., width=r)``, ``width_spec(name, ...)``
+WIDTH_MODELS: tuple[str, ...] = ("mlp-2nn", "cnn-small", "resnet18-gn")
+
 # models with ``forward_with_representation(x) -> (logits, z)``: what MOON needs
 REPRESENTATION_MODELS: tuple[str, ...] = ("cnn-small-moon", "mlp-2nn-moon")

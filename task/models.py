@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .model_names import MODEL_NAMES, REPRESENTATION_MODELS  # noqa: F401 - re-exported
+from .model_names import MODEL_NAMES, REPRESENTATION_MODELS, WIDTH_MODELS  # noqa: F401 - re-exported
 
 InputShape = tuple[int, int, int]
 
@@ -83,16 +83,22 @@ def _flat_features(features: nn.Module, input_shape: InputShape) -> int:
 class MLP2NN(ClassifierModule):
     """McMahan et al., 2017, "Communication-Efficient Learning of Deep Networks
     from Decentralized Data" (AISTATS): the "2NN", two hidden layers of 200
-    ReLU units (199,210 parameters on 28x28 grayscale, 10 classes)."""
+    ReLU units (199,210 parameters on 28x28 grayscale, 10 classes).
 
-    def __init__(self, input_shape: InputShape, num_classes: int, hidden: int = 200):
+    At ``width`` r both hidden layers keep :func:`width_units` of their units; ``scaler``
+    puts a :class:`Scaler` before each hidden ReLU (HeteroFL Sec. 3)."""
+
+    def __init__(self, input_shape: InputShape, num_classes: int, hidden: int = 200,
+                 width: float = 1.0, scaler: bool = False):
         super().__init__()
         c, h, w = input_shape
+        units = width_units(hidden, width)
+        rate = float(width) if scaler else None
         self.net = nn.Sequential(
             nn.Flatten(),
-            nn.Linear(c * h * w, hidden), nn.ReLU(),
-            nn.Linear(hidden, hidden), nn.ReLU(),
-            nn.Linear(hidden, num_classes),
+            nn.Linear(c * h * w, units), _relu(rate),
+            nn.Linear(units, units), _relu(rate),
+            nn.Linear(units, num_classes),
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -380,7 +386,6 @@ if tuple(_BUILDERS) != MODEL_NAMES:  # one list of names, kept where torch is no
 
 
 # the models build_model scales in width, and width_spec describes
-WIDTH_MODELS: tuple[str, ...] = ("cnn-small", "resnet18-gn")
 
 
 def _check_width(name: str, width, scaler) -> None:
@@ -426,12 +431,16 @@ def width_spec(name: str, input_shape: tuple[int, int, int], num_classes: int
     arguments of ``strategies.submodel_math.HiddenUnits`` (repeat = entries per unit: H*W
     of the feature map after cnn-small's flatten, else 1).
 
-    cnn-small: dimensions ``conv1``, ``conv2``, ``fc1``, ``fc2``. resnet18-gn: ``layerI``
-    for stage I's block outputs, shared by everything a residual adds together (the stem
+    mlp-2nn: dimensions ``fc1``, ``fc2``. cnn-small: ``conv1``, ``conv2``, ``fc1``,
+    ``fc2``. resnet18-gn: ``layerI`` for stage I's block outputs, shared by everything a residual adds together (the stem
     with layer1, each downsample with its stage), and ``layerI.J.conv1`` for a block's
     inner channels.
     """
     _check_width(name, 1.0, False)
+    if name == "mlp-2nn":
+        return {"net.1.weight": (("fc1", 1), None), "net.1.bias": (("fc1", 1),),
+                "net.3.weight": (("fc2", 1), ("fc1", 1)), "net.3.bias": (("fc2", 1),),
+                "net.5.weight": (None, ("fc2", 1)), "net.5.bias": (None,)}
     if name == "cnn-small":
         return _cnn_small_spec(tuple(input_shape), num_classes)
     if name == "resnet18-gn":

@@ -33,7 +33,9 @@ ABSOLUTE_OR_EMPTY = (["", "/abs/dir"], ["dir", "~/dir", "./dir"])
 
 # keys a parser checks (``check``): values taken, values refused
 PARSED: dict[str, tuple[list, list]] = {
-    "device-profiles": (["none", "homogeneous", "lognormal", "two-tier", TRACE,
+    "width-levels": (["1,0.5,0.25,0.125,0.0625", "1", "0.5, 1", "0.3"],
+                     ["", "0", "1,2", "1;0.5", "a", "1,,0.5", "-0.5"]),
+    "device-profiles": (["none", "homogeneous", "lognormal", "two-tier", "tiers", TRACE,
                          TRACE.replace(".csv", ".json")],
                         ["fast", "", "fleet.csv", "/abs/fleet.txt"]),
     "fedveca-beta-mode": (["same-batch", "literal", "same_batch"], ["full", ""]),
@@ -54,7 +56,8 @@ PARSED: dict[str, tuple[list, list]] = {
 # what the other keys must be for all of a key's allowed values to pass the rules (and, for
 # the generator's keys, to be read at all)
 CONTEXT: dict[str, dict] = {
-    "strategy": {"model": "cnn-small-moon"},
+    "strategy": lambda value: {"model": "cnn-small-moon"} if value == "moon" else {},
+    "width-rule": {**CLOCK, "round-deadline": 5.0},
     "fedveca-tau-max": {"fedveca-tau-init": 2},
     "round-deadline": CLOCK,
     "over-commitment": CLOCK,
@@ -84,6 +87,11 @@ RULE_CASES: dict[tuple[str, ...], tuple[list[dict], dict]] = {
         {"virtual-clients": 6}),
     ("round-deadline", "device-profiles"): ([{"round-deadline": 5.0}],
                                             {**CLOCK, "round-deadline": 5.0}),
+    ("model-width", "model"): (
+        [{"model-width": 0.5, "model": "lenet-gn"}], {"model-width": 0.5, "model": "resnet18-gn"}),
+    ("width-rule", "round-deadline"): (
+        [{"strategy": "heterofl", "width-rule": "deadline"}, {"width-rule": "deadline"}],
+        {**CLOCK, "strategy": "fjord", "width-rule": "deadline", "round-deadline": 5.0}),
     ("round-deadline", "straggler-fraction"): (
         [{**CLOCK, "round-deadline": 5.0, "straggler-fraction": 0.5}],
         {**CLOCK, "straggler-fraction": 0.5}),
@@ -201,10 +209,12 @@ def test_the_table_names_only_registry_strategies_and_every_one():
 @pytest.mark.parametrize("key", KEYS, ids=lambda k: k.name)
 def test_a_key_takes_its_bounds_and_refuses_what_is_beyond_them(key):
     inside, outside = edges(key)
-    base = CONTEXT.get(key.name, {})
+    context = CONTEXT.get(key.name, {})
     for value in inside:
+        base = context(value) if callable(context) else context
         assert check_run_config({**base, key.name: value}).to_dict()[key.name] == value
     assert outside or key.type is bool
+    base = context(None) if callable(context) else context
     for value in outside:
         message = refused({**base, key.name: value}, [key.name])
         assert key.allowed() in message

@@ -18,6 +18,9 @@ DynamicFL          one chunk of the round's batch stream             ``train_chu
 SCAFFOLD           a correction after every step, option II          ``ScaffoldClient``
 FedDyn             the regulariser's gradient before every step      ``FedDynClient``
 MOON               l_sup + mu l_con (Eq. 4) in the loop              ``MoonClient``
+HeteroFL /         build the model at the sent width, load the       ``width_model``
+FedRolex           sub-model
+FjORD              ordered dropout steps                             ``ordered_dropout_sgd``
 client state       named arrays in ``Context.state`` across rounds   ``save_arrays``,
                                                                      ``load_arrays``
 packed mode        ``ClientApp(mods=[virtual_clients])``: one call   ``virtual_clients``
@@ -61,6 +64,8 @@ from .moon import (MissingRepresentation, MoonClient, contrastive_loss, has_repr
 from .packing import NoReply, is_packed, virtual_clients
 from .scaffold import ScaffoldClient, is_scaffold_message
 from .sgd_loop import LocalResult, local_sgd, sgd_steps
+from .width import (is_width_message, load_width_state, ordered_dropout_sgd, sent_levels,
+                    sent_scaler, sent_width, width_model)
 from .state import (ClientStateLost, clear_arrays, load_arrays, load_meta, resolve_state,
                     save_arrays, save_state)
 
@@ -72,5 +77,6 @@ __all__ = [
     "is_fedprox_message", "is_fedveca_round", "is_moon_message", "is_scaffold_message",
     "NoReply", "is_packed", "label_counts", "load_arrays", "load_meta", "loader_steps", "local_sgd",
     "report_local_steps", "resolve_state", "save_arrays", "save_state", "sgd_steps",
-    "train_chunk", "virtual_clients",
+    "train_chunk", "virtual_clients", "is_width_message", "load_width_state",
+    "ordered_dropout_sgd", "sent_levels", "sent_scaler", "sent_width", "width_model",
 ]

@@ -1,0 +1,253 @@
+"""The client side of the width-heterogeneous strategies: build the model at the sent
+width, load the received sub-model, and FjORD's ordered-dropout local steps.
+
+* HeteroFL (Diao, Ding and Tarokh, ICLR 2021), Sec. 3: a client of width r trains the
+  model whose hidden layers keep the first ceil(r K) of their K units; the server sends
+  exactly that sub-model (``model-width`` = r, ``width-scaler`` for its Scaler).
+* FedRolex (Alam, Liu, Yan and Zhang, NeurIPS 2022), Sec. 3.2: the same client work; only
+  the server's choice of units (a rolling window) differs, so the client sees a dense
+  width-r sub-model just the same.
+* FjORD (Horvath et al., NeurIPS 2021), Sec. 3, ordered dropout: for every local batch a
+  width p is sampled uniformly from the discrete set of widths the client supports
+  (``width-levels``, all <= r) and the step trains the left-most ceil(p K) units of every
+  layer, the width-p prefix of the width-r model.
+
+A width-scalable model keeps the FIRST ceil(p K) units of each hidden layer (e.g.
+``task.models.build_model(..., width=p)``), so for p <= r every array of the width-p model
+is a prefix, on every axis, of the width-r model's array: :func:`ordered_dropout_sgd` steps
+the width-p model on a copy of that prefix and writes it back.
+
+torch is imported inside the functions: ``import strategies.client`` needs no torch.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from flwr.app import Message
+
+from .. import contract as C
+from .sgd_loop import LocalResult, epoch_batches, plain_sgd, sgd_steps
+
+Build = Callable[[float], Any]  # width -> torch.nn.Module, the user's model at that width
+LEVEL_STREAM = 0x0D  # the draw stream of ordered dropout: default_rng([seed, LEVEL_STREAM])
+_NOISE = 1e-12  # widths this close count as equal (float noise of a sent list)
+
+
+def is_width_message(msg: Message) -> bool:
+    """True when a message's config carries ``model-width`` (HeteroFL, FjORD, FedRolex)."""
+    return C.CONFIG in msg.content.config_records and C.MODEL_WIDTH in msg.content[C.CONFIG]
+
+
+def _is_real(value: object) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def sent_width(config: Mapping) -> float:
+    """The width r a message's config asks for (``model-width``; 1.0 when absent).
+
+    Raises
+    ------
+    ValueError
+        Unless r is a real number (not a bool) in (0, 1].
+    """
+    value = config.get(C.MODEL_WIDTH, 1.0)
+    if not _is_real(value) or not 0.0 < float(value) <= 1.0:
+        raise ValueError(f"config {C.MODEL_WIDTH}={value!r} is not a width: it must be a "
+                         f"number in (0, 1] (e.g. 0.5 for half width); send the client's "
+                         f"width r from the server")
+    return float(value)
+
+
+def sent_scaler(config: Mapping) -> bool:
+    """Whether HeteroFL's Scaler is on (``width-scaler``; False when absent).
+
+    Raises
+    ------
+    ValueError
+        Unless the value is a bool.
+    """
+    value = config.get(C.WIDTH_SCALER, False)
+    if not isinstance(value, bool):
+        raise ValueError(f"config {C.WIDTH_SCALER}={value!r} must be True or False; send a "
+                         f"bool from the server")
+    return value
+
+
+def sent_levels(config: Mapping) -> tuple[float, ...] | None:
+    """FjORD's ordered-dropout widths (``width-levels``), sorted ascending without
+    duplicates; None when absent (HeteroFL, FedRolex).
+
+    Raises
+    ------
+    ValueError
+        Unless the value is a non-empty list of numbers in (0, r] that contains r (within
+        1e-12), r = :func:`sent_width`.
+    """
+    if C.WIDTH_LEVELS not in config:
+        return None
+    width, value = sent_width(config), config[C.WIDTH_LEVELS]
+    fix = (f"send a non-empty list of widths in (0, {C.MODEL_WIDTH}={width!r}] that "
+           f"includes {width!r}, e.g. [{width / 2!r}, {width!r}]")
+    if (not isinstance(value, (list, tuple)) or not value
+            or not all(_is_real(p) and 0.0 < float(p) <= width + _NOISE for p in value)):
+        raise ValueError(f"config {C.WIDTH_LEVELS}={value!r} is not allowed: {fix}")
+    if not any(abs(float(p) - width) <= _NOISE for p in value):
+        raise ValueError(f"config {C.WIDTH_LEVELS}={value!r} lacks the client's width "
+                         f"{C.MODEL_WIDTH}={width!r}: {fix}")
+    return _distinct(value, width)
+
+
+def _distinct(levels: Sequence[float], width: float) -> tuple[float, ...]:
+    """``levels`` as sorted distinct floats, those within 1e-12 of ``width`` set to it."""
+    return tuple(sorted({width if abs(float(p) - width) <= _NOISE else float(p)
+                         for p in levels}))
+
+
+def load_width_state(model: Any, state: Mapping[str, Any], width: float) -> Any:
+    """Load ``state`` (name -> tensor or array) into ``model`` built at ``width``, in place,
+    on the model's device; returns the model.
+
+    Raises
+    ------
+    ValueError
+        When a key is missing or extra, or a shape differs from the model's (naming the
+        key, both shapes and the width).
+    """
+    import torch  # noqa: PLC0415
+
+    own = model.state_dict()
+    missing, extra = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+    if missing or extra:
+        raise ValueError(f"the received arrays do not fit the model built at width "
+                         f"r={width!r}: keys missing {missing}, unexpected {extra}; build "
+                         f"your model at the sent width: build(r)")
+    for key, tensor in own.items():
+        received = tuple(state[key].shape)
+        if received != tuple(tensor.shape):
+            raise ValueError(f"received array {key!r} has shape {received} but the model "
+                             f"built at width r={width!r} has {tuple(tensor.shape)}; build "
+                             f"your model at the sent width: build(r)")
+    model.load_state_dict({k: torch.as_tensor(v) for k, v in state.items()}, strict=True)
+    return model
+
+
+def width_model(build: Build, msg: Message) -> Any:
+    """HeteroFL / FedRolex: ``build(r)`` at the sent width r (:func:`sent_width`), holding
+    the received sub-model (:func:`load_width_state`: strict keys and shapes)."""
+    config = msg.content[C.CONFIG] if C.CONFIG in msg.content.config_records else {}
+    width = sent_width(config)
+    state = msg.content[C.ARRAYS].to_torch_state_dict()
+    return load_width_state(build(width), state, width)
+
+
+def _level_models(model: Any, build: Build, levels: Sequence[float], width: float
+                  ) -> list[Any]:
+    """Per level: the model itself for p = r, else build(p) on the model's device, its
+    shapes checked to be prefixes of the model's."""
+    own = model.state_dict()
+    device = next(iter(own.values())).device if own else None
+    out = []
+    for p in levels:
+        if p == width:
+            out.append(model)
+            continue
+        sub = build(p)
+        if sub is model:
+            raise ValueError(f"build({p!r}) returned the width-r model itself; return a "
+                             f"separate model per width")
+        sub = sub.to(device) if device is not None else sub
+        shapes = {k: tuple(v.shape) for k, v in sub.state_dict().items()}
+        if set(shapes) != set(own):
+            raise ValueError(f"build({p!r}) has keys {sorted(shapes)} but the width-{width!r} "
+                             f"model has {sorted(own)}; build every width from one model")
+        for key, shape in shapes.items():
+            big = tuple(own[key].shape)
+            if len(shape) != len(big) or any(s > b for s, b in zip(shape, big)):
+                raise ValueError(f"build({p!r})'s {key!r} has shape {shape}, not a prefix of "
+                                 f"the width-{width!r} model's {big}; give widths p <= r of "
+                                 f"a model that keeps the first units of each layer")
+        out.append(sub)
+    return out
+
+
+def ordered_dropout_sgd(model: Any, build: Build, x: Any, y: Any, levels: Sequence[float], *,
+                        batch_size: int, epochs: float = 1, steps: int = 0, seed: int = 0,
+                        lr: float, momentum: float = 0.0, weight_decay: float = 0.0,
+                        width: float | None = None) -> LocalResult:
+    """FjORD's local training (Horvath et al., NeurIPS 2021, Sec. 3, ordered dropout), in
+    place on the width-r ``model``: p sampled uniformly per batch from the discrete set
+    ``levels``, one plain-SGD step of the width-p prefix.
+
+    Parameters
+    ----------
+    model
+        The model built at width r, holding the received sub-model.
+    build
+        ``build(p)``: the user's model at width p, keeping the first units of every layer
+        (called once per level p < r per call; its arrays must fit inside the model's).
+    x, y
+        The local data, on the model's device.
+    levels
+        The widths p; drawn from their sorted distinct values. Every p <= r.
+    batch_size, epochs, steps, seed
+        As :func:`strategies.client.local_sgd`: the same number of steps (``steps`` > 0,
+        else floor(E n / B)) and the same batches (``epoch_batches(x, y, B, steps, seed)``).
+    lr, momentum, weight_decay
+        :func:`plain_sgd`'s settings. One optimiser per level for the whole call, so the
+        momentum buffers are per level (exact for momentum 0: the paper's plain SGD).
+    width
+        The model's width r (default: the largest level).
+
+    Returns
+    -------
+    LocalResult
+        n, the steps and the mean minibatch loss (float64 sum / steps); (0, 0, NaN) for
+        empty data.
+
+    Notes
+    -----
+    Step t trains width ``levels[i_t]`` (sorted distinct levels), where ``i_t`` is entry t
+    of ``numpy.random.default_rng([seed, 0x0D]).integers(len(levels), size=steps)``. A
+    step at p < r copies the prefix of every state_dict entry (parameters and buffers)
+    into the width-p model, steps it with :func:`sgd_steps`, and writes it back into the
+    prefix; entries outside the prefix are left unchanged.
+    """
+    import numpy as np  # noqa: PLC0415
+    import torch  # noqa: PLC0415
+
+    if width is None:
+        width = max((float(p) for p in levels), default=1.0)
+    levels = _distinct(levels, float(width))
+    if not levels or not all(0.0 < p <= width for p in levels):
+        raise ValueError(f"levels={levels!r} must be a non-empty set of widths in (0, r] with "
+                         f"r={width!r} the model's width")
+    n = len(y)
+    if n == 0:
+        return LocalResult(num_examples=0, local_steps=0, train_loss=float("nan"))
+    total = steps if steps > 0 else C.steps_for_epochs(n, batch_size, epochs)
+    if total < 1:
+        raise ValueError(f"local work must be at least one step, got epochs={epochs}, "
+                         f"steps={steps}")
+    models = _level_models(model, build, levels, width)
+    optimizers = [plain_sgd(m, lr, momentum, weight_decay) for m in models]
+    full = model.state_dict()
+    draws = np.random.default_rng([seed, LEVEL_STREAM]).integers(len(levels), size=total)
+    loss_sum = 0.0
+    for batch, level in zip(epoch_batches(x, y, batch_size, total, seed), draws):
+        sub = models[level]
+        if sub is model:
+            loss_sum += sgd_steps(model, optimizers[level], [batch])[1]
+            continue
+        part = sub.state_dict()
+        prefix = {k: tuple(slice(0, s) for s in v.shape) for k, v in part.items()}
+        with torch.no_grad():
+            for key, tensor in part.items():
+                tensor.copy_(full[key][prefix[key]])
+        loss_sum += sgd_steps(sub, optimizers[level], [batch])[1]
+        with torch.no_grad():
+            for key, tensor in part.items():
+                full[key][prefix[key]].copy_(tensor)
+    return LocalResult(num_examples=n, local_steps=total, train_loss=loss_sum / total)
