@@ -364,6 +364,8 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
 
 from strategies import DynamicFL, FedAvg, FedDyn, FedNova, FedProx, FedVeca, Moon, Scaffold
+from strategies import HeteroFL
+from strategies import FedRolex, FjORD
 from task import Net, load_centralized_dataset, test
 
 # Create ServerApp
@@ -385,9 +387,22 @@ def global_evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
 central_evaluate = global_evaluate  # the name the older snippets use
 
 
+# per parameter of Net, per axis: the hidden dimension it scales with (docs/strategies/width.md)
+NET_WIDTHS = {"conv1.weight": (("conv1", 1), None, None, None), "conv1.bias": (("conv1", 1),),
+              "conv2.weight": (("conv2", 1), ("conv1", 1), None, None),
+              "conv2.bias": (("conv2", 1),),
+              "fc1.weight": (("fc1", 1), ("conv2", 25)), "fc1.bias": (("fc1", 1),),
+              "fc2.weight": (("fc2", 1), ("fc1", 1)), "fc2.bias": (("fc2", 1),),
+              "fc3.weight": (None, ("fc2", 1)), "fc3.bias": (None,)}
+
+
 def make_strategy(name: str, query: bool):
     common = {"query_client_info": query}  # True: the ClientApp answers with client_info_reply
+    width = {"fraction_evaluate": 0.0, **common}
     return {
+        "heterofl": lambda: HeteroFL(width_spec=NET_WIDTHS, levels=(1.0, 0.5), width_rule="fixed", **width),
+        "fjord": lambda: FjORD(width_spec=NET_WIDTHS, levels=(1.0, 0.5), width_rule="fixed", **width),
+        "fedrolex": lambda: FedRolex(width_spec=NET_WIDTHS, levels=(1.0, 0.5), width_rule="fixed", **width),
         "flower-fedavg": lambda: FlowerFedAvg(fraction_evaluate=0.0),
         "fedavg": lambda: FedAvg(fraction_evaluate=0.0, **common),
         "fedprox": lambda: FedProx(proximal_mu=0.01, fraction_evaluate=0.0, **common),
