@@ -2,13 +2,15 @@
 Accurate Federated Learning under heterogeneous targets with Ordered Dropout", NeurIPS
 2021), server side.
 
-Sec. 3: Ordered Dropout keeps the left-most ceil(p K) units of every layer; a client of
-maximum width p_max trains, at every local step, the sub-network of a p drawn uniformly
-from the levels p <= p_max (its client side: :func:`strategies.client.ordered_dropout_sgd`)
-and returns its p_max model; the server averages each entry over the clients that hold it,
-weighted by their examples (as the authors' Flower baseline does). The shared machinery is
-:class:`strategies.width_fedavg.WidthFedAvg`. Not implemented: the paper's optional
-self-distillation from the p_max sub-network.
+Sec. 3.1: Ordered Dropout keeps the left-most ceil(p K_l) units of every layer l, p from a
+discrete set P with a distribution D_P (uniform in the paper's experiments). Sec. 4 and
+Algorithm 1: client i is sent its p_max^i sub-model and, at each local iteration, samples p
+from D_P conditioned on p <= p_max^i (its client side:
+:func:`strategies.client.ordered_dropout_sgd`); Eq. (2): each slice w_{s_j} minus w_{s_{j-1}}
+is the average over the clients whose p_max holds it, weighted by their amount of data. The
+shared machinery is :class:`strategies.width_fedavg.WidthFedAvg`. Not implemented: the
+self-distillation of Eq. (1) (Sec. 3.2, "Subnetwork Knowledge Transfer" in Sec. 4).
+Numbering from the NeurIPS 2021 submission's text.
 """
 
 from __future__ import annotations

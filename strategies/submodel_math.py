@@ -32,7 +32,6 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import NamedTuple
 
 import numpy as np
 
@@ -78,13 +77,6 @@ class WidthSpec:
                                      f"dimension name, HiddenUnits(name, repeat) or None")
             normalised[key] = tuple(HiddenUnits(e) if isinstance(e, str) else e for e in entries)
         object.__setattr__(self, "axes", MappingProxyType(normalised))
-
-
-class WidthChoice(NamedTuple):
-    """What :func:`width_from_deadline` picked and whether its time fits the deadline."""
-
-    ratio: float
-    fits: bool
 
 
 def _is_int(value) -> bool:
@@ -234,26 +226,3 @@ def overlap_aggregate(global_params: Mapping[str, np.ndarray],
         averaged[trained] = total[trained] / weight_sum[trained]
         out[key] = averaged.astype(value.dtype)
     return out
-
-
-def width_from_deadline(levels: Sequence[float], seconds_at_full_width: float,
-                        deadline: float, *, cost_exponent: float = 2.0) -> WidthChoice:
-    """The largest level whose time seconds_at_full_width * level**cost_exponent fits the
-    deadline, else the smallest level (fits False).
-
-    Assumption: a conv or linear layer's work scales with its input times output units, both
-    shrunk by the ratio, hence exponent 2. Unscaled layers (first inputs, class outputs) and
-    fixed per-round costs make this optimistic for small widths.
-    """
-    widths = [_check_ratio(level, "levels entry") for level in levels]
-    if not widths:
-        raise ValueError(f"levels={levels!r} is empty; give widths, e.g. [1, 1/2, 1/4, 1/8]")
-    for name, number in (("seconds_at_full_width", seconds_at_full_width),
-                         ("deadline", deadline), ("cost_exponent", cost_exponent)):
-        if not _is_real(number) or not float(number) > 0:
-            raise ValueError(f"{name}={number!r} must be a number > 0")
-        if name != "deadline" and math.isinf(float(number)):
-            raise ValueError(f"{name}={number!r} must be finite; measure or set a real value")
-    fitting = [w for w in widths
-               if float(seconds_at_full_width) * w ** float(cost_exponent) <= float(deadline)]
-    return WidthChoice(max(fitting), True) if fitting else WidthChoice(min(widths), False)

@@ -73,16 +73,18 @@ class EchoGrid:
         return replies
 
 
+def partition_facts(msg: Message, context: Context) -> Message:
+    """A query handler: partition p reports its id and n = 10 (p + 1)."""
+    pid = int(context.node_config["partition-id"])
+    return Message(RecordDict({C.METRICS: MetricRecord(
+        {C.PARTITION_ID: pid, C.NUM_EXAMPLES: 10 * (pid + 1)})}), reply_to=msg)
+
+
 def adding_app(bad_partition: int | None = None, mods: list | None = None) -> ClientApp:
     """Partition p answers the query (n = 10 (p + 1)) and returns w + p + 1; the
     ``bad_partition`` returns NaN. ``mods``: the ClientApp's mods."""
     app = ClientApp(mods=mods)
-
-    @app.query()
-    def query(msg: Message, context: Context) -> Message:
-        pid = int(context.node_config["partition-id"])
-        return Message(RecordDict({C.METRICS: MetricRecord(
-            {C.PARTITION_ID: pid, C.NUM_EXAMPLES: 10 * (pid + 1)})}), reply_to=msg)
+    app.query()(partition_facts)
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:

@@ -15,7 +15,7 @@ from strategies.client import NoReply, virtual_clients
 from strategies.event_loop import GridEventLoop
 from strategies.packed_records import put, take
 from strategies.packing import PackedGrid, balance, task_cost, virtual_node_id
-from tests.inprocess import InProcessGrid, adding_app
+from tests.inprocess import InProcessGrid, adding_app, partition_facts
 from tests.messages import record
 
 pytestmark = pytest.mark.unit
@@ -28,11 +28,7 @@ def counting_app(raise_for: int | None = None, silent_for: int | None = None) ->
     raises, ``silent_for`` sends no reply."""
     app = ClientApp(mods=[virtual_clients])
 
-    @app.query()
-    def query(msg: Message, context: Context) -> Message:
-        pid = int(context.node_config["partition-id"])
-        return Message(RecordDict({C.METRICS: MetricRecord(
-            {C.PARTITION_ID: pid, C.NUM_EXAMPLES: 10 * (pid + 1)})}), reply_to=msg)
+    app.query()(partition_facts)
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:

@@ -19,7 +19,7 @@ from strategies.clock import SimClock
 from strategies.devices import DeviceProfile, TraceFleet
 from strategies.records import ClientContractError
 from strategies.width_fedavg import WidthFedAvg, WidthRule, width_spec_of
-from tests.inprocess import InProcessGrid
+from tests.inprocess import InProcessGrid, partition_facts
 from tests.messages import numpy_of, record
 
 # a two-layer "model" whose hidden dimension h has 4 units
@@ -39,11 +39,7 @@ def client_app(seen: list, *, ignore_width: bool = False, bad_partition: int | N
     ``ignore_width``: replies with the full model's shapes."""
     app = ClientApp()
 
-    @app.query()
-    def query(msg: Message, context: Context) -> Message:
-        pid = int(context.node_config["partition-id"])
-        return Message(RecordDict({C.METRICS: MetricRecord(
-            {C.PARTITION_ID: pid, C.NUM_EXAMPLES: 10 * (pid + 1)})}), reply_to=msg)
+    app.query()(partition_facts)
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:

@@ -141,6 +141,16 @@ def epoch_batches(x: Any, y: Any, batch_size: int, num_steps: int,
         yield x[idx], y[idx]
 
 
+def step_count(num_examples: int, batch_size: int, epochs: float, steps: int) -> int:
+    """The local steps of a call: ``steps`` if > 0, else floor(E n / B)
+    (:func:`strategies.contract.steps_for_epochs`); a ValueError if that is < 1."""
+    total = steps if steps > 0 else C.steps_for_epochs(num_examples, batch_size, epochs)
+    if total < 1:
+        raise ValueError(f"local work must be at least one step, got epochs={epochs}, "
+                         f"steps={steps}")
+    return total
+
+
 def local_sgd(
     model: Any,
     x: Any,
@@ -196,10 +206,7 @@ def local_sgd(
     n = len(y)
     if n == 0:
         return LocalResult(num_examples=0, local_steps=0, train_loss=float("nan"))
-    total = steps if steps > 0 else C.steps_for_epochs(n, batch_size, epochs)
-    if total < 1:
-        raise ValueError(f"local work must be at least one step, got epochs={epochs}, "
-                         f"steps={steps}")
+    total = step_count(n, batch_size, epochs, steps)
     if optimizer is None:
         if lr is None:
             raise ValueError("local_sgd needs an optimizer or an lr (for torch.optim.SGD)")

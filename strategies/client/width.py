@@ -29,7 +29,7 @@ from typing import Any
 from flwr.app import Message
 
 from .. import contract as C
-from .sgd_loop import LocalResult, epoch_batches, plain_sgd, sgd_steps
+from .sgd_loop import LocalResult, epoch_batches, plain_sgd, sgd_steps, step_count
 
 Build = Callable[[float], Any]  # width -> torch.nn.Module, the user's model at that width
 LEVEL_STREAM = 0x0D  # the draw stream of ordered dropout: default_rng([seed, LEVEL_STREAM])
@@ -227,10 +227,7 @@ def ordered_dropout_sgd(model: Any, build: Build, x: Any, y: Any, levels: Sequen
     n = len(y)
     if n == 0:
         return LocalResult(num_examples=0, local_steps=0, train_loss=float("nan"))
-    total = steps if steps > 0 else C.steps_for_epochs(n, batch_size, epochs)
-    if total < 1:
-        raise ValueError(f"local work must be at least one step, got epochs={epochs}, "
-                         f"steps={steps}")
+    total = step_count(n, batch_size, epochs, steps)
     models = _level_models(model, build, levels, width)
     optimizers = [plain_sgd(m, lr, momentum, weight_decay) for m in models]
     full = model.state_dict()
