@@ -36,6 +36,12 @@ class FjORD(WidthFedAvg):
     ``width-levels`` = the levels p <= p_max; expects back the p_max sub-model (keys, shapes,
     dtypes) and ``num-examples``. :func:`strategies.client.ordered_dropout_sgd` runs the
     local steps.
+
+    Notes
+    -----
+    The clock charges every local step at p_max (the deadline rule gives each client the
+    largest p_max whose steps all fit): an upper bound, since the sampled p <= p_max cost
+    less.
     """
 
     CLIENT_HELPER = "strategies.client.ordered_dropout_sgd"
