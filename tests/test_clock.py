@@ -214,8 +214,16 @@ def test_two_tier_fleet():
     assert set(many) == {DeviceProfile(1.0, 20.0, 5.0), DeviceProfile(0.1, 2.0, 0.5)}
 
 
+def test_tiers_fleet_is_one_speed_per_tier():
+    fleet = dv.GeneratedFleet("tiers", seed=2, tiers=5)
+    assert [fleet.profile(p).speed for p in range(7)] == [1, 0.5, 0.25, 0.125, 0.0625, 1, 0.5]
+    assert fleet.profile(3) == DeviceProfile(0.125, 20.0, 5.0)
+    assert dv.GeneratedFleet("tiers", tiers=1).profile(9).speed == 1.0
+
+
 @pytest.mark.parametrize("kwargs, word", [
     ({"kind": "uniform"}, "not known"), ({"kind": "lognormal", "sigma": -0.1}, "sigma"),
+    ({"kind": "tiers", "tiers": 0}, "tiers"), ({"kind": "tiers", "tiers": 2.5}, "tiers"),
     ({"kind": "two-tier", "rich_fraction": 1.5}, "rich_fraction"),
     ({"kind": "two-tier", "poor_factor": 0.5}, "poor_factor"),
     ({"kind": "homogeneous", "downlink_mbps": 0.0}, "downlink_mbps"),
