@@ -1,0 +1,23 @@
+"""The app's FAB (what `flwr run` and a deployment ship): Flower builds it under its 10 MB limit,
+without the docs' run logs and results."""
+
+from __future__ import annotations
+
+import io
+import zipfile
+
+import pytest
+from flwr.cli.build import build_fab_from_disk
+from flwr.common.constant import FAB_MAX_SIZE
+
+from simulation.runtime import PROJECT_ROOT
+
+
+@pytest.mark.filterwarnings("ignore:GitWildMatchPattern:DeprecationWarning")  # Flower's pathspec use
+def test_the_fab_builds_small_and_holds_the_code_not_the_docs():
+    fab = build_fab_from_disk(PROJECT_ROOT)
+    assert len(fab) < FAB_MAX_SIZE / 2, f"FAB of {len(fab)} bytes (Flower's limit {FAB_MAX_SIZE})"
+    names = zipfile.ZipFile(io.BytesIO(fab)).namelist()
+    assert not [n for n in names if n.startswith("docs/")]
+    for package in ("fedapp/", "strategies/", "task/", "simulation/"):
+        assert any(n.startswith(package) for n in names), package
