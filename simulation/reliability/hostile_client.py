@@ -58,6 +58,7 @@ def hostile_project(destination: Path, source: Path | None = None) -> Path:
     text, count = re.subn(r'(?m)^clientapp = ".*"$', f'clientapp = "{CLIENTAPP}"', text)
     if count != 1:
         raise ValueError(f"{source / 'pyproject.toml'} names no clientapp to replace")
+    text = re.sub(r'(?m)^fab-exclude = .*\n', "", text)  # the copy has no docs/ to leave out
     (destination / "pyproject.toml").write_text(text)
     for extra in ("README.md", "LICENSE"):
         if (source / extra).is_file():
