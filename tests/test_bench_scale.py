@@ -10,7 +10,8 @@ import sys
 import pytest
 
 from simulation.bench import machine_sampler as M
-from simulation.bench.scale import SizeResult, gpu_line, huge_lines, ratio_lines, table_row
+from simulation.bench.scale import (SizeResult, gpu_line, huge_lines, progress, ratio_lines,
+                                    table_row)
 
 RESULT = SizeResult(clients=1000, ours=24.0, bare_flower=22.0, packed=3.3, bare_torch=2.2)
 
@@ -53,6 +54,19 @@ def test_the_gpu_line_says_no_gpu_or_each_packed_runs_mean_utilisation():
     assert gpu_line({"10 clients": first, "100 clients": second, "x": without}) == (
         "GPU utilisation during the packed runs: mean 60% (10 clients: 50%, 100 clients: 80%); "
         "peak GPU memory used 1500 MiB")
+
+
+@pytest.mark.unit
+def test_each_way_of_a_size_says_its_warm_round_as_it_ends_and_a_packed_gpu_run_its_use(capsys):
+    sampler = M.MachineSampler()
+    sampler.gpu = [(30.0, 800.0), (50.0, 900.0)]
+    progress(1000, "packed", [9.0, 3.0, 3.5, 8.0], started=0.0, sampler=sampler)
+    progress(1000, "bare torch", [1.0, 0.5, 0.7, 0.6], started=0.0)
+    first, second = capsys.readouterr().err.splitlines()
+    assert first.startswith("[bench scale] 1000 clients, packed: 3.250 s per warm round (run ")
+    assert first.endswith(" s, GPU utilisation mean 40%)")
+    assert second.startswith("[bench scale] 1000 clients, bare torch: 0.600 s per warm round")
+    assert "GPU" not in second
 
 
 @pytest.mark.unit

@@ -38,6 +38,8 @@ import math
 import os
 import shutil
 import statistics
+import sys
+import time
 from dataclasses import dataclass
 
 import torch
@@ -220,15 +222,35 @@ def sampled_into(samplers: dict[str, MachineSampler], name: str):
     return observe
 
 
+def progress(n: int, way: str, seconds: list[float], started: float,
+             sampler: MachineSampler | None = None) -> None:
+    """One line on stderr as each way of a size ends (a size of 1,000 takes minutes): its warm
+    seconds per round, the run's wall time and, for a packed run on a GPU, its utilisation."""
+    gpu = (f", GPU utilisation mean {sampler.mean_gpu_utilisation:.0f}%"
+           if sampler is not None and sampler.mean_gpu_utilisation is not None else "")
+    print(f"[bench scale] {n} clients, {way}: {warm_mean(seconds):.3f} s per warm round "
+          f"(run {time.monotonic() - started:.0f} s{gpu})", file=sys.stderr, flush=True)
+
+
 def measure_size(n: int, args, workers: int, resources: dict,
                  samplers: dict[str, MachineSampler]) -> SizeResult:
-    """The four ways at ``n`` clients; the packed run's sampler goes into ``samplers``."""
-    ours = ours_round_seconds(n, args.rounds, resources, args.data_dir)
-    bare = bare_round_seconds(n, args.rounds, resources, args.data_dir)
+    """The four ways at ``n`` clients, packed and its limit first; the packed run's sampler
+    goes into ``samplers``."""
+    started = time.monotonic()
+    name = f"{n} clients"
     packed = round_seconds(packed_records(n, args.rounds, workers, resources, args.data_dir,
-                                          sampled_into(samplers, f"{n} clients")))
+                                          sampled_into(samplers, name)))
+    progress(n, "packed", packed, started, samplers.get(name))
+    started = time.monotonic()
     limit = bare_packed_round_seconds(workload(n, args.rounds, args.data_dir), n, args.rounds,
                                       args.cpus_per_client, workers)
+    progress(n, "bare torch", limit, started)
+    started = time.monotonic()
+    ours = ours_round_seconds(n, args.rounds, resources, args.data_dir)
+    progress(n, "fedhetero", ours, started)
+    started = time.monotonic()
+    bare = bare_round_seconds(n, args.rounds, resources, args.data_dir)
+    progress(n, "bare Flower", bare, started)
     return SizeResult(n, warm_mean(ours), warm_mean(bare), warm_mean(packed), warm_mean(limit))
 
 
