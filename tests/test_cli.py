@@ -24,8 +24,8 @@ from simulation.runtime.help_format import help_with_default
 
 REPO = Path(__file__).resolve().parents[1]
 
-BENCHES = ["overhead", "efficiency", "aggregation", "sync-events", "import", "scale", "layout",
-           "heap", "deploy"]
+BENCHES = ["overhead", "efficiency", "aggregation", "sync-events", "import", "scale",
+           "packed-workers", "layout", "heap", "deploy", "selection"]
 
 
 def help_of(main, argv: list[str], capsys) -> str:

@@ -15,6 +15,8 @@ aggregation's peak extra memory (from (b)).
 * ``sync-events``: DynamicFL's seconds per sync event against the active clients;
 * ``scale``: per-round time at 10, 100, 1,000 clients: ours, a bare Flower FedAvg app,
   packed mode and bare torch; a 10,000-client packed round's time and peak memory;
+* ``packed-workers``: packed mode's warm round against its number of workers, with and
+  without GPU shares (how far W workers side by side are from W times one);
 * ``layout``: SGD step and evaluation times, channels-last against contiguous, on this device;
 * ``heap``: SGD step time with glibc's malloc thresholds against fixed ones (CPU);
 * ``selection``: each selection policy's cost per round at 1,000 and 10,000 clients;
@@ -38,6 +40,7 @@ BENCHES = {
     "import": "simulation.bench.imports",
     "sync-events": "simulation.bench.sync_events",
     "scale": "simulation.bench.scale",
+    "packed-workers": "simulation.bench.packed_workers",
     "layout": "simulation.bench.layout",
     "heap": "simulation.bench.heap",
     "deploy": "simulation.bench.deploy",
