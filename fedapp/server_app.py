@@ -19,7 +19,7 @@ from flwr.serverapp import Grid, ServerApp
 from fedapp.flower_patches import shorten_object_pulls
 from strategies import contract as C
 from strategies.devices import write_trace
-from strategies.packing import PackedGrid
+from strategies.packing import PackedGrid, width_task_cost
 from strategies.participation import participation_of
 from strategies.rounds import round_log
 from strategies.width_fedavg import WidthFedAvg
@@ -288,13 +288,16 @@ def main(grid: Grid, context: Context) -> None:
     run(cfg, grid, context, strategy, train_config, checkpoint, process)
 
 
-def packed(grid: Grid, cfg: RunConfig) -> Grid:
+def packed(grid: Grid, cfg: RunConfig, strategy=None) -> Grid:
     """``grid`` itself, or with ``virtual-clients`` = N > 0 the N virtual clients on its
-    SuperNodes (:class:`strategies.packing.PackedGrid`)."""
+    SuperNodes (:class:`strategies.packing.PackedGrid`), balanced by each task's examples and,
+    for a width strategy, its sub-model's compute share."""
     if cfg.virtual_clients == 0:
         return grid
     log(INFO, "Packed simulation: %d virtual clients (partitions 0 .. %d) on the SuperNodes",
         cfg.virtual_clients, cfg.virtual_clients - 1)
+    if isinstance(strategy, WidthFedAvg):
+        return PackedGrid(grid, cfg.virtual_clients, width_task_cost(strategy.compute_share))
     return PackedGrid(grid, cfg.virtual_clients)
 
 
@@ -337,7 +340,7 @@ def run(cfg: RunConfig, grid: Grid, context: Context, strategy, train_config: di
         try:
             result = run_rounds(
                 strategy,
-                grid=ServerAppGrid(packed(grid, cfg)),  # pulls 5 ms .. 0.1 s apart
+                grid=ServerAppGrid(packed(grid, cfg, strategy)),  # pulls 5 ms .. 0.1 s apart
                 initial_arrays=initial_arrays,
                 num_rounds=cfg.num_server_rounds,
                 first_round=first_round,

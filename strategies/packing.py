@@ -10,8 +10,9 @@ and replies once; the reply is split back into one reply per virtual client. A s
 the Grid event loop and the trust gate see exactly what they would see with N SuperNodes.
 
 * **Balance.** The shares are balanced by each task's expected cost (examples it trains
-  on: local steps x batch size, or epochs x its size from its client-info reply), longest
-  first onto the least-loaded worker. Which worker runs a client changes nothing in what
+  on: local steps x batch size, or epochs x its size from its client-info reply; for a
+  client sent a sub-model of width r, times that width's compute share,
+  :func:`width_task_cost`), longest first onto the least-loaded worker. Which worker runs a client changes nothing in what
   it computes: its seed comes from its partition id and the round.
 * **Client state follows the client.** A virtual client's ``Context.state`` comes back
   with its reply and goes out with its next message, whichever worker serves it; a
@@ -42,7 +43,8 @@ from .event_loop import GridEventLoop
 from .packed_records import error_of, put, read_reply, take
 from .wrapped_grid import WrappedGrid
 
-__all__ = ["PackedGrid", "VIRTUAL_NODE_BASE", "balance", "task_cost", "virtual_node_id"]
+__all__ = ["PackedGrid", "VIRTUAL_NODE_BASE", "balance", "task_cost", "virtual_node_id",
+           "width_task_cost"]
 
 VIRTUAL_NODE_BASE = 1_000_000_000  # virtual client p has node id 1e9 + p: "node 1000000004" = p 4
 LOST_WORKER = 5  # Flower's ErrorCode.NODE_UNAVAILABLE
@@ -66,6 +68,25 @@ def task_cost(message: Message, num_examples: int | None) -> float:
     if num_examples and isinstance(epochs, (int, float)) and epochs > 0:
         return float(epochs) * num_examples
     return 1.0
+
+
+def width_task_cost(compute_share: Callable[[float], float]
+                    ) -> Callable[[Message, int | None], float]:
+    """:func:`task_cost` times the compute share of the width a train task is sent
+    (``model-width`` in its config; HeteroFL / FjORD / FedRolex): ``compute_share(r)`` is the
+    strategy's own (:meth:`strategies.WidthFedAvg.compute_share`, the clock's too), so a
+    client at width 1/16 weighs what its sub-model costs, not what the full model does."""
+
+    def cost(message: Message, num_examples: int | None) -> float:
+        examples = task_cost(message, num_examples)
+        if message.metadata.message_type != MessageType.TRAIN or C.CONFIG not in message.content:
+            return examples
+        width = message.content[C.CONFIG].get(C.MODEL_WIDTH)
+        if isinstance(width, bool) or not isinstance(width, (int, float)):
+            return examples
+        return examples * compute_share(float(width))
+
+    return cost
 
 
 def balance(costs: Sequence[float], num_workers: int) -> list[list[int]]:

@@ -14,7 +14,8 @@ from strategies import contract as C
 from strategies.client import NoReply, virtual_clients
 from strategies.event_loop import GridEventLoop
 from strategies.packed_records import put, take
-from strategies.packing import PackedGrid, balance, task_cost, virtual_node_id
+from strategies.packing import (PackedGrid, balance, task_cost, virtual_node_id,
+                               width_task_cost)
 from tests.inprocess import InProcessGrid, adding_app, partition_facts
 from tests.messages import record
 
@@ -117,6 +118,36 @@ def test_task_cost_is_the_examples_a_task_trains_on():
     epochs = train_messages(None, [1], steps=0)[0]
     epochs.content[C.CONFIG][C.LOCAL_EPOCHS] = 2
     assert task_cost(epochs, 50) == 100.0 and task_cost(epochs, None) == 1.0
+
+
+def test_a_width_task_costs_its_examples_times_its_widths_compute_share():
+    cost = width_task_cost({1.0: 1.0, 0.25: 0.158}.__getitem__)
+    full, quarter, plain, bad = train_messages(None, [1, 2, 3, 4], steps=4)
+    for message, width in ((full, 1.0), (quarter, 0.25), (bad, True)):
+        message.content[C.CONFIG] = ConfigRecord({**message.content[C.CONFIG],
+                                                  C.MODEL_WIDTH: width})
+    assert cost(full, None) == 40.0 and cost(plain, None) == 40.0
+    assert cost(quarter, None) == pytest.approx(40.0 * 0.158)
+    assert cost(bad, None) == 40.0  # not a width: examples alone
+    query = Message(RecordDict({C.CONFIG: ConfigRecord({})}), dst_node_id=1,
+                    message_type=MessageType.QUERY)
+    assert cost(query, None) == 1.0
+
+
+def test_the_app_balances_a_width_strategys_packed_tasks_by_its_own_compute_shares():
+    from types import SimpleNamespace
+
+    from fedapp.server_app import packed as app_packed
+    from strategies import FedAvg, HeteroFL
+    from tests.test_width_strategies import kwargs
+
+    strategy = HeteroFL(**kwargs(level_compute={1.0: 1.0, 0.5: 0.327}))
+    cfg = SimpleNamespace(virtual_clients=N)
+    grid = app_packed(InProcessGrid(counting_app(), W, {}), cfg, strategy)
+    (message,) = train_messages(None, [1], steps=3)
+    message.content[C.CONFIG] = ConfigRecord({**message.content[C.CONFIG], C.MODEL_WIDTH: 0.5})
+    assert grid.cost(message, None) == pytest.approx(30.0 * 0.327)
+    assert app_packed(InProcessGrid(counting_app(), W, {}), cfg, FedAvg()).cost is task_cost
 
 
 def test_tasks_are_balanced_by_the_sizes_from_the_client_info_query():
