@@ -12,8 +12,9 @@ the Grid event loop and the trust gate see exactly what they would see with N Su
 * **Balance.** The shares are balanced by each task's expected cost (examples it trains
   on: local steps x batch size, or epochs x its size from its client-info reply; for a
   client sent a sub-model of width r, times that width's compute share,
-  :func:`width_task_cost`), longest first onto the least-loaded worker. Which worker runs a client changes nothing in what
-  it computes: its seed comes from its partition id and the round.
+  :func:`width_task_cost`), longest first onto the least-loaded worker. Which worker runs
+  a client changes nothing in what it computes: its seed comes from its partition id and
+  the round.
 * **Client state follows the client.** A virtual client's ``Context.state`` comes back
   with its reply and goes out with its next message, whichever worker serves it; a
   failed call keeps the state it had (as Flower keeps a node's context when its ClientApp
