@@ -16,6 +16,9 @@ fc9b728, where 8e8d6a9 (whose AMD digests held in CI) gives the same Intel diges
 dynamicfl / dynamicsgd digests were re-taken on AMD when DynamicFL's sync events moved to the
 one averaging kernel (float32 sums; the final models moved by at most 4.5e-8 / 1.04e-7); their
 Intel digests are to be re-taken on an Intel machine (the test skips them there, saying so).
+The width, asynchronous, selection, deadline and over-commitment cases were added at 5078f49,
+before the v4 round engine moved every strategy onto one engine, on Intel only; their AMD
+digests are to be taken on an AMD machine at a commit whose Intel digests hold.
 """
 
 from __future__ import annotations
@@ -76,6 +79,25 @@ CASES: dict[str, dict] = {
     "fedadam": {"strategy": "fedadam", "server-lr": 0.01},
     "fedyogi": {"strategy": "fedyogi", "server-lr": 0.01},
     "fedadagrad": {"strategy": "fedadagrad", "server-lr": 0.01},
+    # pinned at 5078f49 before the v4 engine (Intel only: AMD's set is to be taken on AMD)
+    "heterofl-fixed": {"strategy": "heterofl", "width-levels": "1,0.5", "width-rule": "fixed",
+                       "drift-diagnostics": False},
+    "fjord-dynamic": {"strategy": "fjord", "width-levels": "1,0.5,0.25", "width-rule": "dynamic",
+                      "drift-diagnostics": False},
+    "fedrolex-deadline": {"strategy": "fedrolex", "width-levels": "1,0.5,0.25",
+                          "device-profiles": "tiers", "round-deadline": 0.05,
+                          "drift-diagnostics": False},
+    "fedbuff-clock": {"strategy": "fedbuff", "async-concurrency": 3, "fedbuff-buffer-size": 2,
+                      "device-profiles": "lognormal", "drift-diagnostics": False},
+    "fedasync-proximal": {"strategy": "fedasync", "async-concurrency": 3, "fedasync-rho": 0.1,
+                          "fedasync-updates-per-round": 2, "device-profiles": "lognormal"},
+    "fedavg-oort-overcommit": {"strategy": "fedavg", "selection": "oort", "fraction-train": 0.5,
+                               "device-profiles": "lognormal", "over-commitment": 0.5},
+    "fedprox-poc-deadline": {"strategy": "fedprox", "selection": "power-of-choice",
+                             "poc-candidates": 3, "fraction-train": 0.5,
+                             "device-profiles": "lognormal", "round-deadline": 0.05},
+    "fedavg-tifl": {"strategy": "fedavg", "selection": "tifl", "tifl-tiers": 2,
+                    "fraction-train": 0.5, "device-profiles": "lognormal"},
 }
 
 # per CPU vendor (/proc/cpuinfo's vendor_id): Intel gives other bits than AMD under the same
@@ -104,6 +126,14 @@ GOLDEN: dict[str, dict[str, str]] = {
         'moon': '3ed106a4e962678696c90a00a3a6edb030057a303319a08096430c4a61bbf4fc',
         'scaffold': 'b1c353b8fd7baafd0e5f7288fa6ed79fa9ea2fc83b0f3546d315f98303b0143f',
         'scaffold-momentum-stragglers': '2fa57a2fb716a91440b94f9b1cdc0e5a9ac38b76c66338ea8468af75ebcb93bd',
+        'heterofl-fixed': None,  # to take on AMD
+        'fjord-dynamic': None,  # to take on AMD
+        'fedrolex-deadline': None,  # to take on AMD
+        'fedbuff-clock': None,  # to take on AMD
+        'fedasync-proximal': None,  # to take on AMD
+        'fedavg-oort-overcommit': None,  # to take on AMD
+        'fedprox-poc-deadline': None,  # to take on AMD
+        'fedavg-tifl': None,  # to take on AMD
     },
     "GenuineIntel": {  # Intel Xeon with AVX-512 (taken at fc9b728; 8e8d6a9 gives the same)
         'dynamicfl': None,  # to re-take: DynamicFL's averaging kernel changed (see the test)
@@ -127,6 +157,14 @@ GOLDEN: dict[str, dict[str, str]] = {
         'moon': 'eb14f1000c4c3ec6b0bbdeea0ff9cc9fa6803c79bb06a29d7d998cda963224a0',
         'scaffold': 'caf666b9a1dfa6d2b8cd0ff683ebd1b1f4b7503f0067aef23e542cc04ec8d65b',
         'scaffold-momentum-stragglers': '0f5fca98f6ffb113ded24f040685aff743e0b4c228921ba393a50400cfec76c0',
+        'heterofl-fixed': 'c69b89054c3cb4cfb4786177d3369a1878e7a0731dda7790b0033a49a9712bc2',
+        'fjord-dynamic': '8fa32e41ac1d198fa30e417a628712298ccd9bba6a667c367326c2aa5a30e537',
+        'fedrolex-deadline': 'e30fddcbfac538e4d6aa612a6c58854f7af0b97d2b0ee53eec9bd5c9e81caa42',
+        'fedbuff-clock': '48bcb0cb8d2510f70c111ca7c43fc8f036bc412f5c4ac68777f69e35a3a72ec7',
+        'fedasync-proximal': '23fbd25f46f9e32c02b717bcfa8c09b9a8c1e91cb71ece5528e0290f91e36311',
+        'fedavg-oort-overcommit': '71872ea906a0fbce452c83d7a5a14fe4001f80b06a59b77d974c59319bc6c4ef',
+        'fedprox-poc-deadline': '3701eac00414c3065e1a2a85de874cef4faff4b42524e56184c1b76c4a9d5c15',
+        'fedavg-tifl': '1f39536ee8b4cfce78a624d9224deee6cdf64f9824cbc23e6e4ed4160b7b3a8a',
     },
 }
 
@@ -176,10 +214,9 @@ def test_final_model_is_bit_identical_to_main(case, digests):
                     "take them on a commit whose pins hold elsewhere with "
                     "`python -m tests.test_regression_models` and add them to GOLDEN")
     if GOLDEN[vendor][case] is None:
-        pytest.skip(f"the {case!r} digest for {vendor} is to be re-taken (the averaging kernel "
-                    "DynamicFL's sync events use changed: float32 sums as every strategy's, "
-                    "not float64; within 1.1e-7 of the old model on AMD); run "
-                    "`python -m tests.test_regression_models` on that vendor and pin it")
+        pytest.skip(f"the {case!r} digest for {vendor} is not taken yet (the module docstring "
+                    "says why); run `python -m tests.test_regression_models` on that vendor "
+                    "and pin it")
     assert digests[case] == GOLDEN[vendor][case]
 
 
