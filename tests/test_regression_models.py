@@ -15,7 +15,7 @@ FedDyn and MOON on branch feddyn-moon, every earlier digest unchanged); the Inte
 fc9b728, where 8e8d6a9 (whose AMD digests held in CI) gives the same Intel digests. The
 dynamicfl / dynamicsgd digests were re-taken on AMD when DynamicFL's sync events moved to the
 one averaging kernel (float32 sums; the final models moved by at most 4.5e-8 / 1.04e-7); their
-Intel digests are to be re-taken on an Intel machine (the test skips them there, saying so).
+Intel digests were re-taken at 5078f49.
 The width, asynchronous, selection, deadline and over-commitment cases were added at 5078f49,
 before the v4 round engine moved every strategy onto one engine, on Intel only; their AMD
 digests are to be taken on an AMD machine at a commit whose Intel digests hold.
@@ -136,8 +136,8 @@ GOLDEN: dict[str, dict[str, str]] = {
         'fedavg-tifl': None,  # to take on AMD
     },
     "GenuineIntel": {  # Intel Xeon with AVX-512 (taken at fc9b728; 8e8d6a9 gives the same)
-        'dynamicfl': None,  # to re-take: DynamicFL's averaging kernel changed (see the test)
-        'dynamicsgd': None,
+        'dynamicfl': '5d20d34eacfa52d436930515e11409754483b165530a4a4b574b0b94528f2237',
+        'dynamicsgd': '61c165f26aa7cf1fb7015ef0455394c0bb3793d6d94a8c6840f5c5c20e2528a6',
         'fedadagrad': 'b543f10ad934307baf29de39a15bb7da55dca9b7dc802035dba16bc6f57d4674',
         'fedadam': 'a67f482563eac1c243c6e30d56ce5891fb2afb91ce416f13f042359f92d60ffc',
         'fedavg-examples': '69f1cdb0db965c593c8c3f2a0f891491d0b74e4f13c4300c15b6b1abf709ea94',
