@@ -3,7 +3,7 @@ the partition that SuperNode serves}, next to the keys (keys/partitions.json).
 
 ``deploy run --auth`` passes it to the ServerApp as run-config ``partition-map``, which then
 refuses a node whose registered key may not serve the partition it claims
-(:mod:`strategies.node_identity` has the check and why Flower's ``grid.get_nodes()`` can be
+(:mod:`strategies.engine.node_identity` has the check and why Flower's ``grid.get_nodes()`` can be
 trusted with it; :mod:`fedapp.partition_map` writes and reads the file's text).
 """
 

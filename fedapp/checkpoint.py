@@ -28,7 +28,7 @@ partition) batch streams and the strategies the same per-round samples as an
 uninterrupted run.
 
 Every strategy, Flower's own server optimisers included, runs (and resumes) through the
-one round loop :func:`strategies.rounds.run_rounds`, whose ``first_round`` starts at
+one round loop :func:`strategies.engine.rounds.run_rounds`, whose ``first_round`` starts at
 round r+1 with the true round numbers.
 """
 
@@ -52,7 +52,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
 from strategies import contract as C
-from strategies import rounds
+from strategies.engine import rounds
 
 from .atomic_file import write_atomically, write_bytes_atomically
 from .checkpoint_format import CheckpointFormatError, decode, dumps, encode, loads
@@ -357,7 +357,7 @@ def run_rounds(strategy: Strategy, *, grid: Grid, initial_arrays: ArrayRecord, n
                first_round: int, timeout: float, train_config: ConfigRecord,
                evaluate_config: ConfigRecord,
                evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None]) -> Result:
-    """Rounds ``first_round``..``num_rounds`` of ``strategy`` (:func:`strategies.rounds.
+    """Rounds ``first_round``..``num_rounds`` of ``strategy`` (:func:`strategies.engine.rounds.
     run_rounds`). With ``first_round`` > 1 the initial model is not evaluated again (round
     r's record is already in the run log)."""
     return rounds.run_rounds(strategy, grid, initial_arrays, num_rounds, timeout, train_config,

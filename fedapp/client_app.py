@@ -35,7 +35,7 @@ from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from strategies import contract as C
-from strategies.records import to_record  # the .npy bytes written with one copy
+from strategies.engine.records import to_record  # the .npy bytes written with one copy
 from strategies.client import (
     FedDynClient,
     MoonClient,

@@ -30,13 +30,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from strategies import SELECTIONS, STRAGGLER_POLICIES, STRAGGLER_UNITS, WEIGHTINGS
-from strategies.async_tasks import ARRIVAL_ORDERS
-from strategies.devices import FLEETS
-from strategies.dynacomm import BUDGET_MODES
-from strategies.dynamicfl_schedule import X_STAR_MODES, parse_interval_spec
-from strategies.fedveca_math import BETA_MODES, TAU_MIN, normalise_beta_mode
-from strategies.schedules import DECAYING, SCHEDULES
-from strategies.staleness import STALENESS_FUNCTIONS
+from strategies.engine.async_tasks import ARRIVAL_ORDERS
+from strategies.engine.devices import FLEETS
+from strategies.algorithms.dynacomm import BUDGET_MODES
+from strategies.algorithms.dynamicfl_schedule import X_STAR_MODES, parse_interval_spec
+from strategies.algorithms.fedveca_math import BETA_MODES, TAU_MIN, normalise_beta_mode
+from strategies.engine.schedules import DECAYING, SCHEDULES
+from strategies.algorithms.staleness import STALENESS_FUNCTIONS
 from task.data import DATASET_NAMES, check_dataset_name
 from task.model_names import MODEL_NAMES, REPRESENTATION_MODELS, WIDTH_MODELS
 from task.partition import PARTITION_NAMES
@@ -54,7 +54,7 @@ OURS = FEDAVG_FAMILY + DYNAMICFL
 ASYNC = ("fedbuff", "fedasync")
 CLOCKED = OURS + ASYNC  # the strategies with a simulated clock
 FEDOPT = ("fedadam", "fedyogi", "fedadagrad")
-FLOWER = ("fedavgm", *FEDOPT)  # Flower's own classes (strategies.server_optimizers)
+FLOWER = ("fedavgm", *FEDOPT)  # Flower's own classes (strategies.algorithms.flower_optimizers)
 ALL = OURS + ASYNC + FLOWER
 SUMMARIES = {  # strategy -> one line (``fedhetero strategies``)
     "fedavg": "Federated Averaging (McMahan et al. 2017, Alg. 1), with weighting, sampling, "

@@ -294,7 +294,7 @@ class Evaluator:
 def load_prefix(model, arrays: dict[str, np.ndarray]) -> None:
     """Load into a width-r ``model`` the first entries of every full-width array along each
     axis (its shapes): the static sub-model of the first ceil(r K) units of every hidden
-    layer (``strategies.submodel_math``, "static"; a flatten's units are consecutive)."""
+    layer (``strategies.engine.submodel_math``, "static"; a flatten's units are consecutive)."""
     import torch  # noqa: PLC0415
 
     state = model.state_dict()

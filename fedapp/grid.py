@@ -5,7 +5,7 @@ Flower 1.41's deployment Grid (``flwr.superlink.grid.http_grid.HttpGrid``) sleep
 hard-coded 3 s between two pulls in ``send_and_receive``, with no argument, attribute or
 environment variable to change it; the simulation's ``InMemoryGrid`` sleeps its
 ``pull_interval`` of 0.1 s. Every strategy here exchanges through the Grid event loop
-(:class:`strategies.event_loop.GridEventLoop`: pulls 5 ms .. 0.1 s apart) on the public
+(:class:`strategies.engine.event_loop.GridEventLoop`: pulls 5 ms .. 0.1 s apart) on the public
 ``push_messages`` / ``pull_messages``; :class:`ServerAppGrid` gives a strategy that calls
 ``send_and_receive`` itself (Flower's own ``Strategy.start``) the same loop. The reply's
 arrays are pulled by Flower's ``pull_objects``, whose first retry comes after 1 s; it is
@@ -28,8 +28,8 @@ from collections.abc import Iterable
 from flwr.app import Message
 from flwr.serverapp import Grid
 
-from strategies.event_loop import PULL_INTERVAL, GridEventLoop
-from strategies.wrapped_grid import WrappedGrid
+from strategies.engine.event_loop import PULL_INTERVAL, GridEventLoop
+from strategies.engine.wrapped_grid import WrappedGrid
 
 
 class ServerAppGrid(WrappedGrid):
@@ -50,7 +50,7 @@ class ServerAppGrid(WrappedGrid):
                          timeout: float | None = None) -> Iterable[Message]:
         """Push ``messages``, then pull their replies until all are in or ``timeout``
         seconds have passed (None: until all are in), as Flower's Grids do
-        (:meth:`strategies.event_loop.GridEventLoop.exchange`). The list the previous call
+        (:meth:`strategies.engine.event_loop.GridEventLoop.exchange`). The list the previous call
         returned is emptied first (module docstring)."""
         self.last_replies.clear()
         self.last_replies = GridEventLoop(self.grid, self.pull_interval).exchange(messages,

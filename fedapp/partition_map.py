@@ -1,14 +1,14 @@
 """Run-config ``partition-map``: the file binding each registered SuperNode key to the
 partition it may serve, read once by the ServerApp and handed to the participation model
-(:mod:`strategies.node_identity`; ``deploy run --auth`` writes and passes it)."""
+(:mod:`strategies.engine.node_identity`; ``deploy run --auth`` writes and passes it)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
 
-from strategies.node_identity import PartitionMap, key_fingerprint, map_text, parse_partition_map
-from strategies.participation import participation_of
+from strategies.engine.node_identity import PartitionMap, key_fingerprint, map_text, parse_partition_map
+from strategies.engine.participation import participation_of
 
 from .config import ConfigError, flwr_run_fix
 
@@ -38,7 +38,7 @@ def _refusal(path: str, why: str) -> ConfigError:
 def read_partition_map(path: str) -> PartitionMap:
     """The map in file ``path``; a ConfigError naming the key, the path, what is wrong and
     the fix when it is missing, unreadable, too large or not exactly a partition map
-    (:func:`strategies.node_identity.parse_partition_map`: the file may be hostile)."""
+    (:func:`strategies.engine.node_identity.parse_partition_map`: the file may be hostile)."""
     file = Path(path)
     try:
         with file.open("rb") as stream:

@@ -21,10 +21,10 @@ from strategies import (DynamicFL, FedAsync, FedAvg, FedBuff, FedDyn, FedNova, F
                         TiFLSelection)
 from strategies import SELECTIONS
 from strategies import contract as C
-from strategies import server_optimizers as flower
-from strategies.clock import SimClock
-from strategies.devices import FLEETS, GeneratedFleet, load_trace
-from strategies.schedules import LRSchedule
+from strategies.algorithms import flower_optimizers as flower
+from strategies.engine.clock import SimClock
+from strategies.engine.devices import FLEETS, GeneratedFleet, load_trace
+from strategies.engine.schedules import LRSchedule
 
 from .config import ConfigError, RunConfig, default, flwr_run_fix
 from .config_keys import FLOWER, width_levels
@@ -289,7 +289,7 @@ STRATEGIES: dict[str, Builder] = {
     "fedadagrad": lambda cfg: _adaptive(flower.FedAdagrad, cfg, betas=False),
 }
 
-# Flower's own classes (strategies.server_optimizers): no client table, no per-round
+# Flower's own classes (strategies.algorithms.flower_optimizers): no client table, no per-round
 # diagnostics, Flower's reply handling; the reliability suites cover fedhetero's own.
 FLOWER_STRATEGIES = FLOWER
 

@@ -18,11 +18,11 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedapp.flower_patches import shorten_object_pulls
 from strategies import contract as C
-from strategies.devices import write_trace
-from strategies.packing import PackedGrid, width_task_cost
-from strategies.participation import participation_of
-from strategies.rounds import round_log
-from strategies.width_fedavg import WidthFedAvg
+from strategies.engine.devices import write_trace
+from strategies.engine.packing import PackedGrid, width_task_cost
+from strategies.engine.participation import participation_of
+from strategies.engine.rounds import round_log
+from strategies.engine.submodels import WidthFedAvg
 from task.data import DataNotFoundError
 from task.heap import unmap_large_blocks
 from task.device_plot import plot_device_profiles
@@ -290,7 +290,7 @@ def main(grid: Grid, context: Context) -> None:
 
 def packed(grid: Grid, cfg: RunConfig, strategy=None) -> Grid:
     """``grid`` itself, or with ``virtual-clients`` = N > 0 the N virtual clients on its
-    SuperNodes (:class:`strategies.packing.PackedGrid`), balanced by each task's examples and,
+    SuperNodes (:class:`strategies.engine.packing.PackedGrid`), balanced by each task's examples and,
     for a width strategy, its sub-model's compute share."""
     if cfg.virtual_clients == 0:
         return grid

@@ -1,5 +1,5 @@
 """``python -m simulation fedscale-trace``: FedScale's published device traces -> a fedhetero
-device trace (:func:`strategies.devices.write_trace`, read by ``device-profiles``).
+device trace (:func:`strategies.engine.devices.write_trace`, read by ``device-profiles``).
 
 FedScale (Lai et al., ICML 2022; ``benchmark/dataset/data/device_info/README.md`` and
 ``fedscale/cloud/internal/client_metadata.py`` of SymbioticLab/FedScale) ships two pickles:
@@ -38,7 +38,7 @@ import statistics
 from collections.abc import Mapping
 from pathlib import Path
 
-from strategies.devices import DAY, DeviceProfile, write_trace
+from strategies.engine.devices import DAY, DeviceProfile, write_trace
 
 HELP = "convert FedScale's device-capacity / availability pickles to a device trace"
 MAX_BYTES = 256 * 2**20  # FedScale's own traces are ~ 20 MB

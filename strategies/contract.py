@@ -66,7 +66,7 @@ LABEL_COUNTS = "label-counts"  # list[int], label histogram (query reply)
 EVAL_LOSS = "eval-loss"  # float, evaluate reply
 EVAL_ACCURACY = "eval-accuracy"  # float, evaluate reply
 
-# --- width-heterogeneous sub-models (HeteroFL, FjORD, FedRolex; strategies/width_fedavg.py) ---
+# --- width-heterogeneous sub-models (HeteroFL, FjORD, FedRolex; strategies/engine/submodels.py) ---
 # server -> client, per node (ConfigRecord "config"); the ArrayRecord "arrays" is the
 # client's sub-model, the shapes of the ClientApp's model built at MODEL_WIDTH
 MODEL_WIDTH = "model-width"  # float in (0, 1], the width r the client builds its model at
@@ -74,7 +74,7 @@ WIDTH_SCALER = "width-scaler"  # bool, HeteroFL: build the model with its Scaler
 WIDTH_LEVELS = "width-levels"  # list[float], FjORD: the ordered-dropout widths p <= r a step samples
 # client -> server: the sub-model in "arrays" (same keys and shapes as sent), NUM_EXAMPLES
 
-# --- FedVeca (strategies/fedveca.py; docs/strategies/fedveca.md) ----------------------------
+# --- FedVeca (strategies/algorithms/fedveca.py; docs/strategies/fedveca.md) ----------------------------
 # server -> client, per node (ConfigRecord "config"): LOCAL_STEPS is this client's tau_(k,i)
 # float, ||grad F(w_{k-1})||^2 (eq. 8) for delta; 0.0 when not known (k = 0)
 GNORM2_PREV = "gnorm2-prev"
@@ -91,7 +91,7 @@ BETA = "beta"  # float >= 0, beta_(k,i) (Assumption 3, Alg. 2 line 16); when FED
 DELTA = "delta"  # float >= 0, delta_(k,i) (Assumption 4, Alg. 2 line 18); when FEDVECA_ESTIMATE
 LOSS_AT_GLOBAL = "loss-at-global"  # float, optional: F_i(w_k) on the gradient's examples
 
-# --- DynamicFL (strategies/dynamicfl.py; docs/strategies/dynamicfl.md) ----------------------
+# --- DynamicFL (strategies/algorithms/dynamicfl.py; docs/strategies/dynamicfl.md) ----------------------
 # server -> client, per chunk (ConfigRecord "config"): SERVER_ROUND is the round t,
 # LOCAL_STEPS = NUM_STEPS
 # int >= 0: local steps this client already did this round (chunk [s, s+k))
@@ -102,7 +102,7 @@ ROUND_STEPS = "round-steps"  # int L >= 1: steps per round (length of the client
 # float > 0, bytes per round this client can move (tau_m); absent = unconstrained
 COMM_BUDGET = "comm-budget"
 
-# --- Client state kept across rounds (strategies/client_state.py, client/state.py) -
+# --- Client state kept across rounds (strategies/engine/client_states.py, client/state.py) -
 # server -> client, per node (ConfigRecord "config"): int >= 0, the round whose accepted
 # reply produced the state the server holds for this client (0 = the initial state)
 STATE_ROUND = "state-round"
@@ -110,18 +110,18 @@ STATE_ROUND = "state-round"
 # server cannot be sure the node holds that version (after a resume, a failed reply, ...)
 CLIENT_STATE = "client-state"
 # client -> server (MetricRecord "metrics"): the state round it started from (echo of
-# STATE_ROUND) and the 63-bit digest of that state (strategies.client_state.state_digest)
+# STATE_ROUND) and the 63-bit digest of that state (strategies.engine.client_states.state_digest)
 STATE_ROUND_USED = STATE_ROUND
 STATE_DIGEST = "state-digest"
 
-# --- SCAFFOLD (strategies/scaffold.py; Karimireddy et al. 2020, Algorithm 1) ----------
+# --- SCAFFOLD (strategies/algorithms/scaffold.py; Karimireddy et al. 2020, Algorithm 1) ----------
 SCAFFOLD_C = "scaffold-c"  # server -> client: ArrayRecord, the server control variate c
 SCAFFOLD_DELTA_C = "scaffold-delta-c"  # client -> server: ArrayRecord, delta c_i = c_i+ - c_i
 
-# --- FedDyn (strategies/feddyn.py; Acar et al. 2021, Algorithm 1) -------------------
+# --- FedDyn (strategies/algorithms/feddyn.py; Acar et al. 2021, Algorithm 1) -------------------
 FEDDYN_ALPHA = "feddyn-alpha"  # server -> client (config): float > 0, alpha of the regulariser
 
-# --- MOON (strategies/moon.py; Li, He and Song 2021, Eqs. (3)-(4)) -------------------
+# --- MOON (strategies/algorithms/moon.py; Li, He and Song 2021, Eqs. (3)-(4)) -------------------
 MOON_MU = "moon-mu"  # server -> client (config): float >= 0, mu, weight of l_con (Eq. 4)
 MOON_TEMPERATURE = "moon-temperature"  # server -> client (config): float > 0, tau (Eq. 3)
 # client -> server (metrics): float, the mean l_con over the local steps (0 without a
@@ -147,7 +147,7 @@ LOG_EVAL_MAX_RSS_MB = "eval-max-rss-mb"  # float, peak resident MB of its evalua
 # two runs agree bit for bit in round r exactly when their digests of round r agree
 LOG_MODEL_SHA256 = "model-sha256"
 
-# --- written by every FedAvg-family strategy (strategies/fedavg.py) ----------------
+# --- written by every FedAvg-family strategy (strategies/algorithms/fedavg.py) ----------------
 LOG_CLIENTS_SAMPLED = "clients-sampled"  # int, m clients drawn this round
 LOG_CLIENTS_STRAGGLERS = "clients-stragglers"  # int, drawn clients marked stragglers
 LOG_CLIENTS_DROPPED = "clients-dropped"  # int, stragglers not sent a train message
@@ -162,13 +162,13 @@ LOG_DRIFT_COSINE = "drift-cosine"  # dict layer -> mean cosine(client update, me
 LOG_DRIFT_COSINE_MEAN = "drift-cosine-mean"  # float, mean of LOG_DRIFT_COSINE over layers
 LOG_UPDATE_NORM_MEAN = "update-norm-mean"  # float, mean ||w_i - w|| over accepted clients
 LOG_UPDATE_NORM_CV = "update-norm-cv"  # float, std / mean of those norms
-LOG_LR = LR  # float, lr sent this round (lr_t of strategies.schedules; also DynamicFL)
+LOG_LR = LR  # float, lr sent this round (lr_t of strategies.engine.schedules; also DynamicFL)
 
-# --- FedNova (strategies/fednova.py) ----------------------------------------------
+# --- FedNova (strategies/algorithms/fednova.py) ----------------------------------------------
 LOG_A_NORMS = "a-norms"  # list[float], ||a_i||_1 per accepted client (Wang et al. eq. 6)
 LOG_TAU_EFF = "tau-eff"  # float, tau_eff = sum_i p_i ||a_i||_1 (Wang et al. eq. 7)
 
-# --- FedVeca (strategies/fedveca.py) -----------------------------------------------
+# --- FedVeca (strategies/algorithms/fedveca.py) -----------------------------------------------
 # dicts are keyed by the client key (partition id when known, else node id) as a string
 LOG_FEDVECA_TAU_SENT = "fedveca-tau-sent"  # dict, tau_(k,i) sent this round
 LOG_FEDVECA_ESTIMATE = FEDVECA_ESTIMATE  # bool, beta/delta were requested this round
@@ -191,7 +191,7 @@ LOG_FEDVECA_MIN_A = "fedveca-min-A"  # float | None, min_i A_(k,i)
 LOG_FEDVECA_ALPHA_BOUND = "fedveca-alpha-bound"  # float | None, upper bound on alpha
 LOG_FEDVECA_ETA_TAU_K_L_UPPER = "fedveca-eta-tau-k-L-upper"  # float | None, 4 / (2 + eps)
 
-# --- DynamicFL (strategies/dynamicfl.py) -------------------------------------------
+# --- DynamicFL (strategies/algorithms/dynamicfl.py) -------------------------------------------
 LOG_DYNAMICFL_GROUP_SIZE = "dynamicfl-group-size"  # int, |z| high-frequency group size
 LOG_DYNAMICFL_KL = "dynamicfl-kl"  # float | None, KL of the chosen group's label mix
 LOG_KAPPA_HAT = "kappa-hat"  # float, planned syncs per client and step
@@ -199,20 +199,20 @@ LOG_SYNCS = "syncs"  # int, planned synchronisations this round
 LOG_SYNC_EVENTS = "sync-events"  # int, synchronisation events actually run
 LOG_SECONDS_PER_EVENT = "seconds-per-event"  # float, wall seconds per sync event
 
-# --- client state (strategies/client_state.py): SCAFFOLD, FedDyn, MOON --------------
+# --- client state (strategies/engine/client_states.py): SCAFFOLD, FedDyn, MOON --------------
 LOG_CLIENT_STATE_ATTACHED = "client-state-attached"  # int, train messages carrying the copy
 LOG_CLIENT_STATE_ROUNDS = "client-state-rounds"  # list[int], state round each accepted reply used
 
-# --- SCAFFOLD (strategies/scaffold.py) --------------------------------------------
+# --- SCAFFOLD (strategies/algorithms/scaffold.py) --------------------------------------------
 LOG_SCAFFOLD_C_NORM = "scaffold-c-norm"  # float, ||c|| after the round (Alg. 1 line 17)
 
-# --- FedDyn (strategies/feddyn.py) -------------------------------------------------
+# --- FedDyn (strategies/algorithms/feddyn.py) -------------------------------------------------
 LOG_FEDDYN_H_NORM = "feddyn-h-norm"  # float, ||h^t|| after the round (Alg. 1)
 
-# --- MOON (strategies/moon.py) ----------------------------------------------------
+# --- MOON (strategies/algorithms/moon.py) ----------------------------------------------------
 LOG_MOON_CONTRASTIVE_LOSS = MOON_CONTRASTIVE_LOSS  # float, num-examples-weighted mean l_con
 
-# --- asynchronous strategies (strategies/fedbuff.py, strategies/fedasync.py) -------
+# --- asynchronous strategies (strategies/algorithms/fedbuff.py, strategies/algorithms/fedasync.py) -------
 # One round = one server model update (FedBuff: a full buffer; FedAsync: updates-per-round
 # applied client updates).
 LOG_STALENESS = "staleness"  # list[int], staleness of each client update applied this round
@@ -220,7 +220,7 @@ LOG_CONCURRENCY = "concurrency"  # int, client tasks in flight when the round's 
 LOG_BUFFER_FILL = "buffer-fill"  # int, client updates in the buffer at the server step
 LOG_CLIENT_UPDATES = "client-updates"  # int, client updates applied since the start
 LOG_MODEL_VERSION = "model-version"  # int, server model versions made since the start
-# --- over-commitment (strategies/participation.py, any synchronous strategy) ----------
+# --- over-commitment (strategies/engine/participation.py, any synchronous strategy) ----------
 LOG_CLIENTS_LATE = "clients-late"  # int, over-committed clients whose replies came after the m-th
 
 # --- client selection (strategies/selection*.py; any strategy's participation model) --
@@ -241,7 +241,7 @@ LOG_TIFL_TIER = "tifl-tier"  # int, the tier chosen (0 = fastest)
 LOG_TIFL_PROBABILITIES = "tifl-probabilities"  # list[float], tier probabilities (Alg. 2)
 LOG_TIFL_CREDITS = "tifl-credits"  # list[int], credits left per tier after the choice
 
-# --- packed mode (strategies/packing.py, strategies/client/packing.py) ----------------
+# --- packed mode (strategies/engine/packing.py, strategies/client/packing.py) ----------------
 # N virtual clients served by W SuperNodes: each SuperNode gets one message holding its
 # share of an exchange's messages; its reply holds one reply per virtual client.
 PACKED = "packed"  # ConfigRecord of a packed message: the virtual clients it holds
@@ -257,7 +257,7 @@ PACKED_ERROR_REASON = "reason"  # str
 # a packed reply's records travel as a few byte strings (blocks of about 16 MiB: the .npy
 # bytes of the arrays, the MetricRecords / ConfigRecords as Flower serialises them) plus one
 # index, so Flower moves a few objects per reply, not several per virtual client
-# (strategies/packed_records.py: ReplyWriter, read_reply)
+# (strategies/engine/packed_records.py: ReplyWriter, read_reply)
 PACKED_BYTES = "packed-bytes"  # ArrayRecord {str(block): Array of stype PACKED_BYTES_STYPE}
 PACKED_BYTES_STYPE = "fedhetero.packed-bytes"  # raw bytes, not an .npy payload
 PACKED_INDEX = "packed-index"  # ConfigRecord: where each record's bytes lie (lists below)
@@ -280,19 +280,19 @@ PACKED_INDEX_SERIALIZED_SIZES = "serialized-sizes"  # list[int]
 VIRTUAL_CLIENT = "virtual-client"  # node-config key, True in a virtual client's Context
 
 # Keys that count what the server sends again after a resume: every client's copy of its
-# state (strategies.client_state), an asynchronous strategy's tasks in flight at the
-# checkpoint (strategies.async_tasks). The first round after a resume differs from an
+# state (strategies.engine.client_states), an asynchronous strategy's tasks in flight at the
+# checkpoint (strategies.engine.async_tasks). The first round after a resume differs from an
 # uninterrupted run's in these keys only.
 LOG_RESEND_KEYS = frozenset({LOG_BYTES_DOWN, LOG_CLIENT_STATE_ATTACHED, LOG_CLIENTS_SAMPLED})
 
-# --- the simulated clock (strategies/clock.py; any strategy given a SimClock) --------
-LOG_SIM_SECONDS = "sim-seconds"  # float, simulated seconds of the round (strategies.clock eq. 1)
+# --- the simulated clock (strategies/engine/clock.py; any strategy given a SimClock) --------
+LOG_SIM_SECONDS = "sim-seconds"  # float, simulated seconds of the round (strategies.engine.clock eq. 1)
 LOG_SIM_ELAPSED = "sim-elapsed"  # float, simulated seconds since the start, this round included
 LOG_SIM_WAIT_SECONDS = "sim-wait-seconds"  # float, part of sim-seconds waiting for a device window
 LOG_CLIENTS_UNAVAILABLE = "clients-unavailable"  # int, connected clients offline this round
 LOG_SIM_SECONDS_PER_EVENT = "sim-seconds-per-event"  # float, DynamicFL: sim-seconds / sync events
 
-# --- width-heterogeneous sub-models (strategies/width_fedavg.py) -----------------------
+# --- width-heterogeneous sub-models (strategies/engine/submodels.py) -----------------------
 LOG_CLIENT_WIDTHS = "client-widths"  # dict[str, float], each client's width r this round, by partition id
 LOG_WIDTH_COUNTS = "width-counts"  # dict[str, int], clients sent work per width this round
 LOG_WIDTH_ACCURACY = "width-accuracy"  # dict[str, float], test accuracy of each width's static sub-model

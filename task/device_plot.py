@@ -1,7 +1,7 @@
 """The simulated clock's fleet as a figure (device_profiles.png of a run directory); no torch,
 so the ServerApp draws it without importing torch.
 
-It reads four attributes of each device, what :class:`strategies.devices.DeviceProfile` has
+It reads four attributes of each device, what :class:`strategies.engine.devices.DeviceProfile` has
 (:class:`PlottedDevice`); ``task`` imports nothing of ``strategies`` but its contract.
 """
 
@@ -13,7 +13,7 @@ from typing import Protocol
 
 
 class PlottedDevice(Protocol):
-    """What the figure reads of one device (``strategies.devices.DeviceProfile`` has it)."""
+    """What the figure reads of one device (``strategies.engine.devices.DeviceProfile`` has it)."""
 
     speed: float  # compute speed relative to the reference device
     downlink_mbps: float

@@ -1,7 +1,7 @@
 """The model's side of the simulated clock: training cost per example (a fleet's plot:
 task.device_plot).
 
-``strategies.clock`` needs c, the training seconds per example on the reference device
+``strategies.engine.clock`` needs c, the training seconds per example on the reference device
 (eq. 1 there). It is calibrated once per model, without timing anything, so simulation
 and deployment get the same number on any machine:
 
@@ -66,7 +66,7 @@ def training_flops_per_example(model: nn.Module, input_shape: Sequence[int]) -> 
 
 def seconds_per_example(model: nn.Module, input_shape: Sequence[int],
                         reference_gflops: float) -> float:
-    """c of ``strategies.clock`` eq. (1): training FLOPs per example / the reference speed."""
+    """c of ``strategies.engine.clock`` eq. (1): training FLOPs per example / the reference speed."""
     if not (math.isfinite(reference_gflops) and reference_gflops > 0):
         raise ValueError(f"reference_gflops must be a finite number > 0, got {reference_gflops}")
     return training_flops_per_example(model, input_shape) / (reference_gflops * 1e9)

@@ -8,7 +8,7 @@ Width scaling (``cnn-small``, ``resnet18-gn``; HeteroFL, Diao, Ding and Tarokh, 
 Sec. 3.1; FjORD, Horvath et al., NeurIPS 2021, Sec. 3; FedRolex, Alam et al., NeurIPS 2022,
 Sec. 3.2): ``build_model(..., width=r)`` keeps :func:`width_units` of every hidden layer's
 units, and :func:`width_spec` says which array axes hold which hidden units, in the form
-``strategies.submodel_math.WidthSpec`` takes.
+``strategies.engine.submodel_math.WidthSpec`` takes.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ class ClassifierModule(nn.Module):
 def width_units(units: int, width: float) -> int:
     """Units a hidden layer of ``units`` keeps at ``width``: ceil(width * units), where a
     product within a relative 1e-12 above an integer counts as that integer, capped at
-    ``units``; the rule of ``strategies.submodel_math.unit_indices`` (tests check they agree)."""
+    ``units``; the rule of ``strategies.engine.submodel_math.unit_indices`` (tests check they agree)."""
     product = int(units) * float(width)
     return min(int(units), math.ceil(product - product * 1e-12))
 
@@ -428,7 +428,7 @@ def width_spec(name: str, input_shape: tuple[int, int, int], num_classes: int
                ) -> dict[str, tuple]:
     """Per parameter key of the full-width model's state_dict, per array axis: None (never
     scales: first inputs, class outputs, kernels) or ``(hidden_dimension, repeat)``, the
-    arguments of ``strategies.submodel_math.HiddenUnits`` (repeat = entries per unit: H*W
+    arguments of ``strategies.engine.submodel_math.HiddenUnits`` (repeat = entries per unit: H*W
     of the feature map after cnn-small's flatten, else 1).
 
     mlp-2nn: dimensions ``fc1``, ``fc2``. cnn-small: ``conv1``, ``conv2``, ``fc1``,

@@ -54,7 +54,7 @@ def prepared_round(strategy, global_arrays: dict, sent: dict, *, draws: dict | N
     """``strategy`` with the plan of a round that sent ``global_arrays`` to the nodes of
     ``sent`` (node -> the config it was sent); partition ids from the strategy's client
     table."""
-    from strategies.round_plan import RoundPlan
+    from strategies.engine.round_plan import RoundPlan
 
     clients = strategy.participation.clients
     plan = RoundPlan.of_sent(1, record(global_arrays), sent,

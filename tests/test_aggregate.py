@@ -1,7 +1,7 @@
-"""Tests for strategies.aggregate: the pure numpy math of the FedAvg family.
+"""Tests for strategies.engine.averaging: the pure numpy math of the FedAvg family.
 
 Expected values are computed by hand and written into the tests, not recomputed with the
-same formula. ``update`` is :func:`strategies.aggregate.streamed_update`, the function the
+same formula. ``update`` is :func:`strategies.engine.averaging.streamed_update`, the function the
 strategies call at run time.
 """
 
@@ -10,8 +10,8 @@ import math
 import numpy as np
 import pytest
 
-from strategies import aggregate as agg
-from strategies import sampling
+from strategies.engine import averaging as agg
+from strategies.engine import sampling
 from strategies import contract as C
 
 
@@ -352,7 +352,7 @@ def test_s000_imbalance_toy_weighted_mean_local_steps():
 
 
 def test_update_drift_cosines_and_norm_spread_by_hand():
-    from strategies.aggregate import UpdateDrift
+    from strategies.engine.averaging import UpdateDrift
 
     zeros = {"fc.weight": np.zeros(2, np.float32), "fc.bias": np.zeros(1, np.float32),
              "out.weight": np.zeros(2, np.float32)}
@@ -374,7 +374,7 @@ def test_update_drift_cosines_and_norm_spread_by_hand():
 
 
 def test_update_drift_identical_updates_have_cosine_one():
-    from strategies.aggregate import UpdateDrift
+    from strategies.engine.averaging import UpdateDrift
 
     rng = np.random.default_rng(0)
     g = {"a.weight": rng.standard_normal((3, 4)).astype(np.float32)}

@@ -12,11 +12,11 @@ from flwr.app import ConfigRecord
 
 from strategies import FedAsync, FedAvg, FedBuff
 from strategies import contract as C
-from strategies.clock import SimClock
-from strategies.devices import GeneratedFleet
-from strategies.participation import Participation
-from strategies.rounds import run_rounds
-from strategies.staleness import Staleness, add_update, fedasync_mix, fedbuff_step
+from strategies.engine.clock import SimClock
+from strategies.engine.devices import GeneratedFleet
+from strategies.engine.participation import Participation
+from strategies.engine.rounds import run_rounds
+from strategies.algorithms.staleness import Staleness, add_update, fedasync_mix, fedbuff_step
 from tests.inprocess import InProcessGrid, adding_app
 from tests.messages import numpy_of, record
 

@@ -1,5 +1,5 @@
 """Client state that survives a resume, lost replies and SuperNode restarts: the server's
-mirror (strategies.client_state) and the client's resolve/save (strategies.client.state)."""
+mirror (strategies.engine.client_states) and the client's resolve/save (strategies.client.state)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 from strategies import contract as C
 from strategies.client.state import (ClientStateLost, load_arrays, load_meta, resolve_state,
                                      save_state)
-from strategies.client_state import ClientStateMirror, must_attach, state_digest, state_problem
+from strategies.engine.client_states import ClientStateMirror, must_attach, state_digest, state_problem
 
 
 def state(value: float) -> dict[str, np.ndarray]:

@@ -1,4 +1,4 @@
-"""The simulated clock's pure math (strategies.clock, strategies.devices) against hand-computed
+"""The simulated clock's pure math (strategies.engine.clock, strategies.engine.devices) against hand-computed
 numbers: eq. (1), the deadline cut-off, sync events, byte budgets, availability, fleets, traces."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from strategies import clock as ck
-from strategies import devices as dv
-from strategies.devices import DeviceProfile
+from strategies.engine import clock as ck
+from strategies.engine import devices as dv
+from strategies.engine.devices import DeviceProfile
 
 # 8 Mbit/s = 10^6 bytes/s; 4 Mbit/s = 0.5 * 10^6 bytes/s
 SLOW = DeviceProfile(speed=0.5, downlink_mbps=8.0, uplink_mbps=4.0)
@@ -131,7 +131,7 @@ def test_round_timer_online_nodes_and_m_of_all_nodes():
 
 
 def test_clock_partition_id_names_the_query_helper():
-    from strategies.records import QUERY_HELPER, ClientInfo, clock_partition_id  # noqa: PLC0415
+    from strategies.engine.records import QUERY_HELPER, ClientInfo, clock_partition_id  # noqa: PLC0415
 
     clients = {7: ClientInfo(partition_id=3), 8: ClientInfo()}
     assert clock_partition_id("FedAvg", clients, 7) == 3
@@ -289,7 +289,7 @@ def test_the_shipped_example_traces_agree():
 def test_a_loss_query_costs_the_download_and_a_third_of_a_trained_example_per_example():
     """Power-of-Choice's query on the clock: 10^6 bytes at 8 Mbit/s = 1 s, plus 300 examples
     x 0.01 s / 3 at speed 2 = 0.5 s (the loss sent back is a few bytes: not counted)."""
-    from strategies.clock import evaluation_seconds
+    from strategies.engine.clock import evaluation_seconds
 
     profile = DeviceProfile(speed=2.0, downlink_mbps=8.0, uplink_mbps=1.0)
     assert evaluation_seconds(profile, 300, 0.01, 1e6) == pytest.approx(1.5)

@@ -20,8 +20,8 @@ from fedapp.run_log import read_rounds
 from fedapp.server_app import app as server_app
 from simulation.runtime import descendants, is_alive, local_superlink_pids, run_app
 from strategies import contract as C
-from strategies.clock import client_seconds
-from strategies.devices import GeneratedFleet
+from strategies.engine.clock import client_seconds
+from strategies.engine.devices import GeneratedFleet
 from task.data import load_dataset
 from task.devices import seconds_per_example
 from task.models import build_model

@@ -1,6 +1,6 @@
 """The strategies keep the simulated clock: round times and deadline cut-offs of FedAvg, FedProx,
 FedNova and DynamicFL on an in-process Grid against hand-computed numbers (eq. 1 of
-strategies.clock), availability, state, and the constructor checks."""
+strategies.engine.clock), availability, state, and the constructor checks."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from strategies import DynamicFL, FedAvg, FedNova, FedProx, FedVeca
 from strategies import contract as C
-from strategies.clock import SimClock
-from strategies.devices import DeviceProfile, TraceFleet
+from strategies.engine.clock import SimClock
+from strategies.engine.devices import DeviceProfile, TraceFleet
 from tests.inprocess import InProcessGrid
 from tests.messages import numpy_of, record
 from tests.test_dynamicfl_strategy import make_app as make_dynamicfl_app
@@ -203,7 +203,7 @@ def test_fedveca_plans_the_gradient_upload_and_needs_two_steps():
 
 
 def test_fedveca_counts_its_gradient_pass_and_same_batch_estimate():
-    from strategies.records import ClientInfo  # noqa: PLC0415
+    from strategies.engine.records import ClientInfo  # noqa: PLC0415
 
     veca = FedVeca(query_client_info=True, clock=clock())
     veca.participation.clients = {7: ClientInfo(partition_id=0, num_examples=100)}
@@ -287,7 +287,7 @@ def test_scaffold_plans_the_control_variates_in_its_transfers():
     """SCAFFOLD moves c down and delta c_i up beside the model: twice the model's floating
     bytes each way in the clock's plan."""
     from strategies import Scaffold  # noqa: PLC0415
-    from strategies.records import to_record  # noqa: PLC0415
+    from strategies.engine.records import to_record  # noqa: PLC0415
 
     arrays = to_record({"w": np.ones((3, 4), np.float32), "n": np.zeros(1, np.int64)})
     model_bytes = arrays.count_bytes()

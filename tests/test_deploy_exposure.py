@@ -24,7 +24,7 @@ from deploy.layout import Layout
 from fedapp.partition_map import read_partition_map
 from deploy.runner import run_on_connection
 from simulation.runtime import PROJECT_ROOT, descendants, flwr_env, is_alive
-from strategies.node_identity import key_fingerprint
+from strategies.engine.node_identity import key_fingerprint
 
 PUBLIC = "127.0.0.2"
 

@@ -12,7 +12,7 @@ from deploy.layout import Layout, ensure_keys
 from deploy.node_identity import write_partition_map
 from deploy.run import add_arguments, spec_of
 from fedapp.partition_map import read_partition_map
-from strategies.node_identity import key_fingerprint
+from strategies.engine.node_identity import key_fingerprint
 
 
 @pytest.fixture(scope="module")

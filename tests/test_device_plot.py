@@ -1,4 +1,4 @@
-"""task.device_plot draws the ServerApp's fleet (strategies.devices profiles) without importing
+"""task.device_plot draws the ServerApp's fleet (strategies.engine.devices profiles) without importing
 strategies: it reads the four attributes of its PlottedDevice protocol."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from strategies.devices import GeneratedFleet  # noqa: E402
+from strategies.engine.devices import GeneratedFleet  # noqa: E402
 from task.device_plot import plot_device_profiles  # noqa: E402
 
 

@@ -1,4 +1,4 @@
-"""Tests for strategies.dynacomm: KL, DynaComm's ensemble DP, brute force, budget modes.
+"""Tests for strategies.algorithms.dynacomm: KL, DynaComm's ensemble DP, brute force, budget modes.
 
 Expected values are computed by hand (written as numbers or closed forms in the
 comments) and the paper's Eq. 1, 2, 5.
@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pytest
 
-from strategies import dynacomm as dc
+from strategies.algorithms import dynacomm as dc
 from tests.oracles.dynacomm import brute_force
 
 

@@ -1,4 +1,4 @@
-"""Tests for strategies.dynamicfl_schedule: sync levels, chunk plans, cost; the plans run on
+"""Tests for strategies.algorithms.dynamicfl_schedule: sync levels, chunk plans, cost; the plans run on
 the reference simulators of tests/oracles/dynamicfl.py.
 
 Six invariants of a chunked round (Le et al., Alg. 1) are the tests named ``test_invariant_*``;
@@ -19,8 +19,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from strategies import aggregate as agg
-from strategies import dynamicfl_schedule as ds
+from strategies.engine import averaging as agg
+from strategies.algorithms import dynamicfl_schedule as ds
 from tests.oracles import dynamicfl as oracle
 
 
@@ -351,7 +351,7 @@ def test_x_star_with_empty_group_keeps_the_model():
 
 # ---------------------------------------------------------------- misc
 def test_weighted_mean_hand_computed_and_dtypes():
-    """The one averaging kernel that DynamicFL's sync events use (strategies.aggregate)."""
+    """The one averaging kernel that DynamicFL's sync events use (strategies.engine.averaging)."""
     out = agg.weighted_mean([{"w": np.array([1.0, 2.0]), "n": np.array(3)},
                              {"w": np.array([3.0, 6.0]), "n": np.array(4)}], [1, 3])
     np.testing.assert_allclose(out["w"], [2.5, 5.0])  # (1 + 9) / 4, (2 + 18) / 4

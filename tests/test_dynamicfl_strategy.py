@@ -1,4 +1,4 @@
-"""Tests for strategies.dynamicfl.DynamicFL on an in-process push/pull Grid.
+"""Tests for strategies.algorithms.dynamicfl.DynamicFL on an in-process push/pull Grid.
 
 The fake Grid queues pushed messages and answers a random few per ``pull_messages``
 call (replies arrive out of order and late, as on a real link). A numpy-only ClientApp
@@ -21,12 +21,12 @@ from flwr.serverapp.strategy import Strategy
 from flwr.supercore.task_identity import TaskIdentity
 
 from strategies import contract as C
-from strategies import dynacomm as dc
-from strategies import dynamicfl_schedule as ds
+from strategies.algorithms import dynacomm as dc
+from strategies.algorithms import dynamicfl_schedule as ds
 from tests.oracles import dynamicfl as oracle
 from strategies.contract import COMM_BUDGET, NUM_STEPS, ROUND_STEPS, START_STEP
-from strategies.dynamicfl import DynamicFL
-from strategies.records import ClientInfo
+from strategies.algorithms.dynamicfl import DynamicFL
+from strategies.engine.records import ClientInfo
 from tests.inprocess import InProcessGrid
 from tests.messages import numpy_of, record
 

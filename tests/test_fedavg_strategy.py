@@ -30,7 +30,7 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from strategies import WEIGHTINGS, FedAvg
 from strategies import contract as C
-from strategies.records import ClientInfo
+from strategies.engine.records import ClientInfo
 from tests.inprocess import InProcessGrid
 from tests.messages import instruction, numpy_of, prepared_round, record
 
@@ -517,8 +517,8 @@ def test_with_a_clock_a_node_the_query_did_not_reach_sits_the_round_out():
     """At 1,000 SuperNodes a query reply can come back NODE_UNAVAILABLE; the simulated clock
     keys profiles by partition id, so that node is left out of the round (not a crash) and
     joins once the next round's query reaches it."""
-    from strategies.clock import SimClock
-    from strategies.devices import GeneratedFleet
+    from strategies.engine.clock import SimClock
+    from strategies.engine.devices import GeneratedFleet
 
     reach = {"node 0": False}
 
@@ -543,8 +543,8 @@ def test_with_a_clock_a_node_the_query_did_not_reach_sits_the_round_out():
 def test_with_a_clock_a_node_whose_query_failed_sits_out_with_a_warning(caplog):
     """A ClientApp that answers the client-info query with an error (its data missing) has
     no partition id for the clock: it sits out, named once; the others train."""
-    from strategies.clock import SimClock
-    from strategies.devices import GeneratedFleet
+    from strategies.engine.clock import SimClock
+    from strategies.engine.devices import GeneratedFleet
 
     def hook(msg, reply, context):
         if msg.metadata.message_type == MessageType.QUERY and \

@@ -11,10 +11,10 @@ from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
 from strategies import contract as C
-from strategies import feddyn_math as fm
+from strategies.algorithms import feddyn_math as fm
 from strategies.client import ClientStateLost, FedDynClient, is_feddyn_message, load_meta
 from strategies.client.feddyn import STATE_KEY
-from strategies.client_state import state_digest
+from strategies.engine.client_states import state_digest
 from tests.messages import numpy_of, record
 
 
@@ -153,7 +153,7 @@ def test_a_model_with_floating_buffers_is_refused():
 @pytest.mark.parametrize("momentum", [0.0, 0.9])
 def test_federation_of_quadratics_reaches_the_global_optimum(momentum):
     """Four clients with different quadratics, all every round, 20 local steps (near
-    Algorithm 1's exact local minimisation; the server side is strategies.feddyn_math):
+    Algorithm 1's exact local minimisation; the server side is strategies.algorithms.feddyn_math):
     FedDyn's theta^t approaches argmin sum_k L_k, where FedAvg stays at a biased point.
     (Measured: max error 2e-3 without momentum, 6e-4 with 0.9; the bias is 0.63.)"""
     rng = np.random.default_rng(0)

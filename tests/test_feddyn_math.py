@@ -1,4 +1,4 @@
-"""FedDyn's server and linear-term arithmetic (strategies.feddyn_math) against hand-computed
+"""FedDyn's server and linear-term arithmetic (strategies.algorithms.feddyn_math) against hand-computed
 numbers (Acar et al., ICLR 2021, Algorithm 1)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from strategies import feddyn_math as fm
+from strategies.algorithms import feddyn_math as fm
 
 F32 = np.float32
 

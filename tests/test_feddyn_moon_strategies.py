@@ -1,4 +1,4 @@
-"""The FedDyn and MOON strategies (strategies.feddyn.FedDyn, strategies.moon.Moon) with
+"""The FedDyn and MOON strategies (strategies.algorithms.feddyn.FedDyn, strategies.algorithms.moon.Moon) with
 hand-written ClientApps on the in-process Grid: the server update by hand, partial
 participation, the client-state copies and their bytes, the contract error of a stock
 client, a reply that started from another state, state_dict."""
@@ -15,10 +15,10 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from strategies import ClientContractError, FedDyn, Moon
 from strategies import contract as C
-from strategies import feddyn_math as fm
+from strategies.algorithms import feddyn_math as fm
 from strategies.client.info import client_info_reply
 from strategies.client.state import resolve_state, save_state
-from strategies.client_state import state_digest
+from strategies.engine.client_states import state_digest
 from tests.inprocess import InProcessGrid
 from tests.messages import numpy_of, record
 

@@ -1,6 +1,6 @@
 """Tests for FedNova's math, FedProx / FedNova strategies, stragglers and the registry.
 
-* FedNova normalised averaging (``strategies.aggregate.fednova_*``) against numbers
+* FedNova normalised averaging (``strategies.engine.averaging.fednova_*``) against numbers
   computed by hand and written here (FedVeca eq. 5, FedNova eq. 6; ARCHITECTURE.md's
   norms of a_i), and empirically against torch's SGD (momentum, proximal term);
 * straggler helpers (``choose_stragglers``, ``straggler_steps``, ``steps_for_epochs``);
@@ -32,8 +32,8 @@ from torch import nn
 from fedapp.config import RunConfig
 from fedapp.registry import build_strategy
 from strategies import WEIGHTINGS, FedAvg, FedNova, FedProx
-from strategies import aggregate as agg
-from strategies import sampling
+from strategies.engine import averaging as agg
+from strategies.engine import sampling
 from strategies import contract as C
 from strategies.client import local_sgd
 from task.models import ClassifierModule

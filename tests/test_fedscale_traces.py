@@ -8,7 +8,7 @@ import pytest
 
 from simulation.__main__ import main as simulation_main
 from simulation.fedscale_traces import TraceError, convert, fold_onto_day, load_plain_pickle
-from strategies.devices import load_trace
+from strategies.engine.devices import load_trace
 
 
 def write(path, value):

@@ -145,7 +145,7 @@ def test_config_accepts_fractional_local_epochs():
 def test_fedavg_full_local_steps_with_a_fraction():
     from flwr.app import ConfigRecord  # noqa: PLC0415
 
-    from strategies.records import ClientInfo  # noqa: PLC0415
+    from strategies.engine.records import ClientInfo  # noqa: PLC0415
 
     strategy, _ = build_strategy(RunConfig.from_user_config({"strategy": "fedavg"}))
     strategy.participation.clients[7] = ClientInfo(num_examples=18000)

@@ -1,4 +1,4 @@
-"""Tests for strategies.fedveca_math (pure numpy, no Flower types).
+"""Tests for strategies.algorithms.fedveca_math (pure numpy, no Flower types).
 
 Hand-computed numbers for FedVeca's eqs. (8), (13), (15), Alg. 1 and the guards of the
 tau rule.
@@ -12,8 +12,8 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from strategies import aggregate as agg
-from strategies import fedveca_math as vm
+from strategies.engine import averaging as agg
+from strategies.algorithms import fedveca_math as vm
 
 # ---------------------------------------------------------------- eq. (15) table
 TABLE_095 = [(1.00, 20), (1.01, 16), (1.02, 14), (1.05, 10), (1.10, 7), (1.20, 4), (1.30, 3),

@@ -24,7 +24,7 @@ from fedapp.config import RunConfig
 from fedapp.registry import build_strategy
 from strategies import FedNova, FedVeca
 from strategies import contract as C
-from strategies.records import ClientContractError, ClientInfo
+from strategies.engine.records import ClientContractError, ClientInfo
 from tests.inprocess import InProcessGrid
 from tests.messages import instruction, numpy_of, record, prepared_round
 

@@ -1,4 +1,4 @@
-"""Drop-in parity with Flower's FedAvg constructor (strategies/flower_args.py).
+"""Drop-in parity with Flower's FedAvg constructor (strategies/engine/flower_args.py).
 
 Every fedhetero strategy takes Flower's ten FedAvg arguments, positional in Flower's order,
 with Flower's meaning; a user's ServerApp that builds ``flwr.serverapp.strategy.FedAvg(...)``
@@ -19,10 +19,11 @@ from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 from flwr.supercore.task_identity import TaskIdentity
 
 import strategies
-from strategies import (DynamicFL, FedAsync, FedAvg, FedBuff, FedDyn, FedNova, FedProx,
-                        FedVeca, Moon, Scaffold, flower_args, trust_gate)
+from strategies import DynamicFL, FedAsync, FedAvg, FedBuff, FedDyn, FedNova, FedProx, FedVeca, Moon, Scaffold
+from strategies.engine import flower_args
+from strategies.engine import trust_gate
 from strategies import contract as C
-from strategies.participation import Participation
+from strategies.engine.participation import Participation
 from tests import user_project
 from tests.test_trust_gate import evaluate_reply
 
@@ -34,7 +35,7 @@ OWN_ARGS = {DynamicFL: {"intervals": "a", "local_steps": 2}}
 def test_the_ten_arguments_are_flowers_in_flowers_order():
     flower = list(inspect.signature(FlowerFedAvg.__init__).parameters)[1:]
     assert tuple(flower) == flower_args.FLOWER_ARGS
-    for cls in (FedAvg, DynamicFL, strategies.async_strategy.AsyncStrategy):
+    for cls in (FedAvg, DynamicFL, strategies.engine.async_engine.AsyncStrategy):
         ours = list(inspect.signature(cls.__init__).parameters)[1:11]
         assert tuple(ours) == flower_args.FLOWER_ARGS, cls.__name__
 

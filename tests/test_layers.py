@@ -309,15 +309,15 @@ def scan(tmp_path: Path, files: dict[str, str], public: set[str] = frozenset()) 
 
 def test_a_lazy_import_in_task_of_a_strategies_module_is_named(tmp_path):
     bad = scan(tmp_path, {
-        "strategies/devices.py": "", "strategies/contract.py": "",
+        "strategies/engine/devices.py": "", "strategies/contract.py": "",
         "task/plot.py": """\
             from strategies import contract
             from strategies.contract import KEY
 
             def draw():
-                from strategies.devices import DeviceProfile
+                from strategies.engine.devices import DeviceProfile
             """})
-    assert bad == ["task/plot.py:5: from strategies.devices.DeviceProfile (inside a function): "
+    assert bad == ["task/plot.py:5: from strategies.engine.devices.DeviceProfile (inside a function): "
                    "task may "
                    "import only ['strategies.contract']"]
 

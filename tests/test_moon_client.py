@@ -18,7 +18,7 @@ from strategies import contract as C
 from strategies.client import (ClientStateLost, MissingRepresentation, MoonClient,
                                contrastive_loss, has_representation, is_moon_message, load_meta)
 from strategies.client.moon import STATE_KEY
-from strategies.client_state import state_digest
+from strategies.engine.client_states import state_digest
 from tests.messages import numpy_of, record
 
 IDENTITY = [[1.0, 0.0], [0.0, 1.0]]

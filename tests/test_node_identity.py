@@ -17,8 +17,9 @@ from fedapp.client_app import app as client_app
 from fedapp.config import ConfigError
 from fedapp.partition_map import bind_partition_map, partition_map_text, read_partition_map
 from fedapp.server_app import app as server_app
-from strategies import FedAvg, trust_gate
-from strategies.node_identity import PartitionMap, key_fingerprint, parse_partition_map
+from strategies import FedAvg
+from strategies.engine import trust_gate
+from strategies.engine.node_identity import PartitionMap, key_fingerprint, parse_partition_map
 from tests.inprocess import InProcessGrid
 from tests.messages import instruction
 from tests.reliability_common import config, warnings_of
@@ -214,7 +215,7 @@ def test_a_strategy_without_the_query_cannot_take_a_map(tmp_path, keys):
 def test_an_evaluate_reply_of_a_refused_node_is_refused(caplog):
     reply = Message(RecordDict({"metrics": MetricRecord({"num-examples": 5, "accuracy": 1.0})}),
                     reply_to=instruction(7))
-    from strategies.records import ClientInfo  # noqa: PLC0415
+    from strategies.engine.records import ClientInfo  # noqa: PLC0415
 
     caplog.set_level(logging.WARNING)
     assert trust_gate.aggregate_evaluate([reply], {7: ClientInfo(refused=True, unbound=True)}) \

@@ -1,5 +1,5 @@
 """A packed reply's records travel joined, in a few byte blocks
-(strategies.packed_records.ReplyWriter / read_reply): they come back as written (arrays byte
+(strategies.engine.packed_records.ReplyWriter / read_reply): they come back as written (arrays byte
 for byte), in the order written, and a malformed index is a clear error that costs only its
 worker's share."""
 
@@ -11,9 +11,9 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Error, MetricRecord, Reco
 
 from strategies import contract as C
 from strategies.client import virtual_clients
-from strategies import packed_records
-from strategies.packed_records import ReplyWriter, read_reply
-from strategies.packing import PackedGrid
+from strategies.engine import packed_records
+from strategies.engine.packed_records import ReplyWriter, read_reply
+from strategies.engine.packing import PackedGrid
 from tests.inprocess import InProcessGrid, adding_app
 from tests.test_packing import exchange, train_messages
 

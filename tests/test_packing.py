@@ -1,4 +1,4 @@
-"""Packed mode's layer (strategies.packing) and mod (strategies.client.packing), in one
+"""Packed mode's layer (strategies.engine.packing) and mod (strategies.client.packing), in one
 process: N virtual clients on W in-process SuperNodes, what a strategy sees, balance,
 client state that follows the client, failures, hostile replies."""
 
@@ -12,9 +12,9 @@ from flwr.clientapp import ClientApp
 
 from strategies import contract as C
 from strategies.client import NoReply, virtual_clients
-from strategies.event_loop import GridEventLoop
-from strategies.packed_records import put, take
-from strategies.packing import (PackedGrid, balance, task_cost, virtual_node_id,
+from strategies.engine.event_loop import GridEventLoop
+from strategies.engine.packed_records import put, take
+from strategies.engine.packing import (PackedGrid, balance, task_cost, virtual_node_id,
                                width_task_cost)
 from tests.inprocess import InProcessGrid, adding_app, partition_facts
 from tests.messages import record

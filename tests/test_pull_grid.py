@@ -13,8 +13,8 @@ from flwr.serverapp.strategy import FedAvg
 from flwr.supercore.task_identity import TaskIdentity
 
 from fedapp.grid import ServerAppGrid
-from strategies import event_loop
-from strategies.event_loop import FIRST_PULL_DELAY, PULL_INTERVAL, pull_delay
+from strategies.engine import event_loop
+from strategies.engine.event_loop import FIRST_PULL_DELAY, PULL_INTERVAL, pull_delay
 from tests.inprocess import EchoGrid, InProcessGrid
 
 

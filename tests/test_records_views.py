@@ -1,4 +1,4 @@
-"""strategies.records: ArrayRecord arrays read in place (views of the .npy bytes) and
+"""strategies.engine.records: ArrayRecord arrays read in place (views of the .npy bytes) and
 written with one copy, against Flower's own Array(ndarray) / Array.numpy()."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord
 
-from strategies import records
+from strategies.engine import records
 
 ARRAYS = {
     "float32": np.arange(12, dtype=np.float32).reshape(3, 4) / 7,

@@ -12,12 +12,12 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from strategies import FedAvg, FedNova
 from strategies import contract as C
-from strategies.event_loop import GridEventLoop
-from strategies.participation import Participation, RandomSelection
-from strategies.round_plan import RoundPlan
-from strategies.round_report import (Aggregation, ClockTime, FedVecaSection, Participation as
+from strategies.engine.event_loop import GridEventLoop
+from strategies.engine.participation import Participation, RandomSelection
+from strategies.engine.round_plan import RoundPlan
+from strategies.engine.round_report import (Aggregation, ClockTime, FedVecaSection, Participation as
                                      ParticipationSection, RoundReport)
-from strategies.rounds import round_log, run_rounds
+from strategies.engine.rounds import round_log, run_rounds
 from tests.inprocess import EchoGrid, InProcessGrid, adding_app
 from tests.messages import numpy_of, record
 

@@ -1,11 +1,11 @@
-"""Tests for strategies.sampling: m = max(floor(C K), 1), seeded sampling, stragglers, and
+"""Tests for strategies.engine.sampling: m = max(floor(C K), 1), seeded sampling, stragglers, and
 the local work a client runs for E epochs (hand-computed numbers)."""
 
 import numpy as np
 import pytest
 
 from strategies import contract as C
-from strategies import sampling
+from strategies.engine import sampling
 
 
 # ---------------------------------------------------------------- num_to_sample

@@ -10,10 +10,10 @@ from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
 from strategies import contract as C
-from strategies import scaffold_math as sm
+from strategies.algorithms import scaffold_math as sm
 from strategies.client import ClientStateLost, ScaffoldClient, is_scaffold_message, load_meta
 from strategies.client.scaffold import STATE_KEY
-from strategies.client_state import state_digest
+from strategies.engine.client_states import state_digest
 from tests.messages import numpy_of, record
 
 
@@ -127,7 +127,7 @@ def test_errors_name_the_fix():
 @pytest.mark.parametrize("momentum, lr, tolerance", [(0.0, 0.05, 1e-3), (0.9, 0.01, 0.3)])
 def test_federation_of_quadratics_converges_with_momentum(momentum, lr, tolerance):
     """Four clients with different quadratics, all every round (the server side is
-    strategies.scaffold_math): SCAFFOLD approaches the global optimum, with and without
+    strategies.algorithms.scaffold_math): SCAFFOLD approaches the global optimum, with and without
     local momentum, because the correction stays outside the momentum buffer (inside it,
     the control variates diverge: the helper module's docstring)."""
     rng = np.random.default_rng(0)

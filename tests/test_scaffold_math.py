@@ -1,4 +1,4 @@
-"""SCAFFOLD's control-variate arithmetic (strategies.scaffold_math) against hand-computed numbers
+"""SCAFFOLD's control-variate arithmetic (strategies.algorithms.scaffold_math) against hand-computed numbers
 (Karimireddy et al. 2020, Algorithm 1, option II)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from strategies import scaffold_math as sm
+from strategies.algorithms import scaffold_math as sm
 
 F32 = np.float32
 

@@ -1,4 +1,4 @@
-"""The SCAFFOLD strategy (strategies.scaffold.Scaffold) with hand-written ClientApps on the
+"""The SCAFFOLD strategy (strategies.algorithms.scaffold.Scaffold) with hand-written ClientApps on the
 in-process Grid: the server update by hand (Alg. 1 lines 16-17), partial participation, the
 bytes of the control variates, the contract error of a stock client, state_dict."""
 
@@ -14,10 +14,10 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from strategies import ClientContractError, Scaffold
 from strategies import contract as C
-from strategies import scaffold_math as sm
+from strategies.algorithms import scaffold_math as sm
 from strategies.client.info import client_info_reply
 from strategies.client.state import resolve_state, save_state
-from strategies.client_state import state_digest
+from strategies.engine.client_states import state_digest
 from tests.inprocess import InProcessGrid
 from tests.messages import numpy_of, record
 

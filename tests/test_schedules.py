@@ -1,4 +1,4 @@
-"""Per-round learning-rate schedules (strategies/schedules.py) by hand, and in a run."""
+"""Per-round learning-rate schedules (strategies/engine/schedules.py) by hand, and in a run."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from fedapp.run_log import read_rounds
 from fedapp.server_app import app as server_app
 from strategies import DynamicFL, FedAvg, FedVeca
 from strategies import contract as C
-from strategies import schedules as S
+from strategies.engine import schedules as S
 from tests.inprocess import InProcessGrid
 from tests.messages import record
 

@@ -14,16 +14,16 @@ from flwr.clientapp import ClientApp
 from fedapp import checkpoint_format
 from strategies import FedAvg, FedBuff
 from strategies import contract as C
-from strategies.clock import SimClock, evaluation_seconds
-from strategies.devices import GeneratedFleet
-from strategies.participation import Participation, RandomSelection
-from strategies.rounds import run_rounds
-from strategies.selection import Candidate, Outcome
-from strategies.selection_oort import (OortSelection, exploration_factor, oort_utilities,
+from strategies.engine.clock import SimClock, evaluation_seconds
+from strategies.engine.devices import GeneratedFleet
+from strategies.engine.participation import Participation, RandomSelection
+from strategies.engine.rounds import run_rounds
+from strategies.selection.policy import Candidate, Outcome
+from strategies.selection.oort import (OortSelection, exploration_factor, oort_utilities,
                                        pacer_move, preferred_after_pacer, statistical_utility,
                                        system_factor)
-from strategies.selection_power_of_choice import PowerOfChoice, candidate_set, largest_losses
-from strategies.selection_tifl import TiFLSelection, change_probabilities, make_tiers
+from strategies.selection.power_of_choice import PowerOfChoice, candidate_set, largest_losses
+from strategies.selection.tifl import TiFLSelection, change_probabilities, make_tiers
 from tests.inprocess import InProcessGrid
 from tests.messages import numpy_of, record
 

@@ -1,5 +1,5 @@
 """Flower's FedAvgM, FedAdam, FedYogi and FedAdagrad by name in the app
-(strategies.server_optimizers, fedapp.registry): built from the run config, an in-process
+(strategies.algorithms.flower_optimizers, fedapp.registry): built from the run config, an in-process
 run each, their state through a checkpoint, and Flower's defaults."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from flwr.serverapp import strategy as flower
 from fedapp.config import RunConfig
 from fedapp.registry import FLOWER_STRATEGIES, build_strategy
 from strategies import contract as C
-from strategies import server_optimizers as opt
+from strategies.algorithms import flower_optimizers as opt
 from tests.reliability_common import run, same_model, without_timings
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -1,4 +1,4 @@
-"""Width-heterogeneous sub-models (strategies.submodel_math) against hand-computed arrays:
+"""Width-heterogeneous sub-models (strategies.engine.submodel_math) against hand-computed arrays:
 HeteroFL / FjORD static prefixes, FedRolex rolling windows, extraction across a flatten,
 HeteroFL's overlap aggregation and the deadline-to-width helper."""
 
@@ -10,8 +10,8 @@ import re
 import numpy as np
 import pytest
 
-from strategies import submodel_math as sm
-from strategies.submodel_math import HiddenUnits, WidthSpec
+from strategies.engine import submodel_math as sm
+from strategies.engine.submodel_math import HiddenUnits, WidthSpec
 
 pytestmark = pytest.mark.unit
 F32 = np.float32

@@ -1,4 +1,4 @@
-"""The trust gate's pure functions (strategies/trust_gate.py) and the fixes around it:
+"""The trust gate's pure functions (strategies/engine/trust_gate.py) and the fixes around it:
 the .npy payload checks, the scalar bounds with hand-computed limits, the client-info
 checks, the checked aggregate_evaluate against Flower's own, SCAFFOLD's option-II bound,
 FedVeca's eq. (8) without recursion, and state that is not finite not being adopted."""
@@ -17,13 +17,13 @@ from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 from flwr.supercore.task_identity import TaskIdentity
 
 from strategies import contract as C
-from strategies import fedveca_math as vm
-from strategies import records
-from strategies import scaffold_math as sm
-from strategies import trust_gate as tg
+from strategies.algorithms import fedveca_math as vm
+from strategies.engine import records
+from strategies.algorithms import scaffold_math as sm
+from strategies.engine import trust_gate as tg
 from strategies.client.info import client_info_reply
-from strategies.fedveca import FedVeca
-from strategies.server_optimizers import FedAdam, FedAvgM
+from strategies.algorithms.fedveca import FedVeca
+from strategies.algorithms.flower_optimizers import FedAdam, FedAvgM
 from tests.inprocess import InProcessGrid
 
 
@@ -162,7 +162,7 @@ def test_local_steps_within_what_was_sent():
 def test_a_norm_bound_is_tau_over_one_minus_rho():
     # tau = 4, rho = 0.5: the bound is 8; momentum SGD's own ||a||_1 is (4 - 0.5 * 0.9375 /
     # 0.5) / 0.5 = 6.125 (FedNova, Wang et al. 2020)
-    from strategies.aggregate import fednova_norm_momentum
+    from strategies.engine.averaging import fednova_norm_momentum
     assert fednova_norm_momentum(4, 0.5) == pytest.approx(6.125)
     sent = {C.LOCAL_STEPS: 4, C.MOMENTUM: 0.5}
     check = tg.train_metrics_problem

@@ -19,7 +19,7 @@ from strategies import contract as C
 from strategies.client import (LocalResult, client_seed, is_width_message, local_sgd,
                                ordered_dropout_sgd, sent_levels, sent_scaler, sent_width,
                                width_model)
-from strategies.submodel_math import HiddenUnits, WidthSpec, extract, submodel_indices
+from strategies.engine.submodel_math import HiddenUnits, WidthSpec, extract, submodel_indices
 from task.models import build_model, width_spec
 from tests.test_data import write_tiny_fashion_mnist
 

@@ -1,5 +1,5 @@
 """Width-scalable models (task.models: build_model(width=, scaler=), width_spec, width_units)
-against strategies.submodel_math: a sub-model extracted with the spec has the shapes of the
+against strategies.engine.submodel_math: a sub-model extracted with the spec has the shapes of the
 model built at that width, loads into it and runs (HeteroFL Sec. 3.1, FjORD Sec. 3,
 FedRolex Sec. 3.2)."""
 
@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from strategies.submodel_math import (HiddenUnits, WidthSpec, extract, submodel_indices,
+from strategies.engine.submodel_math import (HiddenUnits, WidthSpec, extract, submodel_indices,
                                       unit_indices)
 from task.models import (MODEL_NAMES, WIDTH_MODELS, Scaler, build_model, width_spec,
                          width_units)

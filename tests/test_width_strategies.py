@@ -14,11 +14,11 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from strategies import FedRolex, FjORD, HeteroFL
 from strategies import contract as C
-from strategies import records
-from strategies.clock import SimClock
-from strategies.devices import DeviceProfile, TraceFleet
-from strategies.records import ClientContractError
-from strategies.width_fedavg import WidthFedAvg, WidthRule, width_spec_of
+from strategies.engine import records
+from strategies.engine.clock import SimClock
+from strategies.engine.devices import DeviceProfile, TraceFleet
+from strategies.engine.records import ClientContractError
+from strategies.engine.submodels import WidthFedAvg, WidthRule, width_spec_of
 from tests.inprocess import InProcessGrid, partition_facts
 from tests.messages import numpy_of, record
 

@@ -11,7 +11,7 @@ import time
 import torch
 
 from strategies import contract as C
-from strategies.round_plan import RoundPlan
+from strategies.engine.round_plan import RoundPlan
 from task.models import build_model
 
 from ..runtime import at_least

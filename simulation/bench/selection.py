@@ -22,11 +22,11 @@ import time
 
 import numpy as np
 
-from strategies.participation import RandomSelection
-from strategies.selection import Candidate, Outcome
-from strategies.selection_oort import OortSelection
-from strategies.selection_power_of_choice import PowerOfChoice
-from strategies.selection_tifl import TiFLSelection
+from strategies.engine.participation import RandomSelection
+from strategies.selection.policy import Candidate, Outcome
+from strategies.selection.oort import OortSelection
+from strategies.selection.power_of_choice import PowerOfChoice
+from strategies.selection.tifl import TiFLSelection
 
 from .common import DATA_DIR, simulation_round_seconds
 

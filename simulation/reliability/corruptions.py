@@ -218,7 +218,7 @@ CORRUPTIONS = {
     "client-state-echo-missing": _without_state_echo,
 }
 
-# the trust gate's classes (strategies/trust_gate.py; docs/reliability.md)
+# the trust gate's classes (strategies/engine/trust_gate.py; docs/reliability.md)
 GATE_CORRUPTIONS = {
     **{f"npy-{how}": (lambda r, m, how=how: _craft(r, m, how)) for how in PAYLOADS},
     "huge-finite-array": lambda r, m: _scale(r, m, C.ARRAYS, 1e30),
@@ -281,7 +281,7 @@ GATE_STRATEGY_KINDS: dict[str, tuple[str, ...]] = {
 
 # Flower's FedOpt classes send float64 from round 2 on (their update is float64) while the
 # clients answer float32, so behind the gate any floating dtype is accepted where a floating
-# one was sent (strategies.server_optimizers): a float64 reply is not malformed for them
+# one was sent (strategies.algorithms.flower_optimizers): a float64 reply is not malformed for them
 FLOWER_STRATEGIES = ("fedavgm", "fedadam", "fedyogi", "fedadagrad")
 NOT_MALFORMED_FOR_FLOWER = ("wrong-dtype",)
 

@@ -134,7 +134,7 @@ class FaultGrid(Grid):
 
 
 def config_of(msg: Message):
-    """The message's ConfigRecord; of a packed message (strategies.packing), its first
+    """The message's ConfigRecord; of a packed message (strategies.engine.packing), its first
     virtual client's."""
     for name in (C.CONFIG, f"{C.PACKED_CONTENT}0:{C.CONFIG}"):
         if name in msg.content:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 
 from strategies import contract as C
-from strategies import trust_gate
+from strategies.engine import trust_gate
 
 from .common import MODEL_FOR
 from .corruptions import CORRUPTIONS, gate_kinds_for
@@ -136,7 +136,7 @@ def initial_arrays(cfg) -> object:
     evaluation process builds it)."""
     import torch  # noqa: PLC0415
 
-    from strategies.records import to_record  # noqa: PLC0415
+    from strategies.engine.records import to_record  # noqa: PLC0415
     from task.data import load_dataset  # noqa: PLC0415
     from task.models import build_model  # noqa: PLC0415
 

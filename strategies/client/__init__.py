@@ -38,7 +38,7 @@ each takes your reply metrics (``finish(model, metrics)``, ``metrics=``) and add
 Every local step they run goes through one loop, :func:`sgd_steps` (:func:`local_sgd` for
 E epochs or a fixed number of steps), which fedhetero's own ClientApp runs too.
 
-Restorable client state (:mod:`strategies.client_state` on the server,
+Restorable client state (:mod:`strategies.engine.client_states` on the server,
 :func:`resolve_state` / :func:`save_state` here): every train message carries
 ``state-round``, the round whose accepted reply produced the state the server holds for
 this client (0 = initial), and, when the server cannot be sure the node holds it, the
@@ -47,7 +47,7 @@ order, the attached copy (and installs it), the initial state for round 0, the s
 state if its round matches, else raises ``ClientStateLost`` (the reply becomes an error;
 the next message carries the copy). After training, ``save_state(state, key, new,
 server_round)``; the reply reports ``state-round`` and ``state-digest``
-(:func:`strategies.client_state.state_digest`) of the state it started from, and the
+(:func:`strategies.engine.client_states.state_digest`) of the state it started from, and the
 server derives its copy from the reply the same way the client derives its own.
 """
 

@@ -40,7 +40,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from .. import contract as C
-from ..records import to_record
+from ..engine.records import to_record
 from .batches import batch_stream, client_seed
 from .data import loader_batch_size, tensors_for
 from .optimizer_state import load_optimizer_state, optimizer_state_arrays

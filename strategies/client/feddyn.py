@@ -34,9 +34,9 @@ import numpy as np
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 
 from .. import contract as C
-from .. import feddyn_math as fm
-from ..client_state import state_digest
-from ..records import to_numpy
+from ..algorithms import feddyn_math as fm
+from ..engine.client_states import state_digest
+from ..engine.records import to_numpy
 from .data import writable_tensor
 from .optimizer_hooks import StepHooks
 from .state import resolve_state, save_state

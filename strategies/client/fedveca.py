@@ -40,7 +40,7 @@ import numpy as np
 from flwr.app import MetricRecord, RecordDict
 
 from .. import contract as C
-from ..records import to_record
+from ..engine.records import to_record
 from .batches import client_seed
 from .data import loader_batch_size, tensors_for
 from .optimizer_hooks import learning_rates

@@ -51,8 +51,8 @@ from typing import Any
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 
 from .. import contract as C
-from ..client_state import state_digest
-from ..records import to_numpy
+from ..engine.client_states import state_digest
+from ..engine.records import to_numpy
 from .data import writable_tensor
 from .state import resolve_state, save_state
 

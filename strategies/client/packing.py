@@ -1,14 +1,14 @@
 """Packed mode on the client: one ClientApp call serves many virtual clients.
 
 Add the mod to any ClientApp (``ClientApp(mods=[virtual_clients])``): a message from a
-:class:`strategies.packing.PackedGrid` holds a share of virtual clients, and the mod calls
+:class:`strategies.engine.packing.PackedGrid` holds a share of virtual clients, and the mod calls
 the app's own handler (``@app.train``, ``@app.evaluate``, ``@app.query``) once per virtual
 client, in the order sent, each with its own message and its own ``Context``: node id
 the virtual client's, ``node_config`` the SuperNode's with ``partition-id`` /
 ``num-partitions`` the virtual client's (and ``virtual-client`` = True), ``state`` the
 virtual client's (it travels with the client: the server sends it and gets it back). The
 replies go back in one message (their records joined into a few byte strings:
-:class:`strategies.packed_records.ReplyWriter`). Any other message goes to the handler
+:class:`strategies.engine.packed_records.ReplyWriter`). Any other message goes to the handler
 unchanged, so the same ClientApp serves packed and unpacked runs. Whatever the handler keeps in memory
 (a model object, the data) stays warm from one virtual client to the next.
 
@@ -22,7 +22,7 @@ from flwr.app import Context, Error, Message, Metadata, RecordDict
 from flwr.common.constant import ErrorCode
 
 from .. import contract as C
-from ..packed_records import ReplyWriter, take
+from ..engine.packed_records import ReplyWriter, take
 
 __all__ = ["NoReply", "is_packed", "virtual_clients"]
 

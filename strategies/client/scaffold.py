@@ -44,9 +44,9 @@ from typing import Any
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 
 from .. import contract as C
-from .. import scaffold_math as sm
-from ..client_state import state_digest
-from ..records import to_numpy, to_record
+from ..algorithms import scaffold_math as sm
+from ..engine.client_states import state_digest
+from ..engine.records import to_numpy, to_record
 from .optimizer_hooks import StepHooks, learning_rates
 from .state import resolve_state, save_state
 

@@ -16,7 +16,7 @@ Values are numpy arrays (torch tensors are accepted when saving and come back as
 
 State the server must be able to restore (SCAFFOLD's c_i; FedDyn's and MOON's state use
 the same path) goes through :func:`resolve_state` and :func:`save_state`, the client half
-of :mod:`strategies.client_state`: the server sends ``state-round`` with every train
+of :mod:`strategies.engine.client_states`: the server sends ``state-round`` with every train
 message (and attaches its copy when it cannot be sure this node holds that version), so
 the state survives a resumed run, a lost or rejected reply and a SuperNode restart::
 
@@ -96,7 +96,7 @@ def resolve_state(state: RecordDict, key: str, content: RecordDict,
                   initial: Mapping[str, Any]) -> tuple[dict[str, np.ndarray], int]:
     """The state a train message asks for, and the round it belongs to.
 
-    In this order (:mod:`strategies.client_state`): the server's copy when the message
+    In this order (:mod:`strategies.engine.client_states`): the server's copy when the message
     carries one (ArrayRecord ``client-state``; it is installed in ``state``); the initial
     state when ``state-round`` is 0 (or absent); the state saved under ``key`` when its
     round equals ``state-round``.

@@ -1,6 +1,6 @@
 """Test oracle of DynaComm (Le et al., DynamicFL, Eq. 5): the exact minimiser by enumeration.
 
-Not product code: :func:`strategies.dynacomm.dynacomm` is checked against it.
+Not product code: :func:`strategies.algorithms.dynacomm.dynacomm` is checked against it.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from strategies.dynacomm import Selection, checked_inputs, pooled_kl
+from strategies.algorithms.dynacomm import Selection, checked_inputs, pooled_kl
 
 BRUTE_FORCE_MAX_CLIENTS = 20
 

@@ -1,6 +1,6 @@
 """Test oracles of DynamicFL's schedule (Le et al., DynamicFL, Alg. 1): reference simulators.
 
-Not product code: :class:`strategies.DynamicFL` runs a :class:`~strategies.dynamicfl_schedule.
+Not product code: :class:`strategies.DynamicFL` runs a :class:`~strategies.algorithms.dynamicfl_schedule.
 RoundPlan` on the Grid; these run the same plan (or Algorithm 1 literally, step by step)
 in-process with a local-step callable, so the tests can check the strategy and the plan
 against them.
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from strategies.dynamicfl_schedule import (
+from strategies.algorithms.dynamicfl_schedule import (
     Chunk,
     Client,
     IntervalSpec,
@@ -195,7 +195,7 @@ def weighted_average(models: Sequence[Params], weights: Sequence[float]) -> Para
     """sum_k (w_k / sum w) x_k, array by array; a single model is returned as an exact copy.
 
     The oracle's own average, independent of the strategies' kernel
-    (:func:`strategies.aggregate.weighted_mean`, which sums in the arrays' dtype): floating
+    (:func:`strategies.engine.averaging.weighted_mean`, which sums in the arrays' dtype): floating
     arrays are summed in float64 and cast back to their dtype; integer arrays (not
     parameters) get the weighted mean, rounded.
     """

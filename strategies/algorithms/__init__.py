@@ -1,0 +1,1 @@
+"""One module per paper: each algorithm, its pure math beside it."""

@@ -1,0 +1,158 @@
+"""FedDyn (Acar et al., "Federated Learning Based on Dynamic Regularization", ICLR 2021,
+Algorithm 1), server side, on FedAvg's sampling, reply checks and client table:
+
+* ``configure_train``: sample P_t as FedAvg does and send theta^{t-1} and alpha to each
+  k in P_t, with the client's ``state-round`` (and the server's copy of its linear term
+  grad L_k(theta_k^{t-1}) when the node may not hold it: :mod:`strategies.engine.client_states`);
+* ``aggregate_train``: the copies grad L_k(theta_k^t) = grad L_k(theta_k^{t-1})
+  - alpha (theta_k^t - theta^{t-1}), h^t = h^{t-1} - alpha (1 / m) sum_{k in P_t}
+  (theta_k^t - theta^{t-1}) with m all clients, and theta^t = (1 / |P_t|) sum theta_k^t
+  - (1 / alpha) h^t (:mod:`strategies.algorithms.feddyn_math`).
+
+The client side (the dynamic regulariser and the linear-term update) is
+:class:`strategies.client.feddyn.FedDynClient`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from logging import INFO
+
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.common.logger import log
+
+from .. import contract as C
+from . import feddyn_math as fm
+from ..engine import records, trust_gate
+from ..engine.round_plan import ClientTask, RoundPlan
+from ..engine.round_report import FedDynSection
+from ..engine.stateful import StatefulFedAvg
+
+FEDDYN_HELPER = "strategies.client.FedDynClient"
+FEDDYN_WEIGHTINGS = ("uniform", "examples")
+STATE_VERSION = 1
+
+
+class FedDyn(StatefulFedAvg):
+    """FedDyn: a per-client linear term and the server state h make the clients' stationary
+    points agree with the global objective's.
+
+    Parameters
+    ----------
+    alpha : float
+        alpha > 0 of the dynamic regulariser (the authors' CIFAR-10 example uses 0.01).
+    weighting : str
+        ``"uniform"`` (default): the average (1 / |P_t|) sum theta_k^t of Algorithm 1.
+        ``"examples"``: weighted by n_k / sum_{j in P_t} n_j, as FedAvg (the app's default
+        weighting). h is always updated with Algorithm 1's (1 / m) sum.
+    straggler_policy : str
+        ``"partial"`` by default: a straggler's model after its reduced work is aggregated
+        (and updates its linear term), as FedProx's inexact solutions.
+    **kwargs
+        As :class:`FedAvg` (``fraction_train``, ``seed``, ``query_client_info``, ...);
+        ``server_lr`` must be 1.0 (Algorithm 1 has no server step size).
+
+    Notes
+    -----
+    m is the number of connected clients; clients are keyed by the partition id they
+    report to the client-info query (``query_client_info=True``), else by node id. The
+    server keeps a copy of every client's linear term (one model-sized array set per client
+    that has replied, in memory and in every checkpoint) so that it survives a resumed run,
+    a lost reply and a SuperNode restart.
+
+    The regulariser's gradient alpha (theta - theta^{t-1}) - grad L_k(theta_k^{t-1}) enters
+    every local gradient before the optimiser step, so the configured local momentum and
+    weight decay act on the whole FedDyn objective (weight decay adds (wd / 2) ||theta||^2).
+
+    What the authors' code (alpemreacar/FedDyn, ``utils_methods.train_FedDyn``) does beyond
+    Algorithm 1, and what we do: it scales alpha per client by its data share,
+    alpha_k = alpha / (n_k / mean n) (1 for balanced data; we use one alpha); it clips
+    the local gradient norm at 10 (we do not clip); it folds alpha into SGD's weight decay
+    (the same gradient as ours); and its logged test accuracy is of the plain average of
+    the clients' models, not of the h-corrected theta^t. The ServerApp here evaluates
+    theta^t, the model Algorithm 1 sends to the clients.
+
+    Contract
+    --------
+    Server -> client: ``arrays`` (theta^{t-1}), config ``feddyn-alpha`` and ``state-round``,
+    and ArrayRecord ``client-state`` (the server's copy of the linear term) when attached.
+    Client -> server: ``arrays`` (theta_k^t), metrics ``num-examples`` and ``state-round`` /
+    ``state-digest`` of the linear term it started from.
+    :class:`strategies.client.feddyn.FedDynClient` does all of it; a round in which every
+    reply lacks the echo stops the run with a ClientContractError naming it.
+    """
+
+    CLIENT_HELPER = FEDDYN_HELPER
+
+    def __init__(self, *flower_args, alpha: float = 0.01, weighting: str = "uniform",
+                 straggler_policy: str = "partial", **kwargs) -> None:
+        if not alpha > 0:
+            raise ValueError(f"FedDyn's alpha must be > 0, got {alpha}")
+        if weighting not in FEDDYN_WEIGHTINGS:
+            raise ValueError(f"FedDyn averages theta_k with weighting 'uniform' (Alg. 1) or "
+                             f"'examples' (FedAvg's); weighting={weighting!r} is not supported")
+        if kwargs.get("server_lr", 1.0) != 1.0:
+            raise ValueError(f"FedDyn's server model is (1 / |P_t|) sum theta_k - h / alpha "
+                             f"(Alg. 1): server_lr must be 1.0, got {kwargs['server_lr']}")
+        super().__init__(*flower_args, weighting=weighting, straggler_policy=straggler_policy, **kwargs)
+        self.alpha = float(alpha)
+        self.h: fm.NDArrays | None = None  # h^t
+
+    def summary(self) -> None:
+        """Log the configuration."""
+        log(INFO, "\t├──> FedDyn: alpha %s, theta_k weighting %s", self.alpha, self.weighting)
+        super().summary()
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict:
+        """The client copies (:class:`StatefulFedAvg`) plus h (copied)."""
+        state = super().state_dict()
+        state["feddyn-version"] = STATE_VERSION
+        state["h"] = None if self.h is None else {k: v.copy() for k, v in self.h.items()}
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what :meth:`state_dict` returned."""
+        super().load_state_dict(state)
+        if state.get("feddyn-version") != STATE_VERSION:
+            raise ValueError(f"FedDyn state version {state.get('feddyn-version')!r} is not "
+                             f"{STATE_VERSION}")
+        self.h = None if state["h"] is None else {k: v.copy() for k, v in state["h"].items()}
+
+    # ------------------------------------------------------------------ configure
+    def task_config(self, plan: RoundPlan, task: ClientTask) -> ConfigRecord:
+        """The per-client config (``state-round``) plus ``feddyn-alpha``."""
+        own = super().task_config(plan, task)
+        own[C.FEDDYN_ALPHA] = self.alpha
+        return own
+
+    def prepared_messages(self, plan: RoundPlan, messages: list[Message]) -> list[Message]:
+        """Send theta^{t-1} (h^0 = 0 is set up from the first model)."""
+        if self.h is None:
+            self.h = fm.zero_state(records.to_numpy(plan.arrays))
+        return super().prepared_messages(plan, messages)
+
+    # ------------------------------------------------------------------ aggregate
+    def aggregate_round(self, plan: RoundPlan, replies: Iterable[Message]
+                        ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """The average of the accepted theta_k^t (FedAvg's streamed update), the copies of
+        the linear terms, h^t, and theta^t = average - h^t / alpha."""
+        average, accepted = self.aggregate_checked(plan, self.checked_replies(plan, replies))
+        previous = records.to_numpy(plan.arrays)  # theta^{t-1}
+        drift: fm.NDArrays | None = None
+
+        def new_linear_term(copy: fm.NDArrays | None, reply: Message) -> fm.NDArrays:
+            nonlocal drift
+            local = records.to_numpy(reply.content[C.ARRAYS])  # theta_k^t
+            drift = fm.add_drift(drift, local, previous, self.h)
+            return fm.linear_term_update(copy or fm.zero_state(self.h), self.alpha, local,
+                                         previous)
+
+        self.accept_states(plan, accepted, new_linear_term)
+        if drift is not None:
+            self.h = trust_gate.finite_or_previous(
+                fm.h_step(self.h, drift, self.alpha, len(plan.nodes)), self.h, "FedDyn's h",
+                plan.server_round)
+        plan.report.add(FedDynSection(fm.norm(self.h)))
+        new = None if average is None else fm.server_model(average, self.h, self.alpha)
+        return self.train_result(plan, new, accepted)

@@ -1,0 +1,104 @@
+"""MOON (Li, He and Song, "Model-Contrastive Federated Learning", CVPR 2021, Algorithm 1).
+
+The server is FedAvg's (Algorithm 1: w^{t+1} = sum_k |D^k| / |D| w_k^t over the parties that
+replied, the ``examples`` weighting); what MOON adds is on the client, which minimises
+Eq. (4), l_sup + mu l_con, with Eq. (3)'s model-contrastive loss between the representation
+of its local model, of the received global model and of its previous local model
+(:class:`strategies.client.moon.MoonClient`). The server sends mu and tau, and keeps a copy
+of each client's previous local model (the last model it accepted from that client), so
+that it survives a resumed run, a lost reply and a SuperNode restart
+(:mod:`strategies.engine.client_states`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from logging import INFO
+
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.common.logger import log
+
+from .. import contract as C
+from ..engine import records
+from ..engine.round_plan import ClientTask, RoundPlan
+from ..engine.round_report import MoonSection
+from ..engine.stateful import StatefulFedAvg
+
+MOON_HELPER = "strategies.client.MoonClient"
+
+
+class Moon(StatefulFedAvg):
+    """MOON: FedAvg's server, clients trained with the model-contrastive loss.
+
+    Parameters
+    ----------
+    mu : float
+        mu >= 0, the weight of l_con in Eq. (4) (the authors' code default 1; the paper
+        tunes {0.1, 1, 5, 10}: 5 is best on CIFAR-10, 1 on CIFAR-100 and Tiny-ImageNet).
+        0 is FedAvg on the same model.
+    temperature : float
+        tau > 0 of Eq. (3) (the paper's default 0.5).
+    **kwargs
+        As :class:`FedAvg` (``weighting`` ``"examples"`` by default = Algorithm 1's
+        |D^k| / |D|, ``fraction_train``, ``server_lr``, stragglers, ...).
+
+    Notes
+    -----
+    The previous local model w_i^{t-1} is the client's model after its last local training
+    (the paper: "MOON only needs the latest local model that the party has"). A client
+    without one (its first round) trains with l_sup only, as the authors' code does in
+    round 1 (its pool of previous models is empty, so l_con = 0); the code's later
+    random-initialised "previous" models of parties never selected are an artefact of its
+    simulation, and such a party here also trains with l_sup only.
+
+    Memory: the server keeps one whole model per client that has replied (its last accepted
+    reply), in memory and in every checkpoint, and sends it again (``bytes-down``) only
+    when the node may not hold it (after a resume, a lost reply, a new node id).
+
+    The model must expose its representation R_w(x) (the projection head's output, Sec.
+    3.3.1): :mod:`strategies.client.moon` says how.
+
+    Contract
+    --------
+    Server -> client: ``arrays`` (w^t), config ``moon-mu``, ``moon-temperature`` and
+    ``state-round``, and ArrayRecord ``client-state`` (the server's copy of the previous
+    local model) when attached. Client -> server: ``arrays`` (w_i^t), metrics
+    ``num-examples``, ``state-round`` / ``state-digest`` of the previous model it used, and
+    ``moon-contrastive-loss`` (optional, logged). :class:`strategies.client.moon.MoonClient`
+    does all of it; a round in which every reply lacks the echo stops the run with a
+    ClientContractError naming it.
+    """
+
+    CLIENT_HELPER = MOON_HELPER
+
+    def __init__(self, *flower_args, mu: float = 1.0, temperature: float = 0.5, **kwargs) -> None:
+        if not mu >= 0:
+            raise ValueError(f"MOON's mu must be >= 0, got {mu}")
+        if not temperature > 0:
+            raise ValueError(f"MOON's temperature tau must be > 0, got {temperature}")
+        super().__init__(*flower_args, **kwargs)
+        self.mu = float(mu)
+        self.temperature = float(temperature)
+
+    def summary(self) -> None:
+        """Log the configuration."""
+        log(INFO, "\t├──> MOON: mu %s, temperature %s", self.mu, self.temperature)
+        super().summary()
+
+    def task_config(self, plan: RoundPlan, task: ClientTask) -> ConfigRecord:
+        """The per-client config (``state-round``) plus ``moon-mu`` and ``moon-temperature``."""
+        own = super().task_config(plan, task)
+        own[C.MOON_MU] = self.mu
+        own[C.MOON_TEMPERATURE] = self.temperature
+        return own
+
+    def aggregate_round(self, plan: RoundPlan, replies: Iterable[Message]
+                        ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """FedAvg's update; each accepted reply's model becomes its client's previous model."""
+        new, accepted = self.aggregate_checked(plan, self.checked_replies(plan, replies))
+        self.accept_states(plan, accepted,
+                           lambda _, reply: records.to_numpy(reply.content[C.ARRAYS]))
+        arrays, metrics = self.train_result(plan, new, accepted)
+        if metrics is not None and C.MOON_CONTRASTIVE_LOSS in metrics:
+            plan.report.add(MoonSection(float(metrics[C.MOON_CONTRASTIVE_LOSS])))
+        return arrays, metrics

@@ -1,0 +1,206 @@
+"""SCAFFOLD (Karimireddy et al., ICML 2020, Algorithm 1; option II; global step size eta_g).
+
+Algorithm 1, server side, on FedAvg's sampling, reply checks and client table:
+
+* ``configure_train`` (line 5): sample S as FedAvg does and send (x, c) to each i in S,
+  with the client's ``state-round`` (and the server's copy of c_i when the node may not
+  hold it: :mod:`strategies.engine.client_states`);
+* ``aggregate_train`` (lines 16-17): x <- x + eta_g sum_{i in S} c_k (y_i - x), i.e.
+  x + eta_g mean_{i in S} delta y_i with the ``uniform`` weighting;
+  c <- c + |S| / N mean_{i in S} delta c_i (:func:`strategies.algorithms.scaffold_math.control_step`);
+  the server's copy of each c_i <- c_i + delta c_i.
+
+The client side (lines 7-14) is :class:`strategies.client.scaffold.ScaffoldClient`.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Iterable, Mapping
+from logging import INFO
+
+import numpy as np
+from flwr.app import ArrayRecord, Message, MetricRecord
+from flwr.common.logger import log
+
+from .. import contract as C
+from ..engine import records, trust_gate
+from . import scaffold_math as sm
+from ..engine.round_plan import RoundPlan
+from ..engine.round_report import ScaffoldSection
+from ..engine.stateful import StatefulFedAvg
+
+SCAFFOLD_HELPER = "strategies.client.ScaffoldClient"
+SCAFFOLD_WEIGHTINGS = ("uniform", "examples")
+STATE_VERSION = 2  # 2: the copies of c_i in StatefulFedAvg's state
+
+
+class Scaffold(StatefulFedAvg):
+    """SCAFFOLD: control variates c (server) and c_i (clients) correct the client drift.
+
+    Parameters
+    ----------
+    weighting : str
+        ``"uniform"`` (default): x <- x + eta_g (1 / |S|) sum_{i in S} delta y_i, Alg. 1
+        line 16. ``"examples"``: delta y_i weighted by n_i / sum_{j in S} n_j, as NIID-Bench's
+        implementation (Li et al., ICDE 2022) and FedAvg do. c is always updated with the
+        plain mean (line 17).
+    server_lr : float
+        eta_g, the global step size (1.0: x is the mean of the y_i).
+    straggler_policy : str
+        ``"partial"`` by default: option II divides by the K steps a client actually took,
+        so a straggler's c_i+ is still a mean-gradient estimate and its work is used.
+    **kwargs
+        As :class:`FedAvg` (``fraction_train``, ``seed``, ``query_client_info``, ...).
+
+    Notes
+    -----
+    Partial participation (line 17): N is the number of connected clients and |S| the
+    clients whose reply was accepted, so c stays the mean of the server's copies of all
+    N c_i when clients fail. Clients are keyed by the partition id they report to the
+    client-info query (``query_client_info=True``), else by node id (then c_i does not
+    survive a resumed run or a SuperNode that rejoins with another id).
+
+    State: c and the copies of every c_i (one model per client: :mod:`strategies.engine.client_states`)
+    are in :meth:`state_dict`, so a resumed run continues bit for bit.
+
+    Contract
+    --------
+    Server -> client: ``arrays`` (x), ArrayRecord ``scaffold-c`` (c), config ``lr`` (eta_l)
+    and ``state-round``, and ArrayRecord ``client-state`` (the server's c_i) when attached.
+    Client -> server: ``arrays`` (y_i, the local model: the server forms delta y_i = y_i - x),
+    ArrayRecord ``scaffold-delta-c`` (delta c_i, the keys of ``scaffold-c``), metrics
+    ``num-examples``, and ``state-round`` / ``state-digest`` of the c_i it started from.
+    :class:`strategies.client.scaffold.ScaffoldClient` does all of it; a round in which
+    every reply lacks ``scaffold-delta-c`` stops the run with a ClientContractError
+    naming it. The control variates' bytes count in the run log's ``bytes-up`` /
+    ``bytes-down``.
+    """
+
+    CLIENT_HELPER = SCAFFOLD_HELPER
+
+    def __init__(self, *flower_args, weighting: str = "uniform", straggler_policy: str = "partial",
+                 **kwargs) -> None:
+        if weighting not in SCAFFOLD_WEIGHTINGS:
+            raise ValueError(f"SCAFFOLD averages delta y_i with weighting 'uniform' (Alg. 1) or "
+                             f"'examples' (NIID-Bench); weighting={weighting!r} is not supported")
+        super().__init__(*flower_args, weighting=weighting, straggler_policy=straggler_policy, **kwargs)
+        self.control: sm.NDArrays | None = None  # c; self.mirror holds the copies of c_i
+
+    def summary(self) -> None:
+        """Log the configuration."""
+        log(INFO, "\t├──> SCAFFOLD (option II): eta_g %s, delta y_i weighting %s",
+            self.server_lr, self.weighting)
+        super().summary()
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict:
+        """StatefulFedAvg's state (the copies of every c_i) plus c (copied)."""
+        state = super().state_dict()
+        state["scaffold-version"] = STATE_VERSION
+        state["control"] = (None if self.control is None else
+                            {k: v.copy() for k, v in self.control.items()})
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what :meth:`state_dict` returned."""
+        super().load_state_dict(state)
+        if state.get("scaffold-version") != STATE_VERSION:
+            raise ValueError(f"SCAFFOLD state version {state.get('scaffold-version')!r} is not "
+                             f"{STATE_VERSION}")
+        control = state["control"]
+        self.control = None if control is None else {k: v.copy() for k, v in control.items()}
+
+    # ------------------------------------------------------------------ configure
+    def expected_bytes(self, arrays: ArrayRecord) -> tuple[int, int]:
+        """For the simulated clock: the model and c down, y_i and delta c_i up (Alg. 1 lines
+        5 and 13; c and delta c_i have the model's floating arrays)."""
+        down, up = super().expected_bytes(arrays)
+        control = self.control if self.control is not None else sm.zero_control(
+            records.to_numpy(arrays))
+        size = records.to_record(control).count_bytes()
+        return down + size, up + size
+
+    def prepared_messages(self, plan: RoundPlan, messages: list[Message]) -> list[Message]:
+        """Alg. 1 line 5: FedAvg's messages (x) plus c, and the copy of c_i where needed."""
+        if self.control is None:
+            self.control = sm.zero_control(records.to_numpy(plan.arrays))
+        messages = super().prepared_messages(plan, messages)
+        control = records.to_record(self.control)
+        for msg in messages:
+            msg.content[C.SCAFFOLD_C] = control
+        return messages
+
+    # ------------------------------------------------------------------ aggregate
+    def aggregate_round(self, plan: RoundPlan, replies: Iterable[Message]
+                        ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Alg. 1 lines 16-17: x from the accepted y_i (FedAvg's update), then c and the
+        copies of c_i from their delta c_i."""
+        new, accepted = self.aggregate_checked(plan, self.checked_replies(plan, replies))
+        self.update_controls(plan, accepted)
+        return self.train_result(plan, new, accepted)
+
+    def update_controls(self, plan: RoundPlan, accepted: list[Message]) -> None:
+        """c <- c + |S| / N mean delta c_i and c_i <- c_i + delta c_i over the accepted
+        replies (one delta c_i deserialised at a time), in partition order."""
+        total = None
+
+        def new_control(before: sm.NDArrays | None, reply: Message) -> sm.NDArrays:
+            nonlocal total
+            delta = records.to_numpy(reply.content[C.SCAFFOLD_DELTA_C])
+            total = sm.add_delta(total, delta)
+            return sm.apply_delta(before or sm.zero_control(self.control), delta)
+
+        self.accept_states(plan, accepted, new_control)
+        if total is not None:
+            self.control = trust_gate.finite_or_previous(
+                sm.control_step(self.control, total, len(accepted), len(plan.nodes)),
+                self.control, "SCAFFOLD's c", plan.server_round)
+        plan.report.add(ScaffoldSection(sm.norm(self.control)))
+
+    # ------------------------------------------------------------------ replies
+    def contract_gap(self, reply: Message) -> str | None:
+        """SCAFFOLD needs delta c_i in every reply (the state echo is optional: checked when
+        present)."""
+        if C.SCAFFOLD_DELTA_C not in reply.content.array_records:
+            return f"an ArrayRecord '{C.SCAFFOLD_DELTA_C}' (delta c_i)"
+        return None
+
+    def state_reply_problem(self, plan: RoundPlan, reply: Message) -> str | None:
+        """delta c_i: real bytes with c's keys, shapes and dtypes, finite, and within option
+        II's ||c|| + ||x - y_i|| / (K eta_l) (:func:`strategies.engine.trust_gate.
+        scaffold_delta_problem`)."""
+        return scaffold_delta_problem(
+            reply, control=self.control, global_model=plan.arrays,
+            sent=plan.sent(reply.metadata.src_node_id))
+
+
+def scaffold_delta_problem(reply: Message, *, control: Mapping[str, np.ndarray],
+                           global_model: ArrayRecord, sent: Mapping[str, object] | None
+                           ) -> str | None:
+    """What makes SCAFFOLD's delta c_i in a reply (whose ``arrays`` passed
+    :func:`train_reply_problem`) unusable, or None: the real bytes of ``scaffold-delta-c``
+    against c's keys, shapes and dtypes, finite values of bounded norm, and option II's
+    bound ||delta c_i|| <= ||c|| + ||x - y_i|| / (K eta_l)
+    (:func:`strategies.algorithms.scaffold_math.delta_bound`; K the reply's ``local-steps``, else 1;
+    eta_l the ``lr`` sent: with no ``lr`` sent there is no bound, and the client helper
+    refuses to run)."""
+    try:
+        delta = trust_gate.read_record(C.SCAFFOLD_DELTA_C, reply.content[C.SCAFFOLD_DELTA_C], control)
+    except trust_gate.Refused as exc:
+        return str(exc)
+    lr = (sent or {}).get(C.LR)
+    if isinstance(lr, bool) or not isinstance(lr, numbers.Real) or not (
+            math.isfinite(lr) and lr > 0):
+        return None
+    steps = reply.content[C.METRICS].get(C.LOCAL_STEPS_TAKEN)
+    steps = int(steps) if trust_gate.is_integer(steps) and steps >= 1 else 1
+    bound = sm.delta_bound(control, trust_gate.record_views(global_model),
+                           trust_gate.record_views(reply.content[C.ARRAYS]), steps, float(lr))
+    norm = sm.delta_norm(delta)
+    if norm <= bound:
+        return None
+    return (f"'{C.SCAFFOLD_DELTA_C}' has norm {norm:.3g}, above the {bound:.3g} option II "
+            f"can give: ||c|| + ||x - y_i|| / (K eta_l) with K = {steps}, eta_l = {lr:g} "
+            f"(Karimireddy et al. 2020, Alg. 1 line 12)")

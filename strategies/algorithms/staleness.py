@@ -1,0 +1,117 @@
+"""The math of asynchronous aggregation: staleness weights, FedBuff's server step, FedAsync's mix.
+
+Staleness tau of a client update = the server's model version when the update is applied
+minus the version the client trained from.
+
+* FedBuff (Nguyen et al., "Federated Learning with Buffered Asynchronous Aggregation",
+  AISTATS 2022, Algorithm 1): the buffer sums s(tau_k) Delta_k of K client updates
+  (Delta_k = y_k - x^(v_k), the client's model minus the model it was sent), then
+  x <- x + eta_g Delta_bar with Delta_bar = (1/K) sum_k s(tau_k) Delta_k (Sec. 3;
+  optionally through server momentum: m <- beta m + Delta_bar, x <- x + eta_g m);
+  s(tau) = 1 / sqrt(1 + tau) by default (Sec. 5, "staleness scaling").
+* FedAsync (Xie, Koyejo and Gupta, "Asynchronous Federated Optimization", 2019,
+  Algorithm 1 and Sec. 3): x_t = (1 - alpha_t) x_(t-1) + alpha_t x_new with
+  alpha_t = alpha s(t - tau); s is constant (s = 1), polynomial s_a(d) = (d + 1)^(-a) or
+  hinge s_(a,b)(d) = 1 for d <= b, 1 / (a (d - b) + 1) otherwise.
+
+Pure functions of numpy arrays; the strategies (:mod:`strategies.algorithms.fedbuff`,
+:mod:`strategies.algorithms.fedasync`) call exactly these.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["STALENESS_FUNCTIONS", "Staleness", "add_update", "fedasync_mix", "fedbuff_step"]
+
+STALENESS_FUNCTIONS = ("fedbuff", "constant", "polynomial", "hinge")
+
+NDArrays = dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class Staleness:
+    """s(tau), the weight of an update ``tau`` model versions old.
+
+    ``"fedbuff"``: 1 / sqrt(1 + tau) (FedBuff, Sec. 5). ``"constant"``: 1.
+    ``"polynomial"``: (tau + 1)^(-a) (FedAsync, Sec. 3; a = 0.5 in its experiments).
+    ``"hinge"``: 1 for tau <= b, else 1 / (a (tau - b) + 1) (FedAsync, Sec. 3; a = 10,
+    b = 4 in its experiments). Without ``a``, the paper's for the function.
+    """
+
+    name: str = "fedbuff"
+    a: float | None = None  # None: the paper's, 0.5 (polynomial) or 10 (hinge)
+    b: float = 4.0
+
+    def __post_init__(self) -> None:
+        if self.name not in STALENESS_FUNCTIONS:
+            raise ValueError(f"staleness={self.name!r} is not known; use one of "
+                             f"{', '.join(STALENESS_FUNCTIONS)}")
+        if self.a is None:
+            object.__setattr__(self, "a", 10.0 if self.name == "hinge" else 0.5)
+        for key in ("a", "b"):
+            value = getattr(self, key)
+            if not (isinstance(value, (int, float)) and not isinstance(value, bool)
+                    and math.isfinite(value) and value >= 0):
+                raise ValueError(f"staleness parameter {key} must be a finite number >= 0, "
+                                 f"got {value!r}")
+
+    def __call__(self, tau: int) -> float:
+        if isinstance(tau, bool) or not isinstance(tau, (int, np.integer)) or tau < 0:
+            raise ValueError(f"staleness must be a whole number >= 0, got {tau!r}")
+        if self.name == "fedbuff":
+            return 1.0 / math.sqrt(1.0 + tau)
+        if self.name == "constant":
+            return 1.0
+        if self.name == "polynomial":
+            return float((tau + 1.0) ** (-self.a))
+        return 1.0 if tau <= self.b else 1.0 / (self.a * (tau - self.b) + 1.0)
+
+    def __str__(self) -> str:
+        if self.name == "polynomial":
+            return f"polynomial (a={self.a:g})"
+        if self.name == "hinge":
+            return f"hinge (a={self.a:g}, b={self.b:g})"
+        return "1/sqrt(1+tau)" if self.name == "fedbuff" else "constant"
+
+
+def fedbuff_step(model: NDArrays, buffer: NDArrays, count: int, server_lr: float,
+                 momentum: float = 0.0, velocity: NDArrays | None = None
+                 ) -> tuple[NDArrays, NDArrays | None]:
+    """FedBuff's server update (Algorithm 1) from ``buffer`` = sum_k s(tau_k) Delta_k of
+    ``count`` = K updates: Delta_bar = buffer / K, then x + eta_g Delta_bar; with server
+    momentum beta > 0, m = beta m + Delta_bar and x + eta_g m. Returns the new model (each
+    array in its own dtype) and the new momentum buffer (None without momentum)."""
+    if count < 1:
+        raise ValueError(f"a server step needs at least one buffered update, got {count}")
+    step = {key: value / count for key, value in buffer.items()}
+    if momentum > 0 and velocity is not None:
+        step = {key: momentum * velocity[key] + value for key, value in step.items()}
+    new = {key: (x + server_lr * step[key]).astype(x.dtype, copy=False)
+           for key, x in model.items()}
+    return new, (step if momentum > 0 else None)
+
+
+def fedasync_mix(model: NDArrays, client: NDArrays, alpha_t: float) -> NDArrays:
+    """FedAsync's update (Algorithm 1): (1 - alpha_t) x + alpha_t x_new, in x's dtypes."""
+    if not 0.0 <= alpha_t <= 1.0:
+        raise ValueError(f"the mixing weight alpha_t must be in [0, 1], got {alpha_t}")
+    return {key: ((1.0 - alpha_t) * x.astype(np.float64)
+                  + alpha_t * client[key].astype(np.float64)).astype(x.dtype, copy=False)
+            for key, x in model.items()}
+
+
+def add_update(buffer: NDArrays | None, sent: NDArrays, client: NDArrays,
+               weight: float) -> NDArrays:
+    """``buffer`` + weight (client - sent) in float64, Delta_k of FedBuff's Algorithm 1
+    weighted by s(tau_k) (a new buffer when ``buffer`` is None)."""
+    delta = {key: weight * (client[key].astype(np.float64) - x.astype(np.float64))
+             for key, x in sent.items()}
+    if buffer is None:
+        return delta
+    for key, value in delta.items():
+        buffer[key] += value
+    return buffer

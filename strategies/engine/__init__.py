@@ -1,0 +1,1 @@
+"""The round engine and the parts it is given (flwr + numpy only)."""

@@ -1,0 +1,183 @@
+"""The server's copy of each client's state, so that client state survives everything.
+
+Stateful clients (SCAFFOLD's c_i; FedDyn's linear term and MOON's previous model use the
+same mechanism) keep their state in ``Context.state``
+(:mod:`strategies.client.state`). Three things can make client and server disagree:
+
+(a) a resumed run (``resume-from``) is a new Flower run: every node's ``Context.state``
+    starts empty;
+(b) a reply is lost or rejected (crash, late, malformed) after the client already
+    updated its state;
+(c) a deployed SuperNode restarts and loses its ``Context.state``.
+
+The server therefore keeps, per client key (the partition id, which survives restarts;
+node ids do not), a mirror of the client's state derived from what the client returned
+(for SCAFFOLD c_i <- c_i + delta c_i, computed the same way on both sides), the round
+whose accepted reply produced it (``state-round``), and the node known to hold it.
+
+Every train message carries ``state-round`` for its client (0 = the initial state).
+When the server cannot be sure the node holds that version, it attaches its copy as the
+ArrayRecord ``client-state`` (:func:`must_attach`): the first message to the client in
+this server process (e.g. after a resume), a changed node id, or a previous message that
+did not end in an accepted reply. The client helper
+(:func:`strategies.client.state.resolve_state`) installs an attached copy, else uses its
+own state if its round matches, else the initial state when ``state-round`` is 0, else
+raises :class:`strategies.client.state.ClientStateLost`: the reply is an error, the round
+goes on without that client, and the next message to it carries the copy. Replies echo
+the round and the :func:`state_digest` of the state they started from, and the server
+rejects a reply whose digest differs from its copy, so a disagreement is never aggregated.
+
+Memory: one model-sized copy per client that has ever replied, on the server (and in
+every checkpoint).
+
+A stateful strategy (see :class:`strategies.algorithms.scaffold.Scaffold`) keeps a
+:class:`ClientStateMirror`; puts ``state-round`` = :meth:`ClientStateMirror.state_round` in
+each node's config; calls :func:`attach_states` on its train messages,
+:func:`state_problem` in its reply checks, :meth:`ClientStateMirror.accept` for every
+accepted reply, :meth:`ClientStateMirror.end_round` once per round, and saves
+:meth:`ClientStateMirror.state_dict` in its own ``state_dict``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterable, Mapping
+
+import numpy as np
+from flwr.app import Message
+
+from .. import contract as C
+from .records import to_record
+
+NDArrays = dict[str, np.ndarray]
+STATE_VERSION = 1
+
+
+def state_digest(arrays: Mapping[str, np.ndarray]) -> int:
+    """A 63-bit digest of named arrays (keys, dtypes, shapes and bytes): fits a MetricRecord
+    int. Client and server compute it on their versions of the same state."""
+    digest = hashlib.sha256()
+    for key in sorted(arrays):
+        value = np.ascontiguousarray(arrays[key])
+        digest.update(f"{key}|{value.dtype.str}|{value.shape}|".encode())
+        digest.update(value.tobytes())
+    return int.from_bytes(digest.digest()[:8], "big") >> 1
+
+
+def must_attach(state_round: int, holder: int | None, node_id: int) -> bool:
+    """Whether a train message to ``node_id`` must carry the server's copy of the state.
+
+    Not for the initial state (``state_round`` 0: the client builds it itself); otherwise
+    unless ``node_id`` is the node whose accepted reply the server saw last for this client
+    in this server process (``holder``; None after a resume, or after a message to it that
+    did not end in an accepted reply).
+    """
+    return state_round > 0 and holder != node_id
+
+
+class ClientStateMirror:
+    """The server's copy of every client's state, by client key (see the module docstring).
+
+    Per round: :meth:`message` for each train message (returns the copy to attach or None),
+    :meth:`accept` for each accepted reply, then :meth:`end_round`, which forgets which
+    node holds the state of every client whose message did not end in an accepted reply.
+    """
+
+    def __init__(self) -> None:
+        self.arrays: dict[str, NDArrays] = {}
+        self.rounds: dict[str, int] = {}
+        self.digests: dict[str, int] = {}
+        self.holders: dict[str, int] = {}  # this process only: never checkpointed
+        self.pending: dict[str, int] = {}
+
+    def state_round(self, key: str) -> int:
+        """The round whose accepted reply produced the copy (0: the initial state)."""
+        return self.rounds.get(key, 0)
+
+    def state_of(self, key: str) -> NDArrays | None:
+        """The copy of ``key``'s state (None: the initial state)."""
+        return self.arrays.get(key)
+
+    def digest_of(self, key: str) -> int | None:
+        """:func:`state_digest` of the copy (None: the initial state)."""
+        return self.digests.get(key)
+
+    def message(self, key: str, node_id: int) -> NDArrays | None:
+        """A train message goes to ``node_id`` for client ``key``: the copy to attach, or None."""
+        self.pending[key] = node_id
+        if must_attach(self.state_round(key), self.holders.get(key), node_id):
+            return self.arrays[key]
+        return None
+
+    def accept(self, key: str, node_id: int, server_round: int, arrays: NDArrays) -> None:
+        """The client's reply of ``server_round`` was accepted: ``arrays`` is its new state."""
+        self.arrays[key] = arrays
+        self.rounds[key] = int(server_round)
+        self.digests[key] = state_digest(arrays)
+        self.holders[key] = node_id
+        self.pending.pop(key, None)
+
+    def end_round(self) -> None:
+        """Clients sent a message without an accepted reply: their node may hold a newer
+        (or no) state, so their next message carries the copy."""
+        for key in self.pending:
+            self.holders.pop(key, None)
+        self.pending.clear()
+
+    def state_dict(self) -> dict:
+        """The copies and their rounds (arrays copied); which node holds them is not kept."""
+        return {"version": STATE_VERSION,
+                "arrays": {k: {n: np.array(v, copy=True) for n, v in a.items()}
+                           for k, a in self.arrays.items()},
+                "rounds": dict(self.rounds)}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what :meth:`state_dict` returned; every client's next message carries its
+        copy (no node is known to hold it)."""
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"client-state mirror version {state.get('version')!r} is not "
+                             f"{STATE_VERSION}")
+        self.arrays = {str(k): {n: np.array(v, copy=True) for n, v in a.items()}
+                       for k, a in state["arrays"].items()}
+        self.rounds = {str(k): int(r) for k, r in state["rounds"].items()}
+        self.digests = {k: state_digest(a) for k, a in self.arrays.items()}
+        self.holders, self.pending = {}, {}
+
+
+# ----------------------------------------------------------------- strategy glue
+def attach_states(mirror: ClientStateMirror, messages: Iterable[Message],
+                  key_of: Callable[[int], str]) -> tuple[int, int]:
+    """:meth:`ClientStateMirror.message` for each train message, attaching the copy as the
+    ArrayRecord ``client-state`` where needed. Returns (messages with a copy, their bytes)."""
+    attached, size = 0, 0
+    for msg in messages:
+        node = msg.metadata.dst_node_id
+        copy = mirror.message(key_of(node), node)
+        if copy is not None:
+            record = to_record(copy)
+            msg.content[C.CLIENT_STATE] = record
+            attached += 1
+            size += record.count_bytes()
+    return attached, size
+
+
+def state_problem(mirror: ClientStateMirror, key: str, sent_round: int,
+                  metrics: Mapping[str, object]) -> str | None:
+    """Why a reply did not start from the state the server holds, or None: its
+    ``state-round`` / ``state-digest`` are not integers in 0..2^63 - 1 (a bool or a float is
+    refused), its ``state-round`` differs from the one sent, or its ``state-digest`` from
+    the copy's (both optional in the reply; checked when present)."""
+    used = metrics.get(C.STATE_ROUND_USED, sent_round)
+    digest = metrics.get(C.STATE_DIGEST)
+    for name, value in ((C.STATE_ROUND_USED, used), (C.STATE_DIGEST, digest)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or not 0 <= value < 2**63):
+            return f"'{name}' must be an integer in 0..2^63 - 1, got {value!r}"
+    if used != sent_round:
+        return (f"the client started from its state of round {used!r}, the server's copy "
+                f"is of round {sent_round}")
+    expected = mirror.digest_of(key)
+    if sent_round > 0 and digest is not None and digest != expected:
+        return (f"the client's state of round {sent_round} differs from the server's copy "
+                f"(state-digest {digest} vs {expected}); the next message carries the copy")
+    return None

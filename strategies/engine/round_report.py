@@ -1,0 +1,234 @@
+"""What a round did, as typed records: the strategies' one output besides the model.
+
+A round's :class:`RoundReport` is a list of sections, each a frozen dataclass whose fields
+name their run-log key (:mod:`strategies.contract`, ``LOG_*``) in the field's metadata.
+The participation model writes :class:`Participation` and :class:`ClockTime`, the
+aggregation :class:`Aggregation` and :class:`Drift`, and each algorithm its own section
+(:class:`FedNovaSection`, ...). :meth:`RoundReport.log_record` is the round's record in the
+run log (``rounds.jsonl``); :meth:`RoundReport.metric_items` its numbers, for Flower's
+``MetricRecord``. No Flower types here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from .. import contract as C
+
+__all__ = ["Aggregation", "AsyncUpdate", "ClientStateSection", "ClockTime", "Drift",
+           "DynamicFLSection", "FedDynSection", "FedNovaSection", "FedVecaEstimates",
+           "FedVecaSection", "MoonSection", "OverCommitment", "Participation", "RoundReport",
+           "ScaffoldSection", "Section", "logged"]
+
+
+def logged(key: str, *, keep_none: bool = False, default: object = None):
+    """A section field logged under ``key``; a None value is left out of the record unless
+    ``keep_none`` (the key is then logged as null: "not computable this round")."""
+    return field(default=default, metadata={"key": key, "keep_none": keep_none})
+
+
+@dataclass(frozen=True)
+class Section:
+    """A part of a round's report; subclasses declare their fields with :func:`logged`."""
+
+    def log_items(self) -> dict[str, object]:
+        """{run-log key: value} of the fields, None values left out (unless ``keep_none``)."""
+        items = {}
+        for f in dataclasses.fields(self):
+            key = f.metadata.get("key")
+            value = getattr(self, f.name)
+            if key is None or (value is None and not f.metadata.get("keep_none")):
+                continue
+            items[key] = value
+        return items
+
+
+@dataclass(frozen=True)
+class Participation(Section):
+    """Who was asked to train (the participation model's plan, sent)."""
+
+    sampled: int = logged(C.LOG_CLIENTS_SAMPLED, default=0)
+    stragglers: int = logged(C.LOG_CLIENTS_STRAGGLERS, default=0)
+    dropped: int = logged(C.LOG_CLIENTS_DROPPED, default=0)
+    bytes_down: int = logged(C.LOG_BYTES_DOWN, default=0)
+    lr: float | None = logged(C.LOG_LR)
+    unavailable: int | None = logged(C.LOG_CLIENTS_UNAVAILABLE)
+
+
+@dataclass(frozen=True)
+class Aggregation(Section):
+    """What came back and went into the new global model."""
+
+    received: int = logged(C.LOG_CLIENTS_RECEIVED, default=0)
+    failed: int = logged(C.LOG_CLIENTS_FAILED, default=0)
+    bytes_up: int = logged(C.LOG_BYTES_UP, default=0)
+    local_steps: list[int] | None = logged(C.LOG_LOCAL_STEPS)
+    train_loss: float | None = logged(C.LOG_TRAIN_LOSS)
+    model_kept: bool = logged(C.LOG_MODEL_KEPT, default=False)
+
+
+@dataclass(frozen=True)
+class Drift(Section):
+    """Client drift of the accepted updates (Hsieh et al., IID->non-IID study, Fig. 13)."""
+
+    cosine: Mapping[str, float] | None = logged(C.LOG_DRIFT_COSINE)
+    cosine_mean: float | None = logged(C.LOG_DRIFT_COSINE_MEAN)
+    norm_mean: float | None = logged(C.LOG_UPDATE_NORM_MEAN)
+    norm_cv: float | None = logged(C.LOG_UPDATE_NORM_CV)
+
+
+@dataclass(frozen=True)
+class ClockTime(Section):
+    """The round on the simulated clock (:mod:`strategies.engine.clock`, eq. 1)."""
+
+    seconds: float = logged(C.LOG_SIM_SECONDS, default=0.0)
+    elapsed: float = logged(C.LOG_SIM_ELAPSED, default=0.0)
+    wait: float | None = logged(C.LOG_SIM_WAIT_SECONDS)
+
+
+@dataclass(frozen=True)
+class AsyncUpdate(Section):
+    """An asynchronous round: the server update and the client updates it applied
+    (:mod:`strategies.algorithms.staleness`)."""
+
+    staleness: list[int] = logged(C.LOG_STALENESS, default=())
+    concurrency: int = logged(C.LOG_CONCURRENCY, default=0)
+    buffer_fill: int = logged(C.LOG_BUFFER_FILL, default=0)
+    client_updates: int = logged(C.LOG_CLIENT_UPDATES, default=0)
+    model_version: int = logged(C.LOG_MODEL_VERSION, default=0)
+
+
+@dataclass(frozen=True)
+class OverCommitment(Section):
+    """A round closed at its first m replies (:mod:`strategies.engine.participation`)."""
+
+    late: int = logged(C.LOG_CLIENTS_LATE, default=0)
+
+
+@dataclass(frozen=True)
+class FedNovaSection(Section):
+    """FedNova's normalisation (Wang et al. 2020, eqs. 6-7)."""
+
+    a_norms: list[float] = logged(C.LOG_A_NORMS, default=())
+    tau_eff: float | None = logged(C.LOG_TAU_EFF)
+
+
+@dataclass(frozen=True)
+class ClientStateSection(Section):
+    """The server's copies of client state (:mod:`strategies.engine.client_states`)."""
+
+    attached: int | None = logged(C.LOG_CLIENT_STATE_ATTACHED)
+    rounds: list[int] | None = logged(C.LOG_CLIENT_STATE_ROUNDS)
+
+
+@dataclass(frozen=True)
+class ScaffoldSection(Section):
+    """||c|| after the round (Karimireddy et al. 2020, Alg. 1 line 17)."""
+
+    c_norm: float = logged(C.LOG_SCAFFOLD_C_NORM, default=0.0)
+
+
+@dataclass(frozen=True)
+class FedDynSection(Section):
+    """||h^t|| after the round (Acar et al. 2021, Alg. 1)."""
+
+    h_norm: float = logged(C.LOG_FEDDYN_H_NORM, default=0.0)
+
+
+@dataclass(frozen=True)
+class MoonSection(Section):
+    """The num-examples-weighted mean contrastive loss (Li, He and Song 2021, Eq. 3)."""
+
+    contrastive_loss: float | None = logged(C.LOG_MOON_CONTRASTIVE_LOSS)
+
+
+@dataclass(frozen=True)
+class FedVecaSection(Section):
+    """FedVeca's step sizes (Alg. 1-2, eqs. 8, 15); per-client dicts keyed by client key."""
+
+    tau_sent: Mapping[str, int] | None = logged(C.LOG_FEDVECA_TAU_SENT)
+    estimate: bool | None = logged(C.LOG_FEDVECA_ESTIMATE)
+    tau: Mapping[str, int] | None = logged(C.LOG_FEDVECA_TAU)
+    tau_k: float | None = logged(C.LOG_FEDVECA_TAU_K)
+    tau_next: Mapping[str, int] | None = logged(C.LOG_FEDVECA_TAU_NEXT)
+    tau_k_next: float | None = logged(C.LOG_FEDVECA_TAU_K_NEXT)
+    tau_table: Mapping[str, int] | None = logged(C.LOG_FEDVECA_TAU_TABLE)
+    gnorm2: float | None = logged(C.LOG_FEDVECA_GNORM2)
+    smoothness_latest: float | None = logged(C.LOG_FEDVECA_L_LATEST, keep_none=True)
+    smoothness: float | None = logged(C.LOG_FEDVECA_L, keep_none=True)
+    eta_tau_k_l: float | None = logged(C.LOG_FEDVECA_ETA_TAU_K_L, keep_none=True)
+
+
+@dataclass(frozen=True)
+class FedVecaEstimates(Section):
+    """FedVeca's per-client estimates of a round in which they were asked for (eq. 15)."""
+
+    beta: Mapping[str, float | None] = logged(C.LOG_FEDVECA_BETA, default=None)
+    delta: Mapping[str, float | None] = logged(C.LOG_FEDVECA_DELTA, default=None)
+    effect: Mapping[str, float | None] = logged(C.LOG_FEDVECA_A, default=None)
+    ratio: Mapping[str, float | None] = logged(C.LOG_FEDVECA_R, default=None)
+    sign: Mapping[str, int] = logged(C.LOG_FEDVECA_SIGN, default=None)
+    reason: Mapping[str, str] = logged(C.LOG_FEDVECA_REASON, default=None)
+    min_effect: float | None = logged(C.LOG_FEDVECA_MIN_A, keep_none=True)
+    alpha_bound: float | None = logged(C.LOG_FEDVECA_ALPHA_BOUND, keep_none=True)
+    eta_tau_k_l_upper: float | None = logged(C.LOG_FEDVECA_ETA_TAU_K_L_UPPER, keep_none=True)
+
+
+@dataclass(frozen=True)
+class DynamicFLSection(Section):
+    """DynamicFL's round (Alg. 1): the group, its cost and the sync events run."""
+
+    group_size: int = logged(C.LOG_DYNAMICFL_GROUP_SIZE, default=0)
+    kl: float | None = logged(C.LOG_DYNAMICFL_KL, keep_none=True)
+    kappa_hat: float = logged(C.LOG_KAPPA_HAT, default=0.0)
+    syncs: int = logged(C.LOG_SYNCS, default=0)
+    sync_events: int = logged(C.LOG_SYNC_EVENTS, default=0)
+    seconds_per_event: float | None = logged(C.LOG_SECONDS_PER_EVENT)
+    sim_seconds_per_event: float | None = logged(C.LOG_SIM_SECONDS_PER_EVENT)
+
+
+@dataclass
+class RoundReport:
+    """Round ``server_round``'s sections, in the order they were added."""
+
+    server_round: int
+    sections: list[Section] = field(default_factory=list)
+
+    def add(self, section: Section) -> None:
+        """Add a section; one of a type that is there already replaces it."""
+        self.sections = [s for s in self.sections if type(s) is not type(section)]
+        self.sections.append(section)
+
+    def get(self, kind: type[Section]) -> Section | None:
+        """The section of type ``kind``, or None."""
+        return next((s for s in self.sections if type(s) is kind), None)
+
+    def log_record(self) -> dict[str, object]:
+        """The round's run-log items (later sections win a shared key)."""
+        record: dict[str, object] = {}
+        for section in self.sections:
+            record.update(section.log_items())
+        return record
+
+    def metric_items(self) -> dict[str, float | int | list]:
+        """The numbers of :meth:`log_record` as Flower's MetricRecord holds them: ints, finite
+        floats and lists of them (bools as 0 / 1); dicts, strings and None left out."""
+        items: dict[str, float | int | list] = {}
+        for key, value in self.log_record().items():
+            if isinstance(value, bool):
+                items[key] = int(value)
+            elif _number(value):
+                items[key] = value
+            elif (isinstance(value, (list, tuple)) and value
+                  and all(_number(v) for v in value)
+                  and len({type(v) for v in value}) == 1):
+                items[key] = list(value)
+        return items
+
+
+def _number(value: object) -> bool:
+    return (isinstance(value, int) and not isinstance(value, bool)) or (
+        isinstance(value, float) and math.isfinite(value))

@@ -1,0 +1,331 @@
+"""FedAvg over width-heterogeneous sub-models: the server side HeteroFL, FjORD and FedRolex
+share (their own classes: :mod:`strategies.algorithms.heterofl`, :mod:`strategies.algorithms.fjord`,
+:mod:`strategies.algorithms.fedrolex`).
+
+Per round, on FedAvg's sampling, reply checks and clock:
+
+* each selected client k gets a width r_k (:class:`WidthRule`): the largest level whose
+  round time on the simulated clock, with the client's own sub-model size and compute,
+  fits the round deadline; or a fixed level per client; or a fresh draw per round;
+* it is sent the sub-model W_k of the global model W: the kept units of every hidden
+  layer (:func:`strategies.engine.submodel_math.submodel_indices`: the first ceil(r_k K) units,
+  or FedRolex's rolling window), with ``model-width`` = r_k;
+* each reply is checked against the sub-model that node was sent (keys, shapes, dtypes);
+* W_{t+1}: each entry is the (uniform or example-weighted) mean over the clients whose
+  sub-model holds it; the entries no client trained keep their value
+  (:func:`strategies.engine.submodel_math.overlap_aggregate`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from logging import INFO, WARNING
+
+import numpy as np
+from flwr.app import ConfigRecord, Message
+from flwr.common.logger import log
+
+from . import averaging as agg
+from .. import contract as C
+from . import records, submodel_math, trust_gate
+from ..algorithms.fedavg import FedAvg
+from .participation import ModelShare, check_choice
+from .round_plan import ClientTask, RoundPlan
+from .round_report import Section, logged
+
+__all__ = ["DEFAULT_LEVELS", "WIDTH_RULES", "WidthFedAvg", "WidthRule", "WidthSection",
+           "width_spec_of"]
+
+DEFAULT_LEVELS = (1.0, 0.5, 0.25, 0.125, 0.0625)  # HeteroFL's a-e (1, 1/2, ..., 1/16)
+WIDTH_RULES = ("deadline", "fixed", "dynamic")
+WIDTH_WEIGHTINGS = ("uniform", "examples")
+DYNAMIC_TAG = 0x3D7  # rng stream of the "dynamic" rule's draws
+
+
+@dataclass(frozen=True)
+class WidthSection(Section):
+    """The round's widths: how they were chosen, each client's, and how many per width."""
+
+    rule: str = logged(C.LOG_WIDTH_RULE, default="")
+    client_widths: Mapping[str, float] = logged(C.LOG_CLIENT_WIDTHS, default=None)
+    counts: Mapping[str, int] = logged(C.LOG_WIDTH_COUNTS, default=None)
+
+
+def width_spec_of(axes: Mapping[str, Sequence]) -> submodel_math.WidthSpec:
+    """A :class:`~strategies.engine.submodel_math.WidthSpec` from plain tuples: per parameter, per
+    axis, None or ``(hidden_dimension, repeat)`` (what ``task.models.width_spec`` returns)."""
+    return submodel_math.WidthSpec({
+        key: tuple(None if entry is None else submodel_math.HiddenUnits(*entry)
+                   if isinstance(entry, (tuple, list)) else entry for entry in entries)
+        for key, entries in axes.items()})
+
+
+class WidthRule:
+    """How a client's width is chosen among ``levels`` (sorted, largest first).
+
+    * ``"deadline"``: the largest level whose eq. (1) time on the simulated clock (the
+      client's own sub-model bytes and compute) fits the round deadline; the smallest if
+      none does (the participation model then cuts or drops it, as any straggler).
+    * ``"fixed"``: partition p always trains ``levels[p mod L]`` (equal shares of the
+      clients per level, as HeteroFL's fixed assignment).
+    * ``"dynamic"``: a uniform draw per round and client from
+      ``default_rng([seed, round, p, DYNAMIC_TAG])`` (HeteroFL's dynamic assignment).
+    """
+
+    def __init__(self, name: str, levels: Sequence[float], seed: int) -> None:
+        check_choice("width_rule", name, WIDTH_RULES)
+        if isinstance(levels, (str, bytes)) or not isinstance(levels, Sequence) or not levels:
+            raise ValueError(f"levels={levels!r} must be a non-empty list of widths in (0, 1], "
+                             f"e.g. {list(DEFAULT_LEVELS)}")
+        widths = sorted({submodel_math._check_ratio(level, "levels entry") for level in levels},
+                        reverse=True)
+        self.name, self.levels, self.seed = name, tuple(widths), int(seed)
+
+    def fixed(self, partition_id: int) -> float:
+        """``"fixed"``: the level of partition ``partition_id``."""
+        return self.levels[int(partition_id) % len(self.levels)]
+
+    def dynamic(self, server_round: int, partition_id: int) -> float:
+        """``"dynamic"``: this round's draw for partition ``partition_id``."""
+        rng = np.random.default_rng([self.seed, int(server_round), int(partition_id),
+                                     DYNAMIC_TAG])
+        return self.levels[int(rng.integers(len(self.levels)))]
+
+
+class WidthFedAvg(FedAvg):
+    """FedAvg over sub-models of per-client widths (module docstring); subclassed by the
+    papers' classes, which fix ``SCHEME`` and the client's contract.
+
+    Parameters
+    ----------
+    width_spec : WidthSpec or mapping, optional
+        Which axes of which parameters hold which hidden units
+        (:class:`strategies.engine.submodel_math.WidthSpec`, or ``task.models.width_spec``'s plain
+        tuples). fedhetero's ServerApp gives it from the model (:meth:`use_model`);
+        a library user passes it here.
+    levels : sequence of float
+        The widths a client can get (default 1, 1/2, 1/4, 1/8, 1/16: HeteroFL's levels).
+    width_rule : str, optional
+        ``"deadline"``, ``"fixed"`` or ``"dynamic"`` (:class:`WidthRule`); default
+        ``"deadline"`` with a ``round_deadline``, else ``"fixed"``.
+    level_compute : mapping, optional
+        Per level, the sub-model's training FLOPs per example over the full model's (the
+        clock's compute share); default: its parameter count over the full model's
+        (fedhetero's ServerApp counts the FLOPs of the model built at each width).
+    scaler : bool
+        Ask the clients for HeteroFL's Scaler (``width-scaler``).
+    weighting : str
+        ``"uniform"`` (each client holding an entry counts once) or ``"examples"`` (n_k).
+    **kwargs
+        As :class:`FedAvg` (``fraction_train``, ``seed``, ``clock``, ``round_deadline``, ...).
+    """
+
+    SCHEME = "static"  # submodel_math.SCHEMES: "static" (HeteroFL, FjORD) or "rolling"
+
+    def __init__(self, *flower_args, width_spec=None, levels: Sequence[float] = DEFAULT_LEVELS,
+                 width_rule: str | None = None,
+                 level_compute: Mapping[float, float] | None = None, scaler: bool = False,
+                 weighting: str = "uniform", **kwargs) -> None:
+        check_choice("weighting", weighting, WIDTH_WEIGHTINGS)
+        if kwargs.get("drift_diagnostics"):
+            raise ValueError(f"{type(self).__name__}: drift_diagnostics compares whole-model "
+                             f"updates; the clients here send sub-models of different shapes. "
+                             f"Use drift_diagnostics=False")
+        super().__init__(*flower_args, weighting=weighting, **kwargs)
+        timer = self.participation.timer
+        if width_rule is None:
+            width_rule = "deadline" if timer is not None and timer.deadline is not None \
+                else "fixed"
+        if width_rule == "deadline" and (timer is None or timer.deadline is None):
+            raise ValueError(f"{type(self).__name__}: width_rule='deadline' picks the largest "
+                             f"width that fits the round deadline on the simulated clock: pass "
+                             f"clock=SimClock(...) and round_deadline=D, or width_rule='fixed'")
+        if not isinstance(scaler, bool):
+            raise ValueError(f"scaler={scaler!r} must be True or False")
+        self.rule = WidthRule(width_rule, levels, self.participation.seed)
+        self.scaler = scaler
+        self.spec = None
+        self.level_compute = None
+        self.use_model(width_spec, level_compute)
+        self.level_bytes: dict[float, int] = {}
+        self.level_params: dict[float, int] = {}
+        self.widths: dict[int, float] = {}  # this round's width per node
+        self.widths_round = 0
+        self.sent: dict[int, tuple[submodel_math.Indices, dict[str, np.ndarray]]] = {}
+
+    def use_model(self, width_spec=None, level_compute: Mapping[float, float] | None = None
+                  ) -> None:
+        """Give the model's :class:`~strategies.engine.submodel_math.WidthSpec` (or plain tuples)
+        and, optionally, each level's compute share (the ServerApp calls this once it knows
+        the model)."""
+        if width_spec is not None:
+            self.spec = (width_spec if isinstance(width_spec, submodel_math.WidthSpec)
+                         else width_spec_of(width_spec))
+        if level_compute is not None:
+            shares = {float(k): float(v) for k, v in level_compute.items()}
+            missing = [r for r in self.rule.levels if r not in shares]
+            bad = {r: v for r, v in shares.items() if not (math.isfinite(v) and v > 0)}
+            if missing or bad:
+                raise ValueError(f"level_compute needs a finite share > 0 for every level "
+                                 f"{list(self.rule.levels)}: missing {missing}, bad {bad}")
+            self.level_compute = shares
+
+    def summary(self) -> None:
+        """Log the widths' configuration."""
+        log(INFO, "\t├──> Widths %s, rule '%s', sub-models '%s', weighting %s%s",
+            ", ".join(f"{r:g}" for r in self.rule.levels), self.rule.name, self.SCHEME,
+            self.weighting, ", Scaler" if self.scaler else "")
+        super().summary()
+
+    # ------------------------------------------------------------------ widths
+    def width_of(self, node_id: int, config: ConfigRecord) -> float:
+        """r_k of node ``node_id`` this round (:class:`WidthRule`); chosen once per round."""
+        server_round = int(config.get(C.SERVER_ROUND, 0))
+        if server_round != self.widths_round:
+            self.widths, self.widths_round = {}, server_round
+        if node_id not in self.widths:
+            self.widths[node_id] = self.choose_width(server_round, node_id, config)
+        return self.widths[node_id]
+
+    def choose_width(self, server_round: int, node_id: int, config: ConfigRecord) -> float:
+        """The rule's width for one node (partition id from the client-info query; a node
+        without one gets the largest level under "fixed" / "dynamic")."""
+        rule, participation = self.rule, self.participation
+        if rule.name != "deadline":
+            pid = participation.info(node_id).partition_id
+            if pid is None:
+                return rule.levels[0]
+            return rule.fixed(pid) if rule.name == "fixed" else rule.dynamic(server_round, pid)
+        timer, pid = participation.timer, participation.partition_of(node_id)
+        steps = self.full_local_steps(node_id, config)
+        per_step = self.examples_per_step(node_id, config)
+        for level in rule.levels:
+            size = self.level_bytes[level]
+            seconds = timer.client_seconds(pid, steps, per_step, size, size,
+                                           self.extra_examples(node_id, config),
+                                           self.compute_share(level))
+            if seconds <= timer.deadline * (1 + 1e-9):
+                return level
+        return rule.levels[-1]
+
+    def compute_share(self, level: float) -> float:
+        """A width's training cost per example over the full model's (``level_compute``,
+        else the parameter-count ratio)."""
+        if self.level_compute is not None:
+            return self.level_compute[level]
+        return self.level_params[level] / self.level_params[1.0]
+
+    def model_share(self, node_id: int, config: ConfigRecord, down: int, up: int
+                    ) -> ModelShare:
+        """The clock's view of a client: its sub-model's compute share and bytes."""
+        level = self.width_of(node_id, config)
+        size = self.level_bytes[level]
+        return ModelShare(self.compute_share(level), size, size)
+
+    def describe_levels(self, arrays: Mapping[str, np.ndarray]) -> None:
+        """Each level's sub-model bytes and parameter count (the shapes do not change)."""
+        if self.spec is None:
+            raise ValueError(f"{type(self).__name__} needs the model's width spec: pass "
+                             f"width_spec=... (task.models.width_spec(name, input_shape, "
+                             f"num_classes) for fedhetero's models) or call use_model(spec)")
+        shapes = {k: tuple(v.shape) for k, v in arrays.items()}
+        self.level_bytes, self.level_params = {}, {}
+        for level in (*self.rule.levels, 1.0):
+            indices = submodel_math.submodel_indices(self.spec, shapes, "static", level)
+            sizes = {k: math.prod(shapes[k][a] if isinstance(ix, slice) else len(ix)
+                                  for a, ix in enumerate(index))
+                     for k, index in indices.items()}
+            self.level_bytes[level] = sum(sizes[k] * arrays[k].itemsize for k in sizes)
+            self.level_params[level] = sum(sizes[k] for k in sizes
+                                           if np.issubdtype(arrays[k].dtype, np.floating))
+
+    # ------------------------------------------------------------------ configure
+    def configure_train(self, server_round, arrays, config, grid):
+        """FedAvg's round with each client's sub-model (module docstring)."""
+        if not self.level_bytes:
+            self.describe_levels(records.to_numpy(arrays))
+        self.sent = {}
+        return super().configure_train(server_round, arrays, config, grid)
+
+    def task_config(self, plan: RoundPlan, task: ClientTask) -> ConfigRecord:
+        """The plan's config with ``model-width`` (and ``width-scaler`` when on)."""
+        own = ConfigRecord(dict(task.config))
+        own[C.MODEL_WIDTH] = self.width_of(task.node_id, task.config)
+        if self.scaler:
+            own[C.WIDTH_SCALER] = True
+        return own
+
+    def prepared_messages(self, plan: RoundPlan, messages: list[Message]) -> list[Message]:
+        """Each message carries its client's sub-model W_k instead of W (one extraction per
+        width); the round's widths go to the run log."""
+        global_arrays = records.to_numpy(plan.arrays)
+        shapes = {k: tuple(v.shape) for k, v in global_arrays.items()}
+        by_level: dict[float, tuple] = {}
+        widths: dict[str, float] = {}
+        for msg in messages:
+            node = msg.metadata.dst_node_id
+            level = float(msg.content[C.CONFIG][C.MODEL_WIDTH])
+            if level not in by_level:
+                indices = submodel_math.submodel_indices(
+                    self.spec, shapes, self.SCHEME, level, plan.server_round - 1)
+                sub = submodel_math.extract(global_arrays, indices)
+                by_level[level] = (indices, sub, records.to_record(sub))
+            indices, sub, record = by_level[level]
+            msg.content[C.ARRAYS] = record
+            self.sent[node] = (indices, sub)
+            widths[self.participation.client_key(node)] = level
+        counts = {f"{r:g}": sum(1 for w in widths.values() if w == r) for r in self.rule.levels}
+        plan.report.add(WidthSection(self.rule.name, widths, counts))
+        return super().prepared_messages(plan, messages)
+
+    # ------------------------------------------------------------------ replies
+    def contract_gap(self, reply: Message) -> str | None:
+        """A reply whose arrays do not have the shapes of the sub-model sent: the ClientApp
+        did not build its model at ``model-width``."""
+        sent = self.sent.get(reply.metadata.src_node_id)
+        arrays = reply.content.get(C.ARRAYS)
+        if sent is None or not hasattr(arrays, "items"):
+            return None
+        for key, array in arrays.items():
+            if key in sent[1] and tuple(array.shape) != sent[1][key].shape:
+                return (f"'{C.ARRAYS}' with the shapes of the sub-model it was sent ('{key}' "
+                        f"came back {tuple(array.shape)}, sent {sent[1][key].shape}: build the "
+                        f"model at the config's '{C.MODEL_WIDTH}')")
+        return None
+
+    def reply_problem(self, plan: RoundPlan, reply: Message) -> str | None:
+        """The trust gate against the sub-model this node was sent (its keys, shapes and
+        dtypes), not the global model."""
+        node = reply.metadata.src_node_id
+        if node not in self.sent:
+            return "no sub-model was sent to this node this round"
+        return trust_gate.train_reply_problem(
+            reply, self.sent[node][1], sent=plan.sent(node),
+            reported_size=self.participation.info(node).num_examples)
+
+    def update_model(self, plan: RoundPlan, global_arrays: agg.NDArrays,
+                     replies: list[Message], models: list[tuple[int, agg.NDArrays]]
+                     ) -> tuple[agg.NDArrays | None, list[int]]:
+        """W_{t+1} by :func:`strategies.engine.submodel_math.overlap_aggregate` over the replies
+        whose arrays are finite (one log line per other), then w + eta_g (W_{t+1} - w)."""
+        updates, used = [], []
+        for k, model in models:
+            node = replies[k].metadata.src_node_id
+            bad = trust_gate.non_finite_key(model)
+            if bad is not None:
+                log(WARNING, "Reply from node %d rejected: array '%s' has NaN or Inf", node, bad)
+                continue
+            weight = (float(replies[k].content[C.METRICS][C.NUM_EXAMPLES])
+                      if self.weighting == "examples" else None)
+            updates.append((self.sent[node][0], model, weight))
+            used.append(k)
+        if not updates:
+            return None, []
+        new = submodel_math.overlap_aggregate(global_arrays, updates)
+        if self.server_lr != 1.0:
+            new = {k: (w + self.server_lr * (new[k].astype(np.float64) - w)).astype(w.dtype)
+                   if np.issubdtype(w.dtype, np.floating) else new[k]
+                   for k, w in global_arrays.items()}
+        return new, used

@@ -1,0 +1,1 @@
+"""Client selection policies: random, Oort, Power-of-Choice, TiFL."""
