@@ -11,6 +11,8 @@ by tests/test_config_keys.py. Later strategies plug in by adding an entry to
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from contextvars import ContextVar
+from dataclasses import dataclass
 from logging import WARNING
 
 from flwr.common.logger import FLOWER_LOGGER, log
@@ -30,6 +32,20 @@ from .config import ConfigError, RunConfig, default, flwr_run_fix
 from .config_keys import FLOWER, width_levels
 
 Builder = Callable[[RunConfig], tuple[Strategy, dict]]
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the ServerApp measured of the model before building the strategy: the simulated
+    clock's training seconds per example, and for width strategies the model's width spec
+    and each level's training-FLOPs share (the evaluation process counts them)."""
+
+    seconds_per_example: float | None = None
+    width_spec: Mapping | None = None
+    width_compute: Mapping[float, float] | None = None
+
+
+MODEL: ContextVar[ModelFacts] = ContextVar("fedhetero_model_facts", default=ModelFacts())
 
 
 def train_config(cfg: RunConfig) -> dict[str, int | float | bool | str]:
@@ -54,10 +70,11 @@ def lr_schedule(cfg: RunConfig) -> LRSchedule:
 
 
 def device_clock(cfg: RunConfig) -> SimClock | None:
-    """The simulated clock of ``device-profiles`` (None for ``none``), not yet calibrated
-    (the ServerApp gives it the model's cost). A trace that does not load is a ConfigError
-    naming ``device-profiles``."""
+    """The simulated clock of ``device-profiles`` (None for ``none``), calibrated with the
+    model's cost when the ServerApp measured it (:class:`ModelFacts`). A trace that does not
+    load is a ConfigError naming ``device-profiles``."""
     kind = cfg.device_profiles
+    cost = MODEL.get().seconds_per_example
     if kind == "none":
         return None
     if kind in FLEETS:
@@ -65,9 +82,9 @@ def device_clock(cfg: RunConfig) -> SimClock | None:
             kind, seed=cfg.seed, downlink_mbps=cfg.device_downlink_mbps,
             uplink_mbps=cfg.device_uplink_mbps, sigma=cfg.device_sigma,
             rich_fraction=cfg.device_rich_fraction, poor_factor=cfg.device_poor_factor,
-            availability=cfg.device_availability, tiers=cfg.device_tiers))
+            availability=cfg.device_availability, tiers=cfg.device_tiers), cost)
     try:
-        return SimClock(load_trace(kind))
+        return SimClock(load_trace(kind), cost)
     except (OSError, ValueError) as exc:
         raise ConfigError(f"run config: device-profiles={kind!r}: the device trace does not "
                           f"load ({exc}). Set it with: "
@@ -198,7 +215,9 @@ def _width(cls, cfg: RunConfig) -> tuple[Strategy, dict]:
     """HeteroFL / FjORD / FedRolex: ``width-levels``, ``width-rule`` (``auto``: the class's
     choice), ``width-scaler`` (``auto``: the class's default). The model's width spec and
     each level's FLOPs come from the ServerApp (``use_model``) once it knows the model."""
-    kwargs = {**_common(cfg, drift=False), "levels": width_levels(cfg.width_levels)}
+    facts = MODEL.get()
+    kwargs = {**_common(cfg, drift=False), "levels": width_levels(cfg.width_levels),
+              "width_spec": facts.width_spec, "level_compute": facts.width_compute}
     if cfg.width_rule != "auto":
         kwargs["width_rule"] = cfg.width_rule
     scaler = cfg.width_scaler
@@ -294,8 +313,9 @@ STRATEGIES: dict[str, Builder] = {
 FLOWER_STRATEGIES = FLOWER
 
 
-def build_strategy(cfg: RunConfig) -> tuple[Strategy, dict]:
-    """The strategy named by ``cfg.strategy`` and its train ConfigRecord contents.
+def build_strategy(cfg: RunConfig, model: ModelFacts | None = None) -> tuple[Strategy, dict]:
+    """The strategy named by ``cfg.strategy`` and its train ConfigRecord contents; with
+    ``model``, the facts the ServerApp measured (a calibrated clock, the width spec).
 
     ``cfg`` has passed the table's checks (:meth:`RunConfig.validate`), so the constructor
     sees values it accepts (tests/test_config_keys.py keeps the two in agreement).
@@ -311,6 +331,7 @@ def build_strategy(cfg: RunConfig) -> tuple[Strategy, dict]:
             f"run config: strategy={cfg.strategy!r} is not allowed; it must be one of "
             f"{', '.join(STRATEGIES)}. Set it with: {flwr_run_fix({'strategy': 'fedavg'})}"
         )
+    token = MODEL.set(model or ModelFacts())
     try:
         return STRATEGIES[cfg.strategy](cfg)
     except ConfigError:
@@ -320,6 +341,8 @@ def build_strategy(cfg: RunConfig) -> tuple[Strategy, dict]:
         raise ConfigError(f"run config: strategy={cfg.strategy!r} cannot be built from this "
                           f"run config: {said}. Change the key it names (docs/config.md \"Run-config "
                           f"keys\") with: flwr run . --run-config \"<key>=<value>\"") from exc
+    finally:
+        MODEL.reset(token)
 
 
 def check_run_config(user_config: Mapping[str, object]) -> RunConfig:

@@ -19,10 +19,9 @@ from flwr.serverapp import Grid, ServerApp
 from fedapp.flower_patches import shorten_object_pulls
 from strategies import contract as C
 from strategies.engine.devices import write_trace
-from strategies.engine.packing import PackedGrid, width_task_cost
+from strategies.engine.packing import PackedGrid
 from strategies.engine.participation import participation_of
 from strategies.engine.rounds import round_log
-from strategies.engine.submodels import WidthFedAvg
 from task.data import DataNotFoundError
 from task.heap import unmap_large_blocks
 from task.device_plot import plot_device_profiles
@@ -36,7 +35,7 @@ from .evaluation_process import (EvaluationProcess, EvaluationResult, Evaluation
                                  evaluation_process, peak_rss_mb)
 from .grid import ServerAppGrid
 from .partition_map import bind_partition_map
-from .registry import build_strategy
+from .registry import ModelFacts, build_strategy
 from .run_log import RunLog, format_table, model_sha256, table_header, table_row
 from .run_outputs import write_run_outputs
 from .tracking import check_installed
@@ -228,32 +227,38 @@ class ServerEvaluator:
         log(INFO, "Label distribution of the partitions: %s", path)
 
 
-def calibrate_clock(strategy, cost: float | None, reference_gflops: float) -> dict | None:
-    """Give the strategy's simulated clock the model's training seconds per example (once per
-    model, from its FLOPs: task.devices, counted by the evaluation process); what it used,
-    for config.json."""
+def clock_facts(strategy, cost: float | None, reference_gflops: float) -> dict | None:
+    """What the strategy's simulated clock was calibrated with (the model's training seconds
+    per example, from its FLOPs: task.devices, counted by the evaluation process), for
+    config.json; None without a clock."""
     participation = participation_of(strategy)
     timer = participation.timer if participation is not None else None
     if timer is None:
         return None
-    timer.calibrate(cost)
     log(INFO, "Simulated clock: %.4g s per training example on the reference device "
         "(%g GFLOP/s)", cost, reference_gflops)
     return {"seconds-per-example": cost, "reference-gflops": reference_gflops,
             "deadline": timer.deadline}
 
 
+def model_facts(info: dict) -> ModelFacts:
+    """What the evaluation process measured of the model, as the registry takes it."""
+    return ModelFacts(info.get("seconds-per-example"), info.get("width-spec"),
+                      info.get("width-compute"))
+
+
 def evaluation_spec(cfg: RunConfig, strategy) -> EvaluationSpec:
     """What the evaluation process needs from the run config."""
     participation = participation_of(strategy)
     clocked = participation is not None and participation.timer is not None
+    submodels = getattr(strategy, "submodels", None)
     return EvaluationSpec(
         dataset=cfg.dataset, data_dir=cfg.data_dir, allow_download=cfg.allow_download,
         synthetic_alpha=cfg.synthetic_alpha, synthetic_beta=cfg.synthetic_beta,
         normalize=cfg.normalize, model=cfg.model, seed=cfg.seed, device=cfg.device,
         batch_size=cfg.eval_batch_size,
         reference_gflops=cfg.device_reference_gflops if clocked else None,
-        width_levels=tuple(strategy.rule.levels) if isinstance(strategy, WidthFedAvg) else (),
+        width_levels=tuple(submodels.rule.levels) if submodels is not None else (),
         model_width=cfg.model_width)
 
 
@@ -272,18 +277,24 @@ def main(grid: Grid, context: Context) -> None:
     try:
         cfg = RunConfig.from_user_config(context.run_config)
         check_installed(cfg.tracking)  # tensorboard / mlflow, before any training
-        strategy, train_config = build_strategy(cfg)
-        bind_partition_map(strategy, cfg.partition_map)  # node identity (partition-map)
+        strategy, _ = build_strategy(cfg)  # every rule, before the model is measured
         checkpoint = load_checkpoint(cfg.resume_from) if cfg.resume_from else None  # resume-from
         if checkpoint is not None:
             check_compatible(checkpoint, cfg.to_dict())
-            restore_strategy(strategy, checkpoint)
     except (ConfigError, ValueError) as exc:
         raise stopped_before_training(exc) from None
     random.seed(cfg.seed)  # Flower's own strategies sample with Python's random (fedavgm, ...)
     try:  # the test split, the seeded initial model (and its FLOPs): in a process of its own
         process = evaluation_process(evaluation_spec(cfg, strategy))
     except (DataNotFoundError, ValueError) as exc:
+        raise stopped_before_training(exc) from None
+    try:  # the strategy for the measured model: the calibrated clock, the width spec
+        strategy, train_config = build_strategy(cfg, model_facts(process.info))
+        bind_partition_map(strategy, cfg.partition_map)  # node identity (partition-map)
+        if checkpoint is not None:
+            restore_strategy(strategy, checkpoint)
+    except (ConfigError, ValueError) as exc:
+        process.close()
         raise stopped_before_training(exc) from None
     run(cfg, grid, context, strategy, train_config, checkpoint, process)
 
@@ -296,18 +307,14 @@ def packed(grid: Grid, cfg: RunConfig, strategy=None) -> Grid:
         return grid
     log(INFO, "Packed simulation: %d virtual clients (partitions 0 .. %d) on the SuperNodes",
         cfg.virtual_clients, cfg.virtual_clients - 1)
-    if isinstance(strategy, WidthFedAvg):
-        return PackedGrid(grid, cfg.virtual_clients, width_task_cost(strategy.compute_share))
-    return PackedGrid(grid, cfg.virtual_clients)
+    return PackedGrid(grid, cfg.virtual_clients, getattr(strategy, "packing_cost", None))
 
 
 def run(cfg: RunConfig, grid: Grid, context: Context, strategy, train_config: dict, checkpoint: dict | None,
         process: EvaluationProcess) -> None:
     """The rounds, with the run log, the evaluations and the final model."""
     info = process.info
-    clock = calibrate_clock(strategy, info["seconds-per-example"], cfg.device_reference_gflops)
-    if isinstance(strategy, WidthFedAvg):  # the model's width spec, each width's FLOPs share
-        strategy.use_model(info["width-spec"], info["width-compute"])
+    clock = clock_facts(strategy, info["seconds-per-example"], cfg.device_reference_gflops)
     config_dump = {
         "run-config": cfg.to_dict(),
         "run-id": context.run_id,

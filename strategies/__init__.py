@@ -16,7 +16,9 @@ policies for any strategy's participation model: :class:`RandomSelection` (defau
 
 from .algorithms.dynamicfl import DynamicFL
 from .algorithms.fedasync import FedAsync
-from .algorithms.fedavg import STRAGGLER_POLICIES, STRAGGLER_UNITS, WEIGHTINGS, FedAvg
+from .algorithms.fedavg import FedAvg
+from .engine.participation import STRAGGLER_POLICIES, STRAGGLER_UNITS
+from .engine.round_engine import WEIGHTINGS
 from .algorithms.fedbuff import FedBuff
 from .algorithms.feddyn import FedDyn
 from .algorithms.fednova import FedNova

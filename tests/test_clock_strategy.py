@@ -196,10 +196,10 @@ def test_without_a_clock_nothing_is_logged():
 def test_fedveca_plans_the_gradient_upload_and_needs_two_steps():
     rec = record({"w": np.zeros(125), "count": np.zeros(3, dtype=np.int64)})
     w_only = record({"w": np.zeros(125)}).count_bytes()
-    assert FedVeca(query_client_info=True).expected_bytes(rec) == (rec.count_bytes(),
+    assert FedVeca(query_client_info=True).work.expected_bytes(rec) == (rec.count_bytes(),
                                                                    rec.count_bytes() + w_only)
-    assert FedAvg().expected_bytes(rec) == (rec.count_bytes(), rec.count_bytes())
-    assert FedVeca.min_partial_steps == 2 and FedAvg.min_partial_steps == 1
+    assert FedAvg().work.expected_bytes(rec) == (rec.count_bytes(), rec.count_bytes())
+    assert FedVeca().work.min_partial_steps == 2 and FedAvg().work.min_partial_steps == 1
 
 
 def test_fedveca_counts_its_gradient_pass_and_same_batch_estimate():
@@ -208,16 +208,16 @@ def test_fedveca_counts_its_gradient_pass_and_same_batch_estimate():
     veca = FedVeca(query_client_info=True, clock=clock())
     veca.participation.clients = {7: ClientInfo(partition_id=0, num_examples=100)}
     common = ConfigRecord({C.BATCH_SIZE: B})
-    assert veca.extra_examples(7, common) == 100  # grad F_i(w_k) over all 100 examples
-    assert veca.examples_per_step(7, common) == B  # round 1: no estimate yet
-    veca.gnorm2_prev = 1.0  # from now on beta and delta are estimated
-    assert veca.examples_per_step(7, common) == 2 * B  # same-batch: a second gradient per step
+    assert veca.work.extra_examples(7, common) == 100  # grad F_i(w_k) over all 100 examples
+    assert veca.work.examples_per_step(7, common) == B  # round 1: no estimate yet
+    veca.algorithm.gnorm2_prev = 1.0  # from now on beta and delta are estimated
+    assert veca.work.examples_per_step(7, common) == 2 * B  # same-batch: a second gradient per step
     literal = ConfigRecord({C.BATCH_SIZE: B, C.FEDVECA_ESTIMATE: True, C.BETA_MODE: "literal"})
-    assert veca.examples_per_step(7, literal) == B
+    assert veca.work.examples_per_step(7, literal) == B
     sub = FedVeca(query_client_info=True, clock=clock(), grad_subsample=30)
     sub.participation.clients = veca.participation.clients
-    assert sub.extra_examples(7, common) == 30
-    assert FedAvg(query_client_info=True).extra_examples(7, common) == 0
+    assert sub.work.extra_examples(7, common) == 30
+    assert FedAvg(query_client_info=True).work.extra_examples(7, common) == 0
 
 
 # ---------------------------------------------------------------- DynamicFL per sync event
@@ -292,5 +292,5 @@ def test_scaffold_plans_the_control_variates_in_its_transfers():
     arrays = to_record({"w": np.ones((3, 4), np.float32), "n": np.zeros(1, np.int64)})
     model_bytes = arrays.count_bytes()
     floats = to_record({"w": np.zeros((3, 4), np.float32)}).count_bytes()
-    down, up = Scaffold().expected_bytes(arrays)
+    down, up = Scaffold().work.expected_bytes(arrays)
     assert (down, up) == (model_bytes + floats, model_bytes + floats)

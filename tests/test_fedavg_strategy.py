@@ -395,7 +395,7 @@ def test_scheme_i_draws_sum_to_m():
     for r in range(1, 6):
         messages = list(strategy.configure_train(r, record({"w": np.zeros(1)}), ConfigRecord(),
                                                  grid))
-        tasks = strategy.plan_of(r).tasks
+        tasks = strategy.plans[r].tasks
         assert sum(t.draws for t in tasks.values()) == 5
         assert sorted(m.metadata.dst_node_id for m in messages) == sorted(tasks)
 
@@ -534,10 +534,10 @@ def test_with_a_clock_a_node_the_query_did_not_reach_sits_the_round_out():
     clock = SimClock(GeneratedFleet("homogeneous", seed=0), seconds_per_example=0.01)
     strategy = FedAvg(query_client_info=True, fraction_train=1.0, clock=clock)
     list(strategy.configure_train(1, record({"w": np.zeros(1)}), ConfigRecord(), grid))
-    assert sorted(strategy.plan_of(1).tasks) == [10, 20]  # partition 0's node sits out
+    assert sorted(strategy.plans[1].tasks) == [10, 20]  # partition 0's node sits out
     reach["node 0"] = True
     list(strategy.configure_train(2, record({"w": np.zeros(1)}), ConfigRecord(), grid))
-    assert sorted(strategy.plan_of(2).tasks) == [10, 20, 30]
+    assert sorted(strategy.plans[2].tasks) == [10, 20, 30]
 
 
 def test_with_a_clock_a_node_whose_query_failed_sits_out_with_a_warning(caplog):
@@ -560,6 +560,6 @@ def test_with_a_clock_a_node_whose_query_failed_sits_out_with_a_warning(caplog):
     with caplog.at_level(logging.WARNING, logger="flwr"):
         for r in (1, 2):
             list(strategy.configure_train(r, record({"w": np.zeros(1)}), ConfigRecord(), grid))
-    assert sorted(strategy.plan_of(2).tasks) == [10, 30]
+    assert sorted(strategy.plans[2].tasks) == [10, 30]
     said = [m for m in caplog.messages if "cannot time them, so they sit out: 20" in m]
     assert len(said) == 1

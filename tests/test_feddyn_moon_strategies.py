@@ -88,11 +88,11 @@ def test_feddyn_one_round_by_hand():
     _, result = start(strategy, hand_app("feddyn"))
     np.testing.assert_allclose(numpy_of(result.arrays)["w"], [4.0, 4.0])
     assert numpy_of(result.arrays)["step"] == 2  # integer buffer: the plain average
-    np.testing.assert_allclose(strategy.h["w"], [-1.0, -1.0])
-    assert set(strategy.h) == {"w"}
+    np.testing.assert_allclose(strategy.algorithm.h["w"], [-1.0, -1.0])
+    assert set(strategy.algorithm.h) == {"w"}
     for pid in range(3):
-        np.testing.assert_allclose(strategy.mirror.state_of(str(pid))["w"], [-0.5 * (pid + 1)] * 2)
-        assert strategy.mirror.state_round(str(pid)) == 1
+        np.testing.assert_allclose(strategy.client_states.mirror.state_of(str(pid))["w"], [-0.5 * (pid + 1)] * 2)
+        assert strategy.client_states.mirror.state_round(str(pid)) == 1
     diag = strategy.round_log(1)
     assert diag[C.LOG_CLIENT_STATE_ROUNDS] == [0, 0, 0] and diag[C.LOG_CLIENT_STATE_ATTACHED] == 0
     assert diag[C.LOG_FEDDYN_H_NORM] == pytest.approx(np.sqrt(2.0))
@@ -104,12 +104,12 @@ def test_feddyn_examples_weighting_and_partial_participation_by_hand():
     strategy = FedDyn(alpha=0.5, weighting="examples", query_client_info=True)
     _, result = start(strategy, hand_app("feddyn", fail={(1, 2)}))
     np.testing.assert_allclose(numpy_of(result.arrays)["w"], [2.75, 2.75])
-    np.testing.assert_allclose(strategy.h["w"], [-0.5, -0.5])
-    assert strategy.mirror.state_round("2") == 0
+    np.testing.assert_allclose(strategy.algorithm.h["w"], [-0.5, -0.5])
+    assert strategy.client_states.mirror.state_round("2") == 0
     # h stays the mean over all m clients of the linear terms (partition 2's is still 0)
-    copies = [strategy.mirror.state_of(str(p)) for p in range(3)]
+    copies = [strategy.client_states.mirror.state_of(str(p)) for p in range(3)]
     mean = np.mean([c["w"] if c else np.zeros(2) for c in copies], axis=0)
-    np.testing.assert_allclose(mean, strategy.h["w"])
+    np.testing.assert_allclose(mean, strategy.algorithm.h["w"])
 
 
 def test_feddyn_sends_alpha_and_resends_the_copy_after_a_failed_reply():
@@ -130,13 +130,13 @@ def test_feddyn_state_dict_round_trip():
     state = strategy.state_dict()
     fresh = FedDyn(query_client_info=True)
     fresh.load_state_dict(state)
-    np.testing.assert_array_equal(fresh.h["w"], strategy.h["w"])
-    assert fresh.mirror.state_round("1") == 2
-    assert fresh.mirror.digest_of("1") == strategy.mirror.digest_of("1")
-    state["h"]["w"][0] = 99.0  # copies, not views
-    assert strategy.h["w"][0] != 99.0
-    with pytest.raises(ValueError, match="FedDyn state version"):
-        fresh.load_state_dict({**state, "feddyn-version": 0})
+    np.testing.assert_array_equal(fresh.algorithm.h["w"], strategy.algorithm.h["w"])
+    assert fresh.client_states.mirror.state_round("1") == 2
+    assert fresh.client_states.mirror.digest_of("1") == strategy.client_states.mirror.digest_of("1")
+    state["algorithm"]["h"]["w"][0] = 99.0  # copies, not views
+    assert strategy.algorithm.h["w"][0] != 99.0
+    with pytest.raises(ValueError, match="state of 'Moon'"):
+        fresh.load_state_dict({**state, "class": "Moon"})
 
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -157,7 +157,7 @@ def test_moon_one_round_by_hand():
     _, result = start(strategy, hand_app("moon", seen=seen))
     np.testing.assert_allclose(numpy_of(result.arrays)["w"], [2.5, 2.5])
     for pid in range(3):
-        copy = strategy.mirror.state_of(str(pid))
+        copy = strategy.client_states.mirror.state_of(str(pid))
         np.testing.assert_array_equal(copy["w"], [pid + 1] * 2)
         assert copy["step"] == pid + 1
     assert strategy.round_log(1)[C.LOG_MOON_CONTRASTIVE_LOSS] == pytest.approx(1.5)
@@ -183,10 +183,11 @@ def test_moon_state_dict_round_trip():
     start(strategy, hand_app("moon"), rounds=2)
     fresh = Moon(query_client_info=True)
     fresh.load_state_dict(strategy.state_dict())
-    assert fresh.mirror.state_round("2") == 2
-    assert fresh.mirror.digest_of("2") == strategy.mirror.digest_of("2")
-    with pytest.raises(ValueError, match="client-state version"):
-        fresh.load_state_dict({**strategy.state_dict(), "client-state-version": 0})
+    assert fresh.client_states.mirror.state_round("2") == 2
+    assert fresh.client_states.mirror.digest_of("2") == strategy.client_states.mirror.digest_of("2")
+    state = strategy.state_dict()
+    with pytest.raises(ValueError, match="client-state mirror version"):
+        fresh.load_state_dict({**state, "client-states": {**state["client-states"], "version": 0}})
 
 
 @pytest.mark.parametrize("kwargs, match", [({"mu": -0.1}, "mu must be >= 0"),

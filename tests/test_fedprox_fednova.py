@@ -410,7 +410,7 @@ def test_drop_policy_sends_nothing_to_stragglers(fraction_train, sampled, stragg
         messages = configure(s, grid, rnd)
         sent = {m.metadata.dst_node_id for m in messages}
         assert len(messages) == sampled - stragglers
-        plan = s.plan_of(rnd)
+        plan = s.plans[rnd]
         assert len(plan.straggler_work) == stragglers
         assert sent.isdisjoint(plan.straggler_work)
         assert sent == set(plan.tasks)
@@ -438,7 +438,7 @@ def straggler_partitions(node_ids, seed, policy="drop", rounds=5, fraction_train
     out = []
     for rnd in range(1, rounds + 1):
         configure(s, grid, rnd, ConfigRecord({C.LOCAL_STEPS: 50}))
-        out.append(tuple(sorted((node_partition(grid, n), w) for n, w in s.plan_of(rnd).straggler_work.items())))
+        out.append(tuple(sorted((node_partition(grid, n), w) for n, w in s.plans[rnd].straggler_work.items())))
     return out
 
 
@@ -456,7 +456,7 @@ def test_no_stragglers_by_default():
     grid = InProcessGrid(make_app(), 4, {})
     s = FedAvg(query_client_info=True)
     messages = configure(s, grid, 1, ConfigRecord({C.LOCAL_STEPS: 5}))
-    assert len(messages) == 4 and s.plan_of(1).straggler_work == {}
+    assert len(messages) == 4 and s.plans[1].straggler_work == {}
     assert s.round_log(1)[C.LOG_CLIENTS_STRAGGLERS] == 0
     assert s.round_log(1)[C.LOG_CLIENTS_DROPPED] == 0
 
@@ -482,7 +482,7 @@ def test_partial_policy_epochs_config(cls):
             node = m.metadata.dst_node_id
             sent = m.content[C.CONFIG]
             assert sent[C.LR] == pytest.approx(0.1) and sent[C.SERVER_ROUND] == rnd
-            work = s.plan_of(rnd).straggler_work
+            work = s.plans[rnd].straggler_work
             if node in work:
                 pid = node_partition(grid, node)
                 assert 1 <= sent[C.LOCAL_STEPS] == work[node] <= full[pid]
@@ -514,17 +514,17 @@ def test_partial_policy_local_steps_config_and_clients_receive_it():
         assert sorted(s.round_log(rnd)["local-steps"]) == steps_taken
     # the last round's stragglers got exactly the steps the strategy assigned
     last = {pid: c[C.LOCAL_STEPS] for pid, c in by_round[-1]}
-    for node, work in s.plan_of(3).straggler_work.items():
+    for node, work in s.plans[3].straggler_work.items():
         assert last[node_partition(grid, node)] == work
-    stragglers = {node_partition(grid, n) for n in s.plan_of(3).straggler_work}
+    stragglers = {node_partition(grid, n) for n in s.plans[3].straggler_work}
     non_stragglers = [pid for pid in last if pid not in stragglers]
     assert len(non_stragglers) == 1 and last[non_stragglers[0]] == 6
 
 
 def test_full_local_steps_unknown_size_falls_back_to_epochs():
     s = FedAvg(query_client_info=True)
-    assert s.full_local_steps(123, ConfigRecord({C.LOCAL_EPOCHS: 3, C.BATCH_SIZE: 8})) == 3
-    assert s.full_local_steps(123, ConfigRecord({C.LOCAL_STEPS: 4, C.LOCAL_EPOCHS: 3})) == 4
+    assert s.work.full_local_steps(123, ConfigRecord({C.LOCAL_EPOCHS: 3, C.BATCH_SIZE: 8})) == 3
+    assert s.work.full_local_steps(123, ConfigRecord({C.LOCAL_STEPS: 4, C.LOCAL_EPOCHS: 3})) == 4
 
 
 @pytest.mark.parametrize("policy", ["sometimes", ""])
@@ -635,12 +635,12 @@ def test_fednova_momentum_sent_uses_momentum_norm():
     grid = InProcessGrid(make_app(), 2, {})
     s = FedNova(query_client_info=True)
     messages = configure(s, grid, 1, ConfigRecord({C.LR: 0.1, C.MOMENTUM: 0.5}))
-    assert all(s.plan_of(1).sent(m.metadata.dst_node_id)[C.MOMENTUM] == 0.5 for m in messages)
+    assert all(s.plans[1].sent(m.metadata.dst_node_id)[C.MOMENTUM] == 0.5 for m in messages)
     by_pid = {node_partition(grid, m.metadata.dst_node_id): m for m in messages}
     # tau 3, rho 0.5: a = 4.25 (1.75 + 1.5 + 1); tau 1: a = 1
     # d1 = -4.25 / 4.25 = -1, d2 = -2 / 1 = -2; tau_eff = (4.25 + 1) / 2 = 2.625; w = 2.625 * 1.5
     replies = [reply(by_pid[0], [4.25], 10, **steps(3)), reply(by_pid[1], [2.0], 10, **steps(1))]
-    s.plan_of(1).arrays = record({"w": np.zeros(1)})
+    s.plans[1].arrays = record({"w": np.zeros(1)})
     arrays, _ = s.aggregate_train(1, replies)
     np.testing.assert_allclose(result_w(arrays), [3.9375], atol=1e-14)
     assert s.round_log(1)[C.LOG_A_NORMS] == [4.25, 1.0]
@@ -771,7 +771,7 @@ def test_fednova_server_momentum_across_rounds():
         arrays, _ = s.aggregate_train(rnd, [reply(1, [client], 10, **steps(1))])
         w = result_w(arrays)
         np.testing.assert_allclose(w, [expected], atol=1e-14)
-    np.testing.assert_allclose(s.momentum_buffer["w"], [-1.0], atol=1e-14)
+    np.testing.assert_allclose(s.algorithm.momentum_buffer["w"], [-1.0], atol=1e-14)
 
 
 def test_fednova_full_run_with_fake_client_app():
@@ -801,7 +801,7 @@ def test_fednova_constructor_checks():
     for bad in (-0.1, 1.0, 1.5, float("nan")):
         with pytest.raises(ValueError, match="server_momentum"):
             FedNova(server_momentum=bad)
-    assert FedNova(weighting="examples", server_momentum=0.9).server_momentum == 0.9
+    assert FedNova(weighting="examples", server_momentum=0.9).algorithm.server_momentum == 0.9
 
 
 # ================================================================ registry
@@ -813,7 +813,7 @@ def test_registry_fedprox():
     s, config = build(**{"strategy": "fedprox", "proximal-mu": 0.3, "straggler-fraction": 0.5,
                          "weighting": "uniform", "server-lr": 0.5, "seed": 4})
     assert type(s) is FedProx
-    assert s.proximal_mu == pytest.approx(0.3)
+    assert s.algorithm.proximal_mu == pytest.approx(0.3)
     assert s.participation.straggler_policy == "partial" and s.participation.straggler_fraction == 0.5
     assert s.weighting == "uniform" and s.server_lr == 0.5 and s.participation.seed == 4
     assert config[C.LR] == pytest.approx(0.1)
@@ -823,12 +823,12 @@ def test_registry_fednova():
     s, config = build(**{"strategy": "fednova", "server-momentum": 0.4, "local-epochs": 3,
                          "batch-size": 16})
     assert type(s) is FedNova
-    assert s.server_momentum == pytest.approx(0.4)
-    assert s.local_epochs == 3 and s.batch_size == 16
+    assert s.algorithm.server_momentum == pytest.approx(0.4)
+    assert s.algorithm.local_epochs == 3 and s.algorithm.batch_size == 16
     assert s.participation.straggler_policy == "partial"
     assert config[C.LOCAL_EPOCHS] == 3 and config[C.BATCH_SIZE] == 16
     s, config = build(**{"strategy": "fednova", "full-batch": True})
-    assert s.batch_size == 0 and config[C.BATCH_SIZE] == 0
+    assert s.algorithm.batch_size == 0 and config[C.BATCH_SIZE] == 0
 
 
 @pytest.mark.parametrize("strategy, expected", [("fedavg", "drop"), ("fedsgd", "drop"),

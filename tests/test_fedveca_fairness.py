@@ -134,7 +134,7 @@ def test_config_accepts_fractional_local_epochs():
     )
     strategy, config = build_strategy(cfg)
     assert config[C.LOCAL_EPOCHS] == 0.12666666666666668
-    assert strategy.local_epochs == 0.12666666666666668
+    assert strategy.algorithm.local_epochs == 0.12666666666666668
     whole = train_config(RunConfig.from_user_config({"local-epochs": 3.0}))
     assert whole[C.LOCAL_EPOCHS] == 3 and type(whole[C.LOCAL_EPOCHS]) is int
     for bad in (0.0, -0.5, math.inf):
@@ -150,7 +150,7 @@ def test_fedavg_full_local_steps_with_a_fraction():
     strategy, _ = build_strategy(RunConfig.from_user_config({"strategy": "fedavg"}))
     strategy.participation.clients[7] = ClientInfo(num_examples=18000)
     config = ConfigRecord({C.LOCAL_EPOCHS: 0.12666666666666668, C.BATCH_SIZE: 100})
-    assert strategy.full_local_steps(7, config) == 22
+    assert strategy.work.full_local_steps(7, config) == 22
 
 
 # ----------------------------------------------------------------- centralized SGD

@@ -118,7 +118,7 @@ def test_round_timeline_tau_init_twice_then_adaptive():
     assert [rounds[3][pid][C.LOCAL_STEPS] for pid in range(4)] == ADAPTIVE
     assert all(c[C.BETA_MODE] == "same-batch" and c[C.GRAD_SUBSAMPLE] == 0
                for r in rounds for c in r.values())
-    assert s.taus == {"0": 20, "1": 10, "2": 4, "3": 2}
+    assert s.algorithm.taus == {"0": 20, "1": 10, "2": 4, "3": 2}
     # diagnostics: the table and tau_k for the next round after k = 1
     d = s.round_log(2)
     assert d[C.LOG_FEDVECA_TAU_NEXT] == {"0": 20, "1": 10, "2": 4, "3": 2}
@@ -137,13 +137,13 @@ def test_aggregation_is_eq5_and_global_gradient_eq8():
     # round 1: all tau = 20; eq. (5): w + tau_k * sum_i p_i STEP (pid + 1)
     w1 = run_rounds(s, grid, 1, w=w0)
     np.testing.assert_allclose(w1, w0 + 20 * STEP * float(np.dot(p, [1, 2, 3, 4])), rtol=1e-12)
-    np.testing.assert_allclose(s.prev_grad["w"], np.full(2, float(np.dot(p, [1, 2, 3, 4]))),
+    np.testing.assert_allclose(s.algorithm.prev_grad["w"], np.full(2, float(np.dot(p, [1, 2, 3, 4]))),
                                rtol=1e-12)
     assert s.round_log(1)[C.LOG_FEDVECA_TAU_K] == pytest.approx(20.0)
     # with unequal taus eq. (5) normalises: w2 - w1 = tau_k * STEP * sum_i p_i (pid + 1),
     # tau_k = sum p_i tau_i
-    s.taus = {"0": 20, "1": 10, "2": 4, "3": 2}
-    s.gnorm2_prev = None  # no estimates this round: taus stay
+    s.algorithm.taus = {"0": 20, "1": 10, "2": 4, "3": 2}
+    s.algorithm.gnorm2_prev = None  # no estimates this round: taus stay
     w2 = run_rounds_from(s, grid, 2, w1)
     tau_k = float(np.dot(p, [20, 10, 4, 2]))
     np.testing.assert_allclose(w2, w1 + tau_k * STEP * float(np.dot(p, [1, 2, 3, 4])), rtol=1e-12)
@@ -162,7 +162,7 @@ def test_alpha_changes_the_table():
     grid = InProcessGrid(fake_app(), 4, {})
     s = FedVeca(query_client_info=True, alpha=0.5, tau_init=5, seed=1)
     run_rounds(s, grid, 2)
-    assert s.taus == {"0": 2, "1": 2, "2": 2, "3": 2}  # 1 / (1 - 0.5) = 2 for everyone
+    assert s.algorithm.taus == {"0": 2, "1": 2, "2": 2, "3": 2}  # 1 / (1 - 0.5) = 2 for everyone
 
 
 def test_smoothness_running_max_one_round_delay():
@@ -212,7 +212,7 @@ def test_partial_participation_renormalises_and_keeps_taus():
     w = np.array([1.0, -1.0])
     history = []
     for rnd in range(1, 7):
-        before = dict(s.taus)
+        before = dict(s.algorithm.taus)
         n0 = len(received)
         w = run_rounds_from(s, grid, rnd, w)
         participants = sorted(pid for pid, _ in received[n0:])
@@ -221,7 +221,7 @@ def test_partial_participation_renormalises_and_keeps_taus():
             assert cfg[C.LOCAL_STEPS] == before.get(str(pid), 20)
         for pid in range(4):
             if pid not in participants:
-                assert s.taus.get(str(pid)) == before.get(str(pid)), (rnd, pid)
+                assert s.algorithm.taus.get(str(pid)) == before.get(str(pid)), (rnd, pid)
         p = np.array([SIZES[i] for i in participants], dtype=float)
         p /= p.sum()
         taus = [before.get(str(i), 20) for i in participants]
@@ -239,7 +239,7 @@ def prepared(nodes=(1, 2, 3), estimate=True) -> FedVeca:
     s = FedVeca(query_client_info=True)
     s.participation.clients.update(
         {n: ClientInfo(partition_id=i, num_examples=10) for i, n in enumerate(nodes)})
-    s.gnorm2_prev = 1.0 if estimate else None
+    s.algorithm.gnorm2_prev = 1.0 if estimate else None
     return prepared_round(s, {"w": np.zeros(2)},
                           {n: {C.LR: 0.01, C.LOCAL_STEPS: 20, C.FEDVECA_ESTIMATE: estimate,
                                C.GNORM2_PREV: 1.0 if estimate else 0.0} for n in nodes})
@@ -284,7 +284,7 @@ def test_malformed_reply_rejected_with_one_line_others_aggregated(bad, caplog):
     assert len(rejected) == 1 and "node 3" in rejected[0], rejected
     assert s.round_log(1)[C.LOG_CLIENTS_FAILED] == 1
     assert set(s.round_log(1)[C.LOG_FEDVECA_TAU]) == {"0", "1"}  # partition ids of nodes 1, 2
-    assert "2" not in s.taus  # the rejected client keeps its tau
+    assert "2" not in s.algorithm.taus  # the rejected client keeps its tau
 
 
 def test_beta_delta_not_required_before_estimation(caplog):
@@ -293,14 +293,14 @@ def test_beta_delta_not_required_before_estimation(caplog):
     with caplog.at_level(logging.WARNING, logger="flwr"):
         arrays, _ = s.aggregate_train(1, replies)
     assert arrays is not None and not [r for r in caplog.records if "rejected" in r.getMessage()]
-    assert s.taus == {}
+    assert s.algorithm.taus == {}
 
 
 def test_all_replies_bad_keeps_state():
     s = prepared()
-    s.taus = {"0": 7}
+    s.algorithm.taus = {"0": 7}
     arrays, _ = s.aggregate_train(1, [veca_reply(1, [1.0, 1.0], grad=(math.nan, 1.0))])
-    assert arrays is None and s.taus == {"0": 7} and s.gnorm2_prev == 1.0
+    assert arrays is None and s.algorithm.taus == {"0": 7} and s.algorithm.gnorm2_prev == 1.0
 
 
 @pytest.mark.parametrize("missing", ["grad", "local-steps"])
@@ -328,17 +328,17 @@ def test_zero_beta_gets_tau_max_and_min_over_positive():
     replies = [veca_reply(1, [0.0, 0.0], beta=0.0), veca_reply(2, [0.0, 0.0], beta=1.0),
                veca_reply(3, [0.0, 0.0], beta=math.sqrt(1.05))]
     s.aggregate_train(2, replies)
-    assert s.taus == {"0": 50, "1": 20, "2": 10}
+    assert s.algorithm.taus == {"0": 50, "1": 20, "2": 10}
     assert s.round_log(2)[C.LOG_FEDVECA_REASON]["0"] == "zero-a"
 
 
 def test_overflowing_a_keeps_previous_tau():
     s = prepared()
-    s.taus = {"0": 9}
+    s.algorithm.taus = {"0": 9}
     replies = [veca_reply(1, [0.0, 0.0], beta=1e200, delta=1e200),
                veca_reply(2, [0.0, 0.0], beta=1.0)]
     s.aggregate_train(2, replies)
-    assert s.taus == {"0": 9, "1": 20}
+    assert s.algorithm.taus == {"0": 9, "1": 20}
     assert s.round_log(2)[C.LOG_FEDVECA_A]["0"] is None
 
 
@@ -348,11 +348,11 @@ def test_state_dict_round_trip_continues_identically():
     a = FedVeca(query_client_info=True, seed=2)
     w = run_rounds(a, grid_a, 2)
     state = a.state_dict()
-    json.dumps({k: v for k, v in state.items() if k not in ("prev-model", "prev-grad")})
+    json.dumps({k: v for k, v in state["algorithm"].items() if k not in ("prev-model", "prev-grad")})
     b = FedVeca(query_client_info=True, seed=2)
     b.load_state_dict(state)
-    assert b.taus == a.taus and b.gnorm2_prev == a.gnorm2_prev
-    assert b.smoothness_max == a.smoothness_max
+    assert b.algorithm.taus == a.algorithm.taus and b.algorithm.gnorm2_prev == a.algorithm.gnorm2_prev
+    assert b.algorithm.smoothness_max == a.algorithm.smoothness_max
     received_a, received_b = [], []
     wa = run_rounds_from(a, InProcessGrid(fake_app(received_a), 4, {}), 3, w)
     wb = run_rounds_from(b, InProcessGrid(fake_app(received_b), 4, {}), 3, w)
@@ -362,23 +362,23 @@ def test_state_dict_round_trip_continues_identically():
     assert a.round_log(3)[C.LOG_FEDVECA_L] == b.round_log(3)[C.LOG_FEDVECA_L]
     # the saved state is a copy
     saved = a.state_dict()
-    saved["taus"]["0"] = 3
-    saved["prev-grad"]["w"][:] = 0.0
-    assert a.taus["0"] == 20 and np.all(a.prev_grad["w"] != 0.0)
+    saved["algorithm"]["taus"]["0"] = 3
+    saved["algorithm"]["prev-grad"]["w"][:] = 0.0
+    assert a.algorithm.taus["0"] == 20 and np.all(a.algorithm.prev_grad["w"] != 0.0)
 
 
 def test_load_state_dict_checks():
     s = FedVeca(query_client_info=True, tau_max=30)
     state = s.state_dict()
     with pytest.raises(ValueError, match="outside"):
-        s.load_state_dict({**state, "taus": {"0": 40}})
+        s.load_state_dict({**state, "algorithm": {**state["algorithm"], "taus": {"0": 40}}})
     with pytest.raises(ValueError, match="version"):
-        s.load_state_dict({**state, "version": 99})
+        s.load_state_dict({**state, "engine-state-version": 99})
 
 
 # ================================================================ constructor / registry
-def test_is_a_fednova_and_constructor_checks():
-    assert isinstance(FedVeca(), FedNova)
+def test_fedvecas_update_is_fednovas_and_constructor_checks():
+    assert isinstance(FedVeca().algorithm.update, type(FedNova().algorithm.update))
     for kwargs, match in (({"tau_init": 1}, "tau_init"), ({"tau_init": 60}, "tau_init"),
                           ({"tau_max": 1}, "tau_max"),
                           ({"alpha": 0.0}, "alpha"), ({"alpha": float("nan")}, "alpha"),
@@ -389,7 +389,7 @@ def test_is_a_fednova_and_constructor_checks():
                           ({"server_momentum": 0.9}, "server_momentum")):
         with pytest.raises(ValueError, match=match):
             FedVeca(**kwargs)
-    assert FedVeca(beta_mode="same_batch").beta_mode == "same-batch"
+    assert FedVeca(beta_mode="same_batch").algorithm.beta_mode == "same-batch"
 
 
 def test_registry_builds_fedveca():
@@ -399,6 +399,6 @@ def test_registry_builds_fedveca():
                                       "lr": 0.05, "fraction-train": 0.5})
     s, config = build_strategy(cfg)
     assert isinstance(s, FedVeca)
-    assert (s.tau_init, s.tau_max, s.alpha, s.beta_mode, s.grad_subsample,
-            s.lr) == (10, 30, 0.9, "literal", 500, 0.05)
+    assert (s.algorithm.tau_init, s.algorithm.tau_max, s.algorithm.alpha, s.algorithm.beta_mode, s.algorithm.grad_subsample,
+            s.algorithm.lr) == (10, 30, 0.9, "literal", 500, 0.05)
     assert s.fraction_train == 0.5 and config[C.LR] == 0.05

@@ -29,7 +29,7 @@ PROBLEM_WORDS = {  # what the one log line must say
     "wrong-shape": "expected",
     "wrong-dtype": "expected",
     "no-arrays": "arrays",
-    "strategy-metrics-missing": "FedVeca needs",
+    "strategy-metrics-missing": "needs the metric 'local-steps'",
     "scaffold-delta-c-missing": "needs an ArrayRecord 'scaffold-delta-c'",
     "scaffold-delta-c-nan": "NaN or Inf",
     "scaffold-delta-c-wrong-shape": "expected",

@@ -15,7 +15,7 @@ from strategies import contract as C
 from strategies.engine.event_loop import GridEventLoop
 from strategies.engine.participation import Participation, RandomSelection
 from strategies.engine.round_plan import RoundPlan
-from strategies.engine.round_report import (Aggregation, ClockTime, FedVecaSection, Participation as
+from strategies.engine.round_report import (Aggregation, ClockTime, FedVecaSection,
                                      ParticipationSection, RoundReport)
 from strategies.engine.rounds import round_log, run_rounds
 from tests.inprocess import EchoGrid, InProcessGrid, adding_app
@@ -149,7 +149,7 @@ def test_the_plan_goes_from_configure_to_aggregate_and_carries_the_report():
                seed=1)
     messages = list(s.configure_train(1, record({"w": np.zeros(1)}),
                                       ConfigRecord({C.LOCAL_STEPS: 8}), grid))
-    plan = s.plan_of(1)
+    plan = s.plans[1]
     assert set(plan.tasks) == {m.metadata.dst_node_id for m in messages}
     assert len(plan.straggler_work) == 1  # floor(0.4 * 3)
     (straggler, work), = plan.straggler_work.items()

@@ -75,11 +75,11 @@ def test_one_round_by_hand():
     strategy = Scaffold(server_lr=0.5, query_client_info=True)
     _, result = start(strategy, hand_app())
     np.testing.assert_allclose(numpy_of(result.arrays)["w"], [1.0, 1.0])
-    np.testing.assert_allclose(strategy.control["w"], [2.0, 2.0])
-    assert set(strategy.control) == {"w"}  # no control variate for the integer buffer
+    np.testing.assert_allclose(strategy.algorithm.control["w"], [2.0, 2.0])
+    assert set(strategy.algorithm.control) == {"w"}  # no control variate for the integer buffer
     for pid in range(3):
-        np.testing.assert_array_equal(strategy.mirror.state_of(str(pid))["w"], [pid + 1] * 2)
-        assert strategy.mirror.state_round(str(pid)) == 1
+        np.testing.assert_array_equal(strategy.client_states.mirror.state_of(str(pid))["w"], [pid + 1] * 2)
+        assert strategy.client_states.mirror.state_round(str(pid)) == 1
     diag = strategy.round_log(1)
     assert diag[C.LOG_CLIENT_STATE_ROUNDS] == [0, 0, 0] and diag[C.LOG_CLIENT_STATE_ATTACHED] == 0
     assert diag[C.LOG_SCAFFOLD_C_NORM] == pytest.approx(np.sqrt(8.0))
@@ -91,11 +91,11 @@ def test_examples_weighting_and_partial_participation_by_hand():
     strategy = Scaffold(weighting="examples", query_client_info=True)
     grid, result = start(strategy, hand_app(fail={(1, 2)}))
     np.testing.assert_allclose(numpy_of(result.arrays)["w"], [1.75, 1.75])
-    np.testing.assert_allclose(strategy.control["w"], [1.0, 1.0])
-    assert strategy.mirror.state_round("2") == 0 and strategy.round_log(1)[
+    np.testing.assert_allclose(strategy.algorithm.control["w"], [1.0, 1.0])
+    assert strategy.client_states.mirror.state_round("2") == 0 and strategy.round_log(1)[
         C.LOG_CLIENTS_FAILED] == 1
     # c is the mean of the server's copies of all N c_i: (1 + 2 + 0) / 3
-    copies = [strategy.mirror.state_of(str(p)) for p in range(3)]
+    copies = [strategy.client_states.mirror.state_of(str(p)) for p in range(3)]
     assert np.mean([c["w"] if c else np.zeros(2) for c in copies], axis=0) == pytest.approx(1.0)
 
 
@@ -151,13 +151,13 @@ def test_state_dict_round_trip():
     state = strategy.state_dict()
     fresh = Scaffold(query_client_info=True)
     fresh.load_state_dict(state)
-    np.testing.assert_array_equal(fresh.control["w"], strategy.control["w"])
-    assert fresh.mirror.state_round("1") == 2
-    assert fresh.mirror.digest_of("1") == strategy.mirror.digest_of("1")
-    state["control"]["w"][0] = 99.0  # copies, not views
-    assert strategy.control["w"][0] != 99.0
-    with pytest.raises(ValueError, match="SCAFFOLD state version"):
-        fresh.load_state_dict({**state, "scaffold-version": 0})
+    np.testing.assert_array_equal(fresh.algorithm.control["w"], strategy.algorithm.control["w"])
+    assert fresh.client_states.mirror.state_round("1") == 2
+    assert fresh.client_states.mirror.digest_of("1") == strategy.client_states.mirror.digest_of("1")
+    state["algorithm"]["control"]["w"][0] = 99.0  # copies, not views
+    assert strategy.algorithm.control["w"][0] != 99.0
+    with pytest.raises(ValueError, match="engine state version"):
+        fresh.load_state_dict({**state, "engine-state-version": 0})
 
 
 @pytest.mark.parametrize("weighting", ["pre-erratum", "scheme-i", "scheme-ii"])
@@ -169,4 +169,6 @@ def test_other_weightings_are_refused(weighting):
 def test_summary_names_the_algorithm(caplog):
     with caplog.at_level(logging.INFO, logger="flwr"):
         Scaffold(server_lr=0.7).summary()
-    assert any("SCAFFOLD (option II): eta_g 0.7" in r.getMessage() for r in caplog.records)
+    said = [r.getMessage() for r in caplog.records]
+    assert any("SCAFFOLD" in line for line in said)
+    assert any("Weighting: uniform | server lr: 0.7" in line for line in said)

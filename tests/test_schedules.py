@@ -105,8 +105,8 @@ def test_fedveca_eq15_eta_is_the_rounds_lr():
     """FedVeca's A_(k,i) (eq. 15) reads eta from each node's sent config: lr_t."""
     s = FedVeca(lr_schedule=S.LRSchedule("exponential", decay=0.5), min_available_nodes=1)
     _configure(s, 3, ConfigRecord({C.LR: 0.4}))
-    assert {float(t.config[C.LR]) for t in s.plan_of(3).tasks.values()} == {0.1}
-    assert s.round_eta(s.plan_of(3)) == 0.1
+    assert {float(t.config[C.LR]) for t in s.plans[3].tasks.values()} == {0.1}
+    assert s.round_eta(s.plans[3]) == 0.1
 
 
 def test_dynamicfl_round_lr():

@@ -116,7 +116,7 @@ def test_state_dict_maps_flowers_attributes():
     other = opt.FedAdam()
     other.load_state_dict(state)
     assert other.m_t["w"][0] == 0.1 and other.v_t["w"][0] == 0.01
-    state["m_t"]["w"][0] = 5.0
+    state["m_t"]["dict"]["w"][0] = 5.0
     assert strategy.m_t["w"][0] == 0.1  # copies
     with pytest.raises(ValueError, match="FedYogi"):
         opt.FedYogi().load_state_dict(state)

@@ -18,7 +18,7 @@ from strategies.engine import records
 from strategies.engine.clock import SimClock
 from strategies.engine.devices import DeviceProfile, TraceFleet
 from strategies.engine.records import ClientContractError
-from strategies.engine.submodels import WidthFedAvg, WidthRule, width_spec_of
+from strategies.engine.submodels import SubModels, WidthRule, width_spec_of
 from tests.inprocess import InProcessGrid, partition_facts
 from tests.messages import numpy_of, record
 
@@ -110,7 +110,7 @@ def test_fedrolex_rolls_the_window_one_unit_per_round():
     second = {k: np.full_like(v, 0.0) for k, v in GLOBAL.items()}
     msgs = list(strategy.configure_train(2, record(second), ConfigRecord(), grid))
     half = next(m for m in msgs if m.content[C.CONFIG][C.MODEL_WIDTH] == 0.5)
-    indices = strategy.sent[half.metadata.dst_node_id][0]
+    indices = strategy.plans[2].sub_models[half.metadata.dst_node_id][0]
     assert indices["b1"][0].tolist() == [1, 2]  # round 2: units 1 and 2
     assert indices["w2"][1].tolist() == [1, 2] and indices["w1"][0].tolist() == [1, 2]
 
@@ -178,4 +178,4 @@ def test_without_a_width_spec_the_error_says_how_to_give_one():
 def test_width_spec_of_plain_tuples():
     spec = width_spec_of({"a": (("h", 4), None)})
     assert spec.axes["a"][0].dim == "h" and spec.axes["a"][0].repeat == 4
-    assert issubclass(HeteroFL, WidthFedAvg)
+    assert isinstance(HeteroFL(width_spec=SPEC).submodels, SubModels)

@@ -6,9 +6,9 @@ module only moves records. Who takes part is the participation model's
 (:mod:`strategies.engine.participation`). A DynamicFL round is not one send-and-receive but a
 sequence of sync events on the Grid event loop (:class:`SyncEvents`): each chunk is pushed
 when it starts, its reply held until the chunk's end step, so long low-frequency chunks run
-while short high-frequency ones come and go. ``configure_train`` runs the round's events
-and ``aggregate_train`` returns its model, so the strategy runs under Flower's round loop
-as under :func:`strategies.engine.rounds.run_rounds`. Evaluation is Flower's FedAvg's.
+while short high-frequency ones come and go. Its round is its own
+(:meth:`DynamicFL.train_round`) in the one round loop of :meth:`DynamicFL.start`
+(:func:`strategies.engine.rounds.run_rounds`). Evaluation is Flower's FedAvg's.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from logging import INFO, WARNING
 
 import numpy as np
@@ -24,6 +24,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
+from flwr.serverapp.strategy import Result
 
 from ..engine import averaging as agg
 from .. import contract as C
@@ -35,21 +36,21 @@ from ..contract import NUM_STEPS, ROUND_STEPS, START_STEP
 from ..engine.event_loop import GridEventLoop
 from ..engine.participation import Participation, check_fraction, check_whole
 from ..engine.records import to_numpy, to_record
-from ..engine.round_report import (Aggregation, ClockTime, Drift, DynamicFLSection, Participation
-                           as ParticipationSection, RoundReport)
-from ..engine.rounds import RunsRounds
+from ..engine.round_report import (Aggregation, ClockTime, Drift, DynamicFLSection,
+                           ParticipationSection, RoundReport)
+from ..engine import rounds
 
 STATE_VERSION = 1  # of state_dict()
 DEFAULT_TIMEOUT = 3600.0  # seconds, Flower's Strategy.start default
 CHUNK_HELPER = "strategies.client.train_chunk"
 
 
-class DynamicFL(RunsRounds, FlowerFedAvg):
+class DynamicFL(FlowerFedAvg):
     """DynamicFL / DynamicAvg / DynamicSGD (Le et al., Alg. 1).
 
     Subclass of Flower's FedAvg for its evaluation half (``configure_evaluate``,
-    ``aggregate_evaluate``) and parameters; ``configure_train`` runs a round's chunk
-    schedule (module docstring).
+    ``aggregate_evaluate``) and parameters; its round is its own (:meth:`train_round`, the
+    round's chunk schedule: module docstring), run by :meth:`start`.
 
     Parameters
     ----------
@@ -225,9 +226,7 @@ participation
         self.rich: set[int] | None = None  # Fix-beta, drawn once over the partition order
         self.schedules: dict[int, ds.RoundPlan] = {}  # the chunk schedule each round ran
         self.reports: dict[int, RoundReport] = {}
-        self.round_outcome: RoundOutcome | None = None  # configure_train -> aggregate_train
         self.total_rounds: int | None = None  # T of start(), for a cosine schedule without it
-        self.round_timeout: float | None = DEFAULT_TIMEOUT  # per sync event (start_run)
         self.restored: dict | None = None  # a checkpoint's state, mapped to nodes in round 1
 
     def state_dict(self) -> dict:
@@ -289,21 +288,43 @@ participation
         super().summary()
 
     # ------------------------------------------------------------------ the round
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3,
+              timeout: float = DEFAULT_TIMEOUT, train_config: ConfigRecord | None = None,
+              evaluate_config: ConfigRecord | None = None,
+              evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+              first_round: int = 1) -> Result:
+        """DynamicFL's rounds (:meth:`train_round`) in the round loop of
+        :func:`strategies.engine.rounds.run_rounds`; ``first_round`` > 1 resumes."""
+        return rounds.run_rounds(self, grid, initial_arrays, num_rounds, timeout, train_config,
+                                 evaluate_config, evaluate_fn, first_round)
+
     def start_run(self, num_rounds: int, timeout: float | None) -> None:
-        """T = ``num_rounds`` for a cosine schedule without its own ``num_rounds``, and the
-        seconds a sync event waits for its replies (:class:`strategies.engine.rounds.RunAware`)."""
-        self.total_rounds, self.round_timeout = int(num_rounds), timeout
+        """T = ``num_rounds`` for a cosine schedule without its own ``num_rounds``
+        (:class:`strategies.engine.rounds.RunAware`)."""
+        self.total_rounds = int(num_rounds)
+
+    def train_round(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                    grid: Grid, loop: GridEventLoop, timeout: float | None
+                    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Alg. 1 lines 12-20, the whole round: select M^t, group (Eq. 5), run the round's
+        sync events on the Grid event loop (each waits ``timeout`` seconds for its replies);
+        the round's model (None: kept) and metrics."""
+        if not self.announced_client_sgd:
+            self.announce_client_sgd(config)
+        outcome = self.run_round(server_round, arrays, config, grid, timeout)
+        return outcome.arrays, outcome.metrics
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
-        """Alg. 1 lines 12-20, the whole round: select M^t, group (Eq. 5), run the round's
-        sync events on the Grid event loop. A DynamicFL round is several exchanges, which
-        Flower's round loop does not have, so they all run here and no message is left for
-        the loop to send; :meth:`aggregate_train` returns the round's model."""
-        if not self.announced_client_sgd:
-            self.announce_client_sgd(config)
-        self.round_outcome = self.train_round(server_round, arrays, config, grid)
-        return []
+        """Not a round of Flower's loop: a DynamicFL round is several exchanges."""
+        raise RuntimeError("DynamicFL's round is a sequence of sync events, not one Flower "
+                           "configure_train / aggregate_train exchange: run it with its own "
+                           "start(grid, initial_arrays, ...)")
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]
+                        ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Not a round of Flower's loop (:meth:`configure_train`)."""
+        return self.configure_train(server_round, ArrayRecord(), ConfigRecord(), None)
 
     def announce_client_sgd(self, config: ConfigRecord) -> None:
         """Say once in the ServerApp log which SGD settings a ClientApp that calls
@@ -317,19 +338,6 @@ participation
                 "send them in train_config to choose, or pass your optimiser to train_chunk",
                 ", ".join(f"'{k}'" for k in paper),
                 ", ".join(f"{k} {v:g}" for k, v in paper.items()))
-
-    def aggregate_train(self, server_round: int, replies: Iterable[Message]
-                        ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """The model and metrics of the round :meth:`configure_train` ran."""
-        outcome = self.round_outcome
-        if outcome is None or outcome.server_round != server_round:
-            raise RuntimeError(f"DynamicFL: aggregate_train(server_round={server_round}) "
-                               f"without configure_train for that round")
-        if list(replies):
-            raise ValueError("DynamicFL: configure_train sends no message for the round loop, "
-                             "so aggregate_train takes no replies")
-        self.round_outcome = None
-        return outcome.arrays, outcome.metrics
 
     def round_log(self, server_round: int) -> dict[str, object]:
         """Round ``server_round``'s run-log items (empty before it ran)."""
@@ -453,8 +461,8 @@ participation
         config[C.LR] = lr
         return config
 
-    def train_round(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                    grid: Grid) -> RoundOutcome:
+    def run_round(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                  grid: Grid, timeout: float | None) -> RoundOutcome:
         """Select M^t, group (Eq. 5), run the round's chunk schedule (Alg. 1 lines 12-20)."""
         started = time.perf_counter()
         report = self.reports[server_round] = RoundReport(server_round)
@@ -480,7 +488,7 @@ participation
         self.schedules[server_round] = schedule
         lr = self.round_lr(server_round, float(config.get(C.LR, 0.01)))
         run = SyncEvents(self, grid, schedule, arrays, config, server_round, lr)
-        new = run.run(self.round_timeout)
+        new = run.run(timeout)
         flower_args.log_counts("aggregate_train", run.received, len(run.failed))
         cost = ds.round_cost(schedule, model_bytes)
         events = max(run.events, 1)

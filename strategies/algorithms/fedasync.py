@@ -14,23 +14,54 @@ proximal term (rho / 2) ||x - x_t||^2; FedAsync sends ``proximal-mu`` = rho when
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
-from flwr.app import ArrayRecord, ConfigRecord, Message
-from flwr.serverapp import Grid
+from collections.abc import Mapping
 
 from .. import contract as C
-from ..engine import records
+from ..engine.async_engine import Applied, AsyncAlgorithm, AsyncEngine, ClientUpdate, ServerStep
 from ..engine.averaging import NDArrays
-from ..engine.async_engine import AsyncStrategy
-from ..engine.async_tasks import AsyncTask
 from ..engine.participation import check_whole
 from .staleness import Staleness, fedasync_mix
 
-__all__ = ["FedAsync"]
+__all__ = ["AsyncMixing", "FedAsync"]
 
 
-class FedAsync(AsyncStrategy):
+class AsyncMixing(AsyncAlgorithm):
+    """FedAsync's algorithm: each client model mixed in as it is applied (Algorithm 1)."""
+
+    name = "FedAsync"
+
+    def __init__(self, alpha: float = 0.6, staleness: Staleness | str = "polynomial",
+                 updates_per_round: int = 1, rho: float = 0.0) -> None:
+        if not (isinstance(alpha, (int, float)) and 0 < alpha <= 1):
+            raise ValueError(f"alpha must be in (0, 1], got {alpha!r}")
+        check_whole("updates_per_round", updates_per_round, minimum=1)
+        if not (isinstance(rho, (int, float)) and rho >= 0):
+            raise ValueError(f"rho must be >= 0, got {rho!r}")
+        self.staleness = staleness if isinstance(staleness, Staleness) else Staleness(staleness)
+        self.alpha, self.rho = float(alpha), float(rho)
+        self.updates_per_round = int(updates_per_round)
+        self.mixed = 0  # this round's mixes
+
+    def send(self) -> Mapping[str, object]:
+        """``proximal-mu`` = rho when rho > 0 (the paper's client proximal term)."""
+        return {C.PROXIMAL_MU: self.rho} if self.rho > 0 else {}
+
+    def apply(self, update: ClientUpdate) -> Applied:
+        """Algorithm 1: x_t = (1 - alpha_t) x_(t-1) + alpha_t x_new, alpha_t = alpha s(t - tau);
+        each mix a model version."""
+        alpha_t = self.alpha * self.staleness(update.staleness)
+        self.mixed += 1
+        return Applied(fedasync_mix(update.model, update.client, alpha_t),
+                       self.mixed >= self.updates_per_round)
+
+    def step(self, model: NDArrays, complete: bool) -> ServerStep:
+        """The model after the round's mixes (each already a server update); None when the
+        round mixed nothing."""
+        mixed, self.mixed = self.mixed, 0
+        return ServerStep(model if mixed else None, False)
+
+
+class FedAsync(AsyncEngine):
     """FedAsync, asynchronous mixing (module docstring).
 
     Parameters
@@ -47,50 +78,11 @@ class FedAsync(AsyncStrategy):
     rho : float
         The clients' proximal weight, sent as ``proximal-mu`` (0: not sent).
     **kwargs
-        :class:`strategies.engine.async_engine.AsyncStrategy`'s.
+        :class:`strategies.engine.async_engine.AsyncEngine`'s.
     """
 
-    def __init__(self, *flower_args, alpha: float = 0.6, staleness: Staleness | str = "polynomial",
-                 updates_per_round: int = 1, concurrency: int = 20, rho: float = 0.0,
-                 **kwargs) -> None:
-        if not (isinstance(alpha, (int, float)) and 0 < alpha <= 1):
-            raise ValueError(f"alpha must be in (0, 1], got {alpha!r}")
-        check_whole("updates_per_round", updates_per_round, minimum=1)
-        if not (isinstance(rho, (int, float)) and rho >= 0):
-            raise ValueError(f"rho must be >= 0, got {rho!r}")
-        super().__init__(*flower_args, concurrency=concurrency, **kwargs)
-        self.staleness = staleness if isinstance(staleness, Staleness) else Staleness(staleness)
-        self.alpha, self.rho = float(alpha), float(rho)
-        self.updates_per_round = int(updates_per_round)
-        self.mixed = 0
-
-    def algorithm_lines(self) -> list[str]:
-        return [f"FedAsync: alpha {self.alpha}, staleness function {self.staleness}, "
-                f"{self.updates_per_round} update(s) per round, rho {self.rho}"]
-
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                        grid: Grid) -> Iterable[Message]:
-        """As :meth:`AsyncStrategy.configure_train`, sending ``proximal-mu`` = rho."""
-        if self.rho > 0:
-            config[C.PROXIMAL_MU] = self.rho
-        self.mixed = 0
-        return super().configure_train(server_round, arrays, config, grid)
-
-    def apply(self, task: AsyncTask, sent: NDArrays, client: NDArrays, staleness: int) -> None:
-        """Algorithm 1: x_t = (1 - alpha_t) x_(t-1) + alpha_t x_new, alpha_t = alpha s(t - tau)."""
-        alpha_t = self.alpha * self.staleness(staleness)
-        self.model = records.to_record(fedasync_mix(records.to_numpy(self.model), client,
-                                                    alpha_t))
-        self.version += 1
-        self.mixed += 1
-
-    def update_ready(self) -> bool:
-        return self.mixed >= self.updates_per_round
-
-    def server_update(self, server_round: int) -> ArrayRecord | None:
-        """The model after the round's mixes."""
-        return self.model
-
-    def partial_update(self) -> ArrayRecord | None:
-        """The mixes a round made before it ended short: each was a server update."""
-        return self.model if self.mixed else None
+    def __init__(self, *flower_args, alpha: float = 0.6,
+                 staleness: Staleness | str = "polynomial", updates_per_round: int = 1,
+                 concurrency: int = 20, rho: float = 0.0, **kwargs) -> None:
+        super().__init__(AsyncMixing(alpha, staleness, updates_per_round, rho), *flower_args,
+                         concurrency=concurrency, **kwargs)

@@ -15,20 +15,65 @@ Contract: Flower's template. Sends ``arrays`` and ``config`` (the train config w
 
 from __future__ import annotations
 
-import numpy as np
-from flwr.app import ArrayRecord
-
-from ..engine import records
+from ..engine.async_engine import Applied, AsyncAlgorithm, AsyncEngine, ClientUpdate, ServerStep
 from ..engine.averaging import NDArrays
-from ..engine.async_engine import AsyncStrategy
-from ..engine.async_tasks import AsyncTask
 from ..engine.participation import check_whole
+from .fednova import copied
 from .staleness import Staleness, add_update, fedbuff_step
 
-__all__ = ["FedBuff"]
+__all__ = ["BufferedAsync", "FedBuff"]
 
 
-class FedBuff(AsyncStrategy):
+class BufferedAsync(AsyncAlgorithm):
+    """FedBuff's algorithm: the buffer of staleness-weighted client updates and the server
+    step once K are in (Algorithm 1); the buffer and the server momentum its state."""
+
+    name = "FedBuff"
+
+    def __init__(self, buffer_size: int = 10, server_lr: float = 1.0,
+                 server_momentum: float = 0.0, staleness: Staleness | str = "fedbuff") -> None:
+        check_whole("buffer_size", buffer_size, minimum=1)
+        if not (isinstance(server_lr, (int, float)) and server_lr > 0):
+            raise ValueError(f"server_lr must be > 0, got {server_lr!r}")
+        if not (isinstance(server_momentum, (int, float)) and 0 <= server_momentum < 1):
+            raise ValueError(f"server_momentum must be in [0, 1), got {server_momentum!r}")
+        self.buffer_size = int(buffer_size)
+        self.server_lr, self.server_momentum = float(server_lr), float(server_momentum)
+        self.staleness = staleness if isinstance(staleness, Staleness) else Staleness(staleness)
+        self.buffer: NDArrays | None = None  # sum_k s(tau_k) Delta_k
+        self.count = 0
+        self.velocity: NDArrays | None = None
+
+    def apply(self, update: ClientUpdate) -> Applied:
+        """Algorithm 1: the buffer += s(tau_k) Delta_k; ready once it holds K updates."""
+        self.buffer = add_update(self.buffer, update.sent, update.client,
+                                 self.staleness(update.staleness))
+        self.count += 1
+        return Applied(None, self.count >= self.buffer_size)
+
+    def step(self, model: NDArrays, complete: bool) -> ServerStep:
+        """Algorithm 1: x <- x + eta_g (buffer / K) (through momentum); the buffer empties. A
+        round that ended short keeps its buffer for the next round."""
+        fill = self.count
+        if not complete:
+            return ServerStep(None, False, fill)
+        new, self.velocity = fedbuff_step(model, self.buffer, self.count, self.server_lr,
+                                          self.server_momentum, self.velocity)
+        self.buffer, self.count = None, 0
+        return ServerStep(new, True, fill)
+
+    def state_dict(self) -> dict:
+        """The server momentum buffer, and the update buffer (empty between rounds unless
+        a round ended short of K updates)."""
+        return {"velocity": copied(self.velocity), "buffer": copied(self.buffer),
+                "count": self.count}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.velocity, self.buffer = copied(state["velocity"]), copied(state["buffer"])
+        self.count = int(state["count"])
+
+
+class FedBuff(AsyncEngine):
     """FedBuff, buffered asynchronous aggregation (module docstring).
 
     Parameters
@@ -45,63 +90,13 @@ class FedBuff(AsyncStrategy):
         s(tau): ``"fedbuff"`` = 1 / sqrt(1 + tau) (the paper's), or FedAsync's
         ``"constant"``, ``"polynomial"``, ``"hinge"`` (:class:`strategies.algorithms.staleness.Staleness`).
     **kwargs
-        :class:`strategies.engine.async_engine.AsyncStrategy`'s: ``arrival``,
+        :class:`strategies.engine.async_engine.AsyncEngine`'s: ``arrival``,
         ``fraction_evaluate``, ``seed``, ``min_available_nodes``, ``query_client_info``,
         ``query_timeout``, ``clock``, ``participation``.
     """
 
-    def __init__(self, *flower_args, buffer_size: int = 10, concurrency: int = 20, server_lr: float = 1.0,
-                 server_momentum: float = 0.0, staleness: Staleness | str = "fedbuff",
-                 **kwargs) -> None:
-        check_whole("buffer_size", buffer_size, minimum=1)
-        if not (isinstance(server_lr, (int, float)) and server_lr > 0):
-            raise ValueError(f"server_lr must be > 0, got {server_lr!r}")
-        if not (isinstance(server_momentum, (int, float)) and 0 <= server_momentum < 1):
-            raise ValueError(f"server_momentum must be in [0, 1), got {server_momentum!r}")
-        super().__init__(*flower_args, concurrency=concurrency, **kwargs)
-        self.buffer_size = int(buffer_size)
-        self.server_lr, self.server_momentum = float(server_lr), float(server_momentum)
-        self.staleness = staleness if isinstance(staleness, Staleness) else Staleness(staleness)
-        self.buffer: NDArrays | None = None  # sum_k s(tau_k) Delta_k
-        self.count = 0
-        self.velocity: NDArrays | None = None
-
-    def algorithm_lines(self) -> list[str]:
-        return [f"FedBuff: buffer K = {self.buffer_size}, server lr {self.server_lr}, "
-                f"server momentum {self.server_momentum}, staleness weight {self.staleness}"]
-
-    def apply(self, task: AsyncTask, sent: NDArrays, client: NDArrays, staleness: int) -> None:
-        """Algorithm 1: the buffer += s(tau_k) Delta_k."""
-        self.buffer = add_update(self.buffer, sent, client, self.staleness(staleness))
-        self.count += 1
-
-    def update_ready(self) -> bool:
-        """The buffer holds K updates."""
-        return self.count >= self.buffer_size
-
-    def buffer_fill(self) -> int:
-        return self.count
-
-    def server_update(self, server_round: int) -> ArrayRecord | None:
-        """Algorithm 1: x <- x + eta_g (buffer / K) (through momentum); the buffer empties."""
-        new, velocity = fedbuff_step(records.to_numpy(self.model), self.buffer, self.count,
-                                     self.server_lr, self.server_momentum, self.velocity)
-        self.velocity = velocity
-        self.buffer, self.count = None, 0
-        self.version += 1
-        return records.to_record(new)
-
-    def algorithm_state(self) -> dict:
-        """The server momentum buffer, and the update buffer (empty between rounds unless
-        a round ended short of K updates)."""
-        return {"velocity": copied(self.velocity), "buffer": copied(self.buffer),
-                "count": self.count}
-
-    def load_algorithm_state(self, state: dict) -> None:
-        self.velocity, self.buffer = copied(state["velocity"]), copied(state["buffer"])
-        self.count = int(state["count"])
-
-
-def copied(arrays: NDArrays | None) -> NDArrays | None:
-    """A copy of each array (None stays None)."""
-    return None if arrays is None else {k: np.array(v, copy=True) for k, v in arrays.items()}
+    def __init__(self, *flower_args, buffer_size: int = 10, concurrency: int = 20,
+                 server_lr: float = 1.0, server_momentum: float = 0.0,
+                 staleness: Staleness | str = "fedbuff", **kwargs) -> None:
+        super().__init__(BufferedAsync(buffer_size, server_lr, server_momentum, staleness),
+                         *flower_args, concurrency=concurrency, **kwargs)

@@ -1,13 +1,13 @@
 """FedDyn (Acar et al., "Federated Learning Based on Dynamic Regularization", ICLR 2021,
-Algorithm 1), server side, on FedAvg's sampling, reply checks and client table:
+Algorithm 1), server side, on the engine's sampling, reply checks and client-state copies:
 
-* ``configure_train``: sample P_t as FedAvg does and send theta^{t-1} and alpha to each
-  k in P_t, with the client's ``state-round`` (and the server's copy of its linear term
-  grad L_k(theta_k^{t-1}) when the node may not hold it: :mod:`strategies.engine.client_states`);
-* ``aggregate_train``: the copies grad L_k(theta_k^t) = grad L_k(theta_k^{t-1})
-  - alpha (theta_k^t - theta^{t-1}), h^t = h^{t-1} - alpha (1 / m) sum_{k in P_t}
-  (theta_k^t - theta^{t-1}) with m all clients, and theta^t = (1 / |P_t|) sum theta_k^t
-  - (1 / alpha) h^t (:mod:`strategies.algorithms.feddyn_math`).
+* send theta^{t-1} and alpha to each k in P_t, with the client's ``state-round`` (and the
+  server's copy of its linear term grad L_k(theta_k^{t-1}) when the node may not hold it:
+  :mod:`strategies.engine.client_states`);
+* the copies grad L_k(theta_k^t) = grad L_k(theta_k^{t-1}) - alpha (theta_k^t -
+  theta^{t-1}), h^t = h^{t-1} - alpha (1 / m) sum_{k in P_t} (theta_k^t - theta^{t-1}) with
+  m all clients, and theta^t = (1 / |P_t|) sum theta_k^t - (1 / alpha) h^t
+  (:mod:`strategies.algorithms.feddyn_math`).
 
 The client side (the dynamic regulariser and the linear-term update) is
 :class:`strategies.client.feddyn.FedDynClient`.
@@ -15,25 +15,67 @@ The client side (the dynamic regulariser and the linear-term update) is
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from logging import INFO
-
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
-from flwr.common.logger import log
-
 from .. import contract as C
-from . import feddyn_math as fm
 from ..engine import records, trust_gate
-from ..engine.round_plan import ClientTask, RoundPlan
+from ..engine.algorithm import Algorithm, Contract, Outgoing, RoundInput, RoundUpdate
+from ..engine.round_engine import RoundEngine
+from ..engine.round_plan import RoundPlan
 from ..engine.round_report import FedDynSection
-from ..engine.stateful import StatefulFedAvg
+from . import feddyn_math as fm
+
+__all__ = ["DynamicRegulariser", "FEDDYN_HELPER", "FedDyn"]
 
 FEDDYN_HELPER = "strategies.client.FedDynClient"
 FEDDYN_WEIGHTINGS = ("uniform", "examples")
-STATE_VERSION = 1
 
 
-class FedDyn(StatefulFedAvg):
+class DynamicRegulariser(Algorithm):
+    """FedDyn's algorithm: alpha beside the model, the linear terms' copies, h (its state)."""
+
+    name = "FedDyn"
+    contract = Contract(helper=FEDDYN_HELPER, client_state="required")
+
+    def __init__(self, alpha: float = 0.01) -> None:
+        if not alpha > 0:
+            raise ValueError(f"FedDyn's alpha must be > 0, got {alpha}")
+        self.alpha = float(alpha)
+        self.h: fm.NDArrays | None = None  # h^t
+
+    def send(self, plan: RoundPlan) -> Outgoing:
+        """alpha to every client (h^0 = 0 is set up from the first model)."""
+        if self.h is None:
+            self.h = fm.zero_state(records.to_numpy(plan.arrays))
+        return Outgoing(common={C.FEDDYN_ALPHA: self.alpha})
+
+    def update(self, r: RoundInput) -> RoundUpdate:
+        """The average of the accepted theta_k^t (the engine's), the copies of the linear
+        terms, h^t, and theta^t = average - h^t / alpha."""
+        average, used = r.average()
+        previous = r.global_arrays  # theta^{t-1}
+        drift: fm.NDArrays | None = None
+        states = []
+        for k in used:
+            local = r.models[k][1]  # theta_k^t
+            drift = fm.add_drift(drift, local, previous, self.h)
+            states.append(fm.linear_term_update(r.states[k] or fm.zero_state(self.h),
+                                                self.alpha, local, previous))
+        if drift is not None:
+            self.h = trust_gate.finite_or_previous(
+                fm.h_step(self.h, drift, self.alpha, len(r.plan.nodes)), self.h, "FedDyn's h",
+                r.server_round)
+        new = None if average is None else fm.server_model(average, self.h, self.alpha)
+        return RoundUpdate(new, used, states, [FedDynSection(fm.norm(self.h))])
+
+    def state_dict(self) -> dict:
+        """h (copied)."""
+        return {"h": None if self.h is None else {k: v.copy() for k, v in self.h.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what :meth:`state_dict` returned."""
+        self.h = None if state["h"] is None else {k: v.copy() for k, v in state["h"].items()}
+
+
+class FedDyn(RoundEngine):
     """FedDyn: a per-client linear term and the server state h make the clients' stationary
     points agree with the global objective's.
 
@@ -82,77 +124,13 @@ class FedDyn(StatefulFedAvg):
     reply lacks the echo stops the run with a ClientContractError naming it.
     """
 
-    CLIENT_HELPER = FEDDYN_HELPER
-
     def __init__(self, *flower_args, alpha: float = 0.01, weighting: str = "uniform",
                  straggler_policy: str = "partial", **kwargs) -> None:
-        if not alpha > 0:
-            raise ValueError(f"FedDyn's alpha must be > 0, got {alpha}")
         if weighting not in FEDDYN_WEIGHTINGS:
             raise ValueError(f"FedDyn averages theta_k with weighting 'uniform' (Alg. 1) or "
                              f"'examples' (FedAvg's); weighting={weighting!r} is not supported")
         if kwargs.get("server_lr", 1.0) != 1.0:
             raise ValueError(f"FedDyn's server model is (1 / |P_t|) sum theta_k - h / alpha "
                              f"(Alg. 1): server_lr must be 1.0, got {kwargs['server_lr']}")
-        super().__init__(*flower_args, weighting=weighting, straggler_policy=straggler_policy, **kwargs)
-        self.alpha = float(alpha)
-        self.h: fm.NDArrays | None = None  # h^t
-
-    def summary(self) -> None:
-        """Log the configuration."""
-        log(INFO, "\t├──> FedDyn: alpha %s, theta_k weighting %s", self.alpha, self.weighting)
-        super().summary()
-
-    # ------------------------------------------------------------------ state
-    def state_dict(self) -> dict:
-        """The client copies (:class:`StatefulFedAvg`) plus h (copied)."""
-        state = super().state_dict()
-        state["feddyn-version"] = STATE_VERSION
-        state["h"] = None if self.h is None else {k: v.copy() for k, v in self.h.items()}
-        return state
-
-    def load_state_dict(self, state: dict) -> None:
-        """Restore what :meth:`state_dict` returned."""
-        super().load_state_dict(state)
-        if state.get("feddyn-version") != STATE_VERSION:
-            raise ValueError(f"FedDyn state version {state.get('feddyn-version')!r} is not "
-                             f"{STATE_VERSION}")
-        self.h = None if state["h"] is None else {k: v.copy() for k, v in state["h"].items()}
-
-    # ------------------------------------------------------------------ configure
-    def task_config(self, plan: RoundPlan, task: ClientTask) -> ConfigRecord:
-        """The per-client config (``state-round``) plus ``feddyn-alpha``."""
-        own = super().task_config(plan, task)
-        own[C.FEDDYN_ALPHA] = self.alpha
-        return own
-
-    def prepared_messages(self, plan: RoundPlan, messages: list[Message]) -> list[Message]:
-        """Send theta^{t-1} (h^0 = 0 is set up from the first model)."""
-        if self.h is None:
-            self.h = fm.zero_state(records.to_numpy(plan.arrays))
-        return super().prepared_messages(plan, messages)
-
-    # ------------------------------------------------------------------ aggregate
-    def aggregate_round(self, plan: RoundPlan, replies: Iterable[Message]
-                        ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """The average of the accepted theta_k^t (FedAvg's streamed update), the copies of
-        the linear terms, h^t, and theta^t = average - h^t / alpha."""
-        average, accepted = self.aggregate_checked(plan, self.checked_replies(plan, replies))
-        previous = records.to_numpy(plan.arrays)  # theta^{t-1}
-        drift: fm.NDArrays | None = None
-
-        def new_linear_term(copy: fm.NDArrays | None, reply: Message) -> fm.NDArrays:
-            nonlocal drift
-            local = records.to_numpy(reply.content[C.ARRAYS])  # theta_k^t
-            drift = fm.add_drift(drift, local, previous, self.h)
-            return fm.linear_term_update(copy or fm.zero_state(self.h), self.alpha, local,
-                                         previous)
-
-        self.accept_states(plan, accepted, new_linear_term)
-        if drift is not None:
-            self.h = trust_gate.finite_or_previous(
-                fm.h_step(self.h, drift, self.alpha, len(plan.nodes)), self.h, "FedDyn's h",
-                plan.server_round)
-        plan.report.add(FedDynSection(fm.norm(self.h)))
-        new = None if average is None else fm.server_model(average, self.h, self.alpha)
-        return self.train_result(plan, new, accepted)
+        super().__init__(DynamicRegulariser(alpha), *flower_args, weighting=weighting,
+                         straggler_policy=straggler_policy, **kwargs)

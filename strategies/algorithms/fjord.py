@@ -8,26 +8,47 @@ Algorithm 1: client i is sent its p_max^i sub-model and, at each local iteration
 from D_P conditioned on p <= p_max^i (its client side:
 :func:`strategies.client.ordered_dropout_sgd`); Eq. (2): each slice w_{s_j} minus w_{s_{j-1}}
 is the average over the clients whose p_max holds it, weighted by their amount of data. The
-shared machinery is :class:`strategies.engine.submodels.WidthFedAvg`. Not implemented: the
+engine's :class:`~strategies.engine.submodels.SubModels` does the sub-models. Not implemented: the
 self-distillation of Eq. (1) (Sec. 3.2, "Subnetwork Knowledge Transfer" in Sec. 4).
 Numbering from the NeurIPS 2021 submission's text.
 """
 
 from __future__ import annotations
 
-from flwr.app import ConfigRecord
+from collections.abc import Sequence
 
 from .. import contract as C
-from ..engine.round_plan import ClientTask, RoundPlan
-from ..engine.submodels import WidthFedAvg
+from ..engine.algorithm import Algorithm, Contract, Outgoing
+from ..engine.round_engine import RoundEngine
+from ..engine.round_plan import RoundPlan
+from ..engine.submodels import DEFAULT_LEVELS
+from .heterofl import width_engine_args
 
-__all__ = ["FjORD"]
+__all__ = ["FjORD", "OrderedDropout"]
 
 
-class FjORD(WidthFedAvg):
+class OrderedDropout(Algorithm):
+    """FjORD's algorithm: each client's levels p <= p_max beside its p_max sub-model (the
+    engine's), FedAvg's overlap average."""
+
+    name = "FjORD"
+    contract = Contract(helper="strategies.client.ordered_dropout_sgd")
+
+    def __init__(self, levels: Sequence[float]) -> None:
+        self.levels = tuple(float(r) for r in levels)
+
+    def send(self, plan: RoundPlan) -> Outgoing:
+        """``width-levels``: the levels p <= p_max of each client (Sec. 4, Algorithm 1)."""
+        return Outgoing(per_node={
+            node: {C.WIDTH_LEVELS: sorted(r for r in set(self.levels)
+                                          if r <= float(task.config[C.MODEL_WIDTH]))}
+            for node, task in plan.tasks.items()})
+
+
+class FjORD(RoundEngine):
     """FjORD: static sub-models up to each client's p_max, ordered dropout on the client
     (``width-levels``), example-weighted overlap averaging. Arguments as
-    :class:`~strategies.engine.submodels.WidthFedAvg`; ``weighting`` defaults to
+    :class:`~strategies.algorithms.heterofl.HeteroFL`; ``weighting`` defaults to
     ``"examples"``.
 
     Contract
@@ -44,15 +65,9 @@ class FjORD(WidthFedAvg):
     less.
     """
 
-    CLIENT_HELPER = "strategies.client.ordered_dropout_sgd"
-    SCHEME = "static"
-
-    def __init__(self, *flower_args, weighting: str = "examples", **kwargs) -> None:
-        super().__init__(*flower_args, weighting=weighting, **kwargs)
-
-    def task_config(self, plan: RoundPlan, task: ClientTask) -> ConfigRecord:
-        """WidthFedAvg's config plus ``width-levels``: the levels p <= p_max."""
-        own = super().task_config(plan, task)
-        p_max = float(own[C.MODEL_WIDTH])
-        own[C.WIDTH_LEVELS] = sorted(r for r in self.rule.levels if r <= p_max)
-        return own
+    def __init__(self, *flower_args, width_spec=None, levels=DEFAULT_LEVELS,
+                 width_rule: str | None = None, level_compute=None, scaler: bool = False,
+                 weighting: str = "examples", **kwargs) -> None:
+        super().__init__(OrderedDropout(levels), *flower_args, **width_engine_args(
+            "FjORD", "static", {**kwargs, "weighting": weighting}, width_spec=width_spec,
+            levels=levels, width_rule=width_rule, level_compute=level_compute, scaler=scaler))

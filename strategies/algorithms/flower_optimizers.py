@@ -60,14 +60,6 @@ def _check(name: str, value: float, low: float, high: float | None = None, *,
         raise ValueError(f"{name} must be in {interval}, got {value!r}")
 
 
-def _arrays(value: dict | None) -> dict | None:
-    return None if value is None else {k: np.array(v, copy=True) for k, v in value.items()}
-
-
-def _record(value: ArrayRecord | None) -> dict | None:
-    return None if value is None else {k: np.array(a.numpy(), copy=True) for k, a in value.items()}
-
-
 class TrustGated:
     """The trust gate around a Flower strategy's ``aggregate_train`` / ``aggregate_evaluate``.
 
@@ -80,7 +72,8 @@ class TrustGated:
     (:attr:`STATE_ATTRIBUTES`) are adopted only when finite; else the previous ones are kept.
     """
 
-    STATE_ATTRIBUTES: tuple[str, ...] = ()
+    STATE_ATTRIBUTES: tuple[str, ...] = ()  # checked for NaN / Inf after each aggregation
+    CHECKPOINTED: tuple[str, ...] = ()  # the cross-round state in state_dict()
     current_arrays: object
     sent_config: ConfigRecord | None = None  # the train config of the round (its steps)
 
@@ -134,6 +127,42 @@ class TrustGated:
         return trust_gate.aggregate_evaluate(replies)
 
 
+    def state_dict(self) -> dict:
+        """The optimiser's cross-round state (:attr:`CHECKPOINTED`, copied)."""
+        return {"version": STATE_VERSION, "class": type(self).__name__,
+                **{name: _snapshot(getattr(self, name)) for name in self.CHECKPOINTED}}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what :meth:`state_dict` returned."""
+        if state.get("class") != type(self).__name__ or state.get("version") != STATE_VERSION:
+            raise ValueError(f"checkpoint holds the state of {state.get('class')!r} (version "
+                             f"{state.get('version')!r}), not of {type(self).__name__}")
+        for name in self.CHECKPOINTED:
+            setattr(self, name, _restored(state[name]))
+
+
+def _snapshot(value: object) -> dict | None:
+    """A copy of an optimiser attribute (an ArrayRecord, a dict or a list of arrays)."""
+    if value is None:
+        return None
+    if isinstance(value, ArrayRecord):
+        return {"record": {k: np.array(a.numpy(), copy=True) for k, a in value.items()}}
+    if isinstance(value, dict):
+        return {"dict": {k: np.array(v, copy=True) for k, v in value.items()}}
+    return {"list": [np.array(v, copy=True) for v in value]}
+
+
+def _restored(saved: dict | None) -> object:
+    """The attribute :func:`_snapshot` copied."""
+    if saved is None:
+        return None
+    if "record" in saved:
+        return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in saved["record"].items()})
+    if "dict" in saved:
+        return {k: np.array(v, copy=True) for k, v in saved["dict"].items()}
+    return [np.array(v, copy=True) for v in saved["list"]]
+
+
 def _expected(current: object, reply: Message) -> dict[str, trust_gate.ArraySpec]:
     """The specs a reply's arrays must have: the shapes sent this round (FedAvgM keeps an
     ArrayRecord, FedOpt a dict of arrays) and their dtypes, except that a floating array may
@@ -176,57 +205,12 @@ class FedAvgM(TrustGated, FlowerFedAvgM):
 
     FLOWER_CLASS = FlowerFedAvgM
     STATE_ATTRIBUTES = ("current_arrays", "momentum_vector")
+    CHECKPOINTED = STATE_ATTRIBUTES
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         _check("server_learning_rate", self.server_learning_rate, 0.0, closed_low=False)
         _check("server_momentum", self.server_momentum, 0.0, 1.0)
-
-    def state_dict(self) -> dict:
-        """``current_arrays`` and ``momentum_vector`` (copied)."""
-        return {"version": STATE_VERSION, "class": type(self).__name__,
-                "current-arrays": _record(self.current_arrays),
-                "momentum-vector": (None if self.momentum_vector is None else
-                                    [np.array(v, copy=True) for v in self.momentum_vector])}
-
-    def load_state_dict(self, state: dict) -> None:
-        """Restore what :meth:`state_dict` returned."""
-        _check_state(self, state)
-        current = state["current-arrays"]
-        self.current_arrays = (None if current is None else
-                               ArrayRecord({k: Array(np.ascontiguousarray(v))
-                                            for k, v in current.items()}))
-        vector = state["momentum-vector"]
-        self.momentum_vector = None if vector is None else [np.array(v) for v in vector]
-
-
-class _FedOptState:
-    """``state_dict`` of Flower's FedOpt family: ``current_arrays``, ``m_t``, ``v_t``."""
-
-    STATE_ATTRIBUTES = ("m_t", "v_t")
-
-    current_arrays: dict | None
-    m_t: dict | None
-    v_t: dict | None
-
-    def state_dict(self) -> dict:
-        """``current_arrays``, ``m_t`` and ``v_t`` (copied)."""
-        return {"version": STATE_VERSION, "class": type(self).__name__,
-                "current-arrays": _arrays(self.current_arrays),
-                "m_t": _arrays(self.m_t), "v_t": _arrays(self.v_t)}
-
-    def load_state_dict(self, state: dict) -> None:
-        """Restore what :meth:`state_dict` returned."""
-        _check_state(self, state)
-        self.current_arrays = _arrays(state["current-arrays"])
-        self.m_t = _arrays(state["m_t"])
-        self.v_t = _arrays(state["v_t"])
-
-
-def _check_state(strategy: object, state: dict) -> None:
-    if state.get("class") != type(strategy).__name__ or state.get("version") != STATE_VERSION:
-        raise ValueError(f"checkpoint holds the state of {state.get('class')!r} (version "
-                         f"{state.get('version')!r}), not of {type(strategy).__name__}")
 
 
 def _check_adaptive(strategy, *, betas: bool) -> None:
@@ -237,37 +221,44 @@ def _check_adaptive(strategy, *, betas: bool) -> None:
         _check("beta_2", strategy.beta_2, 0.0, 1.0)
 
 
-class FedAdam(_FedOptState, TrustGated, FlowerFedAdam):
+FEDOPT_STATE = ("m_t", "v_t")  # checked after each aggregation
+FEDOPT_CHECKPOINTED = ("current_arrays", "m_t", "v_t")
+
+
+class FedAdam(TrustGated, FlowerFedAdam):
     """Flower's FedAdam (Reddi et al. 2021, Alg. 2) with parameter checks and a ``state_dict``.
 
     Parameters as Flower's (``eta``, ``tau`` > 0; ``beta_1``, ``beta_2`` in [0, 1)).
     """
 
     FLOWER_CLASS = FlowerFedAdam
+    STATE_ATTRIBUTES, CHECKPOINTED = FEDOPT_STATE, FEDOPT_CHECKPOINTED
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
         _check_adaptive(self, betas=True)
 
 
-class FedYogi(_FedOptState, TrustGated, FlowerFedYogi):
+class FedYogi(TrustGated, FlowerFedYogi):
     """Flower's FedYogi (Reddi et al. 2021, Alg. 2) with parameter checks and a ``state_dict``.
 
     Parameters as Flower's (``eta``, ``tau`` > 0; ``beta_1``, ``beta_2`` in [0, 1)).
     """
 
     FLOWER_CLASS = FlowerFedYogi
+    STATE_ATTRIBUTES, CHECKPOINTED = FEDOPT_STATE, FEDOPT_CHECKPOINTED
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
         _check_adaptive(self, betas=True)
 
 
-class FedAdagrad(_FedOptState, TrustGated, FlowerFedAdagrad):
+class FedAdagrad(TrustGated, FlowerFedAdagrad):
     """Flower's FedAdagrad (Reddi et al. 2021, Alg. 2) with parameter checks and a
     ``state_dict``. Parameters as Flower's (``eta``, ``tau`` > 0; no beta_1, beta_2)."""
 
     FLOWER_CLASS = FlowerFedAdagrad
+    STATE_ATTRIBUTES, CHECKPOINTED = FEDOPT_STATE, FEDOPT_CHECKPOINTED
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)

@@ -5,20 +5,66 @@ Sec. 3: client k trains the sub-model of width r_k, the first ceil(r_k K) units 
 hidden layer of the global model, with a Scaler (its output divided by r_k in training);
 the server averages each global entry over the clients whose sub-model holds it (each
 client counting once, as the authors' ``combine`` does), the entries no client holds
-keeping their value. The shared machinery is :class:`strategies.engine.submodels.WidthFedAvg`.
+keeping their value. The engine's :class:`~strategies.engine.submodels.SubModels` does it
+all; the algorithm is FedAvg's with HeteroFL's client contract.
 """
 
 from __future__ import annotations
 
-from ..engine.submodels import WidthFedAvg
+from collections.abc import Mapping, Sequence
 
-__all__ = ["HeteroFL"]
+from ..engine.algorithm import Algorithm, Contract
+from ..engine.round_engine import RoundEngine
+from ..engine.submodels import DEFAULT_LEVELS, SubModels
+
+__all__ = ["HeteroFL", "SubModelAveraging", "width_engine_args"]
+
+WIDTH_WEIGHTINGS = ("uniform", "examples")
 
 
-class HeteroFL(WidthFedAvg):
+class SubModelAveraging(Algorithm):
+    """The algorithm of HeteroFL and FedRolex: FedAvg's over the engine's sub-models, the
+    client building its model at the sent width."""
+
+    name = "HeteroFL"
+    contract = Contract(helper="strategies.client.width_model")
+
+
+def width_engine_args(owner: str, scheme: str, kwargs: dict, *, width_spec=None,
+                      levels: Sequence[float] = DEFAULT_LEVELS, width_rule: str | None = None,
+                      level_compute: Mapping[float, float] | None = None,
+                      scaler: bool = False) -> dict:
+    """The round engine's keyword arguments for a width strategy: ``kwargs`` with the
+    :class:`~strategies.engine.submodels.SubModels` component (checked: its weighting, no
+    drift diagnostics)."""
+    weighting = kwargs.get("weighting", "uniform")
+    if weighting not in WIDTH_WEIGHTINGS:
+        raise ValueError(f"weighting={weighting!r} is not known; use one of "
+                         f"{', '.join(WIDTH_WEIGHTINGS)}")
+    if kwargs.get("drift_diagnostics"):
+        raise ValueError(f"{owner}: drift_diagnostics compares whole-model updates; the "
+                         f"clients here send sub-models of different shapes. Use "
+                         f"drift_diagnostics=False")
+    return {**kwargs, "weighting": weighting,
+            "submodels": SubModels(scheme, width_spec=width_spec, levels=levels,
+                                   width_rule=width_rule, level_compute=level_compute,
+                                   scaler=scaler)}
+
+
+class HeteroFL(RoundEngine):
     """HeteroFL: static sub-models (first ceil(r K) units), the Scaler, uniform overlap
-    averaging. Arguments as :class:`~strategies.engine.submodels.WidthFedAvg`; ``scaler``
-    defaults to True (the paper's Scaler), ``weighting`` to ``"uniform"``.
+    averaging.
+
+    Parameters
+    ----------
+    width_spec, levels, width_rule, level_compute, scaler
+        The sub-models (:class:`~strategies.engine.submodels.SubModels`); ``scaler``
+        defaults to True (the paper's Scaler).
+    weighting : str
+        ``"uniform"`` (default: each client holding an entry counts once) or
+        ``"examples"`` (n_k).
+    **kwargs
+        As :class:`~strategies.engine.round_engine.RoundEngine`.
 
     Contract
     --------
@@ -28,8 +74,9 @@ class HeteroFL(WidthFedAvg):
     width and loads the sub-model with :func:`strategies.client.width_model`.
     """
 
-    CLIENT_HELPER = "strategies.client.width_model"
-    SCHEME = "static"
-
-    def __init__(self, *flower_args, scaler: bool = True, **kwargs) -> None:
-        super().__init__(*flower_args, scaler=scaler, **kwargs)
+    def __init__(self, *flower_args, width_spec=None, levels=DEFAULT_LEVELS,
+                 width_rule: str | None = None, level_compute=None, scaler: bool = True,
+                 **kwargs) -> None:
+        super().__init__(SubModelAveraging(), *flower_args, **width_engine_args(
+            "HeteroFL", "static", kwargs, width_spec=width_spec, levels=levels,
+            width_rule=width_rule, level_compute=level_compute, scaler=scaler))

@@ -12,22 +12,47 @@ that it survives a resumed run, a lost reply and a SuperNode restart
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from logging import INFO
-
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
-from flwr.common.logger import log
-
 from .. import contract as C
 from ..engine import records
-from ..engine.round_plan import ClientTask, RoundPlan
+from ..engine.algorithm import Algorithm, Contract, Outgoing, RoundInput, RoundUpdate
+from ..engine.round_engine import RoundEngine
+from ..engine.round_plan import RoundPlan
 from ..engine.round_report import MoonSection
-from ..engine.stateful import StatefulFedAvg
+
+__all__ = ["MOON_HELPER", "ModelContrastive", "Moon"]
 
 MOON_HELPER = "strategies.client.MoonClient"
 
 
-class Moon(StatefulFedAvg):
+class ModelContrastive(Algorithm):
+    """MOON's algorithm: mu and tau beside the model, FedAvg's update, each accepted model
+    its client's previous model (the engine's client-state copy)."""
+
+    name = "MOON"
+    contract = Contract(helper=MOON_HELPER, client_state="required")
+
+    def __init__(self, mu: float = 1.0, temperature: float = 0.5) -> None:
+        if not mu >= 0:
+            raise ValueError(f"MOON's mu must be >= 0, got {mu}")
+        if not temperature > 0:
+            raise ValueError(f"MOON's temperature tau must be > 0, got {temperature}")
+        self.mu, self.temperature = float(mu), float(temperature)
+
+    def send(self, plan: RoundPlan) -> Outgoing:
+        """mu of Eq. (4) and tau of Eq. (3), to every client."""
+        return Outgoing(common={C.MOON_MU: self.mu, C.MOON_TEMPERATURE: self.temperature})
+
+    def update(self, r: RoundInput) -> RoundUpdate:
+        """Algorithm 1's weighted average; each accepted reply's model becomes its client's
+        previous model; the mean contrastive loss the clients report."""
+        new, used = r.average()
+        metrics = records.mean_metrics([r.replies[k] for k in used])
+        sections = ([MoonSection(float(metrics[C.MOON_CONTRASTIVE_LOSS]))]
+                    if C.MOON_CONTRASTIVE_LOSS in metrics else [])
+        return RoundUpdate(new, used, [r.models[k][1] for k in used], sections)
+
+
+class Moon(RoundEngine):
     """MOON: FedAvg's server, clients trained with the model-contrastive loss.
 
     Parameters
@@ -69,36 +94,6 @@ class Moon(StatefulFedAvg):
     ClientContractError naming it.
     """
 
-    CLIENT_HELPER = MOON_HELPER
-
-    def __init__(self, *flower_args, mu: float = 1.0, temperature: float = 0.5, **kwargs) -> None:
-        if not mu >= 0:
-            raise ValueError(f"MOON's mu must be >= 0, got {mu}")
-        if not temperature > 0:
-            raise ValueError(f"MOON's temperature tau must be > 0, got {temperature}")
-        super().__init__(*flower_args, **kwargs)
-        self.mu = float(mu)
-        self.temperature = float(temperature)
-
-    def summary(self) -> None:
-        """Log the configuration."""
-        log(INFO, "\t├──> MOON: mu %s, temperature %s", self.mu, self.temperature)
-        super().summary()
-
-    def task_config(self, plan: RoundPlan, task: ClientTask) -> ConfigRecord:
-        """The per-client config (``state-round``) plus ``moon-mu`` and ``moon-temperature``."""
-        own = super().task_config(plan, task)
-        own[C.MOON_MU] = self.mu
-        own[C.MOON_TEMPERATURE] = self.temperature
-        return own
-
-    def aggregate_round(self, plan: RoundPlan, replies: Iterable[Message]
-                        ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """FedAvg's update; each accepted reply's model becomes its client's previous model."""
-        new, accepted = self.aggregate_checked(plan, self.checked_replies(plan, replies))
-        self.accept_states(plan, accepted,
-                           lambda _, reply: records.to_numpy(reply.content[C.ARRAYS]))
-        arrays, metrics = self.train_result(plan, new, accepted)
-        if metrics is not None and C.MOON_CONTRASTIVE_LOSS in metrics:
-            plan.report.add(MoonSection(float(metrics[C.MOON_CONTRASTIVE_LOSS])))
-        return arrays, metrics
+    def __init__(self, *flower_args, mu: float = 1.0, temperature: float = 0.5,
+                 **kwargs) -> None:
+        super().__init__(ModelContrastive(mu, temperature), *flower_args, **kwargs)

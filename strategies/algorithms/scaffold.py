@@ -1,14 +1,13 @@
 """SCAFFOLD (Karimireddy et al., ICML 2020, Algorithm 1; option II; global step size eta_g).
 
-Algorithm 1, server side, on FedAvg's sampling, reply checks and client table:
+Algorithm 1, server side, on the engine's sampling, reply checks and client-state copies:
 
-* ``configure_train`` (line 5): sample S as FedAvg does and send (x, c) to each i in S,
-  with the client's ``state-round`` (and the server's copy of c_i when the node may not
-  hold it: :mod:`strategies.engine.client_states`);
-* ``aggregate_train`` (lines 16-17): x <- x + eta_g sum_{i in S} c_k (y_i - x), i.e.
-  x + eta_g mean_{i in S} delta y_i with the ``uniform`` weighting;
-  c <- c + |S| / N mean_{i in S} delta c_i (:func:`strategies.algorithms.scaffold_math.control_step`);
-  the server's copy of each c_i <- c_i + delta c_i.
+* line 5: sample S and send (x, c) to each i in S, with the client's ``state-round`` (and
+  the server's copy of c_i when the node may not hold it: :mod:`strategies.engine.client_states`);
+* lines 16-17: x <- x + eta_g sum_{i in S} c_k (y_i - x), i.e. x + eta_g mean_{i in S}
+  delta y_i with the ``uniform`` weighting; c <- c + |S| / N mean_{i in S} delta c_i
+  (:func:`strategies.algorithms.scaffold_math.control_step`); the server's copy of each
+  c_i <- c_i + delta c_i.
 
 The client side (lines 7-14) is :class:`strategies.client.scaffold.ScaffoldClient`.
 """
@@ -17,26 +16,75 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Iterable, Mapping
-from logging import INFO
+from collections.abc import Mapping
 
 import numpy as np
-from flwr.app import ArrayRecord, Message, MetricRecord
-from flwr.common.logger import log
+from flwr.app import ArrayRecord, Message
 
 from .. import contract as C
 from ..engine import records, trust_gate
-from . import scaffold_math as sm
+from ..engine.algorithm import Algorithm, Contract, Outgoing, RoundInput, RoundUpdate
+from ..engine.round_engine import RoundEngine
 from ..engine.round_plan import RoundPlan
 from ..engine.round_report import ScaffoldSection
-from ..engine.stateful import StatefulFedAvg
+from . import scaffold_math as sm
+
+__all__ = ["ControlVariates", "SCAFFOLD_HELPER", "Scaffold", "scaffold_delta_problem"]
 
 SCAFFOLD_HELPER = "strategies.client.ScaffoldClient"
 SCAFFOLD_WEIGHTINGS = ("uniform", "examples")
-STATE_VERSION = 2  # 2: the copies of c_i in StatefulFedAvg's state
 
 
-class Scaffold(StatefulFedAvg):
+class ControlVariates(Algorithm):
+    """SCAFFOLD's algorithm: c beside the model, delta c_i checked, x and c updated (lines
+    16-17), c its state."""
+
+    name = "SCAFFOLD"
+    contract = Contract(helper=SCAFFOLD_HELPER, arrays=(C.SCAFFOLD_DELTA_C,),
+                        sends=(C.SCAFFOLD_C,), client_state="optional")
+
+    def __init__(self) -> None:
+        self.control: sm.NDArrays | None = None  # c; the engine holds the copies of c_i
+
+    def send(self, plan: RoundPlan) -> Outgoing:
+        """Line 5: c (0 before the first round) to every client."""
+        if self.control is None:
+            self.control = sm.zero_control(records.to_numpy(plan.arrays))
+        return Outgoing(records={C.SCAFFOLD_C: records.to_record(self.control)})
+
+    def check(self, plan: RoundPlan, reply: Message) -> str | None:
+        """delta c_i: real bytes with c's keys, shapes and dtypes, finite, and within option
+        II's ||c|| + ||x - y_i|| / (K eta_l) (:func:`scaffold_delta_problem`)."""
+        return scaffold_delta_problem(reply, control=self.control, global_model=plan.arrays,
+                                      sent=plan.sent(reply.metadata.src_node_id))
+
+    def update(self, r: RoundInput) -> RoundUpdate:
+        """Lines 16-17: x from the accepted y_i (the engine's average), then c and the
+        copies of c_i from their delta c_i (one deserialised at a time), in partition order."""
+        new, used = r.average()
+        total, states = None, []
+        for k in used:
+            delta = records.to_numpy(r.replies[k].content[C.SCAFFOLD_DELTA_C])
+            total = sm.add_delta(total, delta)
+            states.append(sm.apply_delta(r.states[k] or sm.zero_control(self.control), delta))
+        if total is not None:
+            self.control = trust_gate.finite_or_previous(
+                sm.control_step(self.control, total, len(used), len(r.plan.nodes)),
+                self.control, "SCAFFOLD's c", r.server_round)
+        return RoundUpdate(new, used, states, [ScaffoldSection(sm.norm(self.control))])
+
+    def state_dict(self) -> dict:
+        """c (copied)."""
+        return {"control": None if self.control is None else
+                {k: v.copy() for k, v in self.control.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what :meth:`state_dict` returned."""
+        control = state["control"]
+        self.control = None if control is None else {k: v.copy() for k, v in control.items()}
+
+
+class Scaffold(RoundEngine):
     """SCAFFOLD: control variates c (server) and c_i (clients) correct the client drift.
 
     Parameters
@@ -78,102 +126,13 @@ class Scaffold(StatefulFedAvg):
     ``bytes-down``.
     """
 
-    CLIENT_HELPER = SCAFFOLD_HELPER
-
-    def __init__(self, *flower_args, weighting: str = "uniform", straggler_policy: str = "partial",
-                 **kwargs) -> None:
+    def __init__(self, *flower_args, weighting: str = "uniform",
+                 straggler_policy: str = "partial", **kwargs) -> None:
         if weighting not in SCAFFOLD_WEIGHTINGS:
             raise ValueError(f"SCAFFOLD averages delta y_i with weighting 'uniform' (Alg. 1) or "
                              f"'examples' (NIID-Bench); weighting={weighting!r} is not supported")
-        super().__init__(*flower_args, weighting=weighting, straggler_policy=straggler_policy, **kwargs)
-        self.control: sm.NDArrays | None = None  # c; self.mirror holds the copies of c_i
-
-    def summary(self) -> None:
-        """Log the configuration."""
-        log(INFO, "\t├──> SCAFFOLD (option II): eta_g %s, delta y_i weighting %s",
-            self.server_lr, self.weighting)
-        super().summary()
-
-    # ------------------------------------------------------------------ state
-    def state_dict(self) -> dict:
-        """StatefulFedAvg's state (the copies of every c_i) plus c (copied)."""
-        state = super().state_dict()
-        state["scaffold-version"] = STATE_VERSION
-        state["control"] = (None if self.control is None else
-                            {k: v.copy() for k, v in self.control.items()})
-        return state
-
-    def load_state_dict(self, state: dict) -> None:
-        """Restore what :meth:`state_dict` returned."""
-        super().load_state_dict(state)
-        if state.get("scaffold-version") != STATE_VERSION:
-            raise ValueError(f"SCAFFOLD state version {state.get('scaffold-version')!r} is not "
-                             f"{STATE_VERSION}")
-        control = state["control"]
-        self.control = None if control is None else {k: v.copy() for k, v in control.items()}
-
-    # ------------------------------------------------------------------ configure
-    def expected_bytes(self, arrays: ArrayRecord) -> tuple[int, int]:
-        """For the simulated clock: the model and c down, y_i and delta c_i up (Alg. 1 lines
-        5 and 13; c and delta c_i have the model's floating arrays)."""
-        down, up = super().expected_bytes(arrays)
-        control = self.control if self.control is not None else sm.zero_control(
-            records.to_numpy(arrays))
-        size = records.to_record(control).count_bytes()
-        return down + size, up + size
-
-    def prepared_messages(self, plan: RoundPlan, messages: list[Message]) -> list[Message]:
-        """Alg. 1 line 5: FedAvg's messages (x) plus c, and the copy of c_i where needed."""
-        if self.control is None:
-            self.control = sm.zero_control(records.to_numpy(plan.arrays))
-        messages = super().prepared_messages(plan, messages)
-        control = records.to_record(self.control)
-        for msg in messages:
-            msg.content[C.SCAFFOLD_C] = control
-        return messages
-
-    # ------------------------------------------------------------------ aggregate
-    def aggregate_round(self, plan: RoundPlan, replies: Iterable[Message]
-                        ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Alg. 1 lines 16-17: x from the accepted y_i (FedAvg's update), then c and the
-        copies of c_i from their delta c_i."""
-        new, accepted = self.aggregate_checked(plan, self.checked_replies(plan, replies))
-        self.update_controls(plan, accepted)
-        return self.train_result(plan, new, accepted)
-
-    def update_controls(self, plan: RoundPlan, accepted: list[Message]) -> None:
-        """c <- c + |S| / N mean delta c_i and c_i <- c_i + delta c_i over the accepted
-        replies (one delta c_i deserialised at a time), in partition order."""
-        total = None
-
-        def new_control(before: sm.NDArrays | None, reply: Message) -> sm.NDArrays:
-            nonlocal total
-            delta = records.to_numpy(reply.content[C.SCAFFOLD_DELTA_C])
-            total = sm.add_delta(total, delta)
-            return sm.apply_delta(before or sm.zero_control(self.control), delta)
-
-        self.accept_states(plan, accepted, new_control)
-        if total is not None:
-            self.control = trust_gate.finite_or_previous(
-                sm.control_step(self.control, total, len(accepted), len(plan.nodes)),
-                self.control, "SCAFFOLD's c", plan.server_round)
-        plan.report.add(ScaffoldSection(sm.norm(self.control)))
-
-    # ------------------------------------------------------------------ replies
-    def contract_gap(self, reply: Message) -> str | None:
-        """SCAFFOLD needs delta c_i in every reply (the state echo is optional: checked when
-        present)."""
-        if C.SCAFFOLD_DELTA_C not in reply.content.array_records:
-            return f"an ArrayRecord '{C.SCAFFOLD_DELTA_C}' (delta c_i)"
-        return None
-
-    def state_reply_problem(self, plan: RoundPlan, reply: Message) -> str | None:
-        """delta c_i: real bytes with c's keys, shapes and dtypes, finite, and within option
-        II's ||c|| + ||x - y_i|| / (K eta_l) (:func:`strategies.engine.trust_gate.
-        scaffold_delta_problem`)."""
-        return scaffold_delta_problem(
-            reply, control=self.control, global_model=plan.arrays,
-            sent=plan.sent(reply.metadata.src_node_id))
+        super().__init__(ControlVariates(), *flower_args, weighting=weighting,
+                         straggler_policy=straggler_policy, **kwargs)
 
 
 def scaffold_delta_problem(reply: Message, *, control: Mapping[str, np.ndarray],

@@ -30,12 +30,11 @@ rejects a reply whose digest differs from its copy, so a disagreement is never a
 Memory: one model-sized copy per client that has ever replied, on the server (and in
 every checkpoint).
 
-A stateful strategy (see :class:`strategies.algorithms.scaffold.Scaffold`) keeps a
-:class:`ClientStateMirror`; puts ``state-round`` = :meth:`ClientStateMirror.state_round` in
-each node's config; calls :func:`attach_states` on its train messages,
-:func:`state_problem` in its reply checks, :meth:`ClientStateMirror.accept` for every
-accepted reply, :meth:`ClientStateMirror.end_round` once per round, and saves
-:meth:`ClientStateMirror.state_dict` in its own ``state_dict``.
+The round engine is given a :class:`ClientStates` when its algorithm's contract says its
+clients keep state (SCAFFOLD, FedDyn, MOON): it puts ``state-round`` in each node's config,
+attaches the copies where needed, checks each reply's echo, hands the algorithm the copies
+of the replying clients (:meth:`ClientStates.copies`) and takes their new states
+(:meth:`ClientStates.accept`); its state is in every checkpoint.
 """
 
 from __future__ import annotations
@@ -48,6 +47,8 @@ from flwr.app import Message
 
 from .. import contract as C
 from .records import to_record
+from .round_plan import RoundPlan
+from .round_report import ClientStateSection
 
 NDArrays = dict[str, np.ndarray]
 STATE_VERSION = 1
@@ -181,3 +182,56 @@ def state_problem(mirror: ClientStateMirror, key: str, sent_round: int,
         return (f"the client's state of round {sent_round} differs from the server's copy "
                 f"(state-digest {digest} vs {expected}); the next message carries the copy")
     return None
+
+
+class ClientStates:
+    """The engine's component for clients that keep state (module docstring): the
+    :class:`ClientStateMirror` and the per-round glue around it."""
+
+    def __init__(self) -> None:
+        self.mirror = ClientStateMirror()
+
+    def state_round(self, key: str) -> int:
+        """The ``state-round`` a train message to client ``key`` carries."""
+        return self.mirror.state_round(key)
+
+    def attach(self, plan: RoundPlan, messages: list[Message],
+               key_of: Callable[[int], str]) -> None:
+        """The server's copy attached where needed (:func:`attach_states`), counted in the
+        round's report."""
+        attached, _ = attach_states(self.mirror, messages, key_of)
+        plan.report.add(ClientStateSection(attached=attached))
+
+    def problem(self, plan: RoundPlan, reply: Message, key: str) -> str | None:
+        """Why a reply did not start from the state the server holds (:func:`state_problem`)."""
+        sent = int(plan.sent(reply.metadata.src_node_id).get(C.STATE_ROUND, 0))
+        return state_problem(self.mirror, key, sent, reply.content[C.METRICS])
+
+    def copies(self, replies: list[Message], key_of: Callable[[int], str]
+               ) -> list[NDArrays | None]:
+        """The copy of each replying client's state (None: the initial state)."""
+        return [self.mirror.state_of(key_of(r.metadata.src_node_id)) for r in replies]
+
+    def accept(self, plan: RoundPlan, accepted: list[Message], new_states: list[NDArrays],
+               key_of: Callable[[int], str]) -> None:
+        """Each accepted reply's client now holds ``new_states[k]``; clients without an
+        accepted reply get their copy attached to their next message. Logs the state round
+        each accepted reply started from."""
+        used_rounds = []
+        for reply, state in zip(accepted, new_states, strict=True):
+            node = reply.metadata.src_node_id
+            self.mirror.accept(key_of(node), node, plan.server_round, state)
+            used_rounds.append(int(reply.content[C.METRICS].get(
+                C.STATE_ROUND_USED, plan.sent(node)[C.STATE_ROUND])))
+        self.mirror.end_round()
+        attached = plan.report.get(ClientStateSection)
+        plan.report.add(ClientStateSection(attached and attached.attached, used_rounds))
+
+    def state_dict(self) -> dict:
+        """The copies (:meth:`ClientStateMirror.state_dict`)."""
+        return self.mirror.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict`."""
+        self.mirror.load_state_dict(state)
+

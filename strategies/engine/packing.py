@@ -75,7 +75,7 @@ def width_task_cost(compute_share: Callable[[float], float]
                     ) -> Callable[[Message, int | None], float]:
     """:func:`task_cost` times the compute share of the width a train task is sent
     (``model-width`` in its config; HeteroFL / FjORD / FedRolex): ``compute_share(r)`` is the
-    strategy's own (:meth:`strategies.WidthFedAvg.compute_share`, the clock's too), so a
+    strategy's own (:meth:`strategies.engine.submodels.SubModels.compute_share`, the clock's too), so a
     client at width 1/16 weighs what its sub-model costs, not what the full model does."""
 
     def cost(message: Message, num_examples: int | None) -> float:
@@ -110,13 +110,13 @@ class PackedGrid(WrappedGrid):
     pull_interval = 0.02
 
     def __init__(self, grid: Grid, num_clients: int,
-                 cost: Callable[[Message, int | None], float] = task_cost) -> None:
+                 cost: Callable[[Message, int | None], float] | None = None) -> None:
         if isinstance(num_clients, bool) or not isinstance(num_clients, int) or num_clients < 1:
             raise ValueError(f"num_clients={num_clients!r}: packed mode needs an int >= 1 "
                              "(the virtual clients, partitions 0 .. N - 1)")
         super().__init__(grid)
         self.num_clients = num_clients
-        self.cost = cost
+        self.cost = cost or task_cost
         self.node_ids = [virtual_node_id(p) for p in range(num_clients)]
         self.states: dict[int, RecordDict] = {}  # virtual node -> its Context.state records
         self.examples: dict[int, int] = {}  # virtual node -> n_k from its client-info reply

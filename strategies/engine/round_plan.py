@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord
 
 from .round_report import RoundReport
@@ -50,7 +51,9 @@ class RoundPlan:
     deadline), those not sent work included; ``bytes_down`` / ``bytes_up`` are what the
     clock expects each client to move; ``deadline_dropped`` the sampled clients not sent
     work because nothing of it fits the round's deadline; ``close_after`` the m replies
-    an over-committed round closes at (None: it waits for all).
+    an over-committed round closes at (None: it waits for all); ``sub_models`` the
+    (indices, arrays) of the sub-model each node was sent, in a round of sub-models
+    (:mod:`strategies.engine.submodels`).
     """
 
     server_round: int
@@ -66,6 +69,7 @@ class RoundPlan:
     bytes_up: int = 0
     close_after: int | None = None
     report: RoundReport = field(default=None)  # type: ignore[assignment]
+    sub_models: Mapping[int, tuple[Mapping, Mapping[str, np.ndarray]]] | None = None
 
     def __post_init__(self) -> None:
         if self.report is None:
@@ -75,6 +79,21 @@ class RoundPlan:
     def stragglers(self) -> int:
         """How many selected clients were stragglers this round."""
         return len(self.straggler_work)
+
+    def sent_arrays(self, node_id: int) -> ArrayRecord | Mapping[str, np.ndarray] | None:
+        """What node ``node_id``'s reply must match: the model sent to it (w_t, or its own
+        sub-model when the round sends sub-models; None when it was sent none)."""
+        if self.sub_models is None:
+            return self.arrays
+        sent = self.sub_models.get(node_id)
+        return None if sent is None else sent[1]
+
+    def client_key(self, node_id: int) -> str:
+        """A sent client's key in cross-round tables: its partition id, else ``node-<id>``
+        (:func:`strategies.engine.records.client_key`)."""
+        task = self.tasks.get(node_id)
+        pid = task.partition_id if task is not None else None
+        return str(pid) if pid is not None else f"node-{node_id}"
 
     def sent(self, node_id: int) -> ConfigRecord:
         """The config node ``node_id`` was sent (empty if it was sent no work)."""

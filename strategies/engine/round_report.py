@@ -2,7 +2,7 @@
 
 A round's :class:`RoundReport` is a list of sections, each a frozen dataclass whose fields
 name their run-log key (:mod:`strategies.contract`, ``LOG_*``) in the field's metadata.
-The participation model writes :class:`Participation` and :class:`ClockTime`, the
+The participation model writes :class:`ParticipationSection` and :class:`ClockTime`, the
 aggregation :class:`Aggregation` and :class:`Drift`, and each algorithm its own section
 (:class:`FedNovaSection`, ...). :meth:`RoundReport.log_record` is the round's record in the
 run log (``rounds.jsonl``); :meth:`RoundReport.metric_items` its numbers, for Flower's
@@ -20,7 +20,7 @@ from .. import contract as C
 
 __all__ = ["Aggregation", "AsyncUpdate", "ClientStateSection", "ClockTime", "Drift",
            "DynamicFLSection", "FedDynSection", "FedNovaSection", "FedVecaEstimates",
-           "FedVecaSection", "MoonSection", "OverCommitment", "Participation", "RoundReport",
+           "FedVecaSection", "MoonSection", "OverCommitment", "ParticipationSection", "RoundReport",
            "ScaffoldSection", "Section", "logged"]
 
 
@@ -47,7 +47,7 @@ class Section:
 
 
 @dataclass(frozen=True)
-class Participation(Section):
+class ParticipationSection(Section):
     """Who was asked to train (the participation model's plan, sent)."""
 
     sampled: int = logged(C.LOG_CLIENTS_SAMPLED, default=0)

@@ -1,9 +1,13 @@
 """The round loop of every strategy here: Flower's ``Strategy.start``, on the Grid event loop,
 able to start at any round.
 
-Per round r: ``configure_train`` -> exchange on :class:`~strategies.engine.event_loop.GridEventLoop`
--> ``aggregate_train`` -> ``configure_evaluate`` -> exchange -> ``aggregate_evaluate`` ->
-``evaluate_fn(r, arrays)``, the calls and logs of Flower's own loop. Two differences:
+Per round r: the training half -> ``configure_evaluate`` -> exchange on
+:class:`~strategies.engine.event_loop.GridEventLoop` -> ``aggregate_evaluate`` ->
+``evaluate_fn(r, arrays)``, the calls and logs of Flower's own loop. The training half is the
+engine's own round (:class:`TrainsRounds`: the synchronous engine's plan, exchange and
+aggregation; the asynchronous engine's server update; DynamicFL's sync events), or for any
+other Flower ``Strategy`` its ``configure_train`` -> exchange -> ``aggregate_train``. Two
+differences from Flower's loop:
 
 * ``first_round`` > 1 resumes a run: ``initial_arrays`` is the model after round
   ``first_round - 1``, which is not evaluated again, and the rounds keep their numbers (the
@@ -32,7 +36,7 @@ from flwr.serverapp.strategy.strategy_utils import log_strategy_start_info
 
 from .event_loop import GridEventLoop
 
-__all__ = ["ReportsRounds", "RunAware", "RunsRounds", "round_log", "run_rounds"]
+__all__ = ["ReportsRounds", "RunAware", "TrainsRounds", "round_log", "run_rounds"]
 
 
 @runtime_checkable
@@ -52,19 +56,14 @@ class ReportsRounds(Protocol):
         """Round ``server_round``'s run-log items (``strategies.contract`` keys)."""
 
 
-class RunsRounds:
-    """``start`` = :func:`run_rounds`: Flower's ``Strategy.start`` with ``first_round`` to
-    resume a checkpoint (every strategy of this package)."""
+@runtime_checkable
+class TrainsRounds(Protocol):
+    """An engine that runs a round's training half itself (every engine of this package)."""
 
-    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3,
-              timeout: float = 3600, train_config: ConfigRecord | None = None,
-              evaluate_config: ConfigRecord | None = None,
-              evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
-              first_round: int = 1) -> Result:
-        """Flower's round loop on the Grid event loop (:func:`run_rounds`); ``first_round``
-        > 1 resumes a checkpoint."""
-        return run_rounds(self, grid, initial_arrays, num_rounds, timeout, train_config,
-                          evaluate_config, evaluate_fn, first_round)
+    def train_round(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                    grid: Grid, loop: GridEventLoop, timeout: float | None
+                    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Round ``server_round``'s new model (None: kept) and its training metrics."""
 
 
 def round_log(strategy: object, server_round: int) -> dict[str, object]:
@@ -111,10 +110,14 @@ def run_rounds(
     for current in range(first_round, num_rounds + 1):
         log(INFO, "")
         log(INFO, "[ROUND %s/%s]", current, num_rounds)
-        replies = loop.exchange(strategy.configure_train(current, arrays, train_config, grid),
-                                timeout)
-        new, train_metrics = strategy.aggregate_train(current, replies)
-        del replies  # aggregated: let the model-sized replies go before the next exchange
+        if isinstance(strategy, TrainsRounds):
+            new, train_metrics = strategy.train_round(current, arrays, train_config, grid,
+                                                      loop, timeout)
+        else:
+            replies = loop.exchange(
+                strategy.configure_train(current, arrays, train_config, grid), timeout)
+            new, train_metrics = strategy.aggregate_train(current, replies)
+            del replies  # aggregated: let the model-sized replies go before the next exchange
         if new is not None:
             arrays = result.arrays = new
         if train_metrics is not None:

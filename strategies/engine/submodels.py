@@ -1,8 +1,8 @@
-"""FedAvg over width-heterogeneous sub-models: the server side HeteroFL, FjORD and FedRolex
-share (their own classes: :mod:`strategies.algorithms.heterofl`, :mod:`strategies.algorithms.fjord`,
+"""Width-heterogeneous sub-models, a component of the round engine: what HeteroFL, FjORD and
+FedRolex share (:mod:`strategies.algorithms.heterofl`, :mod:`strategies.algorithms.fjord`,
 :mod:`strategies.algorithms.fedrolex`).
 
-Per round, on FedAvg's sampling, reply checks and clock:
+Per round, on the engine's sampling, reply checks and clock (:class:`SubModels`):
 
 * each selected client k gets a width r_k (:class:`WidthRule`): the largest level whose
   round time on the simulated clock, with the client's own sub-model size and compute,
@@ -24,19 +24,19 @@ from dataclasses import dataclass
 from logging import INFO, WARNING
 
 import numpy as np
-from flwr.app import ConfigRecord, Message
+from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.common.logger import log
 
-from . import averaging as agg
 from .. import contract as C
 from . import records, submodel_math, trust_gate
-from ..algorithms.fedavg import FedAvg
-from .participation import ModelShare, check_choice
-from .round_plan import ClientTask, RoundPlan
+from .participation import ModelShare, Participation, check_choice
+from .round_plan import RoundPlan
 from .round_report import Section, logged
 
-__all__ = ["DEFAULT_LEVELS", "WIDTH_RULES", "WidthFedAvg", "WidthRule", "WidthSection",
-           "width_spec_of"]
+__all__ = ["DEFAULT_LEVELS", "SCHEMES", "SubModels", "WIDTH_RULES", "WidthRule",
+           "WidthSection", "width_spec_of"]
+
+SCHEMES = submodel_math.SCHEMES
 
 DEFAULT_LEVELS = (1.0, 0.5, 0.25, 0.125, 0.0625)  # HeteroFL's a-e (1, 1/2, ..., 1/16)
 WIDTH_RULES = ("deadline", "fixed", "dynamic")
@@ -94,17 +94,20 @@ class WidthRule:
         return self.levels[int(rng.integers(len(self.levels)))]
 
 
-class WidthFedAvg(FedAvg):
-    """FedAvg over sub-models of per-client widths (module docstring); subclassed by the
-    papers' classes, which fix ``SCHEME`` and the client's contract.
+class SubModels:
+    """Each selected client's width, sub-model, reply check and overlap average (module
+    docstring); given to the round engine by HeteroFL, FjORD and FedRolex.
 
     Parameters
     ----------
+    scheme : str
+        ``"static"`` (the first ceil(r K) units: HeteroFL, FjORD) or ``"rolling"``
+        (FedRolex's window, :func:`strategies.engine.submodel_math.unit_indices`).
     width_spec : WidthSpec or mapping, optional
         Which axes of which parameters hold which hidden units
-        (:class:`strategies.engine.submodel_math.WidthSpec`, or ``task.models.width_spec``'s plain
-        tuples). fedhetero's ServerApp gives it from the model (:meth:`use_model`);
-        a library user passes it here.
+        (:class:`strategies.engine.submodel_math.WidthSpec`, or ``task.models.width_spec``'s
+        plain tuples). fedhetero's ServerApp gives it from the model it measured; a library
+        user passes it here.
     levels : sequence of float
         The widths a client can get (default 1, 1/2, 1/4, 1/8, 1/16: HeteroFL's levels).
     width_rule : str, optional
@@ -112,59 +115,45 @@ class WidthFedAvg(FedAvg):
         ``"deadline"`` with a ``round_deadline``, else ``"fixed"``.
     level_compute : mapping, optional
         Per level, the sub-model's training FLOPs per example over the full model's (the
-        clock's compute share); default: its parameter count over the full model's
-        (fedhetero's ServerApp counts the FLOPs of the model built at each width).
+        clock's compute share); default: its parameter count over the full model's.
     scaler : bool
         Ask the clients for HeteroFL's Scaler (``width-scaler``).
-    weighting : str
-        ``"uniform"`` (each client holding an entry counts once) or ``"examples"`` (n_k).
-    **kwargs
-        As :class:`FedAvg` (``fraction_train``, ``seed``, ``clock``, ``round_deadline``, ...).
     """
 
-    SCHEME = "static"  # submodel_math.SCHEMES: "static" (HeteroFL, FjORD) or "rolling"
-
-    def __init__(self, *flower_args, width_spec=None, levels: Sequence[float] = DEFAULT_LEVELS,
-                 width_rule: str | None = None,
-                 level_compute: Mapping[float, float] | None = None, scaler: bool = False,
-                 weighting: str = "uniform", **kwargs) -> None:
-        check_choice("weighting", weighting, WIDTH_WEIGHTINGS)
-        if kwargs.get("drift_diagnostics"):
-            raise ValueError(f"{type(self).__name__}: drift_diagnostics compares whole-model "
-                             f"updates; the clients here send sub-models of different shapes. "
-                             f"Use drift_diagnostics=False")
-        super().__init__(*flower_args, weighting=weighting, **kwargs)
-        timer = self.participation.timer
-        if width_rule is None:
-            width_rule = "deadline" if timer is not None and timer.deadline is not None \
-                else "fixed"
-        if width_rule == "deadline" and (timer is None or timer.deadline is None):
-            raise ValueError(f"{type(self).__name__}: width_rule='deadline' picks the largest "
-                             f"width that fits the round deadline on the simulated clock: pass "
-                             f"clock=SimClock(...) and round_deadline=D, or width_rule='fixed'")
+    def __init__(self, scheme: str = "static", *, width_spec=None,
+                 levels: Sequence[float] = DEFAULT_LEVELS, width_rule: str | None = None,
+                 level_compute: Mapping[float, float] | None = None,
+                 scaler: bool = False) -> None:
+        check_choice("scheme", scheme, SCHEMES)
         if not isinstance(scaler, bool):
             raise ValueError(f"scaler={scaler!r} must be True or False")
-        self.rule = WidthRule(width_rule, levels, self.participation.seed)
-        self.scaler = scaler
-        self.spec = None
-        self.level_compute = None
-        self.use_model(width_spec, level_compute)
+        self.scheme, self.scaler, self.rule_name = scheme, scaler, width_rule
+        self.levels = levels
+        self.rule: WidthRule | None = None
+        self.spec = None if width_spec is None else (
+            width_spec if isinstance(width_spec, submodel_math.WidthSpec)
+            else width_spec_of(width_spec))
+        self.level_compute = level_compute
         self.level_bytes: dict[float, int] = {}
         self.level_params: dict[float, int] = {}
-        self.widths: dict[int, float] = {}  # this round's width per node
+        self.participation: Participation | None = None
+        self.owner = "HeteroFL"
+        self.widths: dict[int, float] = {}  # one round's widths by node (a memo of the rule)
         self.widths_round = 0
-        self.sent: dict[int, tuple[submodel_math.Indices, dict[str, np.ndarray]]] = {}
 
-    def use_model(self, width_spec=None, level_compute: Mapping[float, float] | None = None
-                  ) -> None:
-        """Give the model's :class:`~strategies.engine.submodel_math.WidthSpec` (or plain tuples)
-        and, optionally, each level's compute share (the ServerApp calls this once it knows
-        the model)."""
-        if width_spec is not None:
-            self.spec = (width_spec if isinstance(width_spec, submodel_math.WidthSpec)
-                         else width_spec_of(width_spec))
-        if level_compute is not None:
-            shares = {float(k): float(v) for k, v in level_compute.items()}
+    def bind(self, participation: Participation, owner: str) -> None:
+        """Join the engine's participation model (the rule's seed and clock)."""
+        self.participation, self.owner = participation, owner
+        timer, name = participation.timer, self.rule_name
+        if name is None:
+            name = "deadline" if timer is not None and timer.deadline is not None else "fixed"
+        if name == "deadline" and (timer is None or timer.deadline is None):
+            raise ValueError(f"{owner}: width_rule='deadline' picks the largest width that fits "
+                             f"the round deadline on the simulated clock: pass "
+                             f"clock=SimClock(...) and round_deadline=D, or width_rule='fixed'")
+        self.rule = WidthRule(name, self.levels, participation.seed)
+        if self.level_compute is not None:
+            shares = {float(k): float(v) for k, v in self.level_compute.items()}
             missing = [r for r in self.rule.levels if r not in shares]
             bad = {r: v for r, v in shares.items() if not (math.isfinite(v) and v > 0)}
             if missing or bad:
@@ -172,24 +161,24 @@ class WidthFedAvg(FedAvg):
                                  f"{list(self.rule.levels)}: missing {missing}, bad {bad}")
             self.level_compute = shares
 
-    def summary(self) -> None:
-        """Log the widths' configuration."""
-        log(INFO, "\t├──> Widths %s, rule '%s', sub-models '%s', weighting %s%s",
-            ", ".join(f"{r:g}" for r in self.rule.levels), self.rule.name, self.SCHEME,
-            self.weighting, ", Scaler" if self.scaler else "")
-        super().summary()
+    def summary_line(self, weighting: str) -> str:
+        """The widths' configuration, for the engine's summary."""
+        return (f"Widths {', '.join(f'{r:g}' for r in self.rule.levels)}, rule "
+                f"'{self.rule.name}', sub-models '{self.scheme}', weighting {weighting}"
+                f"{', Scaler' if self.scaler else ''}")
 
     # ------------------------------------------------------------------ widths
-    def width_of(self, node_id: int, config: ConfigRecord) -> float:
+    def width_of(self, node_id: int, config: ConfigRecord, work) -> float:
         """r_k of node ``node_id`` this round (:class:`WidthRule`); chosen once per round."""
         server_round = int(config.get(C.SERVER_ROUND, 0))
         if server_round != self.widths_round:
             self.widths, self.widths_round = {}, server_round
         if node_id not in self.widths:
-            self.widths[node_id] = self.choose_width(server_round, node_id, config)
+            self.widths[node_id] = self.choose_width(server_round, node_id, config, work)
         return self.widths[node_id]
 
-    def choose_width(self, server_round: int, node_id: int, config: ConfigRecord) -> float:
+    def choose_width(self, server_round: int, node_id: int, config: ConfigRecord,
+                     work) -> float:
         """The rule's width for one node (partition id from the client-info query; a node
         without one gets the largest level under "fixed" / "dynamic")."""
         rule, participation = self.rule, self.participation
@@ -199,12 +188,12 @@ class WidthFedAvg(FedAvg):
                 return rule.levels[0]
             return rule.fixed(pid) if rule.name == "fixed" else rule.dynamic(server_round, pid)
         timer, pid = participation.timer, participation.partition_of(node_id)
-        steps = self.full_local_steps(node_id, config)
-        per_step = self.examples_per_step(node_id, config)
+        steps = work.full_local_steps(node_id, config)
+        per_step = work.examples_per_step(node_id, config)
         for level in rule.levels:
             size = self.level_bytes[level]
             seconds = timer.client_seconds(pid, steps, per_step, size, size,
-                                           self.extra_examples(node_id, config),
+                                           work.extra_examples(node_id, config),
                                            self.compute_share(level))
             if seconds <= timer.deadline * (1 + 1e-9):
                 return level
@@ -217,21 +206,22 @@ class WidthFedAvg(FedAvg):
             return self.level_compute[level]
         return self.level_params[level] / self.level_params[1.0]
 
-    def model_share(self, node_id: int, config: ConfigRecord, down: int, up: int
-                    ) -> ModelShare:
+    def model_share(self, node_id: int, config: ConfigRecord, work) -> ModelShare:
         """The clock's view of a client: its sub-model's compute share and bytes."""
-        level = self.width_of(node_id, config)
+        level = self.width_of(node_id, config, work)
         size = self.level_bytes[level]
         return ModelShare(self.compute_share(level), size, size)
 
-    def describe_levels(self, arrays: Mapping[str, np.ndarray]) -> None:
-        """Each level's sub-model bytes and parameter count (the shapes do not change)."""
+    def describe(self, arrays: Mapping[str, np.ndarray]) -> None:
+        """Each level's sub-model bytes and parameter count, once (the shapes do not
+        change)."""
+        if self.level_bytes:
+            return
         if self.spec is None:
-            raise ValueError(f"{type(self).__name__} needs the model's width spec: pass "
-                             f"width_spec=... (task.models.width_spec(name, input_shape, "
-                             f"num_classes) for fedhetero's models) or call use_model(spec)")
+            raise ValueError(f"{self.owner} needs the model's width spec: pass width_spec=... "
+                             f"(task.models.width_spec(name, input_shape, num_classes) for "
+                             f"fedhetero's models)")
         shapes = {k: tuple(v.shape) for k, v in arrays.items()}
-        self.level_bytes, self.level_params = {}, {}
         for level in (*self.rule.levels, 1.0):
             indices = submodel_math.submodel_indices(self.spec, shapes, "static", level)
             sizes = {k: math.prod(shapes[k][a] if isinstance(ix, slice) else len(ix)
@@ -241,50 +231,43 @@ class WidthFedAvg(FedAvg):
             self.level_params[level] = sum(sizes[k] for k in sizes
                                            if np.issubdtype(arrays[k].dtype, np.floating))
 
-    # ------------------------------------------------------------------ configure
-    def configure_train(self, server_round, arrays, config, grid):
-        """FedAvg's round with each client's sub-model (module docstring)."""
-        if not self.level_bytes:
-            self.describe_levels(records.to_numpy(arrays))
-        self.sent = {}
-        return super().configure_train(server_round, arrays, config, grid)
-
-    def task_config(self, plan: RoundPlan, task: ClientTask) -> ConfigRecord:
-        """The plan's config with ``model-width`` (and ``width-scaler`` when on)."""
-        own = ConfigRecord(dict(task.config))
-        own[C.MODEL_WIDTH] = self.width_of(task.node_id, task.config)
+    # ------------------------------------------------------------------ a round
+    def task_keys(self, node_id: int, config: ConfigRecord, work) -> dict[str, object]:
+        """A task's ``model-width`` (and ``width-scaler`` when on)."""
+        keys: dict[str, object] = {C.MODEL_WIDTH: self.width_of(node_id, config, work)}
         if self.scaler:
-            own[C.WIDTH_SCALER] = True
-        return own
+            keys[C.WIDTH_SCALER] = True
+        return keys
 
-    def prepared_messages(self, plan: RoundPlan, messages: list[Message]) -> list[Message]:
+    def attach(self, plan: RoundPlan, messages: list[Message]
+               ) -> dict[int, tuple[submodel_math.Indices, dict[str, np.ndarray]]]:
         """Each message carries its client's sub-model W_k instead of W (one extraction per
-        width); the round's widths go to the run log."""
+        width); the round's widths go to its report. Returns what each node was sent."""
         global_arrays = records.to_numpy(plan.arrays)
         shapes = {k: tuple(v.shape) for k, v in global_arrays.items()}
         by_level: dict[float, tuple] = {}
         widths: dict[str, float] = {}
+        sent = {}
         for msg in messages:
             node = msg.metadata.dst_node_id
             level = float(msg.content[C.CONFIG][C.MODEL_WIDTH])
             if level not in by_level:
                 indices = submodel_math.submodel_indices(
-                    self.spec, shapes, self.SCHEME, level, plan.server_round - 1)
+                    self.spec, shapes, self.scheme, level, plan.server_round - 1)
                 sub = submodel_math.extract(global_arrays, indices)
                 by_level[level] = (indices, sub, records.to_record(sub))
             indices, sub, record = by_level[level]
             msg.content[C.ARRAYS] = record
-            self.sent[node] = (indices, sub)
+            sent[node] = (indices, sub)
             widths[self.participation.client_key(node)] = level
         counts = {f"{r:g}": sum(1 for w in widths.values() if w == r) for r in self.rule.levels}
         plan.report.add(WidthSection(self.rule.name, widths, counts))
-        return super().prepared_messages(plan, messages)
+        return sent
 
-    # ------------------------------------------------------------------ replies
-    def contract_gap(self, reply: Message) -> str | None:
+    def gap(self, plan: RoundPlan, reply: Message) -> str | None:
         """A reply whose arrays do not have the shapes of the sub-model sent: the ClientApp
         did not build its model at ``model-width``."""
-        sent = self.sent.get(reply.metadata.src_node_id)
+        sent = (plan.sub_models or {}).get(reply.metadata.src_node_id)
         arrays = reply.content.get(C.ARRAYS)
         if sent is None or not hasattr(arrays, "items"):
             return None
@@ -295,21 +278,13 @@ class WidthFedAvg(FedAvg):
                         f"model at the config's '{C.MODEL_WIDTH}')")
         return None
 
-    def reply_problem(self, plan: RoundPlan, reply: Message) -> str | None:
-        """The trust gate against the sub-model this node was sent (its keys, shapes and
-        dtypes), not the global model."""
-        node = reply.metadata.src_node_id
-        if node not in self.sent:
-            return "no sub-model was sent to this node this round"
-        return trust_gate.train_reply_problem(
-            reply, self.sent[node][1], sent=plan.sent(node),
-            reported_size=self.participation.info(node).num_examples)
-
-    def update_model(self, plan: RoundPlan, global_arrays: agg.NDArrays,
-                     replies: list[Message], models: list[tuple[int, agg.NDArrays]]
-                     ) -> tuple[agg.NDArrays | None, list[int]]:
-        """W_{t+1} by :func:`strategies.engine.submodel_math.overlap_aggregate` over the replies
-        whose arrays are finite (one log line per other), then w + eta_g (W_{t+1} - w)."""
+    def average(self, plan: RoundPlan, global_arrays: Mapping[str, np.ndarray],
+                replies: list[Message], models: list[tuple[int, Mapping[str, np.ndarray]]],
+                weights: list[float] | None, server_lr: float
+                ) -> tuple[dict[str, np.ndarray] | None, list[int]]:
+        """W_{t+1} by :func:`strategies.engine.submodel_math.overlap_aggregate` over the
+        replies whose arrays are finite (one log line per other), then w + eta_g (W_{t+1} -
+        w); ``weights`` the replies' example counts (None: each holder counts once)."""
         updates, used = [], []
         for k, model in models:
             node = replies[k].metadata.src_node_id
@@ -317,15 +292,14 @@ class WidthFedAvg(FedAvg):
             if bad is not None:
                 log(WARNING, "Reply from node %d rejected: array '%s' has NaN or Inf", node, bad)
                 continue
-            weight = (float(replies[k].content[C.METRICS][C.NUM_EXAMPLES])
-                      if self.weighting == "examples" else None)
-            updates.append((self.sent[node][0], model, weight))
+            updates.append((plan.sub_models[node][0], model,
+                            None if weights is None else weights[k]))
             used.append(k)
         if not updates:
             return None, []
         new = submodel_math.overlap_aggregate(global_arrays, updates)
-        if self.server_lr != 1.0:
-            new = {k: (w + self.server_lr * (new[k].astype(np.float64) - w)).astype(w.dtype)
+        if server_lr != 1.0:
+            new = {k: (w + server_lr * (new[k].astype(np.float64) - w)).astype(w.dtype)
                    if np.issubdtype(w.dtype, np.floating) else new[k]
                    for k, w in global_arrays.items()}
         return new, used
