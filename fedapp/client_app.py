@@ -1,17 +1,17 @@
 """ClientApp: @train / @evaluate / @query: task's model, data and optimiser in the one
 local-SGD loop of ``strategies.client``.
 
-The strategy-specific client work goes through the same ``strategies.client`` helpers
-any user's ClientApp calls, on the optimiser the task builds from the train message
-(:func:`task.train.sgd_optimizer`): ``client_info_reply`` (the query),
-``report_local_steps`` (FedNova's tau_i), ``ProximalTerm`` (FedProx), ``fedveca_train``
-(FedVeca), ``train_chunk`` (DynamicFL), ``ScaffoldClient`` (SCAFFOLD; c_i in
-``context.state``), ``FedDynClient`` (FedDyn; the linear term in ``context.state``) and
-``MoonClient`` (MOON; the previous local model in ``context.state``) and, for a message
-with ``model-width`` (HeteroFL, FedRolex, FjORD), the model built at that width holding the
-received sub-model (``load_width_state``), trained by ``ordered_dropout_sgd`` when the
-message has FjORD's ``width-levels``; every other step runs in
-``strategies.client.local_sgd``.
+Each strategy's client work is found from the train message itself
+(:func:`strategies.client.sides.client_sides`: the client sides the registered strategies
+name, matched by the keys their contracts send): a client side with a local training of its
+own runs it (FedVeca's tau steps, a DynamicFL chunk, FjORD's ordered dropout); the others
+ride on the one loop, ``strategies.client.local_sgd``, on the optimiser the task builds from
+the message (:func:`task.train.sgd_optimizer`): step hooks (FedProx's proximal term,
+SCAFFOLD's correction, FedDyn's regulariser), a loss term (MOON) or a loss (FedLC), and the
+reply they build (client state in ``context.state``). No strategy has a branch here. A
+message with ``model-width`` (HeteroFL, FedRolex, FjORD) gets the model built at that width
+holding the received sub-model (``load_width_state``); the query is answered by
+``client_info_reply``.
 
 Each node finds its data by ``partition-id`` / ``num-partitions`` in its node config
 (simulation sets both; a deployed SuperNode names them in ``--node-config``, and
@@ -35,32 +35,19 @@ from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from strategies import contract as C
-from strategies.engine.records import to_record  # the .npy bytes written with one copy
 from strategies.client import (
-    FedDynClient,
-    MoonClient,
-    ProximalTerm,
-    ScaffoldClient,
     client_info_reply,
     client_seed,
-    fedveca_train,
-    is_dynamicfl_chunk,
-    is_feddyn_message,
-    is_fedveca_round,
-    is_moon_message,
-    is_scaffold_message,
     is_width_message,
     label_counts,
     load_width_state,
     local_sgd,
-    ordered_dropout_sgd,
-    report_local_steps,
-    sent_levels,
     sent_scaler,
     sent_width,
-    train_chunk,
     virtual_clients,
 )
+from strategies.client.sides import TrainTask, client_sides, model_content, training_metrics
+from strategies.engine.registry import registered
 from task.data import DataSource, PartitionSpec
 from task.node_data import PARTITIONS_KEPT, Partition, load_partition
 
@@ -250,9 +237,15 @@ def _epochs(value: object) -> int | float:
     return int(value) if value.is_integer() else value
 
 
+CLIENT_SIDE_MODULES = tuple(dict.fromkeys(
+    r.client_side for r in registered().values() if r.client_side))
+"""The ``strategies.client`` modules of the registered strategies' client sides."""
+
+
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    """Local SGD on this node's partition; replies the model and the statistics."""
+    """Local training on this node's partition, as the message's strategy asks (module
+    docstring); replies the model and the statistics."""
     apply_threads(context)
     x, y, part, cfg = local_data(context)
     model = received_model(msg, cfg, part)
@@ -269,80 +262,49 @@ def train(msg: Message, context: Context) -> Message:
         empty = MetricRecord({C.NUM_EXAMPLES: 0, C.PARTITION_ID: partition_id})
         content = RecordDict({C.ARRAYS: msg.content[C.ARRAYS], C.METRICS: empty})
         return Message(content, reply_to=msg)
-    if is_fedveca_round(config):  # a FedVeca server
-        return train_fedveca(msg, model, x, y, cfg, seed, partition_id)
-    if is_dynamicfl_chunk(config):  # a DynamicFL chunk [start-step, start-step + num-steps)
-        return train_dynamicfl_chunk(msg, context, model, x, y, cfg, partition_id)
-    levels = sent_levels(config) if is_width_message(msg) else None
-    if levels is not None:  # FjORD: ordered dropout over the sent widths
-        return train_ordered_dropout(msg, model, x, y, cfg, part, seed, partition_id, levels)
-    optimizer = app_optimizer(model, config, cfg)
-    lr = float(config.get(C.LR, cfg.lr))
-    mu = float(config.get(C.PROXIMAL_MU, 0.0))
-    if mu > 0:  # FedProx: mu (w - w^t) on every gradient; mu = 0 runs no proximal code at all
-        ProximalTerm(model, mu).wrap(optimizer)
-    # SCAFFOLD: c_i from context.state (or the server's copy); every step corrected
-    scaffold = ScaffoldClient(msg, context.state, lr=lr) if is_scaffold_message(msg) else None
-    # FedDyn: the linear term from context.state; the regulariser's gradient before each step
-    feddyn = FedDynClient(msg, context.state) if is_feddyn_message(msg) else None
-    # MOON: w^t and the previous local model (context.state); l_sup + mu l_con per step
-    moon = MoonClient(msg, context.state, model) if is_moon_message(msg) else None
-    for helper in (scaffold, feddyn):
-        if helper is not None:
-            helper.wrap(optimizer, model)
-    result = local_sgd(
-        model, x, y,
-        optimizer=optimizer,
-        batch_size=int(config.get(C.BATCH_SIZE, cfg.batch_size)),
-        epochs=_epochs(config.get(C.LOCAL_EPOCHS, cfg.local_epochs)),
-        steps=int(config.get(C.LOCAL_STEPS, cfg.local_steps)),
-        seed=seed,
-        forward=None if moon is None else moon.forward,
-    )
-    metrics = {C.NUM_EXAMPLES: result.num_examples, C.TRAIN_LOSS: result.train_loss}
-    metrics = report_local_steps(metrics, result.local_steps)  # FedNova's tau_i
-    metrics[C.PARTITION_ID] = partition_id
-    helper = scaffold or feddyn or moon
-    if helper is not None:  # the helper keeps its state in context.state, builds the reply
-        return Message(helper.finish(model, metrics), reply_to=msg)
-    return model_reply(msg, model, metrics)
+    task = train_task(msg, context, model, x, y, part, cfg, seed, partition_id)
+    sides = client_sides(msg, CLIENT_SIDE_MODULES)
+    own = [side for side in sides if side.train is not None]
+    if own:  # a client side with a local training of its own
+        return Message(own[0].train(task), reply_to=msg)
+    optimizer = task.optimizer()
+    hooks = [side.hook(task) for side in sides]  # state-keeping sides read context.state
+    for hook in hooks:
+        if hasattr(hook, "wrap"):
+            hook.wrap(optimizer, model)
+    forward = next((h.forward for h in hooks if hasattr(h, "forward")), None)
+    loss_fn = next((h.loss_fn for h in hooks if hasattr(h, "loss_fn")), None)
+    result = local_sgd(model, x, y, optimizer=optimizer, batch_size=task.batch_size,
+                       epochs=task.epochs, steps=task.steps, seed=seed, forward=forward,
+                       loss_fn=loss_fn)
+    metrics = training_metrics(result, partition_id)
+    finisher = next((h for h in hooks if hasattr(h, "finish")), None)
+    if finisher is not None:  # the client side keeps its state, builds the reply
+        return Message(finisher.finish(model, metrics), reply_to=msg)
+    return Message(model_content(model, metrics), reply_to=msg)
 
 
-def model_reply(msg: Message, model: torch.nn.Module, metrics: dict) -> Message:
-    """The reply: the trained model's state_dict (its own keys and shapes) and ``metrics``."""
-    arrays = to_record({k: v.detach().cpu().numpy() for k, v in model.state_dict().items()})
-    content = RecordDict({C.ARRAYS: arrays, C.METRICS: MetricRecord(metrics)})
-    return Message(content, reply_to=msg)
-
-
-def train_ordered_dropout(msg: Message, model: torch.nn.Module, x: torch.Tensor,
-                          y: torch.Tensor, cfg: RunConfig, part: Partition, seed: int,
-                          partition_id: int, levels: tuple[float, ...]) -> Message:
-    """FjORD (Horvath et al., Sec. 3): each step trains the width-p prefix of the width-r
-    model, p drawn uniformly from the sent levels; the process's model at each p (one per
-    width, :func:`_model`) is the step's sub-model. Plain SGD at the config's lr / momentum
-    / weight-decay (the run config's where the message has none)."""
+def train_task(msg: Message, context: Context, model: torch.nn.Module, x: torch.Tensor,
+               y: torch.Tensor, part: Partition, cfg: RunConfig, seed: int,
+               partition_id: int) -> TrainTask:
+    """What a strategy's client side gets: the message's local work, the run config's where
+    the message sends none, the task's optimiser and model builder."""
     config = msg.content[C.CONFIG]
-    scaler, device = sent_scaler(config), model_device(cfg)
+    scaler, device = sent_scaler(config) if is_width_message(msg) else False, model_device(cfg)
 
     def build(width: float) -> torch.nn.Module:
         return _model(cfg.model, part.input_shape, part.num_classes, device, width, scaler)
 
-    result = ordered_dropout_sgd(
-        model, build, x, y, levels,
+    return TrainTask(
+        msg=msg, state=context.state, model=model, x=x, y=y,
+        optimizer=lambda: app_optimizer(model, config, cfg),
         batch_size=int(config.get(C.BATCH_SIZE, cfg.batch_size)),
         epochs=_epochs(config.get(C.LOCAL_EPOCHS, cfg.local_epochs)),
-        steps=int(config.get(C.LOCAL_STEPS, cfg.local_steps)),
-        seed=seed,
+        steps=int(config.get(C.LOCAL_STEPS, cfg.local_steps)), seed=seed,
+        run_seed=cfg.seed, partition_id=partition_id,
         lr=float(config.get(C.LR, cfg.lr)),
         momentum=float(config.get(C.MOMENTUM, cfg.momentum)),
-        weight_decay=float(config.get(C.WEIGHT_DECAY, cfg.weight_decay)),
-        width=sent_width(config),
-    )
-    metrics = {C.NUM_EXAMPLES: result.num_examples, C.TRAIN_LOSS: result.train_loss}
-    metrics = report_local_steps(metrics, result.local_steps)
-    metrics[C.PARTITION_ID] = partition_id
-    return model_reply(msg, model, metrics)
+        weight_decay=float(config.get(C.WEIGHT_DECAY, cfg.weight_decay)), build=build)
 
 
 def app_optimizer(model: torch.nn.Module, config: object, cfg: RunConfig) -> torch.optim.SGD:
@@ -352,29 +314,6 @@ def app_optimizer(model: torch.nn.Module, config: object, cfg: RunConfig) -> tor
 
     return sgd_optimizer(model, config, lr=cfg.lr, momentum=cfg.momentum,
                          weight_decay=cfg.weight_decay)
-
-
-def train_fedveca(msg: Message, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
-                  cfg: RunConfig, seed: int, partition_id: int) -> Message:
-    """FedVeca's client (Alg. 2): tau plain SGD steps (eq. 1), grad F_i(w_k), beta and delta."""
-    content = fedveca_train(model, (x, y), msg.content[C.CONFIG], partition_id=partition_id,
-                            seed=seed, lr=cfg.lr, batch_size=cfg.batch_size,
-                            beta_mode=cfg.fedveca_beta_mode,
-                            grad_subsample=cfg.fedveca_grad_subsample)
-    return Message(content, reply_to=msg)
-
-
-def train_dynamicfl_chunk(msg: Message, context: Context, model: torch.nn.Module,
-                          x: torch.Tensor, y: torch.Tensor, cfg: RunConfig,
-                          partition_id: int) -> Message:
-    """DynamicFL (Le et al., Alg. 1): one chunk of the round's batch stream with the task's
-    SGD (the run config gives what the chunk's config lacks); its momentum in context.state."""
-    config = msg.content[C.CONFIG]
-    content = train_chunk(
-        model, (x, y), config, context.state, partition_id=partition_id,
-        optimizer=app_optimizer(model, config, cfg), batch_size=cfg.batch_size, seed=cfg.seed,
-    )
-    return Message(content, reply_to=msg)
 
 
 @app.evaluate()

@@ -8,7 +8,6 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from strategies.engine.node_identity import PartitionMap, key_fingerprint, map_text, parse_partition_map
-from strategies.engine.participation import participation_of
 
 from .config import ConfigError, flwr_run_fix
 
@@ -58,14 +57,15 @@ def read_partition_map(path: str) -> PartitionMap:
     return PartitionMap(fingerprints, source=f"{KEY}={path}")
 
 
-def bind_partition_map(strategy: object, path: str) -> PartitionMap | None:
-    """Give ``strategy``'s participation model the map in ``path`` ('': none, nothing
-    changes): from then on each node's claimed partition is checked against its registered
-    key at every client-info query. ConfigError for a strategy without the client-info query
-    (Flower's own classes) or a map that does not read (:func:`read_partition_map`)."""
+def bind_partition_map(built, path: str) -> PartitionMap | None:
+    """Give the built strategy's participation model (:class:`fedapp.registry.Built`) the
+    map in ``path`` ('': none, nothing changes): from then on each node's claimed partition
+    is checked against its registered key at every client-info query. ConfigError for a
+    strategy without the client-info query (Flower's own classes) or a map that does not
+    read (:func:`read_partition_map`)."""
     if not path:
         return None
-    participation = participation_of(strategy)
+    participation, strategy = built.participation, built.strategy
     if participation is None or not participation.query_client_info:
         raise ConfigError(
             f"run config: {KEY}={path!r} needs a strategy that asks its clients for their "

@@ -1,37 +1,41 @@
-"""The one strategy-name table: run-config ``strategy`` -> the wiring that builds it.
+"""The strategies by name: run config -> the registered strategy, built by one generic builder.
 
-Each builder passes run-config values to a strategy's constructor. What a key may take
-(bounds, keys a strategy cannot honour, rules across keys) is declared in
-:mod:`fedapp.config_keys` and checked by :meth:`RunConfig.validate` before any builder runs;
-the constructors keep their own checks for library users, and the two are kept in agreement
-by tests/test_config_keys.py. Later strategies plug in by adding an entry to
-:data:`STRATEGIES` (and their keys to the table).
+Every strategy comes from its algorithm module's registration
+(:mod:`strategies.engine.registry`): its class, its engine, its own run-config keys (each
+with the constructor argument it sets), the shared keys it takes. :func:`build_strategy`
+passes each key the strategy reads (:mod:`fedapp.config_keys`: its engine family's, its own,
+its ``reads``) to its constructor, plus what its engine needs beyond single keys (the
+simulated clock, the selection policy, the learning-rate schedule: :data:`ENGINE_PARTS`).
+What a key may take is declared with the key and checked by :meth:`RunConfig.validate`
+before any builder runs; the constructors keep their own checks for library users, and the
+two are kept in agreement by tests/test_config_keys.py. A new strategy needs nothing here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from contextvars import ContextVar
 from dataclasses import dataclass
+from functools import partial
 from logging import WARNING
+from typing import NamedTuple
 
 from flwr.common.logger import FLOWER_LOGGER, log
 from flwr.serverapp.strategy import Strategy
 
-from strategies import (DynamicFL, FedAsync, FedAvg, FedBuff, FedDyn, FedNova, FedProx, FedRolex,
-                        FedVeca, FjORD, HeteroFL, Moon, OortSelection, PowerOfChoice, Scaffold,
-                        TiFLSelection)
-from strategies import SELECTIONS
+from strategies import SELECTIONS, OortSelection, PowerOfChoice, TiFLSelection
 from strategies import contract as C
-from strategies.algorithms import flower_optimizers as flower
 from strategies.engine.clock import SimClock
 from strategies.engine.devices import FLEETS, GeneratedFleet, load_trace
+from strategies.engine.participation import Participation
+from strategies.engine.registry import Registration
 from strategies.engine.schedules import LRSchedule
 
 from .config import ConfigError, RunConfig, default, flwr_run_fix
-from .config_keys import FLOWER, width_levels
+from .config_keys import FLOWER, KEYS, REGISTRATIONS
 
-Builder = Callable[[RunConfig], tuple[Strategy, dict]]
+__all__ = ["Built", "FLOWER_STRATEGIES", "ModelFacts", "STRATEGIES", "build_strategy",
+           "check_run_config", "device_clock", "lr_schedule", "selection_policy",
+           "train_config"]
 
 
 @dataclass(frozen=True)
@@ -45,7 +49,17 @@ class ModelFacts:
     width_compute: Mapping[float, float] | None = None
 
 
-MODEL: ContextVar[ModelFacts] = ContextVar("fedhetero_model_facts", default=ModelFacts())
+class Built(NamedTuple):
+    """A built strategy and the train ConfigRecord contents of its run."""
+
+    strategy: Strategy
+    train_config: dict
+
+    @property
+    def participation(self) -> Participation | None:
+        """The strategy's participation model (who takes part, the simulated clock); None
+        for Flower's own classes, which sample with Flower's ClientManager."""
+        return getattr(self.strategy, "participation", None)
 
 
 def train_config(cfg: RunConfig) -> dict[str, int | float | bool | str]:
@@ -69,12 +83,11 @@ def lr_schedule(cfg: RunConfig) -> LRSchedule:
                       lr_min=cfg.lr_min, num_rounds=cfg.num_server_rounds)
 
 
-def device_clock(cfg: RunConfig) -> SimClock | None:
+def device_clock(cfg: RunConfig, cost: float | None = None) -> SimClock | None:
     """The simulated clock of ``device-profiles`` (None for ``none``), calibrated with the
-    model's cost when the ServerApp measured it (:class:`ModelFacts`). A trace that does not
-    load is a ConfigError naming ``device-profiles``."""
+    model's training seconds per example ``cost`` when the ServerApp measured it. A trace
+    that does not load is a ConfigError naming ``device-profiles``."""
     kind = cfg.device_profiles
-    cost = MODEL.get().seconds_per_example
     if kind == "none":
         return None
     if kind in FLEETS:
@@ -109,211 +122,66 @@ def selection_policy(cfg: RunConfig, rounds: int | None) -> object | None:
     return None
 
 
-def _common(cfg: RunConfig, drift: bool = True) -> dict:
-    """Constructor arguments of the FedAvg family; straggler-policy 'auto' = the class default;
-    ``drift``: pass ``drift-diagnostics`` (False: the strategy compares no updates).
+def engine_parts(cfg: RunConfig, registration: Registration, model: ModelFacts
+                 ) -> dict[str, object]:
+    """What a strategy's engine needs beyond single keys (:data:`ENGINE_PARTS`)."""
+    engine = registration.engine
+    if engine == "flower":  # Flower's own classes: m = max(floor(C K), 1), as the app's
+        return {"min_train_nodes": 1, "min_evaluate_nodes": 1}
+    parts: dict[str, object] = {"query_client_info": True,  # fedhetero's ClientApp answers
+                                "clock": device_clock(cfg, model.seconds_per_example)}
+    if engine in ("round", "events"):
+        parts["lr_schedule"] = lr_schedule(cfg)
+    if engine in ("round", "async"):
+        parts["selection"] = selection_policy(cfg, cfg.num_server_rounds if engine == "round"
+                                              else None)
+    if registration.model == "width":
+        parts.update(width_spec=model.width_spec, level_compute=model.width_compute)
+    return parts
 
-    fedhetero's ClientApp answers the client-info query, so it is always on here.
-    """
-    kwargs = {
-        "query_client_info": True,
-        "fraction_train": cfg.fraction_train,
-        "fraction_evaluate": cfg.fraction_evaluate,
-        "seed": cfg.seed,
-        "min_available_nodes": cfg.min_available_nodes,
-        "straggler_fraction": cfg.straggler_fraction,
-        "straggler_unit": cfg.straggler_unit,
-        "drift_diagnostics": cfg.drift_diagnostics if drift else False,
-        "weighting": cfg.weighting,
-        "server_lr": cfg.server_lr,
-        "lr_schedule": lr_schedule(cfg),
-        "clock": device_clock(cfg),
-        "round_deadline": cfg.round_deadline or None,
-        "over_commitment": cfg.over_commitment,
-        "selection": selection_policy(cfg, cfg.num_server_rounds),
-    }
-    if cfg.straggler_policy != "auto":
-        kwargs["straggler_policy"] = cfg.straggler_policy
+
+def constructor_arguments(cfg: RunConfig, registration: Registration) -> dict[str, object]:
+    """Each key the strategy reads that sets a constructor argument (its own keys' ``arg``,
+    its ``reads`` for shared keys), converted; ``auto`` values left to the class."""
+    kwargs: dict[str, object] = {}
+    for key in KEYS:
+        arg = registration.reads.get(key.name, key.arg)
+        if arg is not None and registration.name in key.used_by:
+            kwargs.update(key.arguments(getattr(cfg, key.field), arg))
     return kwargs
 
 
-def _fedavg(cfg: RunConfig) -> tuple[Strategy, dict]:
-    return FedAvg(**_common(cfg)), train_config(cfg)
-
-
-def _fedsgd(cfg: RunConfig) -> tuple[Strategy, dict]:
-    """FedSGD preset (McMahan et al. Sec. 2): E = 1, B = full local batch."""
-    strategy, config = _fedavg(cfg)
-    config.update({C.LOCAL_EPOCHS: 1, C.LOCAL_STEPS: 0, C.BATCH_SIZE: 0})
-    return strategy, config
-
-
-def _fedprox(cfg: RunConfig) -> tuple[Strategy, dict]:
-    return FedProx(proximal_mu=cfg.proximal_mu, **_common(cfg)), train_config(cfg)
-
-
-def _fednova_args(cfg: RunConfig) -> dict:
-    config = train_config(cfg)
-    return {"server_momentum": cfg.server_momentum, "local_epochs": config[C.LOCAL_EPOCHS],
-            "batch_size": config[C.BATCH_SIZE], **_common(cfg)}
-
-
-def _fednova(cfg: RunConfig) -> tuple[Strategy, dict]:
-    return FedNova(**_fednova_args(cfg)), train_config(cfg)
-
-
-def _fedveca(cfg: RunConfig) -> tuple[Strategy, dict]:
-    """FedVeca (Luo et al.): per-client adaptive local steps, FedNova's eq. (5)."""
-    strategy = FedVeca(tau_init=cfg.fedveca_tau_init, tau_max=cfg.fedveca_tau_max,
-                       alpha=cfg.fedveca_alpha, beta_mode=cfg.fedveca_beta_mode,
-                       grad_subsample=cfg.fedveca_grad_subsample, lr=cfg.lr,
-                       **{k: v for k, v in _fednova_args(cfg).items()
-                          if k not in ("local_epochs", "batch_size")})
-    return strategy, train_config(cfg)
-
-
-def _dynamicfl(cfg: RunConfig, intervals: str | None = None) -> tuple[Strategy, dict]:
-    """DynamicFL (Le et al.): DynaComm's high group syncs often, the rest rarely."""
-    strategy = DynamicFL(
-        intervals=intervals or cfg.dynamicfl_intervals, local_steps=cfg.dynamicfl_local_steps,
-        budget_mode=cfg.dynamicfl_budget_mode, beta=cfg.dynamicfl_beta,
-        server_budget=cfg.dynamicfl_server_budget or None, n_ens=cfg.dynamicfl_n_ens,
-        x_star_mode=cfg.dynamicfl_x_star_mode, fraction_train=cfg.fraction_train,
-        fraction_evaluate=cfg.fraction_evaluate, seed=cfg.seed,
-        min_available_nodes=cfg.min_available_nodes, drift_diagnostics=cfg.drift_diagnostics,
-        lr_schedule=lr_schedule(cfg), query_client_info=True, clock=device_clock(cfg),
-        budget_seconds=cfg.dynamicfl_budget_seconds)
-    return strategy, train_config(cfg)
-
-
-def _dynamicsgd(cfg: RunConfig) -> tuple[Strategy, dict]:
-    """DynamicSGD preset: every active client syncs after every local step (intervals 'a')."""
-    return _dynamicfl(cfg, intervals="a")
-
-
-def _scaffold(cfg: RunConfig) -> tuple[Strategy, dict]:
-    """SCAFFOLD (Karimireddy et al., Alg. 1, option II): eta_g = ``server-lr``; the run
-    config's ``weighting`` averages delta y_i (the app's default 'examples' is NIID-Bench's
-    form; 'uniform' is Alg. 1 line 16)."""
-    return Scaffold(**_common(cfg)), train_config(cfg)
-
-
-def _feddyn(cfg: RunConfig) -> tuple[Strategy, dict]:
-    """FedDyn (Acar et al., Alg. 1): alpha = ``feddyn-alpha``; the run config's ``weighting``
-    averages theta_k ('uniform' is Alg. 1's mean, 'examples' FedAvg's)."""
-    return FedDyn(alpha=cfg.feddyn_alpha, **_common(cfg)), train_config(cfg)
-
-
-def _moon(cfg: RunConfig) -> tuple[Strategy, dict]:
-    """MOON (Li, He and Song, Alg. 1): mu = ``moon-mu``, tau = ``moon-temperature``; FedAvg's
-    server (the app's 'examples' weighting is Alg. 1's |D^k| / |D|)."""
-    return Moon(mu=cfg.moon_mu, temperature=cfg.moon_temperature, **_common(cfg)), \
-        train_config(cfg)
-
-
-def _width(cls, cfg: RunConfig) -> tuple[Strategy, dict]:
-    """HeteroFL / FjORD / FedRolex: ``width-levels``, ``width-rule`` (``auto``: the class's
-    choice), ``width-scaler`` (``auto``: the class's default). The model's width spec and
-    each level's FLOPs come from the ServerApp (``use_model``) once it knows the model."""
-    facts = MODEL.get()
-    kwargs = {**_common(cfg, drift=False), "levels": width_levels(cfg.width_levels),
-              "width_spec": facts.width_spec, "level_compute": facts.width_compute}
-    if cfg.width_rule != "auto":
-        kwargs["width_rule"] = cfg.width_rule
-    scaler = cfg.width_scaler
-    if scaler != "auto":
-        if scaler not in ("on", "off"):
-            raise ValueError(f"width-scaler={scaler!r}: use 'auto', 'on' or 'off'")
-        kwargs["scaler"] = scaler == "on"
-    return cls(**kwargs), train_config(cfg)
-
-
-def _async_common(cfg: RunConfig, default_staleness: str) -> dict:
-    """Constructor arguments of FedBuff and FedAsync (the client-info query is on: the
-    clock's profiles and a resume's in-flight tasks are keyed by partition id)."""
-    staleness = cfg.async_staleness
-    return {
-        "concurrency": cfg.async_concurrency,
-        "arrival": cfg.async_arrival,
-        "staleness": default_staleness if staleness == "auto" else staleness,
-        "fraction_evaluate": cfg.fraction_evaluate,
-        "seed": cfg.seed,
-        "min_available_nodes": cfg.min_available_nodes,
-        "query_client_info": True,
-        "clock": device_clock(cfg),
-        "selection": selection_policy(cfg, None),
-    }
-
-
-def _fedbuff(cfg: RunConfig) -> tuple[Strategy, dict]:
-    return FedBuff(buffer_size=cfg.fedbuff_buffer_size, server_lr=cfg.server_lr,
-                   server_momentum=cfg.server_momentum,
-                   **_async_common(cfg, "fedbuff")), train_config(cfg)
-
-
-def _fedasync(cfg: RunConfig) -> tuple[Strategy, dict]:
-    return FedAsync(alpha=cfg.fedasync_alpha, updates_per_round=cfg.fedasync_updates_per_round,
-                    rho=cfg.fedasync_rho, **_async_common(cfg, "polynomial")), train_config(cfg)
-
-
-def _flower_common(cfg: RunConfig) -> dict:
-    """Constructor arguments of Flower's own strategies. ``min_train_nodes`` 1 keeps the
-    app's m = max(floor(C K), 1) (Flower's default is 2)."""
-    return {"fraction_train": cfg.fraction_train, "fraction_evaluate": cfg.fraction_evaluate,
-            "min_available_nodes": cfg.min_available_nodes, "min_train_nodes": 1,
-            "min_evaluate_nodes": 1}
-
-
-def _fedavgm(cfg: RunConfig) -> tuple[Strategy, dict]:
-    """Flower's FedAvgM (Hsu et al.): ``server-lr``, ``server-momentum``."""
-    return flower.FedAvgM(server_learning_rate=cfg.server_lr,
-                          server_momentum=cfg.server_momentum,
-                          **_flower_common(cfg)), train_config(cfg)
-
-
-def _adaptive(cls, cfg: RunConfig, betas: bool = True) -> tuple[Strategy, dict]:
-    """Flower's FedAdam / FedYogi / FedAdagrad (Reddi et al., Alg. 2): eta = ``server-lr``,
-    eta_l = ``lr``, beta_1 / beta_2 = ``server-beta1`` / ``server-beta2``, tau = ``server-tau``."""
-    kwargs = {"eta": cfg.server_lr, "eta_l": cfg.lr, "tau": cfg.server_tau}
-    if betas:
-        kwargs.update(beta_1=cfg.server_beta1, beta_2=cfg.server_beta2)
-    strategy = cls(**kwargs, **_flower_common(cfg))
-    if cfg.server_lr == default("server-lr"):
-        flower_default = flower.flower_default(cls, "eta")
+def build_named(name: str, cfg: RunConfig, model: ModelFacts | None = None) -> Built:
+    """Strategy ``name`` (registered) from ``cfg``: its arguments, its engine's parts, its
+    preset."""
+    registration = REGISTRATIONS[name]
+    kwargs = {**constructor_arguments(cfg, registration),
+              **engine_parts(cfg, registration, model or ModelFacts()), **registration.fixed}
+    if registration.reads.get("server-lr") == "eta" and cfg.server_lr == default("server-lr"):
+        flower_default = flower_default_of(registration.strategy, "eta")
         log(WARNING, "%s: eta = server-lr = %s, the default of plain averaging; Flower's "
-            "default for %s is %s (set it with %s)", cls.__name__, cfg.server_lr, cls.__name__,
-            flower_default, flwr_run_fix({"server-lr": flower_default}))
-    return strategy, train_config(cfg)
+            "default for %s is %s (set it with %s)", registration.strategy.__name__,
+            cfg.server_lr, registration.strategy.__name__, flower_default,
+            flwr_run_fix({"server-lr": flower_default}))
+    config = {**train_config(cfg), **registration.train_config}
+    return Built(registration.strategy(**kwargs), config)
 
 
-STRATEGIES: dict[str, Builder] = {
-    "fedavg": _fedavg,
-    "fedsgd": _fedsgd,
-    "fedprox": _fedprox,
-    "fednova": _fednova,
-    "fedveca": _fedveca,
-    "dynamicfl": _dynamicfl,
-    "dynamicsgd": _dynamicsgd,
-    "scaffold": _scaffold,
-    "feddyn": _feddyn,
-    "moon": _moon,
-    "heterofl": lambda cfg: _width(HeteroFL, cfg),
-    "fjord": lambda cfg: _width(FjORD, cfg),
-    "fedrolex": lambda cfg: _width(FedRolex, cfg),
-    "fedbuff": _fedbuff,
-    "fedasync": _fedasync,
-    "fedavgm": _fedavgm,
-    "fedadam": lambda cfg: _adaptive(flower.FedAdam, cfg),
-    "fedyogi": lambda cfg: _adaptive(flower.FedYogi, cfg),
-    "fedadagrad": lambda cfg: _adaptive(flower.FedAdagrad, cfg, betas=False),
-}
+def flower_default_of(cls: type, parameter: str) -> object:
+    """The default of ``parameter`` in the Flower class ``cls`` wraps."""
+    import inspect  # noqa: PLC0415
 
-# Flower's own classes (strategies.algorithms.flower_optimizers): no client table, no per-round
-# diagnostics, Flower's reply handling; the reliability suites cover fedhetero's own.
-FLOWER_STRATEGIES = FLOWER
+    flower_class = getattr(cls, "FLOWER_CLASS", cls)
+    return inspect.signature(flower_class.__init__).parameters[parameter].default
 
 
-def build_strategy(cfg: RunConfig, model: ModelFacts | None = None) -> tuple[Strategy, dict]:
+STRATEGIES: dict[str, Callable[[RunConfig], Built]] = {
+    name: partial(build_named, name) for name in REGISTRATIONS}
+"""Run-config ``strategy`` -> its builder (every registered strategy)."""
+FLOWER_STRATEGIES = FLOWER  # Flower's own classes, behind the trust gate
+
+
+def build_strategy(cfg: RunConfig, model: ModelFacts | None = None) -> Built:
     """The strategy named by ``cfg.strategy`` and its train ConfigRecord contents; with
     ``model``, the facts the ServerApp measured (a calibrated clock, the width spec).
 
@@ -331,9 +199,8 @@ def build_strategy(cfg: RunConfig, model: ModelFacts | None = None) -> tuple[Str
             f"run config: strategy={cfg.strategy!r} is not allowed; it must be one of "
             f"{', '.join(STRATEGIES)}. Set it with: {flwr_run_fix({'strategy': 'fedavg'})}"
         )
-    token = MODEL.set(model or ModelFacts())
     try:
-        return STRATEGIES[cfg.strategy](cfg)
+        return build_named(cfg.strategy, cfg, model)
     except ConfigError:
         raise
     except ValueError as exc:
@@ -341,8 +208,6 @@ def build_strategy(cfg: RunConfig, model: ModelFacts | None = None) -> tuple[Str
         raise ConfigError(f"run config: strategy={cfg.strategy!r} cannot be built from this "
                           f"run config: {said}. Change the key it names (docs/config.md \"Run-config "
                           f"keys\") with: flwr run . --run-config \"<key>=<value>\"") from exc
-    finally:
-        MODEL.reset(token)
 
 
 def check_run_config(user_config: Mapping[str, object]) -> RunConfig:

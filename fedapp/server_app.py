@@ -20,7 +20,7 @@ from fedapp.flower_patches import shorten_object_pulls
 from strategies import contract as C
 from strategies.engine.devices import write_trace
 from strategies.engine.packing import PackedGrid
-from strategies.engine.participation import participation_of
+from strategies.engine.participation import Participation
 from strategies.engine.rounds import round_log
 from task.data import DataNotFoundError
 from task.heap import unmap_large_blocks
@@ -35,7 +35,7 @@ from .evaluation_process import (EvaluationProcess, EvaluationResult, Evaluation
                                  evaluation_process, peak_rss_mb)
 from .grid import ServerAppGrid
 from .partition_map import bind_partition_map
-from .registry import ModelFacts, build_strategy
+from .registry import Built, ModelFacts, build_strategy
 from .run_log import RunLog, format_table, model_sha256, table_header, table_row
 from .run_outputs import write_run_outputs
 from .tracking import check_installed
@@ -74,9 +74,10 @@ class ServerEvaluator:
 
     def __init__(self, process: EvaluationProcess, strategy, run_log: RunLog, *,
                  eval_every: int = 1, last_round: int | None = None,
-                 overlap: bool = False) -> None:
+                 overlap: bool = False, participation: Participation | None = None) -> None:
         self.process = process
         self.strategy = strategy
+        self.participation = participation  # the strategy's (None: Flower's own classes)
         self.run_log = run_log
         self.eval_every = int(eval_every)
         self.last_round = last_round
@@ -193,7 +194,7 @@ class ServerEvaluator:
     def list_devices(self) -> None:
         """device_profiles.csv (the trace format) + device_profiles.png of the simulated clock's
         fleet, for the partitions the clients reported."""
-        participation = participation_of(self.strategy)
+        participation = self.participation
         timer = participation.timer if participation is not None else None
         pids = sorted({info.partition_id for info in participation.clients.values()
                        if info.partition_id is not None}) if timer is not None else []
@@ -207,7 +208,7 @@ class ServerEvaluator:
 
     def partition_counts(self) -> list[tuple[str, list[int]]]:
         """(partition id, label counts) of every client that reported them, by partition id."""
-        participation = participation_of(self.strategy)
+        participation = self.participation
         clients = participation.clients if participation is not None else {}
         known = sorted((info.partition_id, list(info.label_counts))
                        for info in list(clients.values())
@@ -227,11 +228,11 @@ class ServerEvaluator:
         log(INFO, "Label distribution of the partitions: %s", path)
 
 
-def clock_facts(strategy, cost: float | None, reference_gflops: float) -> dict | None:
-    """What the strategy's simulated clock was calibrated with (the model's training seconds
-    per example, from its FLOPs: task.devices, counted by the evaluation process), for
+def clock_facts(participation: Participation | None, cost: float | None,
+                reference_gflops: float) -> dict | None:
+    """What the simulated clock was calibrated with (the model's training seconds per
+    example, from its FLOPs: task.devices, counted by the evaluation process), for
     config.json; None without a clock."""
-    participation = participation_of(strategy)
     timer = participation.timer if participation is not None else None
     if timer is None:
         return None
@@ -247,11 +248,13 @@ def model_facts(info: dict) -> ModelFacts:
                       info.get("width-compute"))
 
 
-def evaluation_spec(cfg: RunConfig, strategy) -> EvaluationSpec:
-    """What the evaluation process needs from the run config."""
-    participation = participation_of(strategy)
+def evaluation_spec(cfg: RunConfig, built: Built) -> EvaluationSpec:
+    """What the evaluation process needs from the run config and the strategy it builds:
+    the clock's reference speed (the model's cost is measured for it), the widths of a
+    width strategy (each is evaluated too)."""
+    participation = built.participation
     clocked = participation is not None and participation.timer is not None
-    submodels = getattr(strategy, "submodels", None)
+    submodels = getattr(built.strategy, "submodels", None)
     return EvaluationSpec(
         dataset=cfg.dataset, data_dir=cfg.data_dir, allow_download=cfg.allow_download,
         synthetic_alpha=cfg.synthetic_alpha, synthetic_beta=cfg.synthetic_beta,
@@ -277,7 +280,7 @@ def main(grid: Grid, context: Context) -> None:
     try:
         cfg = RunConfig.from_user_config(context.run_config)
         check_installed(cfg.tracking)  # tensorboard / mlflow, before any training
-        strategy, _ = build_strategy(cfg)  # every rule, before the model is measured
+        built = build_strategy(cfg)  # every rule, before the model is measured
         checkpoint = load_checkpoint(cfg.resume_from) if cfg.resume_from else None  # resume-from
         if checkpoint is not None:
             check_compatible(checkpoint, cfg.to_dict())
@@ -285,18 +288,18 @@ def main(grid: Grid, context: Context) -> None:
         raise stopped_before_training(exc) from None
     random.seed(cfg.seed)  # Flower's own strategies sample with Python's random (fedavgm, ...)
     try:  # the test split, the seeded initial model (and its FLOPs): in a process of its own
-        process = evaluation_process(evaluation_spec(cfg, strategy))
+        process = evaluation_process(evaluation_spec(cfg, built))
     except (DataNotFoundError, ValueError) as exc:
         raise stopped_before_training(exc) from None
     try:  # the strategy for the measured model: the calibrated clock, the width spec
-        strategy, train_config = build_strategy(cfg, model_facts(process.info))
-        bind_partition_map(strategy, cfg.partition_map)  # node identity (partition-map)
+        built = build_strategy(cfg, model_facts(process.info))
+        bind_partition_map(built, cfg.partition_map)  # node identity (partition-map)
         if checkpoint is not None:
-            restore_strategy(strategy, checkpoint)
+            restore_strategy(built.strategy, checkpoint)
     except (ConfigError, ValueError) as exc:
         process.close()
         raise stopped_before_training(exc) from None
-    run(cfg, grid, context, strategy, train_config, checkpoint, process)
+    run(cfg, grid, context, built, checkpoint, process)
 
 
 def packed(grid: Grid, cfg: RunConfig, strategy=None) -> Grid:
@@ -310,11 +313,13 @@ def packed(grid: Grid, cfg: RunConfig, strategy=None) -> Grid:
     return PackedGrid(grid, cfg.virtual_clients, getattr(strategy, "packing_cost", None))
 
 
-def run(cfg: RunConfig, grid: Grid, context: Context, strategy, train_config: dict, checkpoint: dict | None,
+def run(cfg: RunConfig, grid: Grid, context: Context, built: Built, checkpoint: dict | None,
         process: EvaluationProcess) -> None:
     """The rounds, with the run log, the evaluations and the final model."""
     info = process.info
-    clock = clock_facts(strategy, info["seconds-per-example"], cfg.device_reference_gflops)
+    strategy, train_config = built
+    clock = clock_facts(built.participation, info["seconds-per-example"],
+                        cfg.device_reference_gflops)
     config_dump = {
         "run-config": cfg.to_dict(),
         "run-id": context.run_id,
@@ -332,7 +337,8 @@ def run(cfg: RunConfig, grid: Grid, context: Context, strategy, train_config: di
     log(INFO, "fedhetero: %s on %s (%s, %s), model %s, run directory %s",
         cfg.strategy, cfg.dataset, cfg.partition, info["source"], cfg.model, run_log.directory)
     evaluator = ServerEvaluator(process, strategy, run_log, eval_every=cfg.eval_every,
-                                last_round=cfg.num_server_rounds, overlap=cfg.eval_overlap)
+                                last_round=cfg.num_server_rounds, overlap=cfg.eval_overlap,
+                                participation=built.participation)
     evaluator.checkpointer = Checkpointer(run_log.directory, cfg.checkpoint_every, strategy,
                                           cfg.to_dict())
     evaluator.divergence.cause = likely_cause(

@@ -39,6 +39,8 @@ from ..engine.records import to_numpy, to_record
 from ..engine.round_report import (Aggregation, ClockTime, Drift, DynamicFLSection,
                            ParticipationSection, RoundReport)
 from ..engine import rounds
+from ..engine.keys import UNIT, Key, Rule, at_least
+from ..engine.registry import register
 
 STATE_VERSION = 1  # of state_dict()
 DEFAULT_TIMEOUT = 3600.0  # seconds, Flower's Strategy.start default
@@ -711,3 +713,49 @@ class SyncEvents:
             return None
         return sum(l * w for l, w in self.losses) / sum(w for _, w in self.losses)
 
+
+DYNAMICFL_WHY = ("every active client does exactly L local steps and each sync event sets W to "
+                 "the num-examples-weighted average")
+KEYS = (
+    Key("dynamicfl-intervals", "a-g",
+        "DynamicFL's `<high>-<low>` sync levels a–g = 1, 4, 16, 32, 64, 128, 256 steps (capped "
+        "at L), `x` (everyone at x), `x*` (only the high group trains), or step counts "
+        "(`\"4-300\"`) ([DynamicFL](strategies/dynamicfl.md))", check=ds.parse_interval_spec,
+        note="'x-y' (high <= low), 'x' or 'x*', x and y in a-g or step counts >= 1",
+        arg="intervals"),
+    Key("dynamicfl-local-steps", 0, "L, local steps per round (0 = the paper's Eq. 4)",
+        interval=at_least(0), arg="local_steps"),
+    Key("dynamicfl-budget-mode", "dynamic",
+        "`dynamic` (k_max = ⌊β·|active|⌋), `fix` (⌈β·M⌉ rich clients), `budget` (per-node "
+        "`comm-budget` + server budget), `none`", choices=dc.BUDGET_MODES, arg="budget_mode"),
+    Key("dynamicfl-beta", 0.3, "β of `dynamic` and `fix`", interval=UNIT, arg="beta"),
+    Key("dynamicfl-server-budget", 0.0,
+        "server bytes per round (Eq. 5) in `budget` mode (0 = none)", interval=at_least(0.0),
+        arg="server_budget", convert=lambda value: value or None),
+    Key("dynamicfl-budget-seconds", 0.0,
+        "> 0: in `budget` mode each client's τ_m is the bytes its profile's bandwidth moves in "
+        "this many seconds of transfer per round (needs `device-profiles`); 0 = the "
+        "`comm-budget` nodes report", interval=at_least(0.0), arg="budget_seconds"),
+    Key("dynamicfl-n-ens", 10, "DynaComm's random orderings", interval=at_least(1),
+        arg="n_ens"),
+    Key("dynamicfl-x-star-mode", "paper",
+        "the `x*` ablation's low group: `paper` (dropped) or `code` (enters the final average "
+        "unchanged)", choices=ds.X_STAR_MODES, arg="x_star_mode"),
+)
+DYNAMICFL_REGISTRATION = {
+    "engine": "events", "keys": KEYS, "client_side": "strategies.client.dynamicfl",
+    "only": (*((key, (value,), DYNAMICFL_WHY) for key, value in (
+        ("weighting", "examples"), ("server-lr", 1.0), ("server-momentum", 0.0),
+        ("straggler-fraction", 0.0), ("round-deadline", 0.0), ("over-commitment", 0.0))),
+             ("selection", ("random",), "DynamicFL samples its active clients uniformly and "
+              "DynaComm forms its groups from that sample (Le et al., Alg. 1)")),
+    "rules": (Rule(("dynamicfl-budget-seconds", "dynamicfl-budget-mode", "device-profiles"),
+                   lambda v: v["dynamicfl-budget-seconds"] == 0 or (
+                       v["dynamicfl-budget-mode"] == "budget" and v["device-profiles"] != "none"),
+                   "dynamicfl-budget-seconds > 0 sets byte budgets from the device bandwidths: "
+                   "it needs dynamicfl-budget-mode='budget' and device-profiles other than "
+                   "'none'"),)}
+register("dynamicfl", DynamicFL, "DynamicFL (Le et al., Alg. 1): clients with the bandwidth sync "
+         "often, the rest rarely (client helper)", **DYNAMICFL_REGISTRATION)
+register("dynamicsgd", DynamicFL, "DynamicSGD (Le et al.): every active client syncs after every "
+         "local step", fixed={"intervals": "a"}, **DYNAMICFL_REGISTRATION)

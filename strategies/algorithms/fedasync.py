@@ -20,7 +20,10 @@ from .. import contract as C
 from ..engine.async_engine import Applied, AsyncAlgorithm, AsyncEngine, ClientUpdate, ServerStep
 from ..engine.averaging import NDArrays
 from ..engine.participation import check_whole
-from .staleness import Staleness, fedasync_mix
+from .staleness import STALENESS_KEY, Staleness, fedasync_mix
+from ..engine.async_engine import ASYNC_KEYS
+from ..engine.keys import Interval, Key, at_least
+from ..engine.registry import register
 
 __all__ = ["AsyncMixing", "FedAsync"]
 
@@ -86,3 +89,20 @@ class FedAsync(AsyncEngine):
                  concurrency: int = 20, rho: float = 0.0, **kwargs) -> None:
         super().__init__(AsyncMixing(alpha, staleness, updates_per_round, rho), *flower_args,
                          concurrency=concurrency, **kwargs)
+
+
+FEDASYNC_WHY = "FedAsync's server step is its mixing weight fedasync-alpha (Xie et al., Alg. 1)"
+KEYS = (*ASYNC_KEYS, STALENESS_KEY,
+        Key("fedasync-alpha", 0.6, "FedAsync's α: x ← (1 − α·s(τ))·x + α·s(τ)·x_client",
+            interval=Interval(0.0, 1.0, open_low=True), arg="alpha"),
+        Key("fedasync-updates-per-round", 10,
+            "client updates FedAsync mixes in per round (each round is evaluated; 10 = as much "
+            "client work per round as FedBuff's K = 10)", interval=at_least(1),
+            arg="updates_per_round"),
+        Key("fedasync-rho", 0.0, "FedAsync's proximal ρ, sent to clients as `proximal-mu` "
+            "(0 = not sent)", interval=at_least(0.0), arg="rho"))
+register("fedasync", FedAsync, "FedAsync (Xie, Koyejo and Gupta 2019): each arriving model mixed "
+         "in, staleness-weighted", engine="async", keys=KEYS,
+         client_side="strategies.client.fedprox",
+         only=tuple((key, (value,), FEDASYNC_WHY) for key, value in (
+             ("weighting", "examples"), ("server-lr", 1.0), ("server-momentum", 0.0))))

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from ..engine.algorithm import Algorithm
 from ..engine.round_engine import RoundEngine
+from .. import contract as C
+from ..engine.registry import register
 
 __all__ = ["FedAvg"]
 
@@ -34,3 +36,9 @@ class FedAvg(RoundEngine):
 
     def __init__(self, *flower_args, **kwargs) -> None:
         super().__init__(Algorithm(), *flower_args, **kwargs)
+
+
+register("fedavg", FedAvg, "Federated Averaging (McMahan et al. 2017, Alg. 1), with weighting, "
+         "sampling, stragglers, clock and selection options")
+register("fedsgd", FedAvg, "FedSGD (McMahan et al. 2017, Sec. 2): one full-batch gradient step "
+         "per client", train_config={C.LOCAL_EPOCHS: 1, C.LOCAL_STEPS: 0, C.BATCH_SIZE: 0})

@@ -19,7 +19,10 @@ from ..engine.async_engine import Applied, AsyncAlgorithm, AsyncEngine, ClientUp
 from ..engine.averaging import NDArrays
 from ..engine.participation import check_whole
 from .fednova import copied
-from .staleness import Staleness, add_update, fedbuff_step
+from .staleness import STALENESS_KEY, Staleness, add_update, fedbuff_step
+from ..engine.async_engine import ASYNC_KEYS
+from ..engine.keys import Key, at_least
+from ..engine.registry import register
 
 __all__ = ["BufferedAsync", "FedBuff"]
 
@@ -100,3 +103,13 @@ class FedBuff(AsyncEngine):
                  staleness: Staleness | str = "fedbuff", **kwargs) -> None:
         super().__init__(BufferedAsync(buffer_size, server_lr, server_momentum, staleness),
                          *flower_args, concurrency=concurrency, **kwargs)
+
+
+KEYS = (*ASYNC_KEYS, STALENESS_KEY, Key("fedbuff-buffer-size", 10,
+                         "K, client updates per FedBuff server step (one round)",
+                         interval=at_least(1), arg="buffer_size"))
+register("fedbuff", FedBuff, "FedBuff (Nguyen et al. 2022): buffered asynchronous aggregation, "
+         "staleness-weighted", engine="async", keys=KEYS,
+         reads={"server-lr": "server_lr", "server-momentum": "server_momentum"},
+         only=(("weighting", ("examples",), "FedBuff's server step averages the buffer, 1/K "
+                "sum of the weighted updates"),))

@@ -22,6 +22,8 @@ from ..engine.round_engine import RoundEngine
 from ..engine.round_plan import RoundPlan
 from ..engine.round_report import FedDynSection
 from . import feddyn_math as fm
+from ..engine.keys import Key, above
+from ..engine.registry import register
 
 __all__ = ["DynamicRegulariser", "FEDDYN_HELPER", "FedDyn"]
 
@@ -134,3 +136,15 @@ class FedDyn(RoundEngine):
                              f"(Alg. 1): server_lr must be 1.0, got {kwargs['server_lr']}")
         super().__init__(DynamicRegulariser(alpha), *flower_args, weighting=weighting,
                          straggler_policy=straggler_policy, **kwargs)
+
+
+FEDDYN_WHY = "FedDyn's server model is the mean of the theta_k minus h / alpha, Alg. 1"
+KEYS = (Key("feddyn-alpha", 0.01,
+            "FedDyn's α: clients minimise L_k(θ) − ⟨∇L_k(θ_k^{t−1}), θ⟩ + (α/2)‖θ − θ^{t−1}‖²; "
+            "the server sends θ^t = mean θ_k − h^t/α (0.01: the authors' CIFAR-10 example)",
+            interval=above(0.0), arg="alpha"),)
+register("feddyn", FedDyn, "FedDyn (Acar et al. 2021, Alg. 1): dynamic regulariser (client "
+         "helper)", keys=KEYS, client_side="strategies.client.feddyn",
+         only=(("weighting", FEDDYN_WEIGHTINGS, "FedDyn averages over the sampled clients: "
+                "'examples' or 'uniform' (Algorithm 1's 1/|P_t| mean of the θ_k)"),
+               ("server-lr", (1.0,), FEDDYN_WHY), ("server-momentum", (0.0,), FEDDYN_WHY)))

@@ -25,6 +25,7 @@ from ..engine import sampling, trust_gate
 from ..engine.algorithm import Algorithm, Contract, RoundInput, RoundUpdate
 from ..engine.round_engine import RoundEngine
 from ..engine.round_report import FedNovaSection
+from ..engine.registry import register
 
 __all__ = ["FedNova", "Normalised", "REPORT_STEPS_HELPER", "a_norm", "copied"]
 
@@ -167,3 +168,9 @@ class FedNova(RoundEngine):
                              f"weighting={kwargs['weighting']!r} is not supported")
         super().__init__(Normalised(server_momentum, local_epochs, batch_size, drop_last),
                          *flower_args, straggler_policy=straggler_policy, **kwargs)
+
+
+FEDNOVA_WHY = "FedNova's eq. (5) weights clients by num-examples"
+register("fednova", FedNova, "FedNova (Wang et al. 2020, eq. 6): averaging normalised by each "
+         "client's local steps", reads={"server-momentum": "server_momentum"},
+         only=(("weighting", ("examples",), FEDNOVA_WHY),))

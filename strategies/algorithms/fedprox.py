@@ -14,6 +14,8 @@ from ..engine.algorithm import Algorithm, Contract, Outgoing
 from ..engine.flower_args import FLOWER_ARGS
 from ..engine.round_engine import RoundEngine
 from ..engine.round_plan import RoundPlan
+from ..engine.keys import Key, at_least
+from ..engine.registry import register
 
 __all__ = ["DEFAULT_PROXIMAL_MU", "FedProx", "Proximal"]
 
@@ -67,3 +69,10 @@ class FedProx(RoundEngine):
         mu = DEFAULT_PROXIMAL_MU if proximal_mu is None else proximal_mu
         super().__init__(Proximal(mu), *flower_args, straggler_policy=straggler_policy,
                          **kwargs)
+
+
+KEYS = (Key("proximal-mu", DEFAULT_PROXIMAL_MU,
+            "FedProx's mu: clients minimise F_k(w) + (mu/2)·‖w − w_t‖² (0 = FedAvg exactly)",
+            interval=at_least(0.0), arg="proximal_mu"),)
+register("fedprox", FedProx, "FedProx (Li et al. 2020): proximal term mu; stragglers' partial "
+         "work kept", keys=KEYS, client_side="strategies.client.fedprox")

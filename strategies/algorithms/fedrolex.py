@@ -14,6 +14,8 @@ from __future__ import annotations
 from ..engine.round_engine import RoundEngine
 from ..engine.submodels import DEFAULT_LEVELS
 from .heterofl import SubModelAveraging, width_engine_args
+from ..engine.registry import register
+from .heterofl import WIDTH_REGISTRATION
 
 __all__ = ["FedRolex"]
 
@@ -35,3 +37,7 @@ class FedRolex(RoundEngine):
         super().__init__(SubModelAveraging(), *flower_args, **width_engine_args(
             "FedRolex", "rolling", kwargs, width_spec=width_spec, levels=levels,
             width_rule=width_rule, level_compute=level_compute, scaler=scaler))
+
+
+register("fedrolex", FedRolex, "FedRolex (Alam et al. 2022): rolling sub-model windows of "
+         "per-client widths (client helper)", **WIDTH_REGISTRATION)

@@ -28,6 +28,8 @@ from ..engine.round_plan import RoundPlan
 from ..engine.round_report import FedNovaSection, FedVecaEstimates, FedVecaSection
 from . import fedveca_math as vm
 from .fednova import copied
+from ..engine.keys import Key, Rule, above, at_least
+from ..engine.registry import register
 
 __all__ = ["AdaptiveSteps", "FedVeca", "FedVecaWork"]
 
@@ -367,3 +369,29 @@ class FedVeca(RoundEngine):
         kwargs.setdefault("straggler_policy", "partial")
         kwargs.pop("server_momentum", None)
         super().__init__(algorithm, *flower_args, work=FedVecaWork(algorithm), **kwargs)
+
+
+FEDVECA_WHY = ("FedVeca's clients run plain local SGD (eq. 1) and its server step is FedNova's "
+               "eq. (5) with the tau it sets itself")
+KEYS = (
+    Key("fedveca-tau-init", 20, "FedVeca's τ of rounds 0 and 1 ([FedVeca](strategies/fedveca.md))",
+        interval=at_least(vm.TAU_MIN), note="(δ needs two local steps)", arg="tau_init"),
+    Key("fedveca-tau-max", 50, "FedVeca's cap on every τ", interval=at_least(vm.TAU_MIN),
+        arg="tau_max"),
+    Key("fedveca-alpha", 0.95, "FedVeca's α of eq. (15)", interval=above(0.0), arg="alpha"),
+    Key("fedveca-beta-mode", "same-batch",
+        "FedVeca's client estimator of β: `same-batch` or `literal` (Alg. 2)",
+        check=vm.normalise_beta_mode,
+        note=f"{' or '.join(vm.BETA_MODES)} (same_batch = same-batch)", arg="beta_mode"),
+    Key("fedveca-grad-subsample", 0, "examples for ∇F_i(w_k) (0 = the whole local set)",
+        interval=at_least(0), arg="grad_subsample"),
+)
+register("fedveca", FedVeca, "FedVeca (Luo et al.): per-client adaptive local steps from "
+         "bi-directional vectors (client helper)", keys=KEYS, reads={"lr": "lr"},
+         client_side="strategies.client.fedveca",
+         only=tuple((key, (value,), FEDVECA_WHY) for key, value in (
+             ("weighting", "examples"), ("server-lr", 1.0), ("server-momentum", 0.0),
+             ("straggler-fraction", 0.0), ("momentum", 0.0), ("weight-decay", 0.0))),
+         rules=(Rule(("fedveca-tau-init", "fedveca-tau-max"),
+                     lambda v: v["fedveca-tau-init"] <= v["fedveca-tau-max"],
+                     "fedveca-tau-init <= fedveca-tau-max (the cap on every tau)"),))

@@ -23,6 +23,8 @@ from ..engine.round_engine import RoundEngine
 from ..engine.round_plan import RoundPlan
 from ..engine.submodels import DEFAULT_LEVELS
 from .heterofl import width_engine_args
+from ..engine.registry import register
+from .heterofl import WIDTH_REGISTRATION
 
 __all__ = ["FjORD", "OrderedDropout"]
 
@@ -71,3 +73,7 @@ class FjORD(RoundEngine):
         super().__init__(OrderedDropout(levels), *flower_args, **width_engine_args(
             "FjORD", "static", {**kwargs, "weighting": weighting}, width_spec=width_spec,
             levels=levels, width_rule=width_rule, level_compute=level_compute, scaler=scaler))
+
+
+register("fjord", FjORD, "FjORD (Horvath et al. 2021): ordered dropout up to each client's width "
+         "(client helper)", client_side="strategies.client.width", **WIDTH_REGISTRATION)

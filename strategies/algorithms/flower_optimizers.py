@@ -40,6 +40,8 @@ from flwr.serverapp.strategy import FedYogi as FlowerFedYogi
 
 from .. import contract as C
 from ..engine import trust_gate
+from ..engine.keys import BELOW_ONE, Key, above
+from ..engine.registry import register
 
 STATE_VERSION = 1
 
@@ -263,3 +265,28 @@ class FedAdagrad(TrustGated, FlowerFedAdagrad):
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
         _check_adaptive(self, betas=False)
+
+
+FLOWER_WHY = ("Flower's own class: it weights by num-examples, has no simulated stragglers or "
+              "simulated clock and sends lr as given")
+FEDOPT_WHY = FLOWER_WHY + "; beta_1 is its momentum (server-beta1)"
+ADAGRAD_WHY = "FedAdagrad has no beta_1 / beta_2 (Reddi et al., Alg. 2)"
+BETA1 = Key("server-beta1", 0.9, "β₁ of `fedadam` and `fedyogi` (Flower's default)",
+            interval=BELOW_ONE, arg="beta_1")
+BETA2 = Key("server-beta2", 0.99, "β₂ of `fedadam` and `fedyogi` (Flower's default)",
+            interval=BELOW_ONE, arg="beta_2")
+TAU = Key("server-tau", 0.001, "τ of `fedadam`, `fedyogi`, `fedadagrad` (Flower's default)",
+          interval=above(0.0), arg="tau")
+FEDOPT_READS = {"server-lr": "eta", "lr": "eta_l"}
+FEDOPT_ONLY = (("server-momentum", (0.0,), FEDOPT_WHY),)
+register("fedavgm", FedAvgM, "Flower's FedAvgM (Hsu et al. 2019): server momentum",
+         engine="flower", reads={"server-lr": "server_learning_rate",
+                                 "server-momentum": "server_momentum"})
+register("fedadam", FedAdam, "Flower's FedAdam (Reddi et al. 2021, Alg. 2)", engine="flower",
+         keys=(BETA1, BETA2, TAU), reads=FEDOPT_READS, only=FEDOPT_ONLY)
+register("fedyogi", FedYogi, "Flower's FedYogi (Reddi et al. 2021, Alg. 2)", engine="flower",
+         keys=(BETA1, BETA2, TAU), reads=FEDOPT_READS, only=FEDOPT_ONLY)
+register("fedadagrad", FedAdagrad, "Flower's FedAdagrad (Reddi et al. 2021, Alg. 2)",
+         engine="flower", keys=(TAU,), reads=FEDOPT_READS,
+         only=(*FEDOPT_ONLY, ("server-beta1", (0.9,), ADAGRAD_WHY),
+               ("server-beta2", (0.99,), ADAGRAD_WHY)))

@@ -16,6 +16,9 @@ from collections.abc import Mapping, Sequence
 from ..engine.algorithm import Algorithm, Contract
 from ..engine.round_engine import RoundEngine
 from ..engine.submodels import DEFAULT_LEVELS, SubModels
+from ..engine.keys import Rule
+from ..engine.registry import register
+from ..engine.submodels import SUBMODEL_KEYS
 
 __all__ = ["HeteroFL", "SubModelAveraging", "width_engine_args"]
 
@@ -80,3 +83,20 @@ class HeteroFL(RoundEngine):
         super().__init__(SubModelAveraging(), *flower_args, **width_engine_args(
             "HeteroFL", "static", kwargs, width_spec=width_spec, levels=levels,
             width_rule=width_rule, level_compute=level_compute, scaler=scaler))
+
+
+WIDTH_WHY = ("the clients train sub-models of different shapes; the overlap average counts each "
+             "client holding an entry once ('uniform', HeteroFL's and FedRolex's code) or by its "
+             "examples ('examples', FjORD's)")
+WIDTH_REGISTRATION = {
+    "keys": SUBMODEL_KEYS, "model": "width", "fixed": {"drift_diagnostics": False},
+    "rules": (Rule(("width-rule", "round-deadline"),
+                   lambda v: v["width-rule"] != "deadline" or v["round-deadline"] > 0,
+                   "width-rule 'deadline' picks the largest width that fits the round deadline: "
+                   "it needs round-deadline > 0 (and device-profiles)"),),
+    "only": (("weighting", WIDTH_WEIGHTINGS, WIDTH_WHY),
+             ("model-width", (1.0,), "the global model is the full-width one; each client's "
+              "width comes from width-levels and width-rule"))}
+"""What HeteroFL, FjORD and FedRolex register alike."""
+register("heterofl", HeteroFL, "HeteroFL (Diao, Ding and Tarokh 2021): static sub-models of "
+         "per-client widths, overlap averaging (client helper)", **WIDTH_REGISTRATION)

@@ -18,6 +18,8 @@ from ..engine.algorithm import Algorithm, Contract, Outgoing, RoundInput, RoundU
 from ..engine.round_engine import RoundEngine
 from ..engine.round_plan import RoundPlan
 from ..engine.round_report import MoonSection
+from ..engine.keys import Key, above, at_least
+from ..engine.registry import register
 
 __all__ = ["MOON_HELPER", "ModelContrastive", "Moon"]
 
@@ -97,3 +99,16 @@ class Moon(RoundEngine):
     def __init__(self, *flower_args, mu: float = 1.0, temperature: float = 0.5,
                  **kwargs) -> None:
         super().__init__(ModelContrastive(mu, temperature), *flower_args, **kwargs)
+
+
+KEYS = (Key("moon-mu", 1.0,
+            "MOON's μ, the weight of the contrastive loss in ℓ_sup + μ ℓ_con (Eq. 4; 1 is the "
+            "authors' code default, the paper tunes {0.1, 1, 5, 10}: 5 best on CIFAR-10, 1 on "
+            "CIFAR-100); 0 = FedAvg on the same model", interval=at_least(0.0), arg="mu"),
+        Key("moon-temperature", 0.5, "MOON's temperature τ of Eq. 3 (the paper's default)",
+            interval=above(0.0), arg="temperature"))
+register("moon", Moon, "MOON (Li, He and Song 2021, Alg. 1): model-contrastive loss (client "
+         "helper, a representation model)", keys=KEYS, model="representation",
+         client_side="strategies.client.moon",
+         only=(("server-momentum", (0.0,), "MOON's server is FedAvg's weighted average, "
+                "Alg. 1"),))

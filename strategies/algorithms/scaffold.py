@@ -28,6 +28,7 @@ from ..engine.round_engine import RoundEngine
 from ..engine.round_plan import RoundPlan
 from ..engine.round_report import ScaffoldSection
 from . import scaffold_math as sm
+from ..engine.registry import register
 
 __all__ = ["ControlVariates", "SCAFFOLD_HELPER", "Scaffold", "scaffold_delta_problem"]
 
@@ -163,3 +164,11 @@ def scaffold_delta_problem(reply: Message, *, control: Mapping[str, np.ndarray],
     return (f"'{C.SCAFFOLD_DELTA_C}' has norm {norm:.3g}, above the {bound:.3g} option II "
             f"can give: ||c|| + ||x - y_i|| / (K eta_l) with K = {steps}, eta_l = {lr:g} "
             f"(Karimireddy et al. 2020, Alg. 1 line 12)")
+
+
+register("scaffold", Scaffold, "SCAFFOLD (Karimireddy et al. 2020, Alg. 1, option II): control "
+         "variates (client helper)", client_side="strategies.client.scaffold",
+         only=(("weighting", SCAFFOLD_WEIGHTINGS, "SCAFFOLD averages over the sampled clients: "
+                "'examples' (NIID-Bench's form) or 'uniform' (Algorithm 1)"),
+               ("server-momentum", (0.0,), "SCAFFOLD's server step is x + eta_g mean delta y_i, "
+                "Alg. 1 line 17")))

@@ -25,9 +25,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["STALENESS_FUNCTIONS", "Staleness", "add_update", "fedasync_mix", "fedbuff_step"]
+from ..engine.keys import Key
+
+__all__ = ["STALENESS_FUNCTIONS", "STALENESS_KEY", "Staleness", "add_update", "fedasync_mix",
+           "fedbuff_step"]
 
 STALENESS_FUNCTIONS = ("fedbuff", "constant", "polynomial", "hinge")
+STALENESS_KEY = Key(
+    "async-staleness", "auto",
+    "s(τ), the weight of an update τ model versions old: `fedbuff` 1/√(1+τ), `constant`, "
+    "`polynomial` (τ+1)^−0.5, `hinge` (1 for τ ≤ 4, else 1/(10(τ−4)+1)); `auto` = `fedbuff` for "
+    "`fedbuff`, `polynomial` for `fedasync`", choices=("auto", *STALENESS_FUNCTIONS),
+    arg="staleness", auto="auto")
 
 NDArrays = dict[str, np.ndarray]
 

@@ -46,6 +46,7 @@ from .data import loader_batch_size, tensors_for
 from .optimizer_state import load_optimizer_state, optimizer_state_arrays
 from .sgd_loop import LocalResult, LossFn, plain_sgd, sgd_steps
 from .state import load_arrays, load_meta, meta_key
+from .sides import ClientSide, TrainTask, register_client_side
 
 log = logging.getLogger(__name__)
 
@@ -301,3 +302,16 @@ def train_chunk(
     })
     arrays = to_record({k: v.detach().cpu().numpy() for k, v in model.state_dict().items()})
     return RecordDict({C.ARRAYS: arrays, C.METRICS: MetricRecord(out)})
+
+
+def chunk_side(task: TrainTask) -> RecordDict:
+    """DynamicFL's client side (Le et al., Alg. 1): one chunk of the round's batch stream
+    with the ClientApp's optimiser; its momentum in ``Context.state``."""
+    return train_chunk(task.model, (task.x, task.y), task.msg.content[C.CONFIG], task.state,
+                       partition_id=task.partition_id, optimizer=task.optimizer(),
+                       batch_size=task.batch_size, seed=task.run_seed)
+
+
+register_client_side(ClientSide("strategies.client.train_chunk",
+                                lambda msg: is_dynamicfl_chunk(msg.content.config_records.get(C.CONFIG, {})),
+                                train=chunk_side))

@@ -40,6 +40,7 @@ from ..engine.records import to_numpy
 from .data import writable_tensor
 from .optimizer_hooks import StepHooks
 from .state import resolve_state, save_state
+from .sides import ClientSide, register_client_side
 
 STATE_KEY = "feddyn-linear-term"  # Context.state: grad L_k(theta_k^{t-1})
 
@@ -151,3 +152,8 @@ class FedDynClient:
         out[C.STATE_ROUND_USED] = self.state_round
         out[C.STATE_DIGEST] = state_digest(self.linear_term)
         return RecordDict({C.ARRAYS: ArrayRecord(state), C.METRICS: MetricRecord(out)})
+
+
+register_client_side(ClientSide(
+    "strategies.client.FedDynClient", is_feddyn_message,
+    hook=lambda task: FedDynClient(task.msg, task.state)))

@@ -21,6 +21,7 @@ from flwr.app import Message
 
 from .. import contract as C
 from .optimizer_hooks import StepHooks
+from .sides import ClientSide, TrainTask, register_client_side
 
 
 def is_fedprox_message(msg: Message) -> bool:
@@ -60,11 +61,23 @@ class ProximalTerm:
                 if p.grad is not None:
                     p.grad.add_(p - p0, alpha=self.mu)
 
-    def wrap(self, optimizer: Any) -> Any:
-        """Apply the term before every ``optimizer.step()``; returns ``optimizer``."""
+    def wrap(self, optimizer: Any, model: Any = None) -> Any:
+        """Apply the term before every ``optimizer.step()``; returns ``optimizer``
+        (``model``: unused, the one of the constructor)."""
         self._hooks.install("ProximalTerm", optimizer, before=self.apply)
         return optimizer
 
     def unwrap(self) -> None:
         """Take the term off the optimiser."""
         self._hooks.remove()
+
+
+def proximal_hook(task: TrainTask) -> ProximalTerm:
+    """FedProx's client side on the one local-SGD loop: the term with the sent mu."""
+    return ProximalTerm(task.model, float(task.msg.content[C.CONFIG][C.PROXIMAL_MU]))
+
+
+register_client_side(ClientSide(
+    "strategies.client.ProximalTerm",  # mu = 0 runs no proximal code at all: FedAvg bit for bit
+    lambda msg: is_fedprox_message(msg) and float(msg.content[C.CONFIG][C.PROXIMAL_MU]) > 0,
+    hook=proximal_hook))

@@ -45,6 +45,7 @@ from .batches import client_seed
 from .data import loader_batch_size, tensors_for
 from .optimizer_hooks import learning_rates
 from .sgd_loop import default_loss, local_sgd, plain_sgd
+from .sides import ClientSide, TrainTask, register_client_side
 
 log = logging.getLogger(__name__)
 
@@ -419,3 +420,16 @@ def fedveca_train(
         C.GRAD: to_record({k: np.asarray(v) for k, v in result.grad.items()}),
         C.METRICS: MetricRecord(out),
     })
+
+
+def fedveca_side(task: TrainTask) -> RecordDict:
+    """FedVeca's client side (Alg. 2): tau plain SGD steps (eq. 1), grad F_i(w_k), beta and
+    delta, as the message asks."""
+    return fedveca_train(task.model, (task.x, task.y), task.msg.content[C.CONFIG],
+                         partition_id=task.partition_id, seed=task.seed, lr=task.lr,
+                         batch_size=task.batch_size)
+
+
+register_client_side(ClientSide("strategies.client.fedveca_train",
+                                lambda msg: is_fedveca_round(msg.content.config_records.get(C.CONFIG, {})),
+                                train=fedveca_side))

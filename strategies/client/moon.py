@@ -55,6 +55,7 @@ from ..engine.client_states import state_digest
 from ..engine.records import to_numpy
 from .data import writable_tensor
 from .state import resolve_state, save_state
+from .sides import ClientSide, register_client_side
 
 STATE_KEY = "moon-previous-model"  # Context.state: w_i^{t-1}, the model after local training
 REPRESENTATION_METHOD = "forward_with_representation"
@@ -199,3 +200,8 @@ def frozen_copy(model: Any, arrays: Mapping[str, Any]) -> Any:
         p.grad = None
         p.requires_grad_(False)
     return clone
+
+
+register_client_side(ClientSide(
+    "strategies.client.MoonClient", is_moon_message,
+    hook=lambda task: MoonClient(task.msg, task.state, task.model)))

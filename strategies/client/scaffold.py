@@ -49,6 +49,7 @@ from ..engine.client_states import state_digest
 from ..engine.records import to_numpy, to_record
 from .optimizer_hooks import StepHooks, learning_rates
 from .state import resolve_state, save_state
+from .sides import ClientSide, register_client_side
 
 STATE_KEY = "scaffold-c-i"  # Context.state: this client's control variate c_i
 
@@ -158,3 +159,7 @@ class ScaffoldClient:
         return RecordDict({C.ARRAYS: arrays, C.METRICS: MetricRecord(out),
                            C.SCAFFOLD_DELTA_C: to_record(delta)})
 
+
+register_client_side(ClientSide(
+    "strategies.client.ScaffoldClient", is_scaffold_message,
+    hook=lambda task: ScaffoldClient(task.msg, task.state, lr=task.lr)))

@@ -26,10 +26,11 @@ import numbers
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from flwr.app import Message
+from flwr.app import Message, RecordDict
 
 from .. import contract as C
 from .sgd_loop import LocalResult, epoch_batches, plain_sgd, sgd_steps, step_count
+from .sides import ClientSide, TrainTask, model_content, register_client_side, training_metrics
 
 Build = Callable[[float], Any]  # width -> torch.nn.Module, the user's model at that width
 LEVEL_STREAM = 0x0D  # the draw stream of ordered dropout: default_rng([seed, LEVEL_STREAM])
@@ -248,3 +249,23 @@ def ordered_dropout_sgd(model: Any, build: Build, x: Any, y: Any, levels: Sequen
             for key, tensor in part.items():
                 full[key][prefix[key]].copy_(tensor)
     return LocalResult(num_examples=n, local_steps=total, train_loss=loss_sum / total)
+
+
+def ordered_dropout_side(task: TrainTask) -> RecordDict:
+    """FjORD's client side (Horvath et al., Sec. 3): each step trains the width-p prefix of
+    the width-r model, p drawn uniformly from the sent levels (:func:`ordered_dropout_sgd`
+    with the message's lr / momentum / weight decay); the reply as any local training's."""
+    config = task.msg.content[C.CONFIG]
+    result = ordered_dropout_sgd(
+        task.model, task.build, task.x, task.y, sent_levels(config),
+        batch_size=task.batch_size, epochs=task.epochs, steps=task.steps, seed=task.seed,
+        lr=task.lr, momentum=task.momentum, weight_decay=task.weight_decay,
+        width=sent_width(config))
+    return model_content(task.model, training_metrics(result, task.partition_id))
+
+
+register_client_side(ClientSide(
+    "strategies.client.ordered_dropout_sgd",
+    lambda msg: is_width_message(msg) and sent_levels(msg.content[C.CONFIG]) is not None,
+    train=ordered_dropout_side))
+

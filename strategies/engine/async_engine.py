@@ -33,17 +33,31 @@ from .. import contract as C
 from ..selection.policy import SelectionSection
 from . import flower_args, records, rounds, trust_gate
 from .algorithm import Contract, NDArrays
-from .async_tasks import AsyncTask, AsyncTasks
+from .async_tasks import ARRIVAL_ORDERS, AsyncTask, AsyncTasks
 from .clock import SimClock
 from .event_loop import GridEventLoop
+from .keys import Key, at_least
 from .participation import Participation, SelectionPolicy, check_fraction, check_whole
 from .round_report import Aggregation, AsyncUpdate, ClockTime, ParticipationSection, RoundReport
 from .work import LocalWork
 
-__all__ = ["Applied", "AsyncAlgorithm", "AsyncEngine", "ClientUpdate", "ServerStep"]
+__all__ = ["ASYNC_KEYS", "Applied", "AsyncAlgorithm", "AsyncEngine", "ClientUpdate", "ServerStep"]
 
 STATE_VERSION = 2
 MAX_FAILURES_PER_TASK = 5  # failed tasks per concurrency slot before a round gives up
+
+ASYNC_KEYS = (
+    Key("async-concurrency", 20,
+        "clients training at once in `fedbuff` / `fedasync` (FedBuff's concurrency); a freed "
+        "client's slot goes at once to an idle online client with the newest model",
+        interval=at_least(1), arg="concurrency"),
+    Key("async-arrival", "simulated",
+        "order in which `fedbuff` / `fedasync` apply replies: `simulated` (by simulated "
+        "completion time on the device profiles, first sent first applied without them: "
+        "deterministic, the same in simulation and deployment, resumable bit for bit) or "
+        "`real-time` (as they arrive; not reproducible)", choices=ARRIVAL_ORDERS, arg="arrival"),
+)
+"""The asynchronous engine's run-config keys (its asynchronous algorithms register them)."""
 
 
 @dataclass(frozen=True)

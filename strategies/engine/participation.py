@@ -19,7 +19,8 @@ Per round (:meth:`Participation.plan_round`):
 5. after the round, its simulated seconds (:meth:`Participation.round_time`, eq. 1 of
    :mod:`strategies.engine.clock`).
 
-The strategy describes its work through :class:`ClientWork` and the plan is a typed
+The engine describes each client's work through :class:`ClientWork`
+(:class:`strategies.engine.work.LocalWork`) and the plan is a typed
 :class:`~strategies.engine.round_plan.RoundPlan`.
 """
 
@@ -46,9 +47,9 @@ from .round_plan import ClientTask, RoundPlan
 from .round_report import ClockTime
 from ..selection.policy import SelectionSection, Candidate, InformedSelection, Outcome, reported_loss
 
-__all__ = ["ClientWork", "ModelShare", "ModelWork", "Participation", "RandomSelection", "SelectionPolicy",
+__all__ = ["ClientWork", "ModelShare", "Participation", "RandomSelection", "SelectionPolicy",
            "STRAGGLER_POLICIES", "STRAGGLER_UNITS", "check_choice", "check_fraction",
-           "check_whole", "participation_of"]
+           "check_whole"]
 
 STRAGGLER_POLICIES = ("drop", "partial")
 STRAGGLER_UNITS = ("steps", "epochs")
@@ -87,37 +88,6 @@ class ModelShare:
     compute: float
     bytes_down: int
     bytes_up: int
-
-
-class ModelWork:
-    """:class:`ClientWork` of a strategy that sends the model and gets a model back (FedAvg,
-    FedBuff, FedAsync, ...): tau_i and b_i from the task's config and the client's facts,
-    no extra examples, the model each way. Needs ``self.participation``."""
-
-    participation: Participation
-    min_partial_steps: int = 1
-
-    def full_local_steps(self, node_id: int, config: ConfigRecord) -> int:
-        """tau_i of a non-straggler: ``local-steps`` if set, else floor(E n_i / B)."""
-        return self.participation.full_local_steps(node_id, config)
-
-    def examples_per_step(self, node_id: int, config: ConfigRecord) -> int:
-        """b_i = min(B, n_i) examples per local step; n_i for a full batch (B = 0)."""
-        return self.participation.examples_per_step(node_id, config, type(self).__name__)
-
-    def extra_examples(self, node_id: int, config: ConfigRecord) -> int:
-        """e_i of :mod:`strategies.engine.clock` eq. (1): none."""
-        return 0
-
-    def expected_bytes(self, arrays: ArrayRecord) -> tuple[int, int]:
-        """Bytes down and up per client as the clock plans them: the model each way."""
-        size = arrays.count_bytes()
-        return size, size
-
-    def model_share(self, node_id: int, config: ConfigRecord, down: int, up: int
-                    ) -> ModelShare:
-        """The full model: compute 1, the planned bytes."""
-        return ModelShare(1.0, down, up)
 
 
 class SelectionPolicy(Protocol):
@@ -601,12 +571,6 @@ class Participation:
                                  f"{saved.get('policy') if isinstance(saved, Mapping) else 'random'!r}"
                                  f"); resume with the run's own selection")
             self.selection.load_state_dict(saved)
-
-
-def participation_of(strategy: object) -> Participation | None:
-    """The strategy's participation model, or None (Flower's own strategies have none)."""
-    participation = getattr(strategy, "participation", None)
-    return participation if isinstance(participation, Participation) else None
 
 
 def reduced_config(config: ConfigRecord, reduced: int | None, in_epochs: bool) -> ConfigRecord:

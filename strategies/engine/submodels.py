@@ -29,12 +29,13 @@ from flwr.common.logger import log
 
 from .. import contract as C
 from . import records, submodel_math, trust_gate
+from .keys import Key
 from .participation import ModelShare, Participation, check_choice
 from .round_plan import RoundPlan
 from .round_report import Section, logged
 
-__all__ = ["DEFAULT_LEVELS", "SCHEMES", "SubModels", "WIDTH_RULES", "WidthRule",
-           "WidthSection", "width_spec_of"]
+__all__ = ["DEFAULT_LEVELS", "SCHEMES", "SUBMODEL_KEYS", "SubModels", "WIDTH_RULES", "WidthRule",
+           "WidthSection", "parse_levels", "width_spec_of"]
 
 SCHEMES = submodel_math.SCHEMES
 
@@ -303,3 +304,42 @@ class SubModels:
                    if np.issubdtype(w.dtype, np.floating) else new[k]
                    for k, w in global_arrays.items()}
         return new, used
+
+
+def parse_levels(value: str) -> tuple[float, ...]:
+    """``width-levels`` as numbers: comma-separated, each in (0, 1], at least one."""
+    try:
+        levels = tuple(float(part) for part in value.split(","))
+    except ValueError:
+        raise ValueError("not comma-separated numbers, e.g. \"1,0.5,0.25\"") from None
+    if not all(0.0 < level <= 1.0 for level in levels):
+        raise ValueError("every width must be in (0, 1]")
+    return levels
+
+
+def scaler_switch(value: str) -> bool:
+    """``width-scaler`` 'on' / 'off' as the Scaler switch (ValueError for anything else)."""
+    if value not in ("on", "off"):
+        raise ValueError(f"width-scaler={value!r}: use 'auto', 'on' or 'off'")
+    return value == "on"
+
+
+SUBMODEL_KEYS = (
+    Key("width-levels", "1,0.5,0.25,0.125,0.0625",
+        "the widths r a client of `heterofl`, `fjord` or `fedrolex` can train, comma-separated "
+        "(HeteroFL's 1, 1/2, ..., 1/16); each client's model keeps ⌈r·K⌉ units of every hidden "
+        "layer", check=parse_levels, note="(numbers in (0, 1])", arg="levels",
+        convert=parse_levels),
+    Key("width-rule", "auto",
+        "how a client's width is chosen: `deadline` (the largest level whose time on the "
+        "simulated clock, with its own sub-model's bytes and FLOPs, fits `round-deadline`), "
+        "`fixed` (partition p trains level p mod L), `dynamic` (a fresh draw per round); `auto` "
+        "= `deadline` with a `round-deadline`, else `fixed`",
+        choices=("auto", *WIDTH_RULES), arg="width_rule", auto="auto"),
+    Key("width-scaler", "auto",
+        "HeteroFL's Scaler (outputs divided by r in training): `on`, `off`; `auto` = on for "
+        "`heterofl`, off for `fjord` and `fedrolex`", choices=("auto", "on", "off"),
+        arg="scaler", auto="auto", convert=lambda value: scaler_switch(value)),
+)
+"""The run-config keys of the sub-models (declared here, beside what reads them)."""
+
