@@ -108,7 +108,8 @@ class RoundInput:
     for the initial state), and ``average``: the engine's weighted average of those models
     (the configured weighting, sub-models and server step eta_g = ``server_lr``;
     ``average()`` -> (the new model or None, the indices used); replies with NaN / Inf are
-    left out with one log line each, as ``reject(k, key)`` does)."""
+    left out with one log line each, as ``reject(k, key)`` does); ``weights(used)`` is the
+    weighting's c_k over the replies ``used`` (None with sub-models)."""
 
     plan: RoundPlan
     global_arrays: NDArrays
@@ -118,6 +119,7 @@ class RoundInput:
     reject: Callable[[int, str], None]
     states: Sequence[NDArrays | None] | None = None
     server_lr: float = 1.0
+    weights: Callable[[Sequence[int]], np.ndarray] | None = None
 
     @property
     def server_round(self) -> int:

@@ -309,7 +309,9 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
             update = self.algorithm.update(RoundInput(
                 plan, global_arrays, checked, models,
                 average=lambda: self.average(plan, global_arrays, checked, models),
-                reject=rejecter(checked), states=states, server_lr=self.server_lr))
+                reject=rejecter(checked), states=states, server_lr=self.server_lr,
+                weights=None if self.submodels is not None else lambda used: round_coefficients(
+                    self.weighting, plan, checked, self.participation).values(used)))
         accepted = [checked[k] for k in update.used]
         self.report_aggregation(plan, accepted, global_arrays,
                                 [models[k][1] for k in update.used])
