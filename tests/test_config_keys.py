@@ -184,6 +184,11 @@ def refused(user_config: dict, keys: list[str]) -> str:
 
 # ----------------------------------------------------------------- the copies
 def test_pyproject_has_the_tables_keys_in_order_with_its_defaults_and_types():
+    """pyproject.toml's table is generated (python -m fedapp.config_docs --write): Flower
+    passes on only the keys it lists."""
+    text = (ROOT / "pyproject.toml").read_text()
+    assert config_docs.with_pyproject_table(text) == text, (
+        "run: python -m fedapp.config_docs --write")
     assert list(TOML) == [k.name for k in KEYS]
     for key in KEYS:
         assert TOML[key.name] == key.default and type(TOML[key.name]) is key.type, key.name

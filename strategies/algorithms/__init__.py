@@ -17,6 +17,4 @@ from .fedbuff import FedBuff
 from .fedasync import FedAsync
 from .flower_optimizers import FedAdagrad, FedAdam, FedAvgM, FedYogi
 
-__all__ = ["DynamicFL", "FedAdagrad", "FedAdam", "FedAsync", "FedAvg", "FedAvgM", "FedBuff",
-           "FedDyn", "FedNova", "FedProx", "FedRolex", "FedVeca", "FedYogi", "FjORD", "HeteroFL",
-           "Moon", "Scaffold"]
+__all__ = sorted(name for name, value in dict(globals()).items() if isinstance(value, type))
