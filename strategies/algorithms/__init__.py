@@ -16,5 +16,6 @@ from .fedrolex import FedRolex
 from .fedbuff import FedBuff
 from .fedasync import FedAsync
 from .flower_optimizers import FedAdagrad, FedAdam, FedAvgM, FedYogi
+from .fedexp import FedExP
 
 __all__ = sorted(name for name, value in dict(globals()).items() if isinstance(value, type))
