@@ -366,6 +366,7 @@ from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
 from strategies import DynamicFL, FedAvg, FedDyn, FedNova, FedProx, FedVeca, Moon, Scaffold
 from strategies import HeteroFL
 from strategies import FedRolex, FjORD
+from strategies import FedLC
 from task import Net, load_centralized_dataset, test
 
 # Create ServerApp
@@ -406,6 +407,7 @@ def make_strategy(name: str, query: bool):
         "flower-fedavg": lambda: FlowerFedAvg(fraction_evaluate=0.0),
         "fedavg": lambda: FedAvg(fraction_evaluate=0.0, **common),
         "fedprox": lambda: FedProx(proximal_mu=0.01, fraction_evaluate=0.0, **common),
+        "fedlc": lambda: FedLC(tau=1.0, fraction_evaluate=0.0, **common),
         "fednova": lambda: FedNova(fraction_evaluate=0.0, **common),
         "fedveca": lambda: FedVeca(tau_init=50, tau_max=100, fraction_evaluate=0.0, **common),
         "dynamicfl": lambda: DynamicFL(intervals="1-4", local_steps=94, beta=0.5, **common),

@@ -17,5 +17,6 @@ from .fedbuff import FedBuff
 from .fedasync import FedAsync
 from .flower_optimizers import FedAdagrad, FedAdam, FedAvgM, FedYogi
 from .fedexp import FedExP
+from .fedlc import FedLC
 
 __all__ = sorted(name for name, value in dict(globals()).items() if isinstance(value, type))
