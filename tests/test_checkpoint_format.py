@@ -42,10 +42,10 @@ def built(monkeypatch):
     """The strategies the ServerApp builds in this test (the registry's, called as is)."""
     strategies = []
 
-    def keep(cfg):
-        strategy, train_config = STRATEGIES[cfg.strategy](cfg)
-        strategies.append(strategy)
-        return strategy, train_config
+    def keep(cfg, model=None):
+        built = STRATEGIES[cfg.strategy](cfg, model)
+        strategies.append(built.strategy)
+        return built
 
     monkeypatch.setattr(server_app, "build_strategy", keep)
     return strategies

@@ -55,10 +55,10 @@ class PushPullAppGrid(InProcessGrid):
 def run_server(run_config: dict, num_nodes: int, monkeypatch) -> tuple[PushPullAppGrid, DynamicFL]:
     built = {}
 
-    def capture(cfg):
-        strategy, config = build_strategy(cfg)
-        built["strategy"] = strategy
-        return strategy, config
+    def capture(cfg, model=None):
+        result = build_strategy(cfg, model)
+        built["strategy"] = result.strategy
+        return result
 
     monkeypatch.setattr(server_module, "build_strategy", capture)
     grid = PushPullAppGrid(client_app, num_nodes, run_config, per_pull=2)

@@ -35,7 +35,7 @@ OWN_ARGS = {DynamicFL: {"intervals": "a", "local_steps": 2}}
 def test_the_ten_arguments_are_flowers_in_flowers_order():
     flower = list(inspect.signature(FlowerFedAvg.__init__).parameters)[1:]
     assert tuple(flower) == flower_args.FLOWER_ARGS
-    for cls in (FedAvg, DynamicFL, strategies.engine.async_engine.AsyncStrategy):
+    for cls in (FedAvg, DynamicFL, strategies.engine.async_engine.AsyncEngine):
         ours = list(inspect.signature(cls.__init__).parameters)[1:11]
         assert tuple(ours) == flower_args.FLOWER_ARGS, cls.__name__
 
@@ -69,8 +69,8 @@ def test_a_metrics_function_that_is_not_callable_is_refused():
 def test_fedprox_takes_mu_after_the_ten_as_flowers_fedprox_does():
     ten = [1.0, 1.0, 1, 1, 2, "num-examples", "arrays", "config", None, None]
     assert list(inspect.signature(FlowerFedProx.__init__).parameters)[11] == "proximal_mu"
-    assert FedProx(*ten, 0.3).proximal_mu == 0.3
-    assert FedProx().proximal_mu == 0.01
+    assert FedProx(*ten, 0.3).algorithm.proximal_mu == 0.3
+    assert FedProx().algorithm.proximal_mu == 0.01
     with pytest.raises(TypeError, match="both by position and by name"):
         FedProx(*ten, 0.3, proximal_mu=0.2)
 

@@ -106,7 +106,7 @@ def test_fedveca_eq15_eta_is_the_rounds_lr():
     s = FedVeca(lr_schedule=S.LRSchedule("exponential", decay=0.5), min_available_nodes=1)
     _configure(s, 3, ConfigRecord({C.LR: 0.4}))
     assert {float(t.config[C.LR]) for t in s.plans[3].tasks.values()} == {0.1}
-    assert s.round_eta(s.plans[3]) == 0.1
+    assert s.plans[3].config[C.LR] == 0.1  # the round's eta in eq. (15) and eta tau_k L
 
 
 def test_dynamicfl_round_lr():

@@ -219,7 +219,7 @@ def test_dynamicfl_logs_server_evaluation_and_a_final_summary(caplog):
     assert len([m for m in warnings_of(caplog) if QUERY_HELPER in m]) == 1
 
 
-def test_dynamicfl_aggregate_train_needs_its_configure_train():
+def test_dynamicfl_runs_its_own_rounds_not_flowers_split_hooks():
     strategy = DynamicFL(intervals="a", local_steps=3)
-    with pytest.raises(RuntimeError, match="without configure_train"):
+    with pytest.raises(RuntimeError, match="its own start"):
         strategy.aggregate_train(1, [])

@@ -87,8 +87,8 @@ class FedAsync(AsyncEngine):
     def __init__(self, *flower_args, alpha: float = 0.6,
                  staleness: Staleness | str = "polynomial", updates_per_round: int = 1,
                  concurrency: int = 20, rho: float = 0.0, **kwargs) -> None:
-        super().__init__(AsyncMixing(alpha, staleness, updates_per_round, rho), *flower_args,
-                         concurrency=concurrency, **kwargs)
+        super().__init__(*flower_args, concurrency=concurrency, algorithm=AsyncMixing(
+            alpha, staleness, updates_per_round, rho), **kwargs)
 
 
 FEDASYNC_WHY = "FedAsync's server step is its mixing weight fedasync-alpha (Xie et al., Alg. 1)"

@@ -8,7 +8,6 @@ each, w_{t+1} = w_t + eta_g sum_{k in S_t} c_k (w_k - w_t) with c_k of the weigh
 
 from __future__ import annotations
 
-from ..engine.algorithm import Algorithm
 from ..engine.round_engine import RoundEngine
 from .. import contract as C
 from ..engine.registry import register
@@ -33,9 +32,6 @@ class FedAvg(RoundEngine):
     ``num-examples`` > 0 (``train-loss`` or Flower's ``train_loss`` optional): what
     Flower's PyTorch template sends.
     """
-
-    def __init__(self, *flower_args, **kwargs) -> None:
-        super().__init__(Algorithm(), *flower_args, **kwargs)
 
 
 register("fedavg", FedAvg, "Federated Averaging (McMahan et al. 2017, Alg. 1), with weighting, "

@@ -101,8 +101,8 @@ class FedBuff(AsyncEngine):
     def __init__(self, *flower_args, buffer_size: int = 10, concurrency: int = 20,
                  server_lr: float = 1.0, server_momentum: float = 0.0,
                  staleness: Staleness | str = "fedbuff", **kwargs) -> None:
-        super().__init__(BufferedAsync(buffer_size, server_lr, server_momentum, staleness),
-                         *flower_args, concurrency=concurrency, **kwargs)
+        super().__init__(*flower_args, concurrency=concurrency, algorithm=BufferedAsync(
+            buffer_size, server_lr, server_momentum, staleness), **kwargs)
 
 
 KEYS = (*ASYNC_KEYS, STALENESS_KEY, Key("fedbuff-buffer-size", 10,

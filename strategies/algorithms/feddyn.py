@@ -134,7 +134,7 @@ class FedDyn(RoundEngine):
         if kwargs.get("server_lr", 1.0) != 1.0:
             raise ValueError(f"FedDyn's server model is (1 / |P_t|) sum theta_k - h / alpha "
                              f"(Alg. 1): server_lr must be 1.0, got {kwargs['server_lr']}")
-        super().__init__(DynamicRegulariser(alpha), *flower_args, weighting=weighting,
+        super().__init__(*flower_args, algorithm=DynamicRegulariser(alpha), weighting=weighting,
                          straggler_policy=straggler_policy, **kwargs)
 
 

@@ -131,7 +131,7 @@ class FedExP(RoundEngine):
         if kwargs.get("server_lr", 1.0) != 1.0:
             raise ValueError(f"FedExP sets its server step size eta_g itself: server_lr must "
                              f"be 1.0, got {kwargs['server_lr']}")
-        super().__init__(Extrapolation(epsilon, epsilon_decay), *flower_args,
+        super().__init__(*flower_args, algorithm=Extrapolation(epsilon, epsilon_decay),
                          weighting=weighting, **kwargs)
 
 

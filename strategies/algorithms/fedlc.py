@@ -68,7 +68,7 @@ class FedLC(RoundEngine):
     """
 
     def __init__(self, *flower_args, tau: float = 1.0, **kwargs) -> None:
-        super().__init__(LabelCalibration(tau), *flower_args, **kwargs)
+        super().__init__(*flower_args, algorithm=LabelCalibration(tau), **kwargs)
 
 
 register("fedlc", FedLC, "FedLC (Zhang et al. 2022): client loss calibrated by its label counts "

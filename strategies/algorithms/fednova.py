@@ -166,8 +166,8 @@ class FedNova(RoundEngine):
         if kwargs.get("weighting", "examples") != "examples":
             raise ValueError(f"FedNova weights clients by num-examples; "
                              f"weighting={kwargs['weighting']!r} is not supported")
-        super().__init__(Normalised(server_momentum, local_epochs, batch_size, drop_last),
-                         *flower_args, straggler_policy=straggler_policy, **kwargs)
+        super().__init__(*flower_args, straggler_policy=straggler_policy, algorithm=Normalised(
+            server_momentum, local_epochs, batch_size, drop_last), **kwargs)
 
 
 FEDNOVA_WHY = "FedNova's eq. (5) weights clients by num-examples"

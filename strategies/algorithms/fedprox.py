@@ -67,7 +67,7 @@ class FedProx(RoundEngine):
                 raise TypeError("FedProx got proximal_mu both by position and by name")
             *flower_args, proximal_mu = flower_args
         mu = DEFAULT_PROXIMAL_MU if proximal_mu is None else proximal_mu
-        super().__init__(Proximal(mu), *flower_args, straggler_policy=straggler_policy,
+        super().__init__(*flower_args, algorithm=Proximal(mu), straggler_policy=straggler_policy,
                          **kwargs)
 
 

@@ -34,7 +34,7 @@ class FedRolex(RoundEngine):
     def __init__(self, *flower_args, width_spec=None, levels=DEFAULT_LEVELS,
                  width_rule: str | None = None, level_compute=None, scaler: bool = False,
                  **kwargs) -> None:
-        super().__init__(SubModelAveraging(), *flower_args, **width_engine_args(
+        super().__init__(*flower_args, algorithm=SubModelAveraging(), **width_engine_args(
             "FedRolex", "rolling", kwargs, width_spec=width_spec, levels=levels,
             width_rule=width_rule, level_compute=level_compute, scaler=scaler))
 

@@ -368,7 +368,7 @@ class FedVeca(RoundEngine):
         algorithm = AdaptiveSteps(tau_init, tau_max, alpha, beta_mode, grad_subsample, lr)
         kwargs.setdefault("straggler_policy", "partial")
         kwargs.pop("server_momentum", None)
-        super().__init__(algorithm, *flower_args, work=FedVecaWork(algorithm), **kwargs)
+        super().__init__(*flower_args, algorithm=algorithm, work=FedVecaWork(algorithm), **kwargs)
 
 
 FEDVECA_WHY = ("FedVeca's clients run plain local SGD (eq. 1) and its server step is FedNova's "

@@ -70,7 +70,7 @@ class FjORD(RoundEngine):
     def __init__(self, *flower_args, width_spec=None, levels=DEFAULT_LEVELS,
                  width_rule: str | None = None, level_compute=None, scaler: bool = False,
                  weighting: str = "examples", **kwargs) -> None:
-        super().__init__(OrderedDropout(levels), *flower_args, **width_engine_args(
+        super().__init__(*flower_args, algorithm=OrderedDropout(levels), **width_engine_args(
             "FjORD", "static", {**kwargs, "weighting": weighting}, width_spec=width_spec,
             levels=levels, width_rule=width_rule, level_compute=level_compute, scaler=scaler))
 

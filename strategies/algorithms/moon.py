@@ -98,7 +98,7 @@ class Moon(RoundEngine):
 
     def __init__(self, *flower_args, mu: float = 1.0, temperature: float = 0.5,
                  **kwargs) -> None:
-        super().__init__(ModelContrastive(mu, temperature), *flower_args, **kwargs)
+        super().__init__(*flower_args, algorithm=ModelContrastive(mu, temperature), **kwargs)
 
 
 KEYS = (Key("moon-mu", 1.0,

@@ -132,7 +132,7 @@ class Scaffold(RoundEngine):
         if weighting not in SCAFFOLD_WEIGHTINGS:
             raise ValueError(f"SCAFFOLD averages delta y_i with weighting 'uniform' (Alg. 1) or "
                              f"'examples' (NIID-Bench); weighting={weighting!r} is not supported")
-        super().__init__(ControlVariates(), *flower_args, weighting=weighting,
+        super().__init__(*flower_args, algorithm=ControlVariates(), weighting=weighting,
                          straggler_policy=straggler_policy, **kwargs)
 
 

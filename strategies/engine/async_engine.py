@@ -135,14 +135,14 @@ class AsyncEngine(FlowerFedAvg):
 
     Parameters
     ----------
-    algorithm : AsyncAlgorithm
-        FedBuff's or FedAsync's.
     fraction_train, fraction_evaluate, min_train_nodes, min_evaluate_nodes, \
 min_available_nodes, weighted_by_key, arrayrecord_key, configrecord_key, \
 train_metrics_aggr_fn, evaluate_metrics_aggr_fn
         Flower's FedAvg arguments, positional in Flower's order
         (:mod:`strategies.engine.flower_args`); ``fraction_train`` stays 1.0 and
         ``min_train_nodes`` 1 (``concurrency`` replaces round sampling).
+    algorithm : AsyncAlgorithm
+        FedBuff's or FedAsync's.
     concurrency : int
         Most clients training at once.
     arrival : {"simulated", "real-time"}
@@ -157,14 +157,15 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
         engine waits for no round).
     """
 
-    def __init__(self, algorithm: AsyncAlgorithm, fraction_train: float = 1.0,
+    def __init__(self, fraction_train: float = 1.0,
                  fraction_evaluate: float = 1.0, min_train_nodes: int = 1,
                  min_evaluate_nodes: int = 1, min_available_nodes: int = 2,
                  weighted_by_key: str = C.NUM_EXAMPLES, arrayrecord_key: str = C.ARRAYS,
                  configrecord_key: str = C.CONFIG,
                  train_metrics_aggr_fn: flower_args.MetricsAggregation | None = None,
                  evaluate_metrics_aggr_fn: flower_args.MetricsAggregation | None = None, *,
-                 concurrency: int = 20, arrival: str = "simulated", seed: int = 0,
+                 algorithm: AsyncAlgorithm, concurrency: int = 20, arrival: str = "simulated",
+                 seed: int = 0,
                  query_client_info: bool = False, query_timeout: float = 600.0,
                  clock: SimClock | None = None, selection: SelectionPolicy | None = None,
                  participation: Participation | None = None) -> None:

@@ -62,13 +62,13 @@ class RoundEngine(FlowerFedAvg):
 
     Parameters
     ----------
-    algorithm : Algorithm
-        The paper's algorithm (:mod:`strategies.engine.algorithm`).
     fraction_train, fraction_evaluate, min_train_nodes, min_evaluate_nodes, \
 min_available_nodes, weighted_by_key, arrayrecord_key, configrecord_key, \
 train_metrics_aggr_fn, evaluate_metrics_aggr_fn
         Flower's FedAvg arguments, positional in Flower's order, with Flower's meaning
         (:mod:`strategies.engine.flower_args`): m = max(floor(C K), ``min_train_nodes``).
+    algorithm : Algorithm, optional
+        The paper's algorithm (:mod:`strategies.engine.algorithm`); default FedAvg's.
     weighting : str
         c_k of the averaging kernel: ``"examples"`` n_k / m_t over the aggregated clients
         (McMahan et al. 2017, Algorithm 1 with its erratum; default); ``"uniform"``
@@ -102,12 +102,13 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
     """
 
     def __init__(
-        self, algorithm: Algorithm, fraction_train: float = 1.0, fraction_evaluate: float = 1.0,
+        self, fraction_train: float = 1.0, fraction_evaluate: float = 1.0,
         min_train_nodes: int = 1, min_evaluate_nodes: int = 1, min_available_nodes: int = 2,
         weighted_by_key: str = C.NUM_EXAMPLES, arrayrecord_key: str = C.ARRAYS,
         configrecord_key: str = C.CONFIG,
         train_metrics_aggr_fn: flower_args.MetricsAggregation | None = None,
         evaluate_metrics_aggr_fn: flower_args.MetricsAggregation | None = None, *,
+        algorithm: Algorithm | None = None,
         weighting: str = "examples", server_lr: float = 1.0, seed: int = 0,
         query_client_info: bool = False, query_timeout: float = 600.0,
         straggler_fraction: float = 0.0, straggler_policy: str = "drop",
@@ -146,7 +147,7 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
             participation, fraction_evaluate, min_evaluate_nodes, train_metrics_aggr_fn,
             evaluate_metrics_aggr_fn))
         self.custom_metrics = (train_metrics_aggr_fn, evaluate_metrics_aggr_fn)  # None: ours
-        self.algorithm = algorithm
+        self.algorithm = algorithm = algorithm if algorithm is not None else Algorithm()
         self.participation = participation
         self.weighting = weighting
         self.server_lr = float(server_lr)
