@@ -363,8 +363,8 @@ def assemble(registrations: dict[str, Registration]
                  for engine in ENGINES}
     declared = {key.name: key for key in KEYS_OF_THE_APP}
     for registration in registrations.values():
-        for key in registration.keys:
-            declared.setdefault(key.name, key)
+        for key in registration.keys:  # read by the strategies that declare or read it
+            declared.setdefault(key.name, dataclasses.replace(key, used_by=()))
     reads = {name: strategy_reads(r, declared, by_engine) for name, r in registrations.items()}
     table = []
     for key in declared.values():

@@ -1,21 +1,31 @@
 """Shared pytest fixtures, and the suite's three kinds of test.
 
-Every test is marked ``unit`` (in one process: strategies, helpers, files; the fast
-target ``make test-fast`` = ``pytest -m unit``), ``app`` (runs the ServerApp and
-ClientApps: in-process runs, user projects, ``flwr run``; or starts fresh processes) or
-``deploy`` (starts a SuperLink and SuperNodes). A module is classified by what its source calls (:data:`KINDS`, first match
-wins); a module that sets one of the three marks itself keeps it. ``make test`` runs all.
+A test's kind comes from what it uses, the fixtures it requests (directly, through another
+fixture, or with ``pytest.mark.usefixtures``; a module fixture that starts a process asks
+for ``processes`` itself):
+
+* ``deploy``: it uses ``deployment`` (it starts a SuperLink and SuperNodes);
+* ``app``: it uses ``apps`` (it runs the Flower apps in this process: fedapp's ServerApp or
+  ClientApp, a user project's) or ``processes`` (it starts processes: ``flwr run``, the
+  ServerApp's evaluation process, a fresh interpreter);
+* ``unit``: neither; strategies, helpers and files in this one process, on hand-written
+  ClientApps at most (``make test-fast`` = ``pytest -m unit``).
+
+The kinds are checked while the tests run (:func:`kinds_are_kept`): a unit test that starts
+a process (``subprocess``, ``multiprocessing``) or runs the apps (any ServerApp, fedapp's
+ClientApp training) fails, naming the fixture to request. Set
+``FEDHETERO_KIND_PROBE=1`` to apply that check to every test (which tests need what).
 """
 
 from __future__ import annotations
 
-import functools
+import multiprocessing.process
 import os
-import re
-from pathlib import Path
+import subprocess
 
 import pytest
 import torch
+from flwr.serverapp import ServerApp
 
 from simulation.runtime.flwr_cli import CONTROL_PORT_ENV, HTTP_PORT_ENV
 from simulation.runtime.processes import free_port
@@ -54,26 +64,65 @@ def one_torch_thread():
     torch.set_num_threads(previous)
 
 
-KINDS = (
-    ("deploy", re.compile(r"LocalDeployment|tests\.deployed|from deploy import cluster|"
-                          r"deploy\.warm_superexec|run_on_connection")),
-    ("app", re.compile(r"run_inprocess|submit_run|flwr_run_command|run_app\(|user_project|"
-                       r"stock_app|FaultGrid|fedapp\.server_app|\"-m\", \"simulation|"
-                       r"subprocess|multiprocessing|get_context\(")),  # fresh processes
-)
 KIND_DOCS = {"unit": "in one process: strategies, helpers, files (make test-fast)",
-             "app": "runs the ServerApp and ClientApps (in-process, user projects, flwr run)",
-             "deploy": "starts a SuperLink and SuperNodes"}
+             "app": "runs the ServerApp and ClientApps (in-process, user projects, flwr run) "
+                    "or starts processes: uses the `processes` fixture",
+             "deploy": "starts a SuperLink and SuperNodes: uses the `deployment` fixture"}
+PROBE_ENV = "FEDHETERO_KIND_PROBE"
 
 
-@functools.lru_cache(maxsize=None)
-def kind_of(path: str) -> str:
-    """``deploy``, ``app`` or ``unit`` for the test module at ``path`` (module docstring)."""
-    source = Path(path).read_text()
-    for kind, pattern in KINDS:
-        if pattern.search(source):
-            return kind
-    return "unit"
+@pytest.fixture(scope="session")
+def processes():
+    """What a test uses to run the Flower apps or start processes: it makes the test ``app``
+    (module docstring)."""
+
+
+@pytest.fixture(scope="session")
+def apps():
+    """What a test uses to run the Flower apps in this process (fedapp's ServerApp or
+    ClientApp, a user project's): it makes the test ``app``."""
+
+
+@pytest.fixture(scope="session")
+def deployment(processes):
+    """What a test uses to start a SuperLink and SuperNodes: it makes the test ``deploy``."""
+
+
+def kind_of(item: pytest.Item) -> str:
+    """``deploy``, ``app`` or ``unit``: the fixtures the test uses (module docstring)."""
+    names = set(getattr(item, "fixturenames", ()))
+    if "deployment" in names:
+        return "deploy"
+    return "app" if names & {"processes", "apps"} else "unit"
+
+
+class ProcessInUnitTest(RuntimeError):
+    """A unit test started a process or ran the apps."""
+
+
+@pytest.fixture(autouse=True)
+def kinds_are_kept(request, monkeypatch):
+    """A unit test may start no process: ``subprocess`` and ``multiprocessing`` refuse, with
+    the fixture that makes the test ``app`` (every test with FEDHETERO_KIND_PROBE=1)."""
+    if kind_of(request.node) != "unit" and not os.environ.get(PROBE_ENV):
+        yield
+        return
+
+    def refuse(*args, **kwargs):
+        raise ProcessInUnitTest(
+            f"{request.node.nodeid} starts a process but uses no `processes` fixture: it is "
+            f"not a unit test; request `processes` (`deployment` for a SuperLink)")
+
+    def refuse_app(*args, **kwargs):
+        raise ProcessInUnitTest(
+            f"{request.node.nodeid} runs the Flower apps but uses no `apps` fixture: it is "
+            f"not a unit test; request `apps`")
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", refuse)
+    monkeypatch.setattr(ServerApp, "__call__", refuse_app)  # any ServerApp: ours, a user's
+    monkeypatch.setattr("fedapp.client_app.local_data", refuse_app)  # our ClientApp trains
+    yield
 
 
 def pytest_configure(config):
@@ -83,5 +132,4 @@ def pytest_configure(config):
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if not any(item.get_closest_marker(kind) for kind in KIND_DOCS):
-            item.add_marker(getattr(pytest.mark, kind_of(str(item.fspath))))
+        item.add_marker(getattr(pytest.mark, kind_of(item)))

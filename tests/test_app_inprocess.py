@@ -14,7 +14,6 @@ from fedapp.server_app import app as server_app
 from strategies import contract as C
 from tests.inprocess import InProcessGrid
 
-
 CNN_SMALL_LAYERS = {"features.0.0", "features.1.0", "classifier.1", "classifier.3", "classifier.5"}
 
 
@@ -32,6 +31,7 @@ def only_run_dir(output_dir):
     return runs[0]
 
 
+@pytest.mark.usefixtures("processes")
 def test_two_rounds_write_the_run_log(tmp_path):
     rc = {"num-server-rounds": 2, "local-steps": 5, "partition": "iid", "output-dir": str(tmp_path)}
     grid = run_server(rc)
@@ -57,6 +57,7 @@ def test_two_rounds_write_the_run_log(tmp_path):
     assert kinds.count("query") == 3 and kinds.count("train") == 6
 
 
+@pytest.mark.usefixtures("processes")
 def test_partial_participation_samples_by_partition(tmp_path):
     rc = {"num-server-rounds": 2, "local-steps": 2, "partition": "iid", "fraction-train": 0.5,
           "output-dir": str(tmp_path)}
@@ -77,6 +78,7 @@ def test_partial_participation_samples_by_partition(tmp_path):
      ("fedveca-tau-init", 1, "fedveca"),
      ("server-lr", 0.5, "dynamicfl"), ("dynamicfl-intervals", "g-a", "dynamicfl")],
 )
+@pytest.mark.usefixtures("apps")
 def test_bad_config_stops_before_any_training(tmp_path, key, value, strategy):
     rc = {"num-server-rounds": 1, "output-dir": str(tmp_path), "strategy": strategy, key: value}
     grid = InProcessGrid(client_app, 2, rc)
@@ -89,6 +91,7 @@ def test_bad_config_stops_before_any_training(tmp_path, key, value, strategy):
     assert list(tmp_path.iterdir()) == []  # no run directory either
 
 
+@pytest.mark.usefixtures("processes")
 def test_missing_data_stops_before_any_training(tmp_path):
     """The evaluation process finds no test split: the ServerApp stops with the data error
     (and where the data must be) before any client is asked to train."""
@@ -103,6 +106,7 @@ def test_missing_data_stops_before_any_training(tmp_path):
     assert grid.calls == []
 
 
+@pytest.mark.usefixtures("processes")
 def test_fedprox_with_mu_zero_equals_fedavg_end_to_end(tmp_path):
     base = {"num-server-rounds": 2, "local-steps": 4, "partition": "dirichlet", "batch-size": 16}
     run_server({**base, "strategy": "fedavg", "output-dir": str(tmp_path / "avg")})
@@ -114,6 +118,7 @@ def test_fedprox_with_mu_zero_equals_fedavg_end_to_end(tmp_path):
 
 
 @pytest.mark.parametrize("strategy", ["fedprox", "fednova"])
+@pytest.mark.usefixtures("processes")
 def test_stragglers_do_partial_work(tmp_path, strategy):
     rc = {"num-server-rounds": 2, "strategy": strategy, "straggler-fraction": 0.5,
           "local-epochs": 1, "batch-size": 512, "partition": "iid", "output-dir": str(tmp_path)}
@@ -129,6 +134,7 @@ def test_stragglers_do_partial_work(tmp_path, strategy):
         assert all(r[C.LOG_A_NORMS] == [float(s) for s in r[C.LOG_LOCAL_STEPS]] for r in rounds)
 
 
+@pytest.mark.usefixtures("processes")
 def test_fedavg_drops_stragglers(tmp_path):
     rc = {"num-server-rounds": 1, "strategy": "fedavg", "straggler-fraction": 0.5, "local-steps": 2,
           "partition": "iid", "output-dir": str(tmp_path)}
@@ -138,6 +144,7 @@ def test_fedavg_drops_stragglers(tmp_path):
     assert [kind for _, kind in grid.calls].count("train") == 2
 
 
+@pytest.mark.usefixtures("processes")
 def test_epoch_granular_stragglers_do_whole_epochs(tmp_path):
     rc = {"num-server-rounds": 1, "strategy": "fednova", "straggler-fraction": 0.5,
           "straggler-unit": "epochs", "local-epochs": 2, "batch-size": 1000, "partition": "iid",

@@ -17,6 +17,8 @@ from simulation.runtime import local_superlink_pids, run_app
 from strategies import contract as C
 from tests.deployed import run_deployed, run_in_process
 
+pytestmark = pytest.mark.usefixtures("deployment")
+
 BASE = {"num-server-rounds": 3, "dataset": "synthetic", "model": "mlp-2nn", "partition": "iid",
         "local-steps": 5, "batch-size": 10, "eval-batch-size": 2000, "seed": 1,
         "min-available-nodes": 4, "strategy": "fedbuff", "async-concurrency": 3,

@@ -42,6 +42,7 @@ def test_repeats_print_each_efficiency_and_their_median_and_range():
     assert len(alone) == 2 and "against" not in alone[0]
 
 
+@pytest.mark.usefixtures("processes")
 def test_repeats_must_be_a_positive_integer():
     out = subprocess.run([sys.executable, "-m", "simulation", "bench", "efficiency",
                           "--repeats", "0"], capture_output=True, text=True, timeout=120)
@@ -49,6 +50,7 @@ def test_repeats_must_be_a_positive_integer():
     assert "argument --repeats: '0': give a whole number >= 1" in out.stderr
 
 
+@pytest.mark.usefixtures("processes")
 def test_torch_import_memory_is_measured_in_a_fresh_process():
     measured = torch_import_mb()
     assert set(measured) == {"peak", "anonymous", "file"}
@@ -93,6 +95,7 @@ def test_cpu_by_kind_is_the_window_before_the_last_record_by_hand(tmp_path):
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads Linux's /proc")
+@pytest.mark.usefixtures("processes")
 def test_the_sampler_sees_a_busy_process_until_the_run_log_is_complete(tmp_path):
     log = tmp_path / "run" / "rounds.jsonl"
     log.parent.mkdir()
@@ -165,6 +168,7 @@ def test_the_layout_bench_times_both_layouts_and_prints_what_training_layout_pic
             run(parser.parse_args(["layout", "--device", "cuda"]))
 
 
+@pytest.mark.usefixtures("processes")
 def test_the_import_bench_compares_both_sides_with_their_bytecode_cached(tmp_path, monkeypatch):
     """With PYTHONDONTWRITEBYTECODE set, our editable sources would be compiled at every
     import while flwr's come precompiled: the bench's environment caches both."""

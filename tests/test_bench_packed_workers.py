@@ -10,8 +10,6 @@ import pytest
 from simulation.bench import machine_sampler as M
 from simulation.bench.packed_workers import add_arguments, placements, run_line
 
-pytestmark = pytest.mark.unit
-
 
 def parsed(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()

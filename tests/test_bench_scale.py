@@ -10,13 +10,18 @@ import sys
 import pytest
 
 from simulation.bench import machine_sampler as M
-from simulation.bench.scale import (SizeResult, gpu_line, huge_lines, progress, ratio_lines,
-                                    table_row)
+from simulation.bench.scale import (
+    SizeResult,
+    gpu_line,
+    huge_lines,
+    progress,
+    ratio_lines,
+    table_row,
+)
 
 RESULT = SizeResult(clients=1000, ours=24.0, bare_flower=22.0, packed=3.3, bare_torch=2.2)
 
 
-@pytest.mark.unit
 def test_the_last_lines_are_the_three_ratios_at_the_largest_size():
     assert ratio_lines(RESULT) == [
         "scale ratio at 1000 clients = 1.09   (target <= 1.1)",
@@ -25,13 +30,11 @@ def test_the_last_lines_are_the_three_ratios_at_the_largest_size():
     ]
 
 
-@pytest.mark.unit
 def test_a_table_row_has_the_four_times_and_the_three_ratios():
     cells = [cell.strip() for cell in table_row(RESULT).split("|")]
     assert cells == ["1000", "24.000", "22.000", "1.09", "3.300", "2.200", "0.15", "1.50"]
 
 
-@pytest.mark.unit
 def test_the_large_run_prints_its_warm_round_and_both_peaks():
     sampler = M.MachineSampler()
     sampler.peak_rss_mb, sampler.peak_anon_mb = 5120.4, 2048.0
@@ -45,7 +48,6 @@ def test_the_large_run_prints_its_warm_round_and_both_peaks():
     assert "5120 MB (2048 MB anonymous); the ServerApp's own peak 700 MB" in lines[1]
 
 
-@pytest.mark.unit
 def test_the_gpu_line_says_no_gpu_or_each_packed_runs_mean_utilisation():
     without, first, second = M.MachineSampler(), M.MachineSampler(), M.MachineSampler()
     assert gpu_line({"10 clients": without}).startswith(
@@ -56,7 +58,6 @@ def test_the_gpu_line_says_no_gpu_or_each_packed_runs_mean_utilisation():
         "peak GPU memory used 1500 MiB")
 
 
-@pytest.mark.unit
 def test_each_way_of_a_size_says_its_warm_round_as_it_ends_and_a_packed_gpu_run_its_use(capsys):
     sampler = M.MachineSampler()
     sampler.gpu = [(30.0, 800.0), (50.0, 900.0)]
@@ -69,15 +70,15 @@ def test_each_way_of_a_size_says_its_warm_round_as_it_ends_and_a_packed_gpu_run_
     assert "GPU" not in second
 
 
-@pytest.mark.unit
 def test_descendants_follow_the_parent_chain_and_leave_out_the_root_and_strangers():
     parents = {10: 1, 11: 10, 12: 11, 13: 12, 20: 1, 21: 20, 14: 10}
     assert sorted(M.descendants_of(10, parents)) == [11, 12, 13, 14]
     assert M.descendants_of(13, parents) == []
 
 
-@pytest.mark.app
+@pytest.mark.usefixtures("processes")
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads Linux's /proc")
+@pytest.mark.usefixtures("processes")
 def test_the_sampler_sees_a_grandchild_holding_200_mb():
     grandchild = ("import time\nheld = b'\\x01' * (200 << 20)\ntime.sleep(2)")
     launcher = subprocess.Popen([sys.executable, "-c", "import subprocess, sys\nsubprocess.run("
@@ -89,7 +90,8 @@ def test_the_sampler_sees_a_grandchild_holding_200_mb():
     assert 195 <= sampler.peak_anon_mb <= sampler.peak_rss_mb
 
 
-@pytest.mark.app
+@pytest.mark.usefixtures("processes")
+@pytest.mark.usefixtures("processes")
 def test_the_bare_torch_limit_times_every_round_over_the_workers():
     from simulation.bench.common import bare_packed_round_seconds
 
@@ -98,8 +100,9 @@ def test_the_bare_torch_limit_times_every_round_over_the_workers():
     assert len(per_round) == 2 and all(seconds > 0 for seconds in per_round)
 
 
-@pytest.mark.app
+@pytest.mark.usefixtures("processes")
 @pytest.mark.skipif(sys.platform.startswith("win"), reason="a shell script stands in for nvidia-smi")
+@pytest.mark.usefixtures("processes")
 def test_a_gpu_reading_averages_the_utilisation_and_sums_the_memory_skipping_n_a(tmp_path):
     fake = tmp_path / "nvidia-smi"
     fake.write_text("#!/bin/sh\nprintf '[N/A], 1234\\n50, 100\\n70, [N/A]\\n'\n")
@@ -109,7 +112,6 @@ def test_a_gpu_reading_averages_the_utilisation_and_sums_the_memory_skipping_n_a
     assert M.gpu_reading(str(fake)) is None
 
 
-@pytest.mark.unit
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads Linux's /proc")
 def test_a_process_once_seen_counts_while_it_runs_and_a_gone_one_is_dropped():
     import os
@@ -121,7 +123,6 @@ def test_a_process_once_seen_counts_while_it_runs_and_a_gone_one_is_dropped():
     assert rss >= anon > 0  # this interpreter (torch imported by the scale module)
 
 
-@pytest.mark.unit
 def test_with_a_gpu_w_workers_get_shares_that_fit_one_gpu():
     from simulation.bench.scale import federation, gpu_share
 

@@ -19,8 +19,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedapp.checkpoint import (CHECKPOINT_NAME, CheckpointWriteError, load_checkpoint,
-                               make_payload, save_checkpoint)
+from fedapp.checkpoint import (
+    CHECKPOINT_NAME,
+    CheckpointWriteError,
+    load_checkpoint,
+    make_payload,
+    save_checkpoint,
+)
 from fedapp.checkpoint_format import identical
 from fedapp.config import RunConfig
 from fedapp.registry import build_strategy
@@ -30,7 +35,7 @@ from strategies import contract as C
 from tests.messages import record
 from tests.reliability_common import config, resend_aside, run, same_model, without_timings
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = pytest.mark.usefixtures("one_torch_thread", "processes")
 LEFT_FREE = 64 * 1024  # room for a run-log line, not for a checkpoint of the test's model
 
 

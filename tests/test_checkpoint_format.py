@@ -15,8 +15,7 @@ import pytest
 
 from fedapp import checkpoint as ckpt
 from fedapp import server_app
-from fedapp.checkpoint_format import (CheckpointFormatError, decode, dumps, encode, identical,
-                                      loads)
+from fedapp.checkpoint_format import CheckpointFormatError, decode, dumps, encode, identical, loads
 from fedapp.config import ConfigError
 from fedapp.registry import STRATEGIES
 from simulation.reliability import run_inprocess
@@ -52,6 +51,7 @@ def built(monkeypatch):
 
 
 @pytest.mark.parametrize("name", sorted(STRATEGIES))
+@pytest.mark.usefixtures("processes")
 def test_every_strategys_state_after_a_few_rounds_comes_back_identical(name, built, tmp_path):
     rc = config(name, tmp_path / "out", **FEW_ROUNDS, **EXTRA.get(name, {}))
     _, run_dir = run_inprocess(rc, 3)

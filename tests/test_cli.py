@@ -3,6 +3,7 @@ real --help, and the ``fedhetero`` console script runs."""
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import os
 import subprocess
@@ -10,16 +11,14 @@ import sys
 import tomllib
 from pathlib import Path
 
-import argparse
-
 import pytest
 
 from deploy.__main__ import COMMANDS as DEPLOY_COMMANDS
 from deploy.__main__ import main as deploy_main
-from simulation.cli import COMMANDS as FEDHETERO_COMMANDS
-from simulation.cli import main as fedhetero_main
 from simulation.__main__ import COMMANDS
 from simulation.__main__ import main as simulation_main
+from simulation.cli import COMMANDS as FEDHETERO_COMMANDS
+from simulation.cli import main as fedhetero_main
 from simulation.runtime.help_format import help_with_default
 
 REPO = Path(__file__).resolve().parents[1]
@@ -100,6 +99,7 @@ def test_help_texts_name_the_defaults(main, argv, expected, capsys):
     assert all(" ".join(part.split()) in text for part in expected), text
 
 
+@pytest.mark.usefixtures("processes")
 def test_the_entry_points_run():
     for module in ("simulation", "deploy"):
         proc = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True,
@@ -136,6 +136,7 @@ def fedhetero_child(argv: list[str]) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=120, check=False)
 
 
+@pytest.mark.usefixtures("processes")
 def test_fedhetero_bench_and_deploy_sub_commands(capsys):
     for name in BENCHES:
         text = help_of(fedhetero_main, ["bench", name], capsys)
@@ -147,6 +148,7 @@ def test_fedhetero_bench_and_deploy_sub_commands(capsys):
         assert "--num-supernodes" in done.stdout and "--tls" in done.stdout
 
 
+@pytest.mark.usefixtures("processes")
 def test_fedhetero_usage_errors(capsys):
     for argv, expected in ((["run", "-c", "no-equals-sign"], "expected KEY=VALUE"),
                            (["no-such-command"], "invalid choice"),
@@ -172,6 +174,7 @@ def modules_loaded_by(code: str) -> set[str]:
     return set(out.stdout.split())
 
 
+@pytest.mark.usefixtures("processes")
 def test_fedhetero_imports_only_the_chosen_tool():
     top = modules_loaded_by("import simulation.cli as c; c.build_parser()")
     assert not top & {"torch", "fedapp", "task", "deploy", "simulation.sweep", "simulation.run"}
@@ -187,6 +190,7 @@ def test_the_console_script_entry_point_is_fedhetero_main():
     assert getattr(importlib.import_module(module), function) is fedhetero_main
 
 
+@pytest.mark.usefixtures("processes")
 def test_the_installed_console_script_runs():
     """The ``fedhetero`` script pip installed next to this Python (``make test`` installs the
     project), importing this checkout's code."""

@@ -7,7 +7,11 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.test_data import write_tiny_fashion_mnist
+
+pytestmark = pytest.mark.usefixtures("processes")
 
 TORCH = ("torch", "torchvision", "task.models", "task.train", "task.evaluate")
 

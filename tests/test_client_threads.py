@@ -7,11 +7,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 from flwr.app import Context, RecordDict
+from flwr.supercore.task_identity import TaskIdentity
 
 import fedapp.client_app as client_app
 from fedapp.config import ConfigError
-from flwr.supercore.task_identity import TaskIdentity
 from tests.messages import instruction
+
+pytestmark = pytest.mark.usefixtures("deployment")
 
 
 @pytest.fixture(autouse=True)

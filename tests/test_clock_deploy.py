@@ -27,6 +27,8 @@ from task.devices import seconds_per_example
 from task.models import build_model
 from tests.inprocess import InProcessGrid
 
+pytestmark = pytest.mark.usefixtures("deployment")
+
 STEPS, BATCH, SEED = 1000, 10, 0
 BASE = {"num-server-rounds": 2, "dataset": "synthetic", "model": "mlp-2nn", "partition": "iid",
         "local-steps": STEPS, "batch-size": BATCH, "eval-batch-size": 2000, "seed": SEED,

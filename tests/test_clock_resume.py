@@ -6,8 +6,10 @@ from __future__ import annotations
 import pytest
 
 from simulation.reliability import SimulatedKill, run_inprocess
-from tests.reliability_common import config, run, same_model, without_timings
 from strategies import contract as C
+from tests.reliability_common import config, run, same_model, without_timings
+
+pytestmark = pytest.mark.usefixtures("processes")
 
 CLOCKED = {"num-server-rounds": 4, "fault-crash-prob": 0.2, "seed": 1, "checkpoint-every": 2,
            "device-profiles": "lognormal", "device-availability": 0.8}

@@ -216,6 +216,7 @@ def _fill(args) -> str:
     return entry.arrays["x"].tobytes().hex()[:64] + json.dumps(entry.meta)
 
 
+@pytest.mark.usefixtures("processes")
 def test_processes_filling_one_entry_at_once_build_it_once(tmp_path):
     log = tmp_path / "builds.txt"
     with multiprocessing.get_context("spawn").Pool(4) as pool:

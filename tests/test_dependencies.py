@@ -13,6 +13,8 @@ import subprocess
 import sys
 import tomllib
 
+import pytest
+
 from tests.user_project import REPO
 
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
@@ -80,6 +82,7 @@ def modules_after(statement: str) -> set[str]:
     return set(out.stdout.split())
 
 
+@pytest.mark.usefixtures("processes")
 def test_strategies_import_only_flwr_and_numpy():
     loaded = modules_after("import strategies, strategies.client")
     assert "torch" not in loaded and "task" not in loaded and "fedapp" not in loaded
@@ -87,6 +90,7 @@ def test_strategies_import_only_flwr_and_numpy():
     assert ours == {m for m in ours if m.startswith("strategies")}
 
 
+@pytest.mark.usefixtures("processes")
 def test_task_imports_no_flower_server_code_and_of_ours_only_strategies():
     loaded = modules_after("import task.data, task.models, task.partition, task.evaluate")
     assert not any(m.startswith(("flwr.serverapp", "flwr.server", "strategies", "fedapp"))
@@ -105,6 +109,7 @@ sys.meta_path.insert(0, _NoTorch())
 """
 
 
+@pytest.mark.usefixtures("processes")
 def test_every_strategy_works_where_torch_cannot_be_imported():
     code = BLOCK_TORCH + (
         "from strategies import FedAvg, FedProx, FedNova, FedVeca, DynamicFL\n"

@@ -6,11 +6,14 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
 from deploy.__main__ import main
 from deploy.bind_policy import bind_problem, insecure_remote_warning, is_loopback, needs_gateway
 from deploy.cert_check import certificate_hosts, certificate_problem
 from deploy.cluster import DeploySpec, LocalDeployment
 from deploy.layout import Layout, ensure_certs
+
+pytestmark = pytest.mark.usefixtures("deployment")
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "localhost", "::1"])

@@ -18,6 +18,8 @@ from fedapp.run_log import read_rounds
 from simulation.runtime import descendants, is_alive
 from strategies import contract as C
 
+pytestmark = pytest.mark.usefixtures("deployment")
+
 FASHION_MNIST = "/usr/share/datasets/fashion-mnist"  # the nodes name it in their node config
 TINY_RUN = {"num-server-rounds": 2, "local-steps": 5, "partition": "iid", "model": "cnn-small",
             "min-available-nodes": 2, "eval-batch-size": 2000}

@@ -21,10 +21,12 @@ import pytest
 from deploy.cluster import BIN, DeploySpec, LocalDeployment
 from deploy.connection import write_connection
 from deploy.layout import Layout
-from fedapp.partition_map import read_partition_map
 from deploy.runner import run_on_connection
+from fedapp.partition_map import read_partition_map
 from simulation.runtime import PROJECT_ROOT, descendants, flwr_env, is_alive
 from strategies.engine.node_identity import key_fingerprint
+
+pytestmark = pytest.mark.usefixtures("deployment")
 
 PUBLIC = "127.0.0.2"
 

@@ -37,10 +37,11 @@ CONFIG = {"num-server-rounds": 3, "partition": "iid", "model": "cnn-small", "loc
           "round-timeout": 600.0}
 JOINED = "SuperNode ID: "
 
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.skipif(
     not all(any((FASHION_MNIST / f"{stem}{gz}").is_file() for gz in ("", ".gz"))
             for stem in IDX_FILES.values()),
-    reason="needs Fashion-MNIST in /usr/share/datasets/fashion-mnist (dataset-fashion-mnist)")
+    reason="needs Fashion-MNIST in /usr/share/datasets/fashion-mnist (dataset-fashion-mnist)"),
+    pytest.mark.usefixtures("deployment")]
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from strategies.engine.node_identity import key_fingerprint
 
 
 @pytest.fixture(scope="module")
-def keys(tmp_path_factory):
+def keys(processes, tmp_path_factory):
     layout = Layout(tmp_path_factory.mktemp("identity"))
     ensure_keys(layout, 3)
     return layout

@@ -12,6 +12,8 @@ from fedapp.run_log import read_rounds
 from strategies import contract as C
 from tests.deployed import run_deployed
 
+pytestmark = pytest.mark.usefixtures("deployment")
+
 
 @pytest.mark.timeout(600)
 def test_two_supernodes_serve_five_virtual_clients(tmp_path):

@@ -16,6 +16,8 @@ from fedapp.run_log import read_rounds
 from simulation.runtime import descendants, is_alive
 from strategies import contract as C
 
+pytestmark = pytest.mark.usefixtures("deployment")
+
 
 @pytest.mark.timeout(600)
 def test_scaffold_keeps_c_i_in_context_state_on_real_supernodes(tmp_path):

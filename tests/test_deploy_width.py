@@ -16,6 +16,8 @@ from fedapp.run_log import read_rounds
 from strategies import contract as C
 from tests.deployed import run_deployed, run_in_process
 
+pytestmark = pytest.mark.usefixtures("deployment")
+
 STRATEGIES = ("heterofl", "fjord")
 CONFIG = {"num-server-rounds": 2, "dataset": "synthetic", "model": "mlp-2nn",
           "partition": "iid", "local-steps": 2, "batch-size": 8, "eval-batch-size": 2000,

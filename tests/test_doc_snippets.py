@@ -91,6 +91,7 @@ def flower_fedavg_accuracy(tmp_path_factory) -> float:
 
 
 @pytest.mark.parametrize("group", CLIENT_GROUPS, ids=lambda g: f"{g[0]}:{g[1]}")
+@pytest.mark.usefixtures("processes")
 def test_documented_client_change_runs_and_learns(tmp_path, group, flower_fedavg_accuracy):
     """Each client snippet, pasted verbatim into the quickstart-shaped ClientApp, trains 3
     rounds to at least Flower's FedAvg's accuracy minus two points."""
@@ -115,6 +116,7 @@ def test_documented_client_change_runs_and_learns(tmp_path, group, flower_fedavg
 
 
 @pytest.mark.parametrize("group", SERVER_GROUPS, ids=lambda g: f"{g[0]}:{g[1]}")
+@pytest.mark.usefixtures("processes")
 def test_documented_server_change_runs(tmp_path, group):
     source, strategy, nodes = group
     project = user_project.build(tmp_path / "userproj",

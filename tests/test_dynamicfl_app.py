@@ -33,7 +33,6 @@ from task.models import build_model
 from tests.inprocess import InProcessGrid
 from tests.oracles import dynamicfl as oracle
 
-
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
@@ -98,6 +97,7 @@ def reference_model(rc: dict, grid: PushPullAppGrid, strategy: DynamicFL) -> dic
     return params
 
 
+@pytest.mark.usefixtures("processes")
 def test_two_rounds_end_to_end_equal_the_chunk_simulator(tmp_path, monkeypatch):
     rc = {"strategy": "dynamicfl", "num-server-rounds": 2, "dynamicfl-local-steps": 6,
           "dynamicfl-intervals": "a-c", "dynamicfl-beta": 0.5, "fraction-train": 1.0,
@@ -139,6 +139,7 @@ def test_two_rounds_end_to_end_equal_the_chunk_simulator(tmp_path, monkeypatch):
         np.testing.assert_allclose(final[key].numpy(), value, rtol=1e-5, atol=1e-6, err_msg=key)
 
 
+@pytest.mark.usefixtures("processes")
 def test_dynamicsgd_preset_and_comm_budget_from_node_config(tmp_path, monkeypatch):
     rc = {"strategy": "dynamicsgd", "num-server-rounds": 1, "dynamicfl-local-steps": 3,
           "fraction-train": 0.5, "partition": "iid", "model": "cnn-small", "batch-size": 8,

@@ -25,12 +25,13 @@ SPEC = EvaluationSpec(dataset="synthetic", data_dir="", allow_download=False, sy
 
 
 @pytest.fixture(scope="module")
-def process():
+def process(processes):
     handle = EvaluationProcess(SPEC)
     yield handle
     handle.close()
 
 
+@pytest.mark.usefixtures("processes")
 def test_the_server_app_imports_no_torch():
     """Not by its imports, nor by what its evaluation process sends back (a torch object in
     a reply would import torch when unpickled here)."""
@@ -84,6 +85,7 @@ def test_an_error_in_the_child_is_raised_here_and_the_child_goes_on(process):
     assert process.evaluate(process.info["arrays"]).accuracy >= 0.0  # still serving
 
 
+@pytest.mark.usefixtures("processes")
 def test_a_clock_gets_the_model_cost_from_the_child():
     from task.devices import seconds_per_example  # noqa: PLC0415
 
@@ -98,18 +100,21 @@ def test_a_clock_gets_the_model_cost_from_the_child():
     assert handle.process.returncode == 0
 
 
+@pytest.mark.usefixtures("processes")
 def test_missing_data_is_the_data_error(tmp_path):
     spec = EvaluationSpec(**{**SPEC.__dict__, "dataset": "mnist", "data_dir": str(tmp_path)})
     with pytest.raises(DataNotFoundError, match="mnist not found under"):
         EvaluationProcess(spec)
 
 
+@pytest.mark.usefixtures("processes")
 def test_the_child_stops_when_the_server_app_end_closes():
     handle = EvaluationProcess(SPEC)
     handle.connection.close()  # as when the ServerApp's process dies
     assert handle.process.wait(timeout=60) == 0
 
 
+@pytest.mark.usefixtures("processes")
 def test_a_crashed_child_is_reported_with_its_pid():
     handle = EvaluationProcess(SPEC)
     try:
@@ -122,6 +127,7 @@ def test_a_crashed_child_is_reported_with_its_pid():
         handle.close()
 
 
+@pytest.mark.usefixtures("processes")
 def test_one_child_serves_the_runs_of_one_spec_and_a_dead_one_is_replaced():
     spec = EvaluationSpec(**{**SPEC.__dict__, "seed": 8})
     first = evaluation_process(spec)

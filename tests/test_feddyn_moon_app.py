@@ -18,7 +18,7 @@ from strategies.client.feddyn import STATE_KEY as FEDDYN_KEY
 from strategies.client.moon import STATE_KEY as MOON_KEY
 from tests.reliability_common import run, same_model, without_timings
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = pytest.mark.usefixtures("one_torch_thread", "processes")
 
 RUN = {"num-server-rounds": 3, "partition": "dirichlet", "momentum": 0.5, "weight-decay": 1e-4}
 STATE_KEYS = {"feddyn": FEDDYN_KEY, "moon": MOON_KEY}

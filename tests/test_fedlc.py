@@ -62,6 +62,7 @@ def final_model(strategy: str, tmp_path, **extra) -> dict[str, np.ndarray]:
     return {k: v.numpy() for k, v in torch.load(run_dir / "final_model.pt").items()}
 
 
+@pytest.mark.usefixtures("processes")
 def test_the_app_finds_fedlcs_client_side_from_the_message(tmp_path):
     torch.set_num_threads(1)
     fedavg = final_model("fedavg", tmp_path / "fedavg")

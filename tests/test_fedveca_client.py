@@ -23,11 +23,11 @@ from torch import nn
 from fedapp.client_app import app as client_app
 from fedapp.run_log import read_rounds
 from fedapp.server_app import app as server_app
+from strategies import contract as C
 from strategies.client import batch_indices, local_sgd
 from strategies.client.fedveca import fedveca_steps, fedveca_train, local_gradient, subsample_seed
 from task.models import ClassifierModule, LinearSVM, cnn_fedveca
 from tests.inprocess import InProcessGrid
-from strategies import contract as C
 
 
 class Quadratic(ClassifierModule):
@@ -268,6 +268,7 @@ def test_local_gradient_chunks_add_up():
 
 
 # ---------------------------------------------------------------- the app, in one process
+@pytest.mark.usefixtures("processes")
 def test_fedveca_end_to_end_in_process(tmp_path):
     rc = {"strategy": "fedveca", "num-server-rounds": 4, "model": "svm", "partition": "fedveca-case3",
           "lr": 0.01, "batch-size": 100, "fedveca-tau-init": 4, "fedveca-grad-subsample": 2000,
@@ -304,6 +305,7 @@ def test_fedveca_end_to_end_in_process(tmp_path):
 
 # ---------------------------------------------------------------- the message-level helper
 from strategies.client import client_seed  # noqa: E402
+
 
 def test_fedveca_train_reply_equals_fedveca_steps_and_reads_a_dataloader():
     """fedveca_train(model, loader, config) = fedveca_steps on the loader's tensors, in the

@@ -19,10 +19,20 @@ from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 from flwr.supercore.task_identity import TaskIdentity
 
 import strategies
-from strategies import DynamicFL, FedAsync, FedAvg, FedBuff, FedDyn, FedNova, FedProx, FedVeca, Moon, Scaffold
-from strategies.engine import flower_args
-from strategies.engine import trust_gate
+from strategies import (
+    DynamicFL,
+    FedAsync,
+    FedAvg,
+    FedBuff,
+    FedDyn,
+    FedNova,
+    FedProx,
+    FedVeca,
+    Moon,
+    Scaffold,
+)
 from strategies import contract as C
+from strategies.engine import flower_args, trust_gate
 from strategies.engine.participation import Participation
 from tests import user_project
 from tests.test_trust_gate import evaluate_reply
@@ -162,6 +172,7 @@ def _run_drop_in(tmp_path, import_line: str) -> tuple[dict, dict]:
     return summary, json.loads(line[len("RESULT "):])
 
 
+@pytest.mark.usefixtures("processes")
 def test_a_users_flower_fedavg_swapped_for_ours_with_the_same_arguments(tmp_path):
     """The ServerApp builds Flower's FedAvg with all ten arguments by position; only the
     import changes. Both sample 2 of 3 nodes (min_train_nodes 2), call the user's metrics

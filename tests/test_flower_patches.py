@@ -11,17 +11,16 @@ import subprocess
 import sys
 import time
 
-import pytest
-
 import flwr
+import pytest
 from flwr.supercore.constant import ExecutorType
 from flwr.supercore.inflatable import inflatable_utils
 from flwr.supercore.superexec import run_superexec
 from flwr.supercore.superexec.executor import SubprocessExecutor
 from flwr.supernode import start_client_internal
 
-from fedapp import flower_patches as P
 from deploy.supernode import IDLE_PULL_ENV, idle_pull_seconds
+from fedapp import flower_patches as P
 from tests.user_project import REPO
 
 # (name, kind, default) of the keyword-only parameters whose defaults shorten_object_pulls
@@ -54,7 +53,7 @@ print(json.dumps({
 
 
 @pytest.fixture(scope="module")
-def declared() -> dict:
+def declared(processes) -> dict:
     out = subprocess.run([sys.executable, "-c", DECLARED], cwd=REPO, capture_output=True,
                          text=True, timeout=120, check=True)
     return json.loads(out.stdout)
@@ -98,6 +97,7 @@ def test_the_superexec_loop_builds_its_executor_with_get_executor(declared):
     P.check_superexec_executor()
 
 
+@pytest.mark.usefixtures("processes")
 def test_importing_the_module_patches_nothing():
     """Opt-in: a fresh process that imports flower_patches has Flower's own functions."""
     code = """

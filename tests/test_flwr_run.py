@@ -6,9 +6,13 @@ stopped by PID afterwards (simulation.runtime.stop_local_superlink).
 
 from __future__ import annotations
 
+import pytest
+
 from fedapp.run_log import read_rounds
 from simulation.runtime import local_superlink_pids, run_app
 from strategies import contract as C
+
+pytestmark = pytest.mark.usefixtures("processes")
 
 
 def test_flwr_run_two_supernodes_two_rounds(tmp_path):

@@ -8,9 +8,13 @@ SuperLink is stopped by PID afterwards (simulation.runtime).
 
 from __future__ import annotations
 
+import pytest
+
 from fedapp.run_log import read_rounds
 from simulation.runtime import local_superlink_pids, run_app
 from strategies import contract as C
+
+pytestmark = pytest.mark.usefixtures("processes")
 
 
 def test_flwr_run_dynamicfl_four_supernodes_one_round(tmp_path):

@@ -11,6 +11,8 @@ from fedapp.run_log import read_rounds
 from simulation.runtime import local_superlink_pids, run_app
 from strategies import contract as C
 
+pytestmark = pytest.mark.usefixtures("processes")
+
 FEDERATION = {"num-supernodes": 2, "client-resources-num-cpus": 1}
 CASES = {
     "feddyn": ({"feddyn-alpha": 0.1}, C.LOG_FEDDYN_H_NORM),

@@ -13,6 +13,8 @@ from simulation.runtime import local_superlink_pids, run_app
 from strategies import contract as C
 from tests.reliability_common import same_model, without_timings
 
+pytestmark = pytest.mark.usefixtures("processes")
+
 TINY = {"num-server-rounds": 3, "local-steps": 3, "partition": "iid", "seed": 4,
         "min-available-nodes": 6}
 

@@ -7,9 +7,13 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from fedapp.run_log import read_rounds
 from simulation.runtime import local_superlink_pids, run_app
 from strategies import contract as C
+
+pytestmark = pytest.mark.usefixtures("processes")
 
 FEDERATION = {"num-supernodes": 2, "client-resources-num-cpus": 1}
 

@@ -13,6 +13,8 @@ from simulation.runtime import local_superlink_pids, run_app
 from strategies import contract as C
 from tests.deployed import run_deployed, run_in_process
 
+pytestmark = pytest.mark.usefixtures("deployment")
+
 CONFIG = {"num-server-rounds": 3, "strategy": "fedavg", "selection": "oort",
           "device-profiles": "lognormal", "fraction-train": 0.5, "fraction-evaluate": 0.0,
           "min-available-nodes": 4, "dataset": "synthetic", "model": "mlp-2nn",

@@ -16,7 +16,7 @@ from simulation.runtime import local_superlink_pids, run_app
 from strategies import contract as C
 from tests.deployed import run_in_process
 
-pytestmark = pytest.mark.app  # tests.deployed only for run_in_process: it starts no SuperNode
+pytestmark = pytest.mark.usefixtures("processes", "processes")
 
 LEVELS = (1.0, 0.5)  # width-levels "1,0.5", sorted largest first
 CONFIG = {"num-server-rounds": 2, "dataset": "synthetic", "model": "mlp-2nn",

@@ -35,6 +35,7 @@ STEPS = textwrap.dedent("""
 
 
 @pytest.mark.skipif(not GLIBC, reason="glibc's malloc only")
+@pytest.mark.usefixtures("processes")
 def test_a_training_process_with_fixed_thresholds_does_not_fault_its_steps_memory_in_again():
     out = subprocess.run([sys.executable, "-c", STEPS], capture_output=True, text=True,
                          check=True, timeout=300).stdout.split()
@@ -66,6 +67,7 @@ def test_the_clientapp_sets_the_thresholds_when_it_builds_its_training_model():
 
 
 @pytest.mark.skipif(not GLIBC, reason="glibc's malloc only")
+@pytest.mark.usefixtures("processes")
 def test_the_heap_bench_compares_both_settings_in_fresh_processes(capsys):
     from simulation.bench import add_arguments, run
 
@@ -107,6 +109,7 @@ RELAY = textwrap.dedent("""
 
 
 @pytest.mark.skipif(not GLIBC, reason="glibc's malloc only")
+@pytest.mark.usefixtures("processes")
 def test_the_serverapps_freed_model_buffers_go_back_to_the_kernel():
     def grown(setting: str) -> float:
         return float(subprocess.run([sys.executable, "-c", RELAY, setting], capture_output=True,

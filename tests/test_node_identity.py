@@ -16,6 +16,7 @@ from flwr.supercore.primitives.asymmetric import generate_key_pairs, public_key_
 from fedapp.client_app import app as client_app
 from fedapp.config import ConfigError
 from fedapp.partition_map import bind_partition_map, partition_map_text, read_partition_map
+from fedapp.registry import Built
 from fedapp.server_app import app as server_app
 from strategies import FedAvg
 from strategies.engine import trust_gate
@@ -159,6 +160,7 @@ def trained(grid: KeyedGrid) -> set[int]:
 
 
 @pytest.mark.parametrize("strategy", ["fedavg", "dynamicfl", "fedbuff"])
+@pytest.mark.usefixtures("processes")
 def test_the_serverapp_refuses_a_claim_the_nodes_key_does_not_allow(strategy, tmp_path, keys,
                                                                     caplog):
     path = write_map(tmp_path / "partitions.json", {0: keys[0], 1: keys[1], 5: keys[2]})
@@ -180,6 +182,7 @@ def test_the_serverapp_refuses_a_claim_the_nodes_key_does_not_allow(strategy, tm
     assert list((tmp_path / "runs").glob("*/final_model.pt"))  # the run completed
 
 
+@pytest.mark.usefixtures("processes")
 def test_without_a_partition_map_no_claim_is_checked(tmp_path, keys, caplog):
     caplog.set_level(logging.WARNING)
     grid = serve("fedavg", tmp_path, keys, "")
@@ -195,7 +198,7 @@ def test_a_node_that_joins_later_is_checked_with_the_keys_read_then(tmp_path, ke
     grid = KeyedGrid(3, rc, keys)
     late = grid.node_ids.pop()
     strategy = FedAvg(query_client_info=True, min_available_nodes=2)
-    bind_partition_map(strategy, path)
+    bind_partition_map(Built(strategy, {}), path)
     caplog.set_level(logging.WARNING)
     assert strategy.participation.connected(grid) == sorted(grid.node_ids)
     grid.node_ids.append(late)
@@ -204,12 +207,13 @@ def test_a_node_that_joins_later_is_checked_with_the_keys_read_then(tmp_path, ke
     assert not warnings_of(caplog)
 
 
+@pytest.mark.usefixtures("processes")
 def test_a_strategy_without_the_query_cannot_take_a_map(tmp_path, keys):
     path = write_map(tmp_path / "partitions.json", {0: keys[0]})
     with pytest.raises(ConfigError, match="partition-map=.*needs a strategy that asks its "
                                           "clients for their partition id"):
-        bind_partition_map(FedAvg(query_client_info=False), path)
-    assert bind_partition_map(FedAvg(query_client_info=True), "") is None
+        bind_partition_map(Built(FedAvg(query_client_info=False), {}), path)
+    assert bind_partition_map(Built(FedAvg(query_client_info=True), {}), "") is None
 
 
 def test_an_evaluate_reply_of_a_refused_node_is_refused(caplog):

@@ -231,6 +231,7 @@ def test_a_gpu_share_where_torch_sees_too_few_gpus_is_refused(monkeypatch, visib
     federation.refuse_unfittable({"client-resources-num-gpus": 2})
 
 
+@pytest.mark.usefixtures("processes")
 def test_run_with_more_cpus_per_client_than_cores_stops_before_anything_starts(tmp_path):
     import os  # noqa: PLC0415
     import subprocess  # noqa: PLC0415

@@ -17,8 +17,6 @@ from strategies.engine.packing import PackedGrid
 from tests.inprocess import InProcessGrid, adding_app
 from tests.test_packing import exchange, train_messages
 
-pytestmark = pytest.mark.unit
-
 
 def same_arrays(a: ArrayRecord, b: ArrayRecord) -> bool:
     return list(a) == list(b) and all(

@@ -6,20 +6,31 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from flwr.app import (ArrayRecord, ConfigRecord, Context, Error, Message, MessageType,
-                      MetricRecord, RecordDict)
+from flwr.app import (
+    ArrayRecord,
+    ConfigRecord,
+    Context,
+    Error,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
 from flwr.clientapp import ClientApp
 
 from strategies import contract as C
 from strategies.client import NoReply, virtual_clients
 from strategies.engine.event_loop import GridEventLoop
 from strategies.engine.packed_records import put, take
-from strategies.engine.packing import (PackedGrid, balance, task_cost, virtual_node_id,
-                               width_task_cost)
+from strategies.engine.packing import (
+    PackedGrid,
+    balance,
+    task_cost,
+    virtual_node_id,
+    width_task_cost,
+)
 from tests.inprocess import InProcessGrid, adding_app, partition_facts
 from tests.messages import record
-
-pytestmark = pytest.mark.unit
 
 N, W = 7, 3
 

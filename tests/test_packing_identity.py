@@ -14,6 +14,8 @@ from simulation.reliability import SimulatedKill, run_inprocess
 from strategies import contract as C
 from tests.reliability_common import config, resend_aside, run, same_model, without_timings
 
+pytestmark = pytest.mark.usefixtures("processes")
+
 FAMILIES = ["fedavg", "fedprox", "fednova", "fedveca", "scaffold", "feddyn", "moon",
             "dynamicfl", "fedbuff", "fedasync"]
 VIRTUAL = 6

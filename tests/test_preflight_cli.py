@@ -13,9 +13,18 @@ import subprocess
 import sys
 from pathlib import Path
 
-from simulation.runtime import (free_port, is_alive, local_superlink_pids, process_tree,
-                                stop_local_superlink)
+import pytest
+
+from simulation.runtime import (
+    free_port,
+    is_alive,
+    local_superlink_pids,
+    process_tree,
+    stop_local_superlink,
+)
 from tests.test_sigterm import wait_for
+
+pytestmark = pytest.mark.usefixtures("deployment")
 
 ROOT = Path(__file__).resolve().parents[1]
 

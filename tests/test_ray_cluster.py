@@ -13,6 +13,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import pytest
+
 from fedapp.run_log import read_rounds
 from simulation.runtime import free_port, local_superlink_pids, run_app
 from simulation.runtime.ray_cluster import (
@@ -44,6 +46,7 @@ def test_ray_status_parsing():
     assert active_nodes_and_cpus("") == (0, 0.0)
 
 
+@pytest.mark.usefixtures("processes")
 def test_flwr_run_on_a_head_and_a_worker_node(tmp_path):
     temp_dir = Path(
         tempfile.mkdtemp(prefix="rt", dir="/tmp")

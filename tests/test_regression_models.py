@@ -34,10 +34,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from flwr.app import Context, RecordDict
 
 from fedapp.client_app import app as client_app
 from fedapp.server_app import app as server_app
-from flwr.app import Context, RecordDict
 from tests.inprocess import InProcessGrid
 
 PORTABLE_NUMERICS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2,STRICT",
@@ -186,7 +186,7 @@ def final_model_digest(case: str, out: Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def digests() -> dict[str, str]:
+def digests(processes) -> dict[str, str]:
     """Every case's digest, computed once in a child process with portable numerics."""
     env = {**os.environ, **PORTABLE_NUMERICS}
     done = subprocess.run([sys.executable, "-m", "tests.test_regression_models", "--json"],

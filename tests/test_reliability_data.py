@@ -14,9 +14,9 @@ import torch
 import fedapp.client_app
 import task.data
 from simulation.reliability import run_inprocess
+from strategies import contract as C
 from task.data import IDX_FILES, load_dataset, read_idx
 from tests.reliability_common import config, run, warnings_of
-from strategies import contract as C
 
 
 def write_idx(path, array: np.ndarray) -> None:
@@ -56,6 +56,7 @@ def test_not_an_idx_file(tmp_path):
         read_idx(path)
 
 
+@pytest.mark.usefixtures("processes")
 def test_truncated_dataset_stops_the_run_before_training_with_one_clear_error(tmp_path):
     folder = idx_folder(tmp_path / "data", 20) if (tmp_path / "data").mkdir() is None else None
     labels = folder / IDX_FILES["y_test"]
@@ -77,6 +78,7 @@ def test_truncated_dataset_stops_the_run_before_training_with_one_clear_error(tm
 
 
 @pytest.mark.parametrize("strategy", ["fedavg", "fednova", "fedveca", "dynamicfl"])
+@pytest.mark.usefixtures("processes")
 def test_empty_partition_reports_zero_and_is_skipped(strategy, tmp_path, monkeypatch, caplog):
     real = fedapp.client_app.load_partition
 
@@ -98,6 +100,7 @@ def test_empty_partition_reports_zero_and_is_skipped(strategy, tmp_path, monkeyp
 
 
 @pytest.mark.parametrize("strategy", ["fedavg", "fednova", "fedveca"])
+@pytest.mark.usefixtures("processes")
 def test_partition_smaller_than_the_batch_trains_on_its_full_batch(strategy, tmp_path):
     data = load_dataset("synthetic")
     assert len(data.y_train) // 3 < 100000

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from fedapp.faults import fault_of
-from tests.reliability_common import ASYNC_STRATEGIES, SYNC_STRATEGIES, run, warnings_of
 from strategies import contract as C
+from tests.reliability_common import ASYNC_STRATEGIES, SYNC_STRATEGIES, run, warnings_of
 
 CRASH, LATE, NODES, ROUNDS = 0.3, 0.2, 4, 3
 
@@ -35,6 +35,7 @@ def test_this_seed_has_a_round_where_every_client_fails():
 
 
 @pytest.mark.parametrize("strategy", SYNC_STRATEGIES)
+@pytest.mark.usefixtures("processes")
 def test_strategies_keep_going_count_failures_and_keep_the_model(strategy, tmp_path, caplog):
     grid, _, rounds, final = run(
         strategy,
@@ -63,6 +64,7 @@ def test_strategies_keep_going_count_failures_and_keep_the_model(strategy, tmp_p
 
 
 @pytest.mark.parametrize("strategy", ASYNC_STRATEGIES)
+@pytest.mark.usefixtures("processes")
 def test_async_strategies_free_failed_clients_and_keep_making_updates(strategy, tmp_path):
     # every task of a faulty (round, partition) faults; round 2 loses all 4 partitions, so it
     # ends after 5 failures per concurrency slot: FedBuff keeps the model (its buffer is not
@@ -87,6 +89,7 @@ def test_async_strategies_free_failed_clients_and_keep_making_updates(strategy, 
                            if "late" in expected_faults(r).values()}
 
 
+@pytest.mark.usefixtures("processes")
 def test_fedveca_tau_table_only_moves_for_clients_that_replied(tmp_path):
     _, _, rounds, _ = run(
         "fedveca",
@@ -113,6 +116,7 @@ def test_fedveca_tau_table_only_moves_for_clients_that_replied(tmp_path):
     assert table, "no adaptive tau was ever computed"
 
 
+@pytest.mark.usefixtures("processes")
 def test_dynamicfl_client_lost_mid_round_schedule_continues(tmp_path, caplog):
     """Partition 1's *second* chunk of round 1 fails: the high-frequency schedule of the others
     continues, the round ends with a model averaged over the clients still in."""

@@ -9,10 +9,14 @@ ServerApp thread was seen to spin forever in numpy's SVD (``multivariate_normal`
 
 from __future__ import annotations
 
+import pytest
+
 from fedapp.faults import fault_of
 from fedapp.run_log import read_rounds
 from simulation.runtime import local_superlink_pids, run_app
 from strategies import contract as C
+
+pytestmark = pytest.mark.usefixtures("processes")
 
 
 def test_flwr_run_with_a_crash_and_a_late_client(tmp_path):

@@ -12,8 +12,10 @@ import torch
 from flwr.app import Error, Message
 
 from simulation.reliability import CORRUPTIONS, kinds_for
-from tests.reliability_common import ALL_STRATEGIES, run
 from strategies import contract as C
+from tests.reliability_common import ALL_STRATEGIES, run
+
+pytestmark = pytest.mark.usefixtures("processes")
 
 PROBLEM_WORDS = {  # what the one log line must say
     "num-examples-missing": "num-examples",

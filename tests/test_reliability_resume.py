@@ -20,13 +20,20 @@ from fedapp.config import ConfigError
 from fedapp.run_log import read_rounds
 from simulation.reliability import SimulatedKill, run_inprocess
 from strategies import contract as C
-from tests.reliability_common import (ALL_STRATEGIES, config, resend_aside, run, same_model,
-                                      without_timings)
+from tests.reliability_common import (
+    ALL_STRATEGIES,
+    config,
+    resend_aside,
+    run,
+    same_model,
+    without_timings,
+)
 
 FAULTY = {"num-server-rounds": 4, "fault-crash-prob": 0.2, "fault-late-prob": 0.1, "seed": 1}
 
 
 @pytest.mark.parametrize("strategy", ALL_STRATEGIES)
+@pytest.mark.usefixtures("processes")
 def test_killed_and_resumed_run_equals_uninterrupted_run(strategy, tmp_path):
     _, full_dir, full_rounds, full_model = run(
         strategy, tmp_path / "full", 3, **FAULTY, **{"checkpoint-every": 2}
@@ -62,6 +69,7 @@ def test_killed_and_resumed_run_equals_uninterrupted_run(strategy, tmp_path):
 
 
 @pytest.mark.parametrize("strategy", ALL_STRATEGIES)
+@pytest.mark.usefixtures("processes")
 def test_two_runs_with_the_same_seed_are_identical(strategy, tmp_path):
     _, _, first, first_model = run(strategy, tmp_path / "a", 3, **FAULTY)
     # other node ids (as in a new simulation), same partitions: nothing may depend on them
@@ -75,6 +83,7 @@ def test_two_runs_with_the_same_seed_are_identical(strategy, tmp_path):
     ) == json.dumps(without_timings(second), sort_keys=True)
 
 
+@pytest.mark.usefixtures("processes")
 def test_a_checkpoint_that_cannot_be_written_keeps_the_last_good_one(tmp_path):
     """A state the format cannot hold (here a set) is refused before any file is written;
     the checkpoint of round 2 stays whole. (A full disk: tests/test_checkpoint_disk_full.py.)"""
@@ -103,6 +112,7 @@ def test_resume_errors_are_clear(tmp_path):
         load_checkpoint(tmp_path)
 
 
+@pytest.mark.usefixtures("apps")
 def test_a_pickle_checkpoint_is_refused_unread(tmp_path):
     """A checkpoint.pkl (format 1, or planted) is never unpickled: resume-from says why."""
     class Planted:
@@ -119,6 +129,7 @@ def test_a_pickle_checkpoint_is_refused_unread(tmp_path):
     assert not (tmp_path / "pwned").exists()
 
 
+@pytest.mark.usefixtures("processes")
 def test_resume_refuses_another_experiment(tmp_path):
     _, run_dir, _, _ = run(
         "fedavg", tmp_path / "a", 2, **{"num-server-rounds": 2, "checkpoint-every": 1}
@@ -150,6 +161,7 @@ def test_a_key_added_after_the_checkpoint_counts_as_its_default(tmp_path):
 
 
 @pytest.mark.timeout(1500)
+@pytest.mark.usefixtures("processes")
 def test_a_real_flwr_run_resumes_from_its_checkpoint_bit_exactly(tmp_path):
     """Through `flwr run` on the simulation engine (not in-process): a 2-round run with its
     checkpoint of round 2, resumed to 3 rounds, equals an uninterrupted 3-round run."""

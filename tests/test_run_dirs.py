@@ -34,6 +34,7 @@ def test_run_logs_of_the_same_second_and_run_id_do_not_share_a_directory(tmp_pat
     assert read_rounds(logs[0].directory) == [{"round": 0}]
 
 
+@pytest.mark.usefixtures("processes")
 def test_in_process_runs_with_a_fixed_run_id_keep_each_others_run_logs(tmp_path):
     rc = config("fedavg", tmp_path / "out", **{"num-server-rounds": 1})
     _, first = run_inprocess(rc, 2)  # run id 7 both times

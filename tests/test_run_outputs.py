@@ -155,9 +155,10 @@ def test_a_file_that_cannot_be_written_is_one_warning_naming_it(tmp_path, caplog
     assert {p.name for p in written} == {ROUND_PLOT, BYTES_PLOT, SIM_TIME_PLOT}
 
 
+@pytest.mark.usefixtures("processes")
 def test_an_inprocess_run_leaves_its_outputs_in_the_run_directory(tmp_path, one_torch_thread):
-    from tests.reliability_common import config
     from simulation.reliability import run_inprocess
+    from tests.reliability_common import config
 
     _, directory = run_inprocess(config("fedavg", tmp_path / "a", **{"num-server-rounds": 2,
                                                                      "run-plots": True}), 2)

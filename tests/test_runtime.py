@@ -8,9 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from simulation.runtime import (flwr_run_command, is_alive, parse_overrides, process_tree,
-                                run_id_of, start_process, stop_processes, stream_command,
-                                to_flwr_config)
+from simulation.runtime import (
+    flwr_run_command,
+    is_alive,
+    parse_overrides,
+    process_tree,
+    run_id_of,
+    start_process,
+    stop_processes,
+    stream_command,
+    to_flwr_config,
+)
 
 
 def test_overrides_are_typed_and_written_back_as_toml():
@@ -27,6 +35,7 @@ def test_flwr_run_command_puts_the_connection_after_the_app():
     assert "--federation-config" not in cmd
 
 
+@pytest.mark.usefixtures("processes")
 def test_stream_command_keeps_every_line_and_calls_back(tmp_path, capsys):
     seen = []
     code = "print('a'); print('Successfully started run 42')"
@@ -36,6 +45,7 @@ def test_stream_command_keeps_every_line_and_calls_back(tmp_path, capsys):
     assert run_id_of(output) == 42 and capsys.readouterr().out == ""
 
 
+@pytest.mark.usefixtures("processes")
 def test_stream_command_stops_a_command_at_its_timeout(tmp_path):
     code = "import time; print('up', flush=True); time.sleep(60)"
     started = time.monotonic()
@@ -46,6 +56,7 @@ def test_stream_command_stops_a_command_at_its_timeout(tmp_path):
     assert "give it more time" in output
 
 
+@pytest.mark.usefixtures("processes")
 def test_stop_processes_ends_the_whole_tree(tmp_path):
     code = ("import subprocess, sys, time; "
             "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
@@ -82,6 +93,7 @@ print(done[0] - before)
 """
 
 
+@pytest.mark.usefixtures("processes")
 def test_flwr_runs_get_one_openblas_thread_so_a_fork_cannot_hang_numpy(tmp_path):
     import subprocess  # noqa: PLC0415
 

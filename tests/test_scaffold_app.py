@@ -15,7 +15,7 @@ from strategies import contract as C
 from strategies.client.scaffold import STATE_KEY
 from tests.reliability_common import run, same_model, without_timings
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = pytest.mark.usefixtures("one_torch_thread", "processes")
 
 RUN = {"num-server-rounds": 4, "partition": "dirichlet", "momentum": 0.5, "weight-decay": 1e-4}
 

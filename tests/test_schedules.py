@@ -133,6 +133,7 @@ class _RecordingGrid(InProcessGrid):
         return super().deliver(msg, timeout=timeout)
 
 
+@pytest.mark.usefixtures("processes")
 def test_app_exponential_schedule_reaches_clients_and_run_log(tmp_path):
     rc = {"num-server-rounds": 3, "dataset": "synthetic", "model": "mlp-2nn", "local-steps": 1,
           "batch-size": 10, "lr": 0.08, "lr-schedule": "exponential", "lr-decay": 0.5,

@@ -42,6 +42,7 @@ def without_timing(records: list[dict]) -> list[dict]:
     return [{k: v for k, v in r.items() if k not in C.LOG_TIMING_KEYS} for r in records]
 
 
+@pytest.mark.usefixtures("processes")
 def test_overlapped_evaluation_writes_the_same_run_log(tmp_path):
     overlapped, model_a = run(tmp_path / "a", **{"eval-overlap": True})
     in_between, model_b = run(tmp_path / "b", **{"eval-overlap": False})
@@ -57,6 +58,7 @@ def test_overlapped_evaluation_writes_the_same_run_log(tmp_path):
         sum(r[C.LOG_WALL_SECONDS] for r in overlapped), rel=1e-9)
 
 
+@pytest.mark.usefixtures("processes")
 def test_eval_every_evaluates_round_zero_every_kth_and_the_last(tmp_path):
     records, _ = run(tmp_path / "k", **{"eval-every": 2})
     every, _ = run(tmp_path / "all")
@@ -69,6 +71,7 @@ def test_eval_every_evaluates_round_zero_every_kth_and_the_last(tmp_path):
         assert without_timing(records)[r] == without_timing(every)[r]
 
 
+@pytest.mark.usefixtures("processes")
 def test_a_checkpoint_holds_the_records_up_to_its_round(tmp_path):
     out = tmp_path / "out"
     rc = {**BASE, "num-server-rounds": 3, "checkpoint-every": 2, "output-dir": str(out)}
@@ -81,6 +84,7 @@ def test_a_checkpoint_holds_the_records_up_to_its_round(tmp_path):
     assert payload["records"] == read_rounds(run_dir)[:3]  # rounds 0..2, evaluated
 
 
+@pytest.mark.usefixtures("processes")
 def test_a_failed_background_evaluation_stops_the_run(tmp_path, monkeypatch):
     from fedapp.evaluation_process import EvaluationProcess  # noqa: PLC0415
 

@@ -83,6 +83,7 @@ def test_parameters_are_checked(cls, kwargs, says):
 
 
 @pytest.mark.parametrize("name", FLOWER_STRATEGIES)
+@pytest.mark.usefixtures("processes")
 def test_in_process_run_with_our_client_app_writes_our_run_log(name, tmp_path):
     _, run_dir, rounds, model = run(name, tmp_path, 3, **{"num-server-rounds": 2,
                                                           "server-lr": SERVER_LR[name]})
@@ -93,6 +94,7 @@ def test_in_process_run_with_our_client_app_writes_our_run_log(name, tmp_path):
 
 
 @pytest.mark.parametrize("name", ["fedavgm", "fedadam"])
+@pytest.mark.usefixtures("processes")
 def test_resume_continues_the_optimizer_state_bit_for_bit(name, tmp_path):
     """The checkpoint of round 2 holds momentum / m_t, v_t; the resumed rounds 3-4 equal an
     uninterrupted run's (in-process: fixed node ids, Python's random restored)."""

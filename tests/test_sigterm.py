@@ -11,8 +11,15 @@ import sys
 import time
 from pathlib import Path
 
-from simulation.runtime import (free_port, is_alive, local_superlink_pids, process_tree,
-                                stop_local_superlink)
+import pytest
+
+from simulation.runtime import (
+    free_port,
+    is_alive,
+    local_superlink_pids,
+    process_tree,
+    stop_local_superlink,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -27,6 +34,7 @@ def wait_for(condition, timeout: float, what: str):
     raise AssertionError(f"{what} not within {timeout} s")
 
 
+@pytest.mark.usefixtures("processes")
 def test_sigterm_stops_the_superlink_the_serverapp_and_ray(tmp_path):
     home = tmp_path / "flwr-home"
     env = {**os.environ, "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(free_port()),

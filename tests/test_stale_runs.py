@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from simulation.runtime import local_superlink_pids, run_app
-from simulation.runtime import local_superlink
+from simulation.runtime import local_superlink, local_superlink_pids, run_app
 from simulation.runtime.local_superlink import local_superlink_dir, superlink_state
 
 pytest.importorskip("flwr")
@@ -31,6 +30,7 @@ def leave_a_pending_copy(flwr_home, run_id: int) -> int:
                             run.flwr_aid, run.primary_task_type)
 
 
+@pytest.mark.usefixtures("processes")
 def test_a_run_left_pending_by_a_stopped_launch_is_marked_stopped_not_started(tmp_path, capfd):
     home, out = tmp_path / "flwr-home", tmp_path / "runs"
     config = {**TINY, "output-dir": str(out)}

@@ -10,13 +10,18 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from tests.user_project import REPO
+
+pytestmark = pytest.mark.usefixtures("processes")
 
 CODE = """
 import importlib, pkgutil, sys
 sys.modules['torch'] = None
 sys.modules['torchvision'] = None
 import strategies
+
 names = [m.name for m in pkgutil.walk_packages(strategies.__path__, 'strategies.')]
 for name in names:
     importlib.import_module(name)

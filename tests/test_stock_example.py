@@ -44,6 +44,7 @@ def run_stock(strategy: str, weighting: str = "examples", client=stock_client,
 @pytest.mark.parametrize("strategy,weighting", [
     ("fedavg", "examples"), ("fedavg", "uniform"), ("fedprox", "examples"), ("fednova", "examples"),
 ])
+@pytest.mark.usefixtures("apps")
 def test_stock_client_works_unchanged(strategy, weighting, caplog):
     caplog.set_level(logging.WARNING)
     grid = run_stock(strategy, weighting)
@@ -57,6 +58,7 @@ def test_stock_client_works_unchanged(strategy, weighting, caplog):
 
 
 @pytest.mark.parametrize("weighting", ["pre-erratum", "scheme-i", "scheme-ii"])
+@pytest.mark.usefixtures("apps")
 def test_weightings_that_need_every_n_k_with_the_query_handler(weighting, caplog):
     caplog.set_level(logging.WARNING)
     grid = run_stock("fedavg", weighting, client=plus_client, query=True)
@@ -71,6 +73,7 @@ def test_weightings_that_need_every_n_k_with_the_query_handler(weighting, caplog
 
 
 @pytest.mark.parametrize("strategy", ["fedveca", "dynamicfl", "scaffold", "feddyn", "moon"])
+@pytest.mark.usefixtures("apps")
 def test_template_client_plus_the_task_helpers(strategy, caplog):
     caplog.set_level(logging.WARNING)
     grid = run_stock(strategy, client=plus_client, query=True)
@@ -99,6 +102,7 @@ def example_app(tmp_path, strategy: str):
 
 
 @pytest.mark.parametrize("strategy", ["fedavg", "fedprox", "fednova", "fedveca", "dynamicfl"])
+@pytest.mark.usefixtures("processes")
 def test_example_under_flwr_run(tmp_path, strategy):
     home = tmp_path / "flwr-home"
     result = run_app({"strategy": strategy, "max-examples": 600, "local-steps": 4},

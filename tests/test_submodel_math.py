@@ -13,7 +13,6 @@ import pytest
 from strategies.engine import submodel_math as sm
 from strategies.engine.submodel_math import HiddenUnits, WidthSpec
 
-pytestmark = pytest.mark.unit
 F32 = np.float32
 
 # A conv layer (4 output channels, 1 input channel, 1x2 kernel) and a linear layer after a

@@ -13,8 +13,14 @@ from pathlib import Path
 import pytest
 
 from simulation.runtime import is_alive, local_superlink_pids
-from simulation.runtime.local_superlink import (STARTED_BY_US, USERS_DIR, local_superlink_dir,
-                                                superlink_use)
+from simulation.runtime.local_superlink import (
+    STARTED_BY_US,
+    USERS_DIR,
+    local_superlink_dir,
+    superlink_use,
+)
+
+pytestmark = pytest.mark.usefixtures("processes")
 
 
 @pytest.fixture

@@ -137,6 +137,7 @@ def test_tracking_off_writes_nothing_extra(tmp_path):
     assert sorted(p.name for p in log.directory.iterdir()) == ["config.json", "rounds.jsonl"]
 
 
+@pytest.mark.usefixtures("processes")
 def test_the_serverapp_tracks_every_round_it_logs(tmp_path):
     """The real ServerApp and ClientApp (in-process Grid) with both trackers."""
     run_config = {"num-server-rounds": 2, "local-steps": 2, "partition": "iid",
@@ -152,6 +153,7 @@ def test_the_serverapp_tracks_every_round_it_logs(tmp_path):
     assert_tracked(run_dir, run_dir, run_dir)
 
 
+@pytest.mark.usefixtures("apps")
 def test_the_serverapp_stops_before_training_when_a_tracker_is_missing(tmp_path, monkeypatch):
     monkeypatch.setitem(tracking.MODULES, "tensorboard", "no_such_package_for_fedhetero")
     run_config = {"num-server-rounds": 1, "output-dir": str(tmp_path), "tracking": "tensorboard"}

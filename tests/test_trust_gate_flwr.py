@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from fedapp.run_log import read_rounds
 from simulation.reliability.hostile_client import hostile_project
 from simulation.runtime import local_superlink_pids, run_app
 from strategies import contract as C
+
+pytestmark = pytest.mark.usefixtures("processes")
 
 
 def test_flwr_run_with_one_hostile_clientapp(tmp_path):

@@ -14,10 +14,15 @@ from __future__ import annotations
 import pytest
 
 from simulation.reliability.corruptions import gate_kinds_for
-from simulation.reliability.trust_matrix import (EVALUATE_CORRUPTIONS, MATRIX_STRATEGIES,
-                                                 QUERY_CORRUPTIONS, QUERYING_STRATEGIES,
-                                                 run_evaluate_matrix, run_query_matrix,
-                                                 run_strategy)
+from simulation.reliability.trust_matrix import (
+    EVALUATE_CORRUPTIONS,
+    MATRIX_STRATEGIES,
+    QUERY_CORRUPTIONS,
+    QUERYING_STRATEGIES,
+    run_evaluate_matrix,
+    run_query_matrix,
+    run_strategy,
+)
 
 
 def test_the_matrix_has_at_least_20_classes_for_every_strategy():
@@ -26,6 +31,7 @@ def test_the_matrix_has_at_least_20_classes_for_every_strategy():
 
 
 @pytest.mark.parametrize("strategy", MATRIX_STRATEGIES)
+@pytest.mark.usefixtures("apps")
 def test_every_malformed_train_reply_class(strategy):
     row = run_strategy(strategy)
     assert row.completed, row.error
@@ -45,6 +51,7 @@ def test_every_malformed_client_info_answer_at_once(strategy):
 
 
 @pytest.mark.parametrize("strategy", ["fedavg", "dynamicfl", "fedadam"])
+@pytest.mark.usefixtures("apps")
 def test_every_malformed_evaluate_reply_class(strategy):
     # the three aggregate_evaluate implementations: FedAvg family, DynamicFL, Flower's classes
     row = run_evaluate_matrix(strategy)

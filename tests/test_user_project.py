@@ -13,9 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from simulation.runtime import (flwr_env, flwr_run_command, local_superlink_pids,
-                                stop_local_superlink, submit_run)
+from simulation.runtime import (
+    flwr_env,
+    flwr_run_command,
+    local_superlink_pids,
+    stop_local_superlink,
+    submit_run,
+)
 from tests import user_project
+
+pytestmark = pytest.mark.usefixtures("processes")
 
 STRATEGIES = ["fedavg", "fedprox", "fednova", "fedveca", "dynamicfl", "scaffold", "feddyn",
               "moon"]

@@ -25,7 +25,7 @@ from flwr.supercore.superexec.executor.types import ExecutionSpec  # noqa: E402
 from deploy import warm_superexec  # noqa: E402
 from deploy.cluster import DeploySpec  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="fork-based executor")
+pytestmark = [pytest.mark.skipif(not hasattr(os, "fork"), reason="fork-based executor"), pytest.mark.usefixtures("deployment")]
 
 
 def spec(task_type: TaskType = TaskType.CLIENT_APP, **kw) -> ExecutionSpec:

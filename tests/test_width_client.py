@@ -16,9 +16,17 @@ from flwr.supercore.task_identity import TaskIdentity
 
 import fedapp.client_app as client_app
 from strategies import contract as C
-from strategies.client import (LocalResult, client_seed, is_width_message, local_sgd,
-                               ordered_dropout_sgd, sent_levels, sent_scaler, sent_width,
-                               width_model)
+from strategies.client import (
+    LocalResult,
+    client_seed,
+    is_width_message,
+    local_sgd,
+    ordered_dropout_sgd,
+    sent_levels,
+    sent_scaler,
+    sent_width,
+    width_model,
+)
 from strategies.engine.submodel_math import HiddenUnits, WidthSpec, extract, submodel_indices
 from task.models import build_model, width_spec
 from tests.test_data import write_tiny_fashion_mnist
@@ -307,6 +315,7 @@ def node(tmp_path):
 
 
 @pytest.mark.parametrize("levels", [None, [0.25, 0.5]])
+@pytest.mark.usefixtures("apps")
 def test_the_app_trains_the_sent_sub_model(node, levels):
     """HeteroFL (no levels: the normal local-SGD path) and FjORD (ordered dropout): the reply
     has the sent keys and shapes, and equals the helpers run on the node's data."""
@@ -336,6 +345,7 @@ def test_the_app_trains_the_sent_sub_model(node, levels):
     assert any(not np.array_equal(got[k], sent[k]) for k in sent)
 
 
+@pytest.mark.usefixtures("apps")
 def test_the_app_refuses_a_sub_model_of_another_width(node):
     msg = width_message(sub_model(0.25), **{C.SERVER_ROUND: 1, C.MODEL_WIDTH: 0.5})
     with pytest.raises(ValueError, match=r"'features.0.0.weight' has shape \(2, 1, 5, 5\) but "
@@ -343,6 +353,7 @@ def test_the_app_refuses_a_sub_model_of_another_width(node):
         client_app.train(msg, node)
 
 
+@pytest.mark.usefixtures("apps")
 def test_the_app_evaluates_a_sub_model_at_its_width(node):
     msg = width_message(sub_model(0.25), **{C.SERVER_ROUND: 1, C.MODEL_WIDTH: 0.25})
     reply = client_app.evaluate_local(msg, node)

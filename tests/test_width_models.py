@@ -13,12 +13,14 @@ import pytest
 import torch
 from torch import nn
 
-from strategies.engine.submodel_math import (HiddenUnits, WidthSpec, extract, submodel_indices,
-                                      unit_indices)
-from task.models import (MODEL_NAMES, WIDTH_MODELS, Scaler, build_model, width_spec,
-                         width_units)
-
-pytestmark = pytest.mark.unit
+from strategies.engine.submodel_math import (
+    HiddenUnits,
+    WidthSpec,
+    extract,
+    submodel_indices,
+    unit_indices,
+)
+from task.models import MODEL_NAMES, WIDTH_MODELS, Scaler, build_model, width_spec, width_units
 
 MNIST_SHAPE = (1, 28, 28)
 CIFAR_SHAPE = (3, 32, 32)
