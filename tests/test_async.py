@@ -12,11 +12,17 @@ from flwr.app import ConfigRecord
 
 from strategies import FedAsync, FedAvg, FedBuff
 from strategies import contract as C
+from strategies.algorithms.staleness import (
+    Staleness,
+    add_update,
+    fedasync_mix,
+    fedbuff_step,
+)
+from strategies.engine.averaging import WeightedModelSum
 from strategies.engine.clock import SimClock
 from strategies.engine.devices import GeneratedFleet
 from strategies.engine.participation import Participation
 from strategies.engine.rounds import run_rounds
-from strategies.algorithms.staleness import Staleness, add_update, fedasync_mix, fedbuff_step
 from tests.inprocess import InProcessGrid, adding_app
 from tests.messages import numpy_of, record
 
@@ -38,8 +44,10 @@ def test_staleness_functions_are_the_papers():
 
 def test_fedbuff_step_is_the_mean_of_the_weighted_buffer():
     sent = {"w": np.array([1.0, 2.0], dtype=np.float32)}
-    buffer = add_update(None, sent, {"w": np.array([3.0, 2.0], np.float32)}, 1.0)  # Delta (2, 0)
-    buffer = add_update(buffer, sent, {"w": np.array([1.0, 6.0], np.float32)}, 0.5)  # (0, 4) / 2
+    acc = add_update(WeightedModelSum(), sent, {"w": np.array([3.0, 2.0], np.float32)}, 1.0)
+    acc = add_update(acc, sent, {"w": np.array([1.0, 6.0], np.float32)}, 0.5)  # (2, 0), (0, 4)/2
+    buffer = acc.sum
+    assert acc.count == 2 and buffer["w"].dtype == np.float64  # the kernel, summed in float64
     new, velocity = fedbuff_step(sent, buffer, 2, server_lr=0.5)
     assert velocity is None and new["w"].dtype == np.float32
     np.testing.assert_array_equal(new["w"], [1.0 + 0.5 * 1.0, 2.0 + 0.5 * 1.0])

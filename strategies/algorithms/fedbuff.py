@@ -15,14 +15,20 @@ Contract: Flower's template. Sends ``arrays`` and ``config`` (the train config w
 
 from __future__ import annotations
 
-from ..engine.async_engine import Applied, AsyncAlgorithm, AsyncEngine, ClientUpdate, ServerStep
-from ..engine.averaging import NDArrays
+from ..engine.async_engine import (
+    ASYNC_KEYS,
+    Applied,
+    AsyncAlgorithm,
+    AsyncEngine,
+    ClientUpdate,
+    ServerStep,
+)
+from ..engine.averaging import NDArrays, WeightedModelSum
+from ..engine.keys import Key, at_least
 from ..engine.participation import check_whole
+from ..engine.registry import register
 from .fednova import copied
 from .staleness import STALENESS_KEY, Staleness, add_update, fedbuff_step
-from ..engine.async_engine import ASYNC_KEYS
-from ..engine.keys import Key, at_least
-from ..engine.registry import register
 
 __all__ = ["BufferedAsync", "FedBuff"]
 
@@ -43,14 +49,13 @@ class BufferedAsync(AsyncAlgorithm):
         self.buffer_size = int(buffer_size)
         self.server_lr, self.server_momentum = float(server_lr), float(server_momentum)
         self.staleness = staleness if isinstance(staleness, Staleness) else Staleness(staleness)
-        self.buffer: NDArrays | None = None  # sum_k s(tau_k) Delta_k
+        self.buffer = WeightedModelSum()  # its sum: sum_k s(tau_k) Delta_k
         self.count = 0
-        self.velocity: NDArrays | None = None
+        self.velocity: dict | None = None
 
     def apply(self, update: ClientUpdate) -> Applied:
         """Algorithm 1: the buffer += s(tau_k) Delta_k; ready once it holds K updates."""
-        self.buffer = add_update(self.buffer, update.sent, update.client,
-                                 self.staleness(update.staleness))
+        add_update(self.buffer, update.sent, update.client, self.staleness(update.staleness))
         self.count += 1
         return Applied(None, self.count >= self.buffer_size)
 
@@ -60,20 +65,22 @@ class BufferedAsync(AsyncAlgorithm):
         fill = self.count
         if not complete:
             return ServerStep(None, False, fill)
-        new, self.velocity = fedbuff_step(model, self.buffer, self.count, self.server_lr,
+        new, self.velocity = fedbuff_step(model, self.buffer.sum, self.count, self.server_lr,
                                           self.server_momentum, self.velocity)
-        self.buffer, self.count = None, 0
+        self.buffer, self.count = WeightedModelSum(), 0
         return ServerStep(new, True, fill)
 
     def state_dict(self) -> dict:
         """The server momentum buffer, and the update buffer (empty between rounds unless
         a round ended short of K updates)."""
-        return {"velocity": copied(self.velocity), "buffer": copied(self.buffer),
-                "count": self.count}
+        return {"velocity": copied(self.velocity),
+                "buffer": copied(self.buffer.sum) if self.count else None, "count": self.count}
 
     def load_state_dict(self, state: dict) -> None:
-        self.velocity, self.buffer = copied(state["velocity"]), copied(state["buffer"])
-        self.count = int(state["count"])
+        self.velocity, self.count = copied(state["velocity"]), int(state["count"])
+        self.buffer = WeightedModelSum()
+        if state["buffer"] is not None:
+            self.buffer.sum, self.buffer.count = copied(state["buffer"]), self.count
 
 
 class FedBuff(AsyncEngine):

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..engine.averaging import WeightedModelSum
 from ..engine.keys import Key
 
 __all__ = ["STALENESS_FUNCTIONS", "STALENESS_KEY", "Staleness", "add_update", "fedasync_mix",
@@ -113,14 +114,11 @@ def fedasync_mix(model: NDArrays, client: NDArrays, alpha_t: float) -> NDArrays:
             for key, x in model.items()}
 
 
-def add_update(buffer: NDArrays | None, sent: NDArrays, client: NDArrays,
-               weight: float) -> NDArrays:
-    """``buffer`` + weight (client - sent) in float64, Delta_k of FedBuff's Algorithm 1
-    weighted by s(tau_k) (a new buffer when ``buffer`` is None)."""
-    delta = {key: weight * (client[key].astype(np.float64) - x.astype(np.float64))
-             for key, x in sent.items()}
-    if buffer is None:
-        return delta
-    for key, value in delta.items():
-        buffer[key] += value
+def add_update(buffer: WeightedModelSum, sent: NDArrays, client: NDArrays,
+               weight: float) -> WeightedModelSum:
+    """``buffer`` += weight (client - sent), Delta_k of FedBuff's Algorithm 1 weighted by
+    s(tau_k), summed in float64 by the one averaging kernel (``buffer.sum`` holds
+    sum_k s(tau_k) Delta_k, ``buffer.count`` = k)."""
+    buffer.add({key: client[key].astype(np.float64) - x.astype(np.float64)
+                for key, x in sent.items()}, weight)
     return buffer

@@ -206,18 +206,23 @@ def add_scaled(acc: np.ndarray, value: np.ndarray, weight: float,
 
 
 class WeightedModelSum:
-    """S = sum_k r_k w_k over client models added one at a time, plus R = sum_k r_k.
+    """S = sum_k r_k w_k over client models added one at a time, plus R = sum_k r_k: the one
+    averaging kernel. The FedAvg family's rules add whole models (:meth:`add`); FedBuff adds
+    staleness-weighted updates s(tau_k) Delta_k (Nguyen et al. 2022, Algorithm 1); sub-models
+    add the entries they hold (:meth:`add_part`), with per-entry holder weights
+    H = sum_{k holds the entry} r_k (HeteroFL, Diao et al. 2021, Sec. 3.1).
 
-    Streaming form of every rule in this module: only the accumulator is held, and each
-    client model is read in place (:func:`add_scaled`), never all clients at once.
-    Floating arrays accumulate in their own dtype, as Flower's FedAvg does; integer
-    arrays (BatchNorm's ``num_batches_tracked``) in float64. NaN / Inf in a client's
-    arrays survive every addition, so :meth:`non_finite_key` of the sum tells whether any
-    client model had them.
+    Streaming: only the accumulator is held, and each client model is read in place
+    (:func:`add_scaled`), never all clients at once. Floating arrays accumulate in the dtype
+    they are added in (their own, as Flower's FedAvg does; callers that want float64 sums add
+    float64 arrays); integer arrays (BatchNorm's ``num_batches_tracked``) in float64. NaN /
+    Inf in a client's arrays survive every addition, so :meth:`non_finite_key` of the sum
+    tells whether any client model had them.
     """
 
     def __init__(self) -> None:
         self.sum: NDArrays = {}
+        self.held: NDArrays = {}  # per-entry holder weights of the keys added by add_part
         self.total = 0.0
         self.count = 0
         self.extras: dict[str, float] = {}
@@ -245,6 +250,38 @@ class WeightedModelSum:
         self.count += 1
         for name, amount in extras.items():
             self.extras[name] = self.extras.get(name, 0.0) + amount
+
+    def add_part(self, key: str, value: np.ndarray, weight: float, mesh: tuple,
+                 shape: tuple[int, ...]) -> None:
+        """S[key][mesh] += weight * value and H[key][mesh] += weight: a sub-model's part
+        (``mesh``, an ``np.ix_`` into the full ``shape``) of one array, summed in ``value``'s
+        dtype. Call :meth:`finish_part` once per client after its parts."""
+        if key not in self.sum:
+            self.sum[key] = np.zeros(shape, value.dtype)
+            self.held[key] = np.zeros(shape, np.float64)
+        self.sum[key][mesh] += weight * value
+        self.held[key][mesh] += weight
+
+    def finish_part(self, weight: float) -> None:
+        """R += weight for one client whose parts were added."""
+        self.total += weight
+        self.count += 1
+
+    def held_mean(self, global_arrays: Mapping[str, np.ndarray]) -> NDArrays:
+        """Each entry S / H where some client held it, else its global value, in the global
+        array's dtype; integer arrays keep their global value (HeteroFL, Sec. 3.1)."""
+        out: NDArrays = {}
+        for key, value in global_arrays.items():
+            value = np.asarray(value)
+            if not np.issubdtype(value.dtype, np.floating):
+                out[key] = np.array(value, copy=True)
+                continue
+            averaged = value.astype(np.float64)
+            if key in self.sum:
+                trained = self.held[key] > 0
+                averaged[trained] = self.sum[key][trained] / self.held[key][trained]
+            out[key] = averaged.astype(value.dtype)
+        return out
 
     def non_finite_key(self) -> str | None:
         """The first key whose floating sum holds NaN or Inf (a client sent them, or the

@@ -35,6 +35,8 @@ from types import MappingProxyType
 
 import numpy as np
 
+from .averaging import WeightedModelSum
+
 NDArrays = dict[str, np.ndarray]
 AxisIndex = np.ndarray | slice
 Indices = dict[str, tuple[AxisIndex, ...]]
@@ -202,27 +204,18 @@ def overlap_aggregate(global_params: Mapping[str, np.ndarray],
         if weight is not None and (not _is_real(weight) or not 0 < float(weight) < math.inf):
             raise ValueError(f"client {number} weight={weight!r} must be a finite number > 0 "
                              f"(e.g. its example count), or None for uniform")
-    out: NDArrays = {}
-    for key, value in global_params.items():
-        value = np.asarray(value)
-        if not np.issubdtype(value.dtype, np.floating):
-            out[key] = np.array(value, copy=True)
-            continue
-        total = np.zeros(value.shape, np.float64)
-        weight_sum = np.zeros(value.shape, np.float64)
-        for number, (indices, sub_params, weight) in enumerate(client_updates):
-            if key not in indices:
+    acc = WeightedModelSum()
+    for number, (indices, sub_params, weight) in enumerate(client_updates):
+        w = 1.0 if weight is None else float(weight)
+        for key, index in indices.items():
+            value = np.asarray(global_params[key])
+            if not np.issubdtype(value.dtype, np.floating):
                 continue
-            mesh, expected = _open_mesh(key, value.shape, indices[key])
+            mesh, expected = _open_mesh(key, value.shape, index)
             sub = np.asarray(sub_params[key], dtype=np.float64)
             if sub.shape != expected:
                 raise ValueError(f"client {number} sends {key!r} with shape {sub.shape} but its "
                                  f"indices select {expected}; send extract()'s arrays")
-            w = 1.0 if weight is None else float(weight)
-            total[mesh] += w * sub
-            weight_sum[mesh] += w
-        averaged = value.astype(np.float64)
-        trained = weight_sum > 0
-        averaged[trained] = total[trained] / weight_sum[trained]
-        out[key] = averaged.astype(value.dtype)
-    return out
+            acc.add_part(key, sub, w, mesh, value.shape)
+        acc.finish_part(w)
+    return acc.held_mean(global_params)
