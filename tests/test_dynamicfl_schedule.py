@@ -78,7 +78,7 @@ def test_chunks_by_hand():
 
 def test_events_of_non_multiple_intervals():
     # union of sync points; I = 3 and 4 with L = 10
-    plan = ds.RoundPlan(10, {"h": 3, "l": 4})
+    plan = ds.SyncSchedule(10, {"h": 3, "l": 4})
     assert [(e.step, e.clients) for e in plan.events] == [
         (3, ("h",)), (4, ("l",)), (6, ("h",)), (8, ("l",)), (9, ("h",)), (10, ("h", "l"))]
     assert plan.next_chunk("h", 3) == ds.Chunk("h", 3, 3)
@@ -278,7 +278,7 @@ def test_invariant_6_kappa_hat_dynamic_03_a_g():
 def test_chunked_round_equals_stepwise_algorithm_1(intervals):
     # Dispatch-at-start / hold-until-end reproduces the literal per-step loop exactly.
     L = 37
-    plan = ds.RoundPlan(L, {m: ds.capped(i, L) for m, i in intervals.items()})
+    plan = ds.SyncSchedule(L, {m: ds.capped(i, L) for m, i in intervals.items()})
     chunked = oracle.run_plan(W0, sgd_momentum_step(TARGETS, seed=3), plan, SIZES).global_params
     stepwise = oracle.simulate_round_stepwise(W0, sgd_momentum_step(TARGETS, seed=3), intervals, L,
                                               SIZES)

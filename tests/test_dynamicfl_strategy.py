@@ -302,7 +302,7 @@ def test_l_from_eq4():
                                               C.BATCH_SIZE: 10}))
     assert strategy.local_steps == int(sum(SIZES) / (NUM_NODES * 10))
     assert strategy.round_log(1)["local-steps"] == strategy.local_steps
-    assert isinstance(strategy.schedules[1], ds.RoundPlan)
+    assert isinstance(strategy.schedules[1], ds.SyncSchedule)
     assert ROUND_STEPS == "round-steps"
 
 

@@ -69,7 +69,7 @@ HOSTILE = {
     "a list": ("[]", "exactly 'version' and 'partitions'"),
     "null": ("null", "exactly 'version' and 'partitions'"),
     "no partitions": ('{"version": 1}', "exactly 'version' and 'partitions'"),
-    "an extra key": (f'{{"version": 1, "partitions": {{}}, "x": 1}}', "exactly"),
+    "an extra key": ('{"version": 1, "partitions": {}, "x": 1}', "exactly"),
     "version as text": ('{"version": "1", "partitions": {}}', "'version' is '1'"),
     "version true": ('{"version": true, "partitions": {}}', "'version' is True"),
     "version 2": ('{"version": 2, "partitions": {}}', "expected 1"),

@@ -12,11 +12,16 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from strategies import FedAvg, FedNova
 from strategies import contract as C
+from strategies.algorithms.fedveca import FedVecaSection
 from strategies.engine.event_loop import GridEventLoop
 from strategies.engine.participation import Participation, RandomSelection
 from strategies.engine.round_plan import RoundPlan
-from strategies.engine.round_report import (Aggregation, ClockTime, FedVecaSection,
-                                     ParticipationSection, RoundReport)
+from strategies.engine.round_report import (
+    Aggregation,
+    ClockTime,
+    ParticipationSection,
+    RoundReport,
+)
 from strategies.engine.rounds import round_log, run_rounds
 from tests.inprocess import EchoGrid, InProcessGrid, adding_app
 from tests.messages import numpy_of, record

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import hashlib
-import threading
 
 import pytest
 import torch

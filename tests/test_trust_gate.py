@@ -22,8 +22,6 @@ from strategies.algorithms.fedveca import global_gradient
 from strategies.engine import records
 from strategies.algorithms import scaffold_math as sm
 from strategies.engine import trust_gate as tg
-from strategies.client.info import client_info_reply
-from strategies.algorithms.fedveca import FedVeca
 from strategies.algorithms.flower_optimizers import FedAdam, FedAvgM
 from tests.inprocess import InProcessGrid
 

@@ -17,34 +17,61 @@ import dataclasses
 import math
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from logging import INFO, WARNING
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import (
+    ArrayRecord,
+    ConfigRecord,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
 from flwr.serverapp.strategy import Result
 
-from ..engine import averaging as agg
 from .. import contract as C
-from . import dynacomm as dc
-from . import dynamicfl_schedule as ds
-from ..engine import flower_args, records, schedules, trust_gate
-from ..engine.clock import SimClock, byte_budget
 from ..contract import NUM_STEPS, ROUND_STEPS, START_STEP
+from ..engine import averaging as agg
+from ..engine import flower_args, records, rounds, schedules, trust_gate
+from ..engine.clock import SimClock, byte_budget
 from ..engine.event_loop import GridEventLoop
+from ..engine.keys import UNIT, Key, Rule, at_least
 from ..engine.participation import Participation, check_fraction, check_whole
 from ..engine.records import to_numpy, to_record
-from ..engine.round_report import (Aggregation, ClockTime, Drift, DynamicFLSection,
-                           ParticipationSection, RoundReport)
-from ..engine import rounds
-from ..engine.keys import UNIT, Key, Rule, at_least
 from ..engine.registry import register
+from ..engine.round_report import (
+    Aggregation,
+    ClockTime,
+    Drift,
+    ParticipationSection,
+    RoundReport,
+    Section,
+    logged,
+)
+from . import dynacomm as dc
+from . import dynamicfl_schedule as ds
 
 STATE_VERSION = 1  # of state_dict()
 DEFAULT_TIMEOUT = 3600.0  # seconds, Flower's Strategy.start default
 CHUNK_HELPER = "strategies.client.train_chunk"
+
+
+@dataclass(frozen=True)
+class DynamicFLSection(Section):
+    """DynamicFL's round (Alg. 1): the group, its cost and the sync events run."""
+
+    group_size: int = logged(C.LOG_DYNAMICFL_GROUP_SIZE, default=0)
+    kl: float | None = logged(C.LOG_DYNAMICFL_KL, keep_none=True)
+    kappa_hat: float = logged(C.LOG_KAPPA_HAT, default=0.0)
+    syncs: int = logged(C.LOG_SYNCS, default=0)
+    sync_events: int = logged(C.LOG_SYNC_EVENTS, default=0)
+    seconds_per_event: float | None = logged(C.LOG_SECONDS_PER_EVENT)
+    sim_seconds_per_event: float | None = logged(C.LOG_SIM_SECONDS_PER_EVENT)
 
 
 class DynamicFL(FlowerFedAvg):
@@ -226,7 +253,7 @@ participation
         self.drift_diagnostics = bool(drift_diagnostics)
         self.budgets: dict[int, float] = {}
         self.rich: set[int] | None = None  # Fix-beta, drawn once over the partition order
-        self.schedules: dict[int, ds.RoundPlan] = {}  # the chunk schedule each round ran
+        self.schedules: dict[int, ds.SyncSchedule] = {}  # the chunk schedule each round ran
         self.reports: dict[int, RoundReport] = {}
         self.total_rounds: int | None = None  # T of start(), for a cosine schedule without it
         self.restored: dict | None = None  # a checkpoint's state, mapped to nodes in round 1
@@ -606,7 +633,7 @@ class SyncEvents:
     clients that sync at an event are averaged (|D_m|-weighted, the one averaging kernel
     :class:`strategies.engine.averaging.WeightedModelSum`) and sent their next chunk."""
 
-    def __init__(self, strategy: DynamicFL, grid: Grid, schedule: ds.RoundPlan,
+    def __init__(self, strategy: DynamicFL, grid: Grid, schedule: ds.SyncSchedule,
                  arrays: ArrayRecord, config: ConfigRecord, server_round: int,
                  lr: float) -> None:
         self.strategy, self.schedule, self.arrays = strategy, schedule, arrays

@@ -17,7 +17,7 @@ Chunks
 Between two of its syncs, a client's work depends only on the model it received at
 the first, its own batch stream and its own optimizer state. So the server sends
 each chunk (start-step s, num-steps k = next sync - s) when it starts and holds the
-returned weights until the chunk's end step s + k. :class:`RoundPlan` lists every
+returned weights until the chunk's end step s + k. :class:`SyncSchedule` lists every
 client's chunks and the ordered sync events; :class:`strategies.DynamicFL` runs them on
 the Grid (the tests check it against Algorithm 1's step-by-step loop).
 
@@ -200,7 +200,7 @@ class SyncEvent:
 
 
 @dataclass(frozen=True)
-class RoundPlan:
+class SyncSchedule:
     """The schedule of one round.
 
     Attributes
@@ -270,7 +270,7 @@ def assign_intervals(
     local_steps: int,
     *,
     x_star_mode: str = "paper",
-) -> RoundPlan:
+) -> SyncSchedule:
     """The round's plan from the active clients, DynaComm's group z and the interval spec.
 
     "x-y": z at x, the rest at y. "x": everybody at x (z is ignored). "x*": z at x and
@@ -286,11 +286,11 @@ def assign_intervals(
     if spec.only_high:
         intervals = {m: capped(spec.high, local_steps) for m in active if m in z}
         frozen = tuple(m for m in active if m not in z) if x_star_mode == "code" else ()
-        return RoundPlan(local_steps, intervals, frozen, num_active=len(active))
+        return SyncSchedule(local_steps, intervals, frozen, num_active=len(active))
     assert spec.low is not None
     intervals = {m: capped(spec.high if (m in z or spec.single) else spec.low, local_steps)
                  for m in active}
-    return RoundPlan(local_steps, intervals, (), num_active=len(active))
+    return SyncSchedule(local_steps, intervals, (), num_active=len(active))
 
 
 # ------------------------------------------------------------------ cost
@@ -316,7 +316,7 @@ def kappa_hat(nu: Iterable[int], num_active: int, local_steps: int) -> float:
     return float(sum(int(v) for v in nu)) / (num_active * local_steps)
 
 
-def round_cost(plan: RoundPlan, model_bytes: int) -> RoundCost:
+def round_cost(plan: SyncSchedule, model_bytes: int) -> RoundCost:
     """kappa-hat and bytes of a planned round (frozen 'x*' clients cost nothing)."""
     nu = plan.nu
     syncs = sum(nu.values())

@@ -17,13 +17,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from .. import contract as C
-from ..engine.async_engine import Applied, AsyncAlgorithm, AsyncEngine, ClientUpdate, ServerStep
+from ..engine.async_engine import (
+    ASYNC_KEYS,
+    Applied,
+    AsyncAlgorithm,
+    AsyncEngine,
+    ClientUpdate,
+    ServerStep,
+)
 from ..engine.averaging import NDArrays
-from ..engine.participation import check_whole
-from .staleness import STALENESS_KEY, Staleness, fedasync_mix
-from ..engine.async_engine import ASYNC_KEYS
 from ..engine.keys import Interval, Key, at_least
+from ..engine.participation import check_whole
 from ..engine.registry import register
+from .staleness import STALENESS_KEY, Staleness, fedasync_mix
 
 __all__ = ["AsyncMixing", "FedAsync"]
 

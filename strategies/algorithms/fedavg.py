@@ -8,9 +8,9 @@ each, w_{t+1} = w_t + eta_g sum_{k in S_t} c_k (w_k - w_t) with c_k of the weigh
 
 from __future__ import annotations
 
-from ..engine.round_engine import RoundEngine
 from .. import contract as C
 from ..engine.registry import register
+from ..engine.round_engine import RoundEngine
 
 __all__ = ["FedAvg"]
 

@@ -15,20 +15,29 @@ The client side (the dynamic regulariser and the linear-term update) is
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from .. import contract as C
 from ..engine import records, trust_gate
 from ..engine.algorithm import Algorithm, Contract, Outgoing, RoundInput, RoundUpdate
-from ..engine.round_engine import RoundEngine
-from ..engine.round_plan import RoundPlan
-from ..engine.round_report import FedDynSection
-from . import feddyn_math as fm
 from ..engine.keys import Key, above
 from ..engine.registry import register
+from ..engine.round_engine import RoundEngine
+from ..engine.round_plan import RoundPlan
+from ..engine.round_report import Section, logged
+from . import feddyn_math as fm
 
 __all__ = ["DynamicRegulariser", "FEDDYN_HELPER", "FedDyn"]
 
 FEDDYN_HELPER = "strategies.client.FedDynClient"
 FEDDYN_WEIGHTINGS = ("uniform", "examples")
+
+
+@dataclass(frozen=True)
+class FedDynSection(Section):
+    """||h^t|| after the round (Acar et al. 2021, Alg. 1)."""
+
+    h_norm: float = logged(C.LOG_FEDDYN_H_NORM, default=0.0)
 
 
 class DynamicRegulariser(Algorithm):

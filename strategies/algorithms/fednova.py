@@ -13,6 +13,7 @@ and its momentum / proximal forms, :mod:`strategies.engine.averaging`). The coef
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from logging import WARNING
 
 import numpy as np
@@ -23,13 +24,21 @@ from .. import contract as C
 from ..engine import averaging as agg
 from ..engine import sampling, trust_gate
 from ..engine.algorithm import Algorithm, Contract, RoundInput, RoundUpdate
-from ..engine.round_engine import RoundEngine
-from ..engine.round_report import FedNovaSection
 from ..engine.registry import register
+from ..engine.round_engine import RoundEngine
+from ..engine.round_report import Section, logged
 
 __all__ = ["FedNova", "Normalised", "REPORT_STEPS_HELPER", "a_norm", "copied"]
 
 REPORT_STEPS_HELPER = "strategies.client.report_local_steps"
+
+
+@dataclass(frozen=True)
+class FedNovaSection(Section):
+    """FedNova's normalisation (Wang et al. 2020, eqs. 6-7)."""
+
+    a_norms: list[float] = logged(C.LOG_A_NORMS, default=())
+    tau_eff: float | None = logged(C.LOG_TAU_EFF)
 
 
 class Normalised(Algorithm):

@@ -12,10 +12,10 @@ from __future__ import annotations
 from .. import contract as C
 from ..engine.algorithm import Algorithm, Contract, Outgoing
 from ..engine.flower_args import FLOWER_ARGS
-from ..engine.round_engine import RoundEngine
-from ..engine.round_plan import RoundPlan
 from ..engine.keys import Key, at_least
 from ..engine.registry import register
+from ..engine.round_engine import RoundEngine
+from ..engine.round_plan import RoundPlan
 
 __all__ = ["DEFAULT_PROXIMAL_MU", "FedProx", "Proximal"]
 

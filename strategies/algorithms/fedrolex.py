@@ -11,11 +11,10 @@ by clients of every width; the same overlap averaging. The engine's
 
 from __future__ import annotations
 
+from ..engine.registry import register
 from ..engine.round_engine import RoundEngine
 from ..engine.submodels import DEFAULT_LEVELS
-from .heterofl import SubModelAveraging, width_engine_args
-from ..engine.registry import register
-from .heterofl import WIDTH_REGISTRATION
+from .heterofl import WIDTH_REGISTRATION, SubModelAveraging, width_engine_args
 
 __all__ = ["FedRolex"]
 

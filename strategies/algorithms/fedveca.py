@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
+from dataclasses import dataclass
 from logging import INFO, WARNING
 
 import numpy as np
@@ -22,18 +24,50 @@ from .. import contract as C
 from ..engine import averaging as agg
 from ..engine import trust_gate
 from ..engine.algorithm import Algorithm, Contract, Outgoing, RoundInput, RoundUpdate
+from ..engine.keys import Key, Rule, above, at_least
 from ..engine.records import ClientInfo, to_numpy
+from ..engine.registry import register
 from ..engine.round_engine import RoundEngine
 from ..engine.round_plan import RoundPlan
-from ..engine.round_report import FedNovaSection, FedVecaEstimates, FedVecaSection
+from ..engine.round_report import Section, logged
 from . import fedveca_math as vm
-from .fednova import copied
-from ..engine.keys import Key, Rule, above, at_least
-from ..engine.registry import register
+from .fednova import FedNovaSection, copied
 
 __all__ = ["AdaptiveSteps", "FedVeca", "FedVecaWork"]
 
 FEDVECA_HELPER = "strategies.client.fedveca_train"
+
+
+@dataclass(frozen=True)
+class FedVecaEstimates(Section):
+    """FedVeca's per-client estimates of a round in which they were asked for (eq. 15)."""
+
+    beta: Mapping[str, float | None] = logged(C.LOG_FEDVECA_BETA, default=None)
+    delta: Mapping[str, float | None] = logged(C.LOG_FEDVECA_DELTA, default=None)
+    effect: Mapping[str, float | None] = logged(C.LOG_FEDVECA_A, default=None)
+    ratio: Mapping[str, float | None] = logged(C.LOG_FEDVECA_R, default=None)
+    sign: Mapping[str, int] = logged(C.LOG_FEDVECA_SIGN, default=None)
+    reason: Mapping[str, str] = logged(C.LOG_FEDVECA_REASON, default=None)
+    min_effect: float | None = logged(C.LOG_FEDVECA_MIN_A, keep_none=True)
+    alpha_bound: float | None = logged(C.LOG_FEDVECA_ALPHA_BOUND, keep_none=True)
+    eta_tau_k_l_upper: float | None = logged(C.LOG_FEDVECA_ETA_TAU_K_L_UPPER, keep_none=True)
+
+
+@dataclass(frozen=True)
+class FedVecaSection(Section):
+    """FedVeca's step sizes (Alg. 1-2, eqs. 8, 15); per-client dicts keyed by client key."""
+
+    tau_sent: Mapping[str, int] | None = logged(C.LOG_FEDVECA_TAU_SENT)
+    estimate: bool | None = logged(C.LOG_FEDVECA_ESTIMATE)
+    tau: Mapping[str, int] | None = logged(C.LOG_FEDVECA_TAU)
+    tau_k: float | None = logged(C.LOG_FEDVECA_TAU_K)
+    tau_next: Mapping[str, int] | None = logged(C.LOG_FEDVECA_TAU_NEXT)
+    tau_k_next: float | None = logged(C.LOG_FEDVECA_TAU_K_NEXT)
+    tau_table: Mapping[str, int] | None = logged(C.LOG_FEDVECA_TAU_TABLE)
+    gnorm2: float | None = logged(C.LOG_FEDVECA_GNORM2)
+    smoothness_latest: float | None = logged(C.LOG_FEDVECA_L_LATEST, keep_none=True)
+    smoothness: float | None = logged(C.LOG_FEDVECA_L, keep_none=True)
+    eta_tau_k_l: float | None = logged(C.LOG_FEDVECA_ETA_TAU_K_L, keep_none=True)
 
 
 class AdaptiveSteps(Algorithm):

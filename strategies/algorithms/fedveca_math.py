@@ -32,8 +32,8 @@ from fractions import Fraction
 
 import numpy as np
 
-from ..engine import averaging as agg
 from .. import contract as C
+from ..engine import averaging as agg
 
 NDArrays = dict[str, np.ndarray]
 

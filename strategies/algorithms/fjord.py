@@ -19,12 +19,11 @@ from collections.abc import Sequence
 
 from .. import contract as C
 from ..engine.algorithm import Algorithm, Contract, Outgoing
+from ..engine.registry import register
 from ..engine.round_engine import RoundEngine
 from ..engine.round_plan import RoundPlan
 from ..engine.submodels import DEFAULT_LEVELS
-from .heterofl import width_engine_args
-from ..engine.registry import register
-from .heterofl import WIDTH_REGISTRATION
+from .heterofl import WIDTH_REGISTRATION, width_engine_args
 
 __all__ = ["FjORD", "OrderedDropout"]
 

@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import inspect
 import math
-from logging import WARNING
 from collections.abc import Iterable
+from logging import WARNING
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord

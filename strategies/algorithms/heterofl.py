@@ -14,11 +14,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from ..engine.algorithm import Algorithm, Contract
-from ..engine.round_engine import RoundEngine
-from ..engine.submodels import DEFAULT_LEVELS, SubModels
 from ..engine.keys import Rule
 from ..engine.registry import register
-from ..engine.submodels import SUBMODEL_KEYS
+from ..engine.round_engine import RoundEngine
+from ..engine.submodels import DEFAULT_LEVELS, SUBMODEL_KEYS, SubModels
 
 __all__ = ["HeteroFL", "SubModelAveraging", "width_engine_args"]
 

@@ -12,18 +12,27 @@ that it survives a resumed run, a lost reply and a SuperNode restart
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from .. import contract as C
 from ..engine import records
 from ..engine.algorithm import Algorithm, Contract, Outgoing, RoundInput, RoundUpdate
-from ..engine.round_engine import RoundEngine
-from ..engine.round_plan import RoundPlan
-from ..engine.round_report import MoonSection
 from ..engine.keys import Key, above, at_least
 from ..engine.registry import register
+from ..engine.round_engine import RoundEngine
+from ..engine.round_plan import RoundPlan
+from ..engine.round_report import Section, logged
 
 __all__ = ["MOON_HELPER", "ModelContrastive", "Moon"]
 
 MOON_HELPER = "strategies.client.MoonClient"
+
+
+@dataclass(frozen=True)
+class MoonSection(Section):
+    """The num-examples-weighted mean contrastive loss (Li, He and Song 2021, Eq. 3)."""
+
+    contrastive_loss: float | None = logged(C.LOG_MOON_CONTRASTIVE_LOSS)
 
 
 class ModelContrastive(Algorithm):

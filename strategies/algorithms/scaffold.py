@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 from flwr.app import ArrayRecord, Message
@@ -24,16 +25,23 @@ from flwr.app import ArrayRecord, Message
 from .. import contract as C
 from ..engine import records, trust_gate
 from ..engine.algorithm import Algorithm, Contract, Outgoing, RoundInput, RoundUpdate
+from ..engine.registry import register
 from ..engine.round_engine import RoundEngine
 from ..engine.round_plan import RoundPlan
-from ..engine.round_report import ScaffoldSection
+from ..engine.round_report import Section, logged
 from . import scaffold_math as sm
-from ..engine.registry import register
 
 __all__ = ["ControlVariates", "SCAFFOLD_HELPER", "Scaffold", "scaffold_delta_problem"]
 
 SCAFFOLD_HELPER = "strategies.client.ScaffoldClient"
 SCAFFOLD_WEIGHTINGS = ("uniform", "examples")
+
+
+@dataclass(frozen=True)
+class ScaffoldSection(Section):
+    """||c|| after the round (Karimireddy et al. 2020, Alg. 1 line 17)."""
+
+    c_norm: float = logged(C.LOG_SCAFFOLD_C_NORM, default=0.0)
 
 
 class ControlVariates(Algorithm):

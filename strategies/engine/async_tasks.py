@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from logging import INFO, WARNING
+from typing import TYPE_CHECKING
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
@@ -40,6 +41,9 @@ from .. import contract as C
 from . import devices, records
 from .event_loop import GridEventLoop
 from .participation import ClientWork, Participation, check_choice, check_whole
+
+if TYPE_CHECKING:
+    from ..selection.policy import SelectionSection
 
 __all__ = ["ARRIVAL_ORDERS", "AsyncTask", "AsyncTasks"]
 

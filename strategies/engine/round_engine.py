@@ -30,8 +30,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from logging import INFO, WARNING
 
-import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import (
+    ArrayRecord,
+    ConfigRecord,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
@@ -42,10 +48,15 @@ from . import averaging as agg
 from . import flower_args, packing, records, rounds, schedules, trust_gate
 from .algorithm import Algorithm, RoundInput, RoundUpdate
 from .client_states import ClientStates
-from .event_loop import GridEventLoop
 from .clock import SimClock
-from .participation import (STRAGGLER_POLICIES, STRAGGLER_UNITS, Participation,
-                            SelectionPolicy, check_choice, check_fraction, check_whole)
+from .event_loop import GridEventLoop
+from .participation import (
+    Participation,
+    SelectionPolicy,
+    check_choice,
+    check_fraction,
+    check_whole,
+)
 from .round_plan import RoundPlan
 from .round_report import Aggregation, OverCommitment, ParticipationSection, RoundReport
 from .submodels import SubModels

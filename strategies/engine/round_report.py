@@ -4,7 +4,7 @@ A round's :class:`RoundReport` is a list of sections, each a frozen dataclass wh
 name their run-log key (:mod:`strategies.contract`, ``LOG_*``) in the field's metadata.
 The participation model writes :class:`ParticipationSection` and :class:`ClockTime`, the
 aggregation :class:`Aggregation` and :class:`Drift`, and each algorithm its own section
-(:class:`FedNovaSection`, ...). :meth:`RoundReport.log_record` is the round's record in the
+(``FedNovaSection`` beside FedNova in :mod:`strategies.algorithms.fednova`, ...). :meth:`RoundReport.log_record` is the round's record in the
 run log (``rounds.jsonl``); :meth:`RoundReport.metric_items` its numbers, for Flower's
 ``MetricRecord``. No Flower types here.
 """
@@ -19,9 +19,7 @@ from dataclasses import dataclass, field
 from .. import contract as C
 
 __all__ = ["Aggregation", "AsyncUpdate", "ClientStateSection", "ClockTime", "Drift",
-           "DynamicFLSection", "FedDynSection", "FedNovaSection", "FedVecaEstimates",
-           "FedVecaSection", "MoonSection", "OverCommitment", "ParticipationSection", "RoundReport",
-           "ScaffoldSection", "Section", "logged"]
+           "OverCommitment", "ParticipationSection", "RoundReport", "Section", "logged"]
 
 
 def logged(key: str, *, keep_none: bool = False, default: object = None):
@@ -109,85 +107,11 @@ class OverCommitment(Section):
 
 
 @dataclass(frozen=True)
-class FedNovaSection(Section):
-    """FedNova's normalisation (Wang et al. 2020, eqs. 6-7)."""
-
-    a_norms: list[float] = logged(C.LOG_A_NORMS, default=())
-    tau_eff: float | None = logged(C.LOG_TAU_EFF)
-
-
-@dataclass(frozen=True)
 class ClientStateSection(Section):
     """The server's copies of client state (:mod:`strategies.engine.client_states`)."""
 
     attached: int | None = logged(C.LOG_CLIENT_STATE_ATTACHED)
     rounds: list[int] | None = logged(C.LOG_CLIENT_STATE_ROUNDS)
-
-
-@dataclass(frozen=True)
-class ScaffoldSection(Section):
-    """||c|| after the round (Karimireddy et al. 2020, Alg. 1 line 17)."""
-
-    c_norm: float = logged(C.LOG_SCAFFOLD_C_NORM, default=0.0)
-
-
-@dataclass(frozen=True)
-class FedDynSection(Section):
-    """||h^t|| after the round (Acar et al. 2021, Alg. 1)."""
-
-    h_norm: float = logged(C.LOG_FEDDYN_H_NORM, default=0.0)
-
-
-@dataclass(frozen=True)
-class MoonSection(Section):
-    """The num-examples-weighted mean contrastive loss (Li, He and Song 2021, Eq. 3)."""
-
-    contrastive_loss: float | None = logged(C.LOG_MOON_CONTRASTIVE_LOSS)
-
-
-@dataclass(frozen=True)
-class FedVecaSection(Section):
-    """FedVeca's step sizes (Alg. 1-2, eqs. 8, 15); per-client dicts keyed by client key."""
-
-    tau_sent: Mapping[str, int] | None = logged(C.LOG_FEDVECA_TAU_SENT)
-    estimate: bool | None = logged(C.LOG_FEDVECA_ESTIMATE)
-    tau: Mapping[str, int] | None = logged(C.LOG_FEDVECA_TAU)
-    tau_k: float | None = logged(C.LOG_FEDVECA_TAU_K)
-    tau_next: Mapping[str, int] | None = logged(C.LOG_FEDVECA_TAU_NEXT)
-    tau_k_next: float | None = logged(C.LOG_FEDVECA_TAU_K_NEXT)
-    tau_table: Mapping[str, int] | None = logged(C.LOG_FEDVECA_TAU_TABLE)
-    gnorm2: float | None = logged(C.LOG_FEDVECA_GNORM2)
-    smoothness_latest: float | None = logged(C.LOG_FEDVECA_L_LATEST, keep_none=True)
-    smoothness: float | None = logged(C.LOG_FEDVECA_L, keep_none=True)
-    eta_tau_k_l: float | None = logged(C.LOG_FEDVECA_ETA_TAU_K_L, keep_none=True)
-
-
-@dataclass(frozen=True)
-class FedVecaEstimates(Section):
-    """FedVeca's per-client estimates of a round in which they were asked for (eq. 15)."""
-
-    beta: Mapping[str, float | None] = logged(C.LOG_FEDVECA_BETA, default=None)
-    delta: Mapping[str, float | None] = logged(C.LOG_FEDVECA_DELTA, default=None)
-    effect: Mapping[str, float | None] = logged(C.LOG_FEDVECA_A, default=None)
-    ratio: Mapping[str, float | None] = logged(C.LOG_FEDVECA_R, default=None)
-    sign: Mapping[str, int] = logged(C.LOG_FEDVECA_SIGN, default=None)
-    reason: Mapping[str, str] = logged(C.LOG_FEDVECA_REASON, default=None)
-    min_effect: float | None = logged(C.LOG_FEDVECA_MIN_A, keep_none=True)
-    alpha_bound: float | None = logged(C.LOG_FEDVECA_ALPHA_BOUND, keep_none=True)
-    eta_tau_k_l_upper: float | None = logged(C.LOG_FEDVECA_ETA_TAU_K_L_UPPER, keep_none=True)
-
-
-@dataclass(frozen=True)
-class DynamicFLSection(Section):
-    """DynamicFL's round (Alg. 1): the group, its cost and the sync events run."""
-
-    group_size: int = logged(C.LOG_DYNAMICFL_GROUP_SIZE, default=0)
-    kl: float | None = logged(C.LOG_DYNAMICFL_KL, keep_none=True)
-    kappa_hat: float = logged(C.LOG_KAPPA_HAT, default=0.0)
-    syncs: int = logged(C.LOG_SYNCS, default=0)
-    sync_events: int = logged(C.LOG_SYNC_EVENTS, default=0)
-    seconds_per_event: float | None = logged(C.LOG_SECONDS_PER_EVENT)
-    sim_seconds_per_event: float | None = logged(C.LOG_SIM_SECONDS_PER_EVENT)
 
 
 @dataclass

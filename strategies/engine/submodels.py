@@ -21,10 +21,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from logging import INFO, WARNING
+from logging import WARNING
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message
+from flwr.app import ConfigRecord, Message
 from flwr.common.logger import log
 
 from .. import contract as C

@@ -1,7 +1,7 @@
 """Test oracles of DynamicFL's schedule (Le et al., DynamicFL, Alg. 1): reference simulators.
 
 Not product code: :class:`strategies.DynamicFL` runs a :class:`~strategies.algorithms.dynamicfl_schedule.
-RoundPlan` on the Grid; these run the same plan (or Algorithm 1 literally, step by step)
+SyncSchedule` on the Grid; these run the same plan (or Algorithm 1 literally, step by step)
 in-process with a local-step callable, so the tests can check the strategy and the plan
 against them.
 """
@@ -18,7 +18,7 @@ from strategies.algorithms.dynamicfl_schedule import (
     Client,
     IntervalSpec,
     Params,
-    RoundPlan,
+    SyncSchedule,
     capped,
     kappa_hat,
     num_syncs,
@@ -37,7 +37,7 @@ def num_syncs_reference_code(interval: int, local_steps: int) -> int:
 def plan_from_groups(
     groups: Mapping[str, Iterable[Client]], intervals: Mapping[str, int], local_steps: int,
     *, frozen: Iterable[Client] = (), num_active: int = 0,
-) -> RoundPlan:
+) -> SyncSchedule:
     """A plan from named groups (e.g. {"high": z, "low": rest}) and an interval per group."""
     per_client: dict[Client, int] = {}
     for name, members in groups.items():
@@ -51,7 +51,7 @@ def plan_from_groups(
     frozen_t = tuple(frozen)
     if set(frozen_t) & set(per_client):
         raise ValueError("a frozen client cannot also train")
-    return RoundPlan(local_steps, per_client, frozen_t, num_active=num_active)
+    return SyncSchedule(local_steps, per_client, frozen_t, num_active=num_active)
 
 
 @dataclass
@@ -82,7 +82,7 @@ class RoundTrace:
 def run_plan(
     initial_params: Params,
     local_step_fn: LocalStepFn,
-    plan: RoundPlan,
+    plan: SyncSchedule,
     weights: Mapping[Client, float],
 ) -> RoundTrace:
     """Run one round by chunks, as the strategy does on the Grid.
