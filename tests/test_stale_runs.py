@@ -59,6 +59,7 @@ def test_an_unreadable_state_file_is_named_and_the_run_goes_ahead(tmp_path, capf
     (local_superlink_dir(home) / "state.db").write_bytes(b"not a database")
     submitted = []
     monkeypatch.setattr(local_superlink, "submit_run", lambda cmd, *a, **k: submitted.append(cmd))
+    monkeypatch.setattr(local_superlink, "start_local_superlink", lambda *a, **k: None)
     run_app(TINY, FEDERATION, flwr_home=home, capture=True)
     assert submitted  # the run still goes to `flwr run`
     err = capfd.readouterr().err

@@ -10,7 +10,10 @@ unfinished there when its launch was stopped would start again beside the next l
 run, so the next launch marks such runs stopped first (:func:`stop_stale_runs`).
 ``flwr run`` uses whatever SuperLink answers on the local port, whichever FLWR_HOME and
 Python environment started it; a launch refuses another one's
-(:func:`refuse_foreign_superlink`).
+(:func:`refuse_foreign_superlink`). ``flwr run`` gives the SuperLink it starts 15 s, which a
+loaded machine can miss ("Failed to start local SuperLink within 15s"); a launch therefore
+starts it itself, with Flower's own command line, and waits for it as long as it takes
+(:func:`start_local_superlink`).
 """
 
 from __future__ import annotations
@@ -18,14 +21,25 @@ from __future__ import annotations
 import contextlib
 import http.client
 import os
+import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from .federation import refuse_unfittable
-from .flwr_cli import (CONTROL_PORT_ENV, DEFAULT_HTTP_PORT, HTTP_PORT_ENV, PROJECT_ROOT, AppRun,
-                       flwr_env, flwr_run_command, submit_run)
+from .flwr_cli import (
+    BIN,
+    CONTROL_PORT_ENV,
+    DEFAULT_HTTP_PORT,
+    HTTP_PORT_ENV,
+    PROJECT_ROOT,
+    AppRun,
+    flwr_env,
+    flwr_run_command,
+    submit_run,
+)
 from .processes import is_alive, process_tree, stop_pids
 
 try:
@@ -36,6 +50,8 @@ except ImportError:  # not POSIX: launches on one FLWR_HOME are not serialised
 USERS_DIR = "superlink-users"  # one empty file per launch using the managed SuperLink
 USERS_LOCK = "superlink-users.lock"
 STARTED_BY_US = "superlink-started-by-fedhetero"  # the last launch to leave stops it
+DEFAULT_CONTROL_PORT = "39093"  # Flower 1.41's default (flwr/cli/constant.py)
+SUPERLINK_START_TIMEOUT = 180.0  # seconds; Flower's CLI waits 15
 
 
 class ForeignSuperLinkError(RuntimeError):
@@ -65,6 +81,23 @@ def local_superlink_pids(flwr_home: Path) -> list[int]:
     """PIDs of managed local SuperLinks whose log file lies in this FLWR_HOME."""
     marker = str(local_superlink_dir(flwr_home) / "superlink.log")
     return [pid for pid, args in _superlink_processes() if marker in args]
+
+
+def running_superlink_env(flwr_home: Path, env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` with the ports of this FLWR_HOME's running SuperLink, if one runs: a launch
+    beside (or after) another on the same FLWR_HOME uses that SuperLink, not a second one
+    on its own ports over the same state database."""
+    env = dict(env)
+    for pid, args in _superlink_processes():
+        if str(local_superlink_dir(flwr_home) / "superlink.log") not in args:
+            continue
+        option = dict(zip(args, args[1:]))
+        if "--port" in option:
+            env[HTTP_PORT_ENV] = option["--port"]
+        if "--control-api-address" in option:
+            env[CONTROL_PORT_ENV] = option["--control-api-address"].rsplit(":", 1)[1]
+        break
+    return env
 
 
 def superlink_answers(port: int) -> bool:
@@ -109,6 +142,39 @@ def refuse_foreign_superlink(flwr_home: Path, env: Mapping[str, str]) -> None:
         f"a SuperLink that is not {flwr_home}'s answers on 127.0.0.1:{port} ({who}): flwr "
         f"run would run this app on it, under its FLWR_HOME and in its Python environment. "
         f"{fix}")
+
+
+def start_local_superlink(flwr_home: Path, env: Mapping[str, str], cwd: Path,
+                          timeout: float = SUPERLINK_START_TIMEOUT) -> None:
+    """Start this FLWR_HOME's managed local SuperLink as ``flwr run`` would (the command line
+    of Flower's ``flwr.cli.local_superlink._start_local_superlink``: simulation, subprocess
+    isolation, the ports of ``env``, its log and state database in FLWR_HOME, the working
+    directory ``cwd`` of the ``flwr run`` it serves: the ServerApp's imports resolve there),
+    detached, and wait until it answers ``/health``, up to ``timeout`` seconds (Flower's CLI: 15 s, and
+    then it kills it). ``flwr run`` then finds it running and uses it."""
+    port = env.get(HTTP_PORT_ENV, DEFAULT_HTTP_PORT)
+    folder = local_superlink_dir(flwr_home)
+    folder.mkdir(parents=True, exist_ok=True)
+    command = [str(BIN / "flower-superlink"), "--insecure", "--simulation", "--isolation",
+               "subprocess", "--control-api-address",
+               f"127.0.0.1:{env.get(CONTROL_PORT_ENV, DEFAULT_CONTROL_PORT)}",
+               "--host", "127.0.0.1", "--port", port,
+               "--log-file", str(folder / "superlink.log"),
+               "--log-rotation-interval-hours", "24", "--log-rotation-backup-count", "7",
+               "--database", str(folder / "state.db")]
+    process = subprocess.Popen(command, env=dict(env), cwd=cwd, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + timeout
+    while not superlink_answers(int(port)):
+        if process.poll() is not None:
+            raise RuntimeError(f"the local SuperLink exited with code {process.returncode} "
+                               f"before it answered on 127.0.0.1:{port}; see "
+                               f"{folder / 'superlink.log'}")
+        if time.monotonic() > deadline:
+            stop_pids(process_tree([process.pid]))
+            raise TimeoutError(f"the local SuperLink did not answer on 127.0.0.1:{port} "
+                               f"within {timeout:.0f} s; see {folder / 'superlink.log'}")
+        time.sleep(0.2)
 
 
 def stop_local_superlink(flwr_home: Path, timeout: float = 15.0) -> list[int]:
@@ -170,7 +236,8 @@ def run_app(run_config: Mapping[str, object] | None = None,
     env = flwr_env(flwr_home, isolate_ports=isolate_ports, ray_address=ray_address)
     cmd = flwr_run_command(run_config, federation_config, app_dir=Path(app_dir))
     refuse_foreign_superlink(flwr_home, env)
-    with superlink_use(flwr_home):
+    with superlink_use(flwr_home, env, PROJECT_ROOT):
+        env = running_superlink_env(flwr_home, env)
         return submit_run(cmd, env, PROJECT_ROOT, timeout, capture, on_line)
 
 
@@ -191,12 +258,14 @@ def _users_locked(flwr_home: Path) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def superlink_use(flwr_home: Path) -> Iterator[None]:
+def superlink_use(flwr_home: Path, env: Mapping[str, str] | None = None,
+                  cwd: Path = PROJECT_ROOT) -> Iterator[None]:
     """A launch's use of this FLWR_HOME's managed SuperLink, which ``flwr run`` starts when
     none runs. Launches on one FLWR_HOME (two terminals in the project) share it: each
     marks itself in ``FLWR_HOME/superlink-users``; the first (no SuperLink, no other
     launch) marks the runs an earlier, stopped launch left unfinished as stopped
-    (:func:`stop_stale_runs`); the last to leave stops the SuperLink, by PID, where one of
+    (:func:`stop_stale_runs`) and, given the launch's ``env``, starts the SuperLink in ``cwd``
+    (:func:`start_local_superlink`); the last to leave stops the SuperLink, by PID, where one of
     our launches started it (a SuperLink that was running before any did is left alone).
     Before, the first launch to finish stopped it under the others' runs."""
     flwr_home = Path(flwr_home)
@@ -206,9 +275,11 @@ def superlink_use(flwr_home: Path) -> Iterator[None]:
         users.mkdir(exist_ok=True)
         alone = not _live_users(users)
         if not local_superlink_pids(flwr_home):
-            started.touch()  # the flwr run below (or a launch beside it) starts it
+            started.touch()  # we (or the flwr run below, or a launch beside it) start it
             if alone:
                 _stop_stale_runs_and_say(flwr_home)
+            if env is not None:
+                start_local_superlink(flwr_home, env, cwd)
         mark.touch()
     try:
         yield
