@@ -154,3 +154,18 @@ def test_epoch_granular_stragglers_do_whole_epochs(tmp_path):
     one_epoch = 15000 // 1000
     assert sorted(record[C.LOG_LOCAL_STEPS])[2:] == [2 * one_epoch, 2 * one_epoch]
     assert all(s in (one_epoch, 2 * one_epoch) for s in record[C.LOG_LOCAL_STEPS])
+
+
+@pytest.mark.usefixtures("processes")
+def test_fedasync_mixes_the_asked_number_of_updates_per_round(tmp_path, caplog):
+    rc = {"num-server-rounds": 3, "dataset": "synthetic", "model": "mlp-2nn", "partition": "iid",
+          "local-steps": 5, "batch-size": 10, "eval-batch-size": 2000, "seed": 1,
+          "min-available-nodes": 4, "strategy": "fedasync", "async-concurrency": 3,
+          "fedasync-updates-per-round": 3, "device-profiles": "lognormal",
+          "drift-diagnostics": False, "output-dir": str(tmp_path)}
+    with caplog.at_level("INFO"):
+        run_server(rc, num_nodes=4)
+    rounds = read_rounds(only_run_dir(tmp_path))
+    assert [r[C.LOG_CLIENT_UPDATES] for r in rounds[1:]] == [3, 6, 9]
+    assert [r[C.LOG_MODEL_VERSION] for r in rounds[1:]] == [3, 6, 9]
+    assert "FedAsync" in caplog.text

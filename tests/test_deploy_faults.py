@@ -1,6 +1,6 @@
-"""Flower's deployment runtime on loopback: the same numbers as the simulation engine, and
-real process faults (a SuperNode SIGKILLed mid-round, the SuperLink SIGKILLed mid-run and
-resumed from its checkpoint, SuperNodes whose data is missing or corrupt).
+"""Flower's deployment runtime on loopback under real process faults: a SuperNode SIGKILLed
+mid-round, the SuperLink SIGKILLed mid-run and resumed from its checkpoint (the model of an
+uninterrupted run, bit for bit), SuperNodes whose data is missing or corrupt.
 
 One deployment (a SuperLink and 3 SuperNodes, one torch thread each) serves the whole
 module; every wait is bounded, every process is one this module started (or one of its
@@ -26,9 +26,10 @@ from deploy.layout import Layout
 from deploy.runner import run_on_connection
 from fedapp.checkpoint import load_checkpoint
 from fedapp.run_log import read_rounds
-from simulation.runtime import descendants, is_alive, run_app, stop_pids
+from simulation.runtime import descendants, is_alive, stop_pids
 from strategies import contract as C
 from task.data import IDX_FILES
+from tests.deployed import run_in_process
 
 FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 NODES = 3
@@ -140,28 +141,13 @@ def what_differed(run_dir: Path, output: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def reference(cluster, tmp_path_factory):
-    """An uninterrupted deployed run of CONFIG: its run directory."""
-    result, run_dir = deployed(cluster, tmp_path_factory.mktemp("reference"))
-    assert result.status == "finished:completed", result.output[-4000:]
+def reference(tmp_path_factory):
+    """An uninterrupted run of CONFIG, in process (the same bits as deployed, one torch thread
+    per client: tests/test_runtime_matrix.py): its run directory."""
+    out = tmp_path_factory.mktemp("reference")
+    run_dir = run_in_process({**CONFIG, "output-dir": str(out)}, NODES)
+    assert len(digests(run_dir)) == CONFIG["num-server-rounds"] + 1
     return run_dir
-
-
-@pytest.mark.timeout(3000)
-def test_deployed_and_simulated_models_are_bit_identical_every_round(reference, tmp_path):
-    """One thread per client in both runtimes (Ray's one CPU per ClientApp; num-threads=1)."""
-    for attempt in range(2):  # flwr's managed SuperLink must start within a fixed 15 s
-        result = run_app({**CONFIG, "output-dir": str(tmp_path)},
-                         {"num-supernodes": NODES, "client-resources-num-cpus": 1},
-                         flwr_home=tmp_path / f"flwr-home-{attempt}", isolate_ports=True,
-                         capture=True, timeout=1500)
-        if "Failed to start local SuperLink" not in result.output:
-            break
-    assert result.status == "finished:completed", result.output[-4000:]
-    (simulated,) = tmp_path.glob("*-run*")
-    assert len(digests(reference)) == CONFIG["num-server-rounds"] + 1
-    assert digests(simulated) == digests(reference)
-    assert (simulated / "final_model.pt").read_bytes() == (reference / "final_model.pt").read_bytes()
 
 
 @pytest.mark.timeout(3000)

@@ -164,23 +164,30 @@ def test_a_key_added_after_the_checkpoint_counts_as_its_default(tmp_path):
 @pytest.mark.usefixtures("processes")
 def test_a_real_flwr_run_resumes_from_its_checkpoint_bit_exactly(tmp_path):
     """Through `flwr run` on the simulation engine (not in-process): a 2-round run with its
-    checkpoint of round 2, resumed to 3 rounds, equals an uninterrupted 3-round run."""
+    checkpoint of round 2, resumed to 3 rounds, equals an uninterrupted 3-round run (run in
+    process: the same bits as under `flwr run`, tests/test_runtime_matrix.py). The two
+    launches share one managed SuperLink."""
     from fedapp.model_file import read_model  # noqa: PLC0415
     from simulation.runtime import run_app  # noqa: PLC0415
+    from simulation.runtime.local_superlink import superlink_use  # noqa: PLC0415
+    from tests.deployed import run_in_process  # noqa: PLC0415
+
+    home = tmp_path / "flwr-home"
+    home.mkdir()
+    rc = {"num-server-rounds": 3, "local-steps": 3, "partition": "iid", "seed": 4}
 
     def flwr_run(out, **overrides):
-        rc = {"num-server-rounds": 3, "local-steps": 3, "partition": "iid", "seed": 4,
-              "output-dir": str(out), **overrides}
-        result = run_app(rc, {"num-supernodes": 2, "client-resources-num-cpus": 1},
-                         flwr_home=tmp_path / "flwr-home", timeout=420, isolate_ports=True,
-                         capture=True)
+        result = run_app({**rc, "output-dir": str(out), **overrides},
+                         {"num-supernodes": 2, "client-resources-num-cpus": 1},
+                         flwr_home=home, timeout=420, isolate_ports=True, capture=True)
         assert result.returncode == 0, result.output[-4000:]
         (run_dir,) = list(out.iterdir())
         return run_dir
 
-    full = flwr_run(tmp_path / "full")
-    half = flwr_run(tmp_path / "half", **{"num-server-rounds": 2, "checkpoint-every": 2})
-    assert load_checkpoint(half)["round"] == 2
-    resumed = flwr_run(tmp_path / "resumed", **{"resume-from": str(half)})
+    full = run_in_process({**rc, "output-dir": str(tmp_path / "full")}, 2)
+    with superlink_use(home):
+        half = flwr_run(tmp_path / "half", **{"num-server-rounds": 2, "checkpoint-every": 2})
+        assert load_checkpoint(half)["round"] == 2
+        resumed = flwr_run(tmp_path / "resumed", **{"resume-from": str(half)})
     assert without_timings(read_rounds(resumed)) == without_timings(read_rounds(full))
     assert same_model(read_model(resumed / "final_model.pt"), read_model(full / "final_model.pt"))

@@ -101,7 +101,7 @@ def example_app(tmp_path, strategy: str):
     return app
 
 
-@pytest.mark.parametrize("strategy", ["fedavg", "fedprox", "fednova", "fedveca", "dynamicfl"])
+@pytest.mark.parametrize("strategy", ["dynamicfl"])  # the others: in process, above
 @pytest.mark.usefixtures("processes")
 def test_example_under_flwr_run(tmp_path, strategy):
     home = tmp_path / "flwr-home"
@@ -112,6 +112,4 @@ def test_example_under_flwr_run(tmp_path, strategy):
     assert result.status == "finished:completed", result.output[-4000:]
     assert "[ROUND 2/2]" in result.output or "round 2" in result.output.lower()
     assert "ERROR" not in result.output and "Traceback" not in result.output, result.output[-4000:]
-    if strategy == "fednova":
-        assert "tau_i is taken as the E ceil(n_i / B)" in result.output
     assert local_superlink_pids(home) == []
