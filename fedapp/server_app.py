@@ -18,6 +18,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedapp.flower_patches import shorten_object_pulls
 from strategies import contract as C
+from strategies.engine import records
 from strategies.engine.devices import write_trace
 from strategies.engine.packing import PackedGrid
 from strategies.engine.participation import Participation
@@ -125,14 +126,16 @@ class ServerEvaluator:
         """Loss and accuracy of ``arrays`` on the test set, by the evaluation process; the
         last evaluated model is the final one (the last round is always evaluated)."""
         self.last_evaluated = arrays
-        return self.process.evaluate({key: array.numpy() for key, array in arrays.items()},
-                                     background)
+        # to_numpy reads the .npy headers through the trust gate's cache, not np.load's
+        # ast.literal_eval: CPython 3.11.7 can fail an AST parse that runs beside another
+        # thread's ("AST constructor recursion depth mismatch", fixed in later 3.11s), and
+        # this runs in the evaluation thread while the round's replies are parsed
+        return self.process.evaluate(records.to_numpy(arrays), background)
 
     def save_final_model(self) -> Path:
         """final_model.pt: the last evaluated model, written by the evaluation process."""
         arrays = self.last_evaluated
-        return self.process.save_model({key: array.numpy() for key, array in arrays.items()},
-                                       self.run_log.model_path)
+        return self.process.save_model(records.to_numpy(arrays), self.run_log.model_path)
 
     def finish(self, record: dict, result: EvaluationResult | None,
                checkpoint: dict | None, partitions: list | None) -> None:

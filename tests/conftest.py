@@ -130,6 +130,19 @@ def pytest_configure(config):
         config.addinivalue_line("markers", f"{kind}: {doc}")
 
 
+KIND_ORDER = {"deploy": 0, "app": 1, "unit": 2}  # the slowest modules first
+
+
 def pytest_collection_modifyitems(config, items):
+    """Mark each test with its kind, and run the modules with deployments first, then those
+    that run apps, then the unit tests, each module's tests together and in their order: with
+    ``-n`` workers (``make test``), the long modules start at once and the many short unit
+    modules fill the end, instead of one long module starting last."""
+    rank: dict[str, int] = {}
     for item in items:
-        item.add_marker(getattr(pytest.mark, kind_of(item)))
+        kind = kind_of(item)
+        item.add_marker(getattr(pytest.mark, kind))
+        module = item.nodeid.split("::")[0]
+        rank[module] = min(rank.get(module, 2), KIND_ORDER[kind])
+    order = {id(item): index for index, item in enumerate(items)}
+    items.sort(key=lambda item: (rank[item.nodeid.split("::")[0]], order[id(item)]))

@@ -28,7 +28,7 @@ def test_flwr_run_with_a_crash_and_a_late_client(tmp_path):
         {
             "num-server-rounds": 2,
             "local-steps": 3,
-            "partition": "iid",  # Fashion-MNIST, as test_flwr_run.py
+            "partition": "iid",  # Fashion-MNIST
             "seed": 6,
             "fault-crash-prob": 0.3,
             "fault-late-prob": 0.3,
