@@ -9,10 +9,14 @@ Client -> server (MetricRecord ``"metrics"`` and ArrayRecord ``"arrays"`` of a r
 
 Besides the keys, one piece of arithmetic both sides must agree on: :func:`steps_for_epochs`,
 the local steps that ``local-epochs`` E means (the server plans FedNova's tau_i and the
-stragglers' work with it; the clients' local-SGD loop runs it).
+stragglers' work with it; the clients' local-SGD loop runs it). And the run-log record's
+shape: a round's report is made of :class:`Section` dataclasses whose fields name their
+``LOG_*`` key through :func:`logged`.
 """
 
+import dataclasses
 import math
+from dataclasses import dataclass, field
 from fractions import Fraction
 
 # Record names inside a Message's RecordDict (Flower's own defaults).
@@ -303,3 +307,27 @@ LOG_WIDTH_RULE = "width-rule"  # str, how the widths were chosen: deadline, fixe
 LOG_TIMING_KEYS = frozenset({LOG_WALL_SECONDS, LOG_ELAPSED_SECONDS, LOG_EVAL_SECONDS,
                              LOG_SERVER_MAX_RSS_MB, LOG_EVAL_MAX_RSS_MB,
                              LOG_SECONDS_PER_EVENT})
+
+
+# Run-log records: a round's report is made of Sections whose fields name their LOG_* key.
+
+def logged(key: str, *, keep_none: bool = False, default: object = None):
+    """A section field logged under ``key``; a None value is left out of the record unless
+    ``keep_none`` (the key is then logged as null: "not computable this round")."""
+    return field(default=default, metadata={"key": key, "keep_none": keep_none})
+
+
+@dataclass(frozen=True)
+class Section:
+    """A part of a round's report; subclasses declare their fields with :func:`logged`."""
+
+    def log_items(self) -> dict[str, object]:
+        """{run-log key: value} of the fields, None values left out (unless ``keep_none``)."""
+        items = {}
+        for f in dataclasses.fields(self):
+            key = f.metadata.get("key")
+            value = getattr(self, f.name)
+            if key is None or (value is None and not f.metadata.get("keep_none")):
+                continue
+            items[key] = value
+        return items

@@ -35,7 +35,7 @@ from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
 from flwr.serverapp.strategy import Result
 
 from .. import contract as C
-from ..contract import NUM_STEPS, ROUND_STEPS, START_STEP
+from ..contract import NUM_STEPS, ROUND_STEPS, START_STEP, Section, logged
 from ..engine import averaging as agg
 from ..engine import flower_args, records, rounds, schedules, trust_gate
 from ..engine.clock import SimClock, byte_budget
@@ -50,8 +50,6 @@ from ..engine.round_report import (
     Drift,
     ParticipationSection,
     RoundReport,
-    Section,
-    logged,
 )
 from . import dynacomm as dc
 from . import dynamicfl_schedule as ds

@@ -18,13 +18,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .. import contract as C
+from ..contract import Section, logged
 from ..engine import records, trust_gate
 from ..engine.algorithm import Algorithm, Contract, Outgoing, RoundInput, RoundUpdate
 from ..engine.keys import Key, above
 from ..engine.registry import register
 from ..engine.round_engine import RoundEngine
 from ..engine.round_plan import RoundPlan
-from ..engine.round_report import Section, logged
 from . import feddyn_math as fm
 
 __all__ = ["DynamicRegulariser", "FEDDYN_HELPER", "FedDyn"]

@@ -28,12 +28,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..contract import Section, logged
 from ..engine.algorithm import Algorithm, NDArrays, RoundInput, RoundUpdate
 from ..engine.averaging import squared_sum
 from ..engine.keys import FRACTION, Key, above
 from ..engine.registry import register
 from ..engine.round_engine import RoundEngine
-from ..engine.round_report import Section, logged
 
 __all__ = ["Extrapolation", "FedExP", "extrapolate", "squared_distance", "step_size"]
 

@@ -21,12 +21,12 @@ from flwr.app import Message
 from flwr.common.logger import log
 
 from .. import contract as C
+from ..contract import Section, logged
 from ..engine import averaging as agg
 from ..engine import sampling, trust_gate
 from ..engine.algorithm import Algorithm, Contract, RoundInput, RoundUpdate
 from ..engine.registry import register
 from ..engine.round_engine import RoundEngine
-from ..engine.round_report import Section, logged
 
 __all__ = ["FedNova", "Normalised", "REPORT_STEPS_HELPER", "a_norm", "copied"]
 

@@ -21,6 +21,7 @@ from flwr.app import ConfigRecord, Message
 from flwr.common.logger import log
 
 from .. import contract as C
+from ..contract import Section, logged
 from ..engine import averaging as agg
 from ..engine import trust_gate
 from ..engine.algorithm import Algorithm, Contract, Outgoing, RoundInput, RoundUpdate
@@ -29,7 +30,6 @@ from ..engine.records import ClientInfo, to_numpy
 from ..engine.registry import register
 from ..engine.round_engine import RoundEngine
 from ..engine.round_plan import RoundPlan
-from ..engine.round_report import Section, logged
 from . import fedveca_math as vm
 from .fednova import FedNovaSection, copied
 

@@ -15,13 +15,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .. import contract as C
+from ..contract import Section, logged
 from ..engine import records
 from ..engine.algorithm import Algorithm, Contract, Outgoing, RoundInput, RoundUpdate
 from ..engine.keys import Key, above, at_least
 from ..engine.registry import register
 from ..engine.round_engine import RoundEngine
 from ..engine.round_plan import RoundPlan
-from ..engine.round_report import Section, logged
 
 __all__ = ["MOON_HELPER", "ModelContrastive", "Moon"]
 

@@ -23,12 +23,12 @@ import numpy as np
 from flwr.app import ArrayRecord, Message
 
 from .. import contract as C
+from ..contract import Section, logged
 from ..engine import records, trust_gate
 from ..engine.algorithm import Algorithm, Contract, Outgoing, RoundInput, RoundUpdate
 from ..engine.registry import register
 from ..engine.round_engine import RoundEngine
 from ..engine.round_plan import RoundPlan
-from ..engine.round_report import Section, logged
 from . import scaffold_math as sm
 
 __all__ = ["ControlVariates", "SCAFFOLD_HELPER", "Scaffold", "scaffold_delta_problem"]

@@ -32,8 +32,8 @@ import numpy as np
 from flwr.app import ArrayRecord, Message
 
 from .. import contract as C
+from ..contract import Section
 from .round_plan import RoundPlan
-from .round_report import Section
 
 __all__ = ["Algorithm", "Contract", "NDArrays", "Outgoing", "RoundInput", "RoundUpdate"]
 

@@ -11,37 +11,15 @@ run log (``rounds.jsonl``); :meth:`RoundReport.metric_items` its numbers, for Fl
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from .. import contract as C
+from ..contract import Section, logged
 
 __all__ = ["Aggregation", "AsyncUpdate", "ClientStateSection", "ClockTime", "Drift",
-           "OverCommitment", "ParticipationSection", "RoundReport", "Section", "logged"]
-
-
-def logged(key: str, *, keep_none: bool = False, default: object = None):
-    """A section field logged under ``key``; a None value is left out of the record unless
-    ``keep_none`` (the key is then logged as null: "not computable this round")."""
-    return field(default=default, metadata={"key": key, "keep_none": keep_none})
-
-
-@dataclass(frozen=True)
-class Section:
-    """A part of a round's report; subclasses declare their fields with :func:`logged`."""
-
-    def log_items(self) -> dict[str, object]:
-        """{run-log key: value} of the fields, None values left out (unless ``keep_none``)."""
-        items = {}
-        for f in dataclasses.fields(self):
-            key = f.metadata.get("key")
-            value = getattr(self, f.name)
-            if key is None or (value is None and not f.metadata.get("keep_none")):
-                continue
-            items[key] = value
-        return items
+           "OverCommitment", "ParticipationSection", "RoundReport"]
 
 
 @dataclass(frozen=True)

@@ -28,11 +28,11 @@ from flwr.app import ConfigRecord, Message
 from flwr.common.logger import log
 
 from .. import contract as C
+from ..contract import Section, logged
 from . import records, submodel_math, trust_gate
 from .keys import Key
 from .participation import ModelShare, Participation, check_choice
 from .round_plan import RoundPlan
-from .round_report import Section, logged
 
 __all__ = ["DEFAULT_LEVELS", "SCHEMES", "SUBMODEL_KEYS", "SubModels", "WIDTH_RULES", "WidthRule",
            "WidthSection", "parse_levels", "width_spec_of"]

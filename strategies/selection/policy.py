@@ -22,7 +22,7 @@ from typing import Protocol, runtime_checkable
 from flwr.common.logger import log
 
 from .. import contract as C
-from ..engine.round_report import Section, logged
+from ..contract import Section, logged
 
 __all__ = ["Candidate", "Choice", "InformedSelection", "LossQuery", "Outcome",
            "SELECTIONS", "reported_loss", "warn_no_loss"]
