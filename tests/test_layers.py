@@ -402,3 +402,49 @@ def test_the_bare_flower_app_imports_nothing_of_ours(tmp_path):
              for imp in module_imports(SourceRoot(app), path)]
     assert violations(found, set()) == [
         "barefedavg/server_app.py:2: from strategies.FedAvg: barefedavg may import only []"]
+
+
+# ------------------------------------------------------------------ strategies' own layers
+# top to bottom: a module may import its own layer and those below it (docs/architecture.md);
+# strategies/__init__.py, the package's face, may import any
+STRATEGY_LAYERS = ["strategies.client", "strategies.algorithms", "strategies.engine",
+                   "strategies.selection", "strategies.contract"]
+
+
+def strategy_layer(module: str) -> int | None:
+    for rank, layer in enumerate(STRATEGY_LAYERS):
+        if module == layer or module.startswith(f"{layer}."):
+            return rank
+    return None
+
+
+def upward_strategy_imports(imports: list[Import]) -> list[str]:
+    """Imports of a higher layer; a registration's ``client_side="strategies.client.x"`` names
+    the module the ClientApp imports (a string the server never imports) and is not one."""
+    bad = []
+    for imp in imports:
+        importer, target = strategy_layer(imp.importer), strategy_layer(imp.target)
+        if imp.how == "module name" and imp.target.startswith("strategies.client."):
+            continue
+        if importer is not None and target is not None and target < importer:
+            bad.append(f"{imp}: {STRATEGY_LAYERS[importer]} may import only "
+                       f"{STRATEGY_LAYERS[importer:]}")
+    return bad
+
+
+def test_strategies_layers_import_only_downwards(imports):
+    assert {strategy_layer(imp.importer) for imp in imports} >= set(range(len(STRATEGY_LAYERS)))
+    bad = upward_strategy_imports(imports)
+    assert not bad, "imports against strategies' layers:\n" + "\n".join(bad)
+
+
+def test_an_upward_import_in_strategies_is_named():
+    up = Import(path="strategies/engine/x.py", line=3, importer="strategies.engine.x",
+                target="strategies.algorithms.fedprox", name="Proximal", how="from",
+                in_function=True)
+    named = Import(path="strategies/algorithms/y.py", line=9, importer="strategies.algorithms.y",
+                   target="strategies.client.y", name=None, how="module name", in_function=False)
+    down = Import(path="strategies/selection/z.py", line=1, importer="strategies.selection.z",
+                  target="strategies.contract", name="Section", how="from", in_function=False)
+    [line] = upward_strategy_imports([up, named, down])
+    assert line.startswith("strategies/engine/x.py:3") and "strategies.engine may import" in line
