@@ -9,6 +9,9 @@ FMNIST_SYSTEM := /usr/share/datasets/fashion-mnist
 # pip on some machines prints one harmless line per configured-but-missing local index
 PIP_QUIET := { grep -v "is ignored: it is neither a file nor a directory" || true; }
 NUM_SUPERNODES ?= 10
+# `make test` runs test modules in this many pytest workers (pytest-xdist, a module per
+# worker): a flwr run or a deployment mostly waits on its SuperLink, so 3 workers keep 2 cores busy
+TEST_WORKERS ?= 3
 
 .PHONY: run test test-fast install data bench clean docs
 
@@ -16,7 +19,7 @@ run: install data  ## train FedAvg on Fashion-MNIST (10 clients, Dirichlet 0.5) 
 	$(PY) -m simulation run --num-supernodes $(NUM_SUPERNODES)
 
 test: install data  ## the whole test suite (offline): unit, app and deploy tests
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 test-fast: install data  ## the unit tests only (one process each, about 2 min on 2 cores)
 	$(PY) -m pytest -m unit -q
