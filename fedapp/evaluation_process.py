@@ -160,19 +160,26 @@ class EvaluationProcess:
         raise RuntimeError(f"the ServerApp's evaluation process failed: {kind}: {message}\n{trace}")
 
 
-_KEPT: dict[EvaluationSpec, EvaluationProcess] = {}
+KEEP_SPECS = 2  # children kept for later runs (each holds torch, a model and the test set)
+_KEPT: dict[EvaluationSpec, EvaluationProcess] = {}  # least recently used first
 
 
 def evaluation_process(spec: EvaluationSpec) -> EvaluationProcess:
     """This process's evaluation process for ``spec``: started on first use, then kept for
-    later runs with the same spec (a new one if it died), stopped when this process exits."""
-    kept = _KEPT.get(spec)
-    if kept is not None and kept.alive:
-        return kept
-    if kept is not None:
+    later runs with the same spec (a new one if it died), stopped when this process exits.
+    Only the :data:`KEEP_SPECS` most recently used specs keep theirs: a process that runs many
+    configurations one after another (a test worker) would otherwise hold a child of about
+    600 MB for each of them."""
+    kept = _KEPT.pop(spec, None)
+    if kept is not None and not kept.alive:
         kept.close()
-    _KEPT[spec] = EvaluationProcess(spec)
-    return _KEPT[spec]
+        kept = None
+    if kept is None:
+        while len(_KEPT) >= KEEP_SPECS:
+            _KEPT.pop(next(iter(_KEPT))).close()
+        kept = EvaluationProcess(spec)
+    _KEPT[spec] = kept  # now the most recently used
+    return kept
 
 
 @atexit.register

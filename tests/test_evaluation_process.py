@@ -138,3 +138,26 @@ def test_one_child_serves_the_runs_of_one_spec_and_a_dead_one_is_replaced():
     assert second is not first and second.alive and second.pid != first.pid
     second.connection.close()  # as a request interrupted before its reply: not reused
     assert not second.alive and evaluation_process(spec) is not second
+
+
+def test_only_the_most_recently_used_specs_keep_their_child(monkeypatch):
+    """A test worker runs many configurations: the third spec's child stops the least
+    recently used one (each child holds torch, a model and the test set)."""
+    import fedapp.evaluation_process as ep
+
+    class Child:
+        def __init__(self, spec):
+            self.spec, self.alive = spec, True
+
+        def close(self):
+            self.alive = False
+
+    monkeypatch.setattr(ep, "EvaluationProcess", Child)
+    monkeypatch.setattr(ep, "_KEPT", {})
+    a, b, c = (EvaluationSpec(**{**SPEC.__dict__, "seed": s}) for s in (21, 22, 23))
+    first_a, first_b = evaluation_process(a), evaluation_process(b)
+    assert evaluation_process(a) is first_a  # a is now the most recently used
+    third = evaluation_process(c)
+    assert not first_b.alive and first_a.alive and third.alive
+    assert list(ep._KEPT) == [a, c] and ep.KEEP_SPECS == 2
+    assert evaluation_process(b) is not first_b and not first_a.alive
