@@ -40,7 +40,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from .. import contract as C
-from ..engine.records import to_record
+from ..engine.records import sent_config, to_record
 from .batches import batch_stream, client_seed
 from .data import loader_batch_size, tensors_for
 from .optimizer_state import load_optimizer_state, optimizer_state_arrays
@@ -313,5 +313,5 @@ def chunk_side(task: TrainTask) -> RecordDict:
 
 
 register_client_side(ClientSide("strategies.client.train_chunk",
-                                lambda msg: is_dynamicfl_chunk(msg.content.config_records.get(C.CONFIG, {})),
+                                lambda msg: is_dynamicfl_chunk(sent_config(msg.content) or {}),
                                 train=chunk_side))

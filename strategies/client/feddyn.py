@@ -36,7 +36,7 @@ from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 from .. import contract as C
 from ..algorithms import feddyn_math as fm
 from ..engine.client_states import state_digest
-from ..engine.records import to_numpy
+from ..engine.records import sent_config, to_numpy
 from .data import writable_tensor
 from .optimizer_hooks import StepHooks
 from .state import resolve_state, save_state
@@ -47,8 +47,7 @@ STATE_KEY = "feddyn-linear-term"  # Context.state: grad L_k(theta_k^{t-1})
 
 def is_feddyn_message(msg: Message) -> bool:
     """True when a train message comes from a FedDyn server (its config has ``feddyn-alpha``)."""
-    return (C.CONFIG in msg.content.config_records
-            and C.FEDDYN_ALPHA in msg.content[C.CONFIG])
+    return C.FEDDYN_ALPHA in (sent_config(msg.content) or {})
 
 
 class FedDynClient:

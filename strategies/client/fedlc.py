@@ -16,6 +16,7 @@ from flwr.app import Message
 
 from .. import contract as C
 from ..algorithms.fedlc import FEDLC_TAU
+from ..engine.records import sent_config
 from .sides import ClientSide, register_client_side
 
 __all__ = ["LogitCalibration", "ZERO_COUNT", "calibrated_loss", "is_fedlc_message"]
@@ -25,7 +26,7 @@ ZERO_COUNT = 1e-8  # a label the client lacks (FL-bench's): its logit is pulled 
 
 def is_fedlc_message(msg: Message) -> bool:
     """True when a train message's config carries ``fedlc-tau`` (a FedLC server)."""
-    return C.CONFIG in msg.content.config_records and FEDLC_TAU in msg.content[C.CONFIG]
+    return FEDLC_TAU in (sent_config(msg.content) or {})
 
 
 def calibrated_loss(logits: Any, y: Any, counts: Any, tau: float) -> Any:

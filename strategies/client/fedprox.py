@@ -20,13 +20,14 @@ from typing import Any
 from flwr.app import Message
 
 from .. import contract as C
+from ..engine.records import sent_config
 from .optimizer_hooks import StepHooks
 from .sides import ClientSide, TrainTask, register_client_side
 
 
 def is_fedprox_message(msg: Message) -> bool:
     """True when a train message's config carries ``proximal-mu`` (a FedProx server)."""
-    return C.CONFIG in msg.content.config_records and C.PROXIMAL_MU in msg.content[C.CONFIG]
+    return C.PROXIMAL_MU in (sent_config(msg.content) or {})
 
 
 class ProximalTerm:

@@ -40,7 +40,7 @@ import numpy as np
 from flwr.app import MetricRecord, RecordDict
 
 from .. import contract as C
-from ..engine.records import to_record
+from ..engine.records import sent_config, to_record
 from .batches import client_seed
 from .data import loader_batch_size, tensors_for
 from .optimizer_hooks import learning_rates
@@ -431,5 +431,5 @@ def fedveca_side(task: TrainTask) -> RecordDict:
 
 
 register_client_side(ClientSide("strategies.client.fedveca_train",
-                                lambda msg: is_fedveca_round(msg.content.config_records.get(C.CONFIG, {})),
+                                lambda msg: is_fedveca_round(sent_config(msg.content) or {}),
                                 train=fedveca_side))

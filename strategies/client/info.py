@@ -20,14 +20,12 @@ from typing import Any
 from flwr.app import Message, MetricRecord, RecordDict
 
 from .. import contract as C
+from ..engine.records import sent_config
 
 
 def is_client_info_query(msg: Message) -> bool:
     """True when ``msg`` is a strategy's client-info query (its config has ``query``)."""
-    content = msg.content
-    if C.CONFIG not in content.config_records:
-        return False
-    return content.config_records[C.CONFIG].get(C.QUERY) == C.QUERY_CLIENT_INFO
+    return (sent_config(msg.content) or {}).get(C.QUERY) == C.QUERY_CLIENT_INFO
 
 
 def label_counts(y: Any, num_classes: int) -> list[int]:
@@ -76,7 +74,7 @@ def client_info_reply(
         A reply whose MetricRecord ``"metrics"`` has ``partition-id``, ``num-examples`` and,
         when given, ``label-counts`` and ``comm-budget``.
     """
-    config = msg.content.config_records.get(C.CONFIG)
+    config = sent_config(msg.content)
     asked = config.get(C.QUERY) if config is not None else None
     if asked is not None and asked != C.QUERY_CLIENT_INFO:
         raise ValueError(f"client_info_reply answers the '{C.QUERY}={C.QUERY_CLIENT_INFO}' query; "

@@ -52,7 +52,7 @@ from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 
 from .. import contract as C
 from ..engine.client_states import state_digest
-from ..engine.records import to_numpy
+from ..engine.records import sent_config, to_numpy
 from .data import writable_tensor
 from .state import resolve_state, save_state
 from .sides import ClientSide, register_client_side
@@ -69,7 +69,7 @@ class MissingRepresentation(TypeError):
 
 def is_moon_message(msg: Message) -> bool:
     """True when a train message comes from a MOON server (its config has ``moon-mu``)."""
-    return C.CONFIG in msg.content.config_records and C.MOON_MU in msg.content[C.CONFIG]
+    return C.MOON_MU in (sent_config(msg.content) or {})
 
 
 def has_representation(model: Any) -> bool:

@@ -46,7 +46,7 @@ from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 from .. import contract as C
 from ..algorithms import scaffold_math as sm
 from ..engine.client_states import state_digest
-from ..engine.records import to_numpy, to_record
+from ..engine.records import sent_arrays, to_numpy, to_record
 from .optimizer_hooks import StepHooks, learning_rates
 from .state import resolve_state, save_state
 from .sides import ClientSide, register_client_side
@@ -56,7 +56,7 @@ STATE_KEY = "scaffold-c-i"  # Context.state: this client's control variate c_i
 
 def is_scaffold_message(msg: Message) -> bool:
     """True when a train message comes from a SCAFFOLD server (it carries ``scaffold-c``)."""
-    return C.SCAFFOLD_C in msg.content.array_records
+    return sent_arrays(msg.content, C.SCAFFOLD_C) is not None
 
 
 class ScaffoldClient:

@@ -34,6 +34,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
 from .. import contract as C
+from ..engine.records import sent_arrays, sent_config
 
 META_SUFFIX = "-meta"
 ROUND = "round"  # the meta scalar saved by save_state: the round that produced the state
@@ -107,10 +108,11 @@ def resolve_state(state: RecordDict, key: str, content: RecordDict,
         Otherwise: this node lost the state (a SuperNode restart) or holds another version.
         The reply becomes an error, and the server attaches its copy to the next message.
     """
-    config = content[C.CONFIG] if C.CONFIG in content.config_records else {}
+    config = sent_config(content) or {}
     wanted = int(config.get(C.STATE_ROUND, 0))
-    if C.CLIENT_STATE in content.array_records:
-        arrays = {name: np.array(a.numpy()) for name, a in content[C.CLIENT_STATE].items()}
+    sent = sent_arrays(content, C.CLIENT_STATE)
+    if sent is not None:
+        arrays = {name: np.array(a.numpy()) for name, a in sent.items()}
         save_state(state, key, arrays, wanted)
         return arrays, wanted
     if wanted == 0:

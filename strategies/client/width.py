@@ -29,6 +29,7 @@ from typing import Any
 from flwr.app import Message, RecordDict
 
 from .. import contract as C
+from ..engine.records import sent_config
 from .sgd_loop import LocalResult, epoch_batches, plain_sgd, sgd_steps, step_count
 from .sides import ClientSide, TrainTask, model_content, register_client_side, training_metrics
 
@@ -39,7 +40,7 @@ _NOISE = 1e-12  # widths this close count as equal (float noise of a sent list)
 
 def is_width_message(msg: Message) -> bool:
     """True when a message's config carries ``model-width`` (HeteroFL, FjORD, FedRolex)."""
-    return C.CONFIG in msg.content.config_records and C.MODEL_WIDTH in msg.content[C.CONFIG]
+    return C.MODEL_WIDTH in (sent_config(msg.content) or {})
 
 
 def _is_real(value: object) -> bool:
@@ -138,7 +139,7 @@ def load_width_state(model: Any, state: Mapping[str, Any], width: float) -> Any:
 def width_model(build: Build, msg: Message) -> Any:
     """HeteroFL / FedRolex: ``build(r)`` at the sent width r (:func:`sent_width`), holding
     the received sub-model (:func:`load_width_state`: strict keys and shapes)."""
-    config = msg.content[C.CONFIG] if C.CONFIG in msg.content.config_records else {}
+    config = sent_config(msg.content) or {}
     width = sent_width(config)
     state = msg.content[C.ARRAYS].to_torch_state_dict()
     return load_width_state(build(width), state, width)

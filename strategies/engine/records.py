@@ -93,6 +93,20 @@ def array_of(value: np.ndarray) -> Array:
     return Array(dtype_name(value.dtype), shape, SType.NUMPY, data)
 
 
+def sent_config(content: RecordDict) -> ConfigRecord | None:
+    """``content["config"]`` when it is a ConfigRecord, else None: one lookup, where Flower's
+    ``content.config_records`` copies every ConfigRecord of the message on each access (a
+    ClientApp asks every registered client side whether a message is its own)."""
+    record = content.get(C.CONFIG)
+    return record if isinstance(record, ConfigRecord) else None
+
+
+def sent_arrays(content: RecordDict, key: str) -> ArrayRecord | None:
+    """``content[key]`` when it is an ArrayRecord, else None (:func:`sent_config`)."""
+    record = content.get(key)
+    return record if isinstance(record, ArrayRecord) else None
+
+
 def to_record(arrays: Mapping[str, np.ndarray]) -> ArrayRecord:
     """{key: numpy array} -> ArrayRecord (:func:`array_of`)."""
     return ArrayRecord({key: array_of(value) for key, value in arrays.items()})
