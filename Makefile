@@ -21,7 +21,7 @@ run: install data  ## train FedAvg on Fashion-MNIST (10 clients, Dirichlet 0.5) 
 test: install data  ## the whole test suite (offline): unit, app and deploy tests
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
-test-fast: install data  ## the unit tests only (one process each, about 2 min on 2 cores)
+test-fast: install data  ## the unit tests only (one process, about 1 min on 2 cores)
 	$(PY) -m pytest -m unit -q
 
 bench: install data  ## efficiency, aggregation time and memory (python -m simulation bench)
