@@ -13,7 +13,7 @@ import dataclasses
 import difflib
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from .config_keys import BY_NAME, INT64_MAX, KEYS, RULES, Rule, Value
@@ -22,7 +22,26 @@ INT64 = (-(2**63), INT64_MAX)
 
 
 class ConfigError(ValueError):
-    """A run-config value is wrong; the message says which, and what to use instead."""
+    """A run-config value is wrong; the message says which, and what to use instead:
+    ``fix``, the values to set, which the message shows as a ``flwr run`` command line
+    (:func:`flwr_run_fix`) and a command line of fedhetero's shows as ``-c key=value``
+    (:func:`with_fix_as`)."""
+
+    def __init__(self, message: str, fix: Mapping[str, object] | None = None) -> None:
+        super().__init__(message)
+        self.fix = dict(fix) if fix else None
+
+
+def with_fix_as(exc: ConfigError, syntax: Callable[[Mapping[str, object]], str]) -> str:
+    """``exc``'s message with its ``flwr run`` fix written in another ``syntax``."""
+    message = str(exc)
+    return message.replace(flwr_run_fix(exc.fix), syntax(exc.fix)) if exc.fix else message
+
+
+def cli_fix(values: Mapping[str, object]) -> str:
+    """``-c key=value`` options that set ``values`` (fedhetero run, python -m simulation)."""
+    return " ".join(f"-c {key}={value if not isinstance(value, bool) else str(value).lower()}"
+                    for key, value in values.items())
 
 
 # names of Flower's templates and examples -> ours
@@ -40,7 +59,7 @@ class _RunConfigMethods:
         if unknown:
             raise ConfigError(
                 f"run config: unknown key(s) {', '.join(_with_hint(k) for k in unknown)}; "
-                f"known keys: {', '.join(BY_NAME)}")
+                f"the {len(BY_NAME)} known keys: fedhetero keys (docs/config.md)")
         config = cls(**{BY_NAME[key].field: _typed(key, value)
                         for key, value in user_config.items()})
         config.validate()
@@ -57,16 +76,19 @@ class _RunConfigMethods:
         for key in KEYS:
             why = key.refusal(values[key.name])
             if why is not None:
+                meant = _meant_choice(key.choices, values[key.name])
+                fix = {key.name: key.default if meant is None else meant}
+                why = f"did you mean {meant!r}?" if meant is not None else why
                 raise ConfigError(
                     f"run config: {key.name}={values[key.name]!r} is not allowed"
                     f"{f' ({why})' if why else ''}; it must be {key.allowed()}. Set it with: "
-                    f"{flwr_run_fix({key.name: key.default})}")
+                    f"{flwr_run_fix(fix)}", fix)
         for rule in RULES:
             if not rule.holds(values):
                 shown = ", ".join(f"{k}={values[k]!r}" for k in rule.keys)
-                fix = flwr_run_fix(_fix(rule, values))
+                fix = _fix(rule, values)
                 raise ConfigError(f"run config: {shown} are not allowed together; it must be "
-                                  f"{rule.allowed}. Set it with: {fix}")
+                                  f"{rule.allowed}. Set it with: {flwr_run_fix(fix)}", fix)
         strategy = values["strategy"]
         for key in KEYS:
             for only in key.only:
@@ -76,7 +98,7 @@ class _RunConfigMethods:
                         f"run config: {key.name}={values[key.name]!r} is not allowed with "
                         f"strategy={strategy!r} ({only.why}); use "
                         f"{' or '.join(repr(v) for v in only.values)}. Set it with: "
-                        f"{flwr_run_fix({key.name: wanted})}")
+                        f"{flwr_run_fix({key.name: wanted})}", {key.name: wanted})
 
     @property
     def partition_data_seed(self) -> int:
@@ -128,6 +150,14 @@ def _fix(rule: Rule, values: Mapping[str, Value]) -> dict[str, Value]:
     return {key: default(key) for key in changed}
 
 
+def _meant_choice(choices: Sequence[str], value: object) -> str | None:
+    """The choice a mistyped string ``value`` most likely means, or None."""
+    if not choices or not isinstance(value, str):
+        return None
+    close = difflib.get_close_matches(value.lower().replace("_", "-"), list(choices), 1, 0.75)
+    return close[0] if close else None
+
+
 def _with_hint(key: str) -> str:
     """``key`` with the known key it most likely means: ours for a name from Flower's
     templates, the hyphenated spelling of an underscored one, else the closest by spelling."""
@@ -142,7 +172,8 @@ def _typed(key: str, value: object) -> Value:
     """``value`` as the key's type (an int for a float is fine, an integral float for an int
     too, nothing else); a float must be finite, an int fit in 64 bits."""
     wanted = BY_NAME[key].type
-    fix = flwr_run_fix({key: BY_NAME[key].default})
+    values = {key: BY_NAME[key].default}
+    fix = flwr_run_fix(values)
     if wanted is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     if wanted is int and isinstance(value, float) and value.is_integer():
@@ -150,11 +181,11 @@ def _typed(key: str, value: object) -> Value:
     if not isinstance(value, wanted) or (wanted is not bool and isinstance(value, bool)):
         hint = " Strings need quotes inside the --run-config string." if wanted is str else ""
         raise ConfigError(f"run config: {key}={value!r} has type {type(value).__name__}, "
-                          f"expected {wanted.__name__}.{hint} Set it with: {fix}")
+                          f"expected {wanted.__name__}.{hint} Set it with: {fix}", values)
     if wanted is float and not math.isfinite(value):
         raise ConfigError(f"run config: {key}={value!r} is not allowed; it must be a finite "
-                          f"number. Set it with: {fix}")
+                          f"number. Set it with: {fix}", values)
     if wanted is int and not INT64[0] <= value <= INT64[1]:
         raise ConfigError(f"run config: {key}={value!r} is not allowed; it must fit in 64 "
-                          f"bits. Set it with: {fix}")
+                          f"bits. Set it with: {fix}", values)
     return value

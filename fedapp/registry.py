@@ -197,8 +197,8 @@ def build_strategy(cfg: RunConfig, model: ModelFacts | None = None) -> Built:
     if cfg.strategy not in STRATEGIES:
         raise ConfigError(
             f"run config: strategy={cfg.strategy!r} is not allowed; it must be one of "
-            f"{', '.join(STRATEGIES)}. Set it with: {flwr_run_fix({'strategy': 'fedavg'})}"
-        )
+            f"{', '.join(STRATEGIES)}. Set it with: {flwr_run_fix({'strategy': 'fedavg'})}",
+            {"strategy": "fedavg"})
     try:
         return build_named(cfg.strategy, cfg, model)
     except ConfigError:

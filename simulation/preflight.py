@@ -22,13 +22,13 @@ not checked here (the ClientApps still check them).
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from flwr.common.logger import FLOWER_LOGGER
 
 from fedapp.checkpoint import check_resumable
-from fedapp.config import RunConfig
+from fedapp.config import ConfigError, RunConfig, with_fix_as
 from fedapp.registry import build_strategy, check_run_config
 from strategies import contract as C
 from task.data import (IDX_FILES, SYSTEM_FASHION_MNIST, TORCHVISION_FOLDERS, DataSource,
@@ -53,11 +53,25 @@ class PreflightError(ValueError):
     """A run that would fail once started; the message names the key, the value and the fix."""
 
 
+RUN_CONFIG_CHECK = "run config check"  # ``what`` of a run's own check (fedhetero run)
+
+
+def prefixed(what: str, message: str) -> str:
+    """``what: message``; a run's own check leaves out a prefix that would say "run config"
+    twice."""
+    if what == RUN_CONFIG_CHECK and message.startswith("run config:"):
+        return message
+    return f"{what}: {message}"
+
+
 def refuse_bad_run_configs(runs: Iterable[tuple[str, Mapping[str, object]]],
-                           federation: Mapping[str, object] | None = None) -> None:
-    """SystemExit with the ServerApp's own message, prefixed by ``what``, for the first
-    ``(what, run_config)`` pair whose run config (overrides of pyproject.toml's defaults)
-    would stop the run; nothing has started yet. With the runs' ``federation``, also a
+                           federation: Mapping[str, object] | None = None,
+                           fix_as: Callable[[Mapping[str, object]], str] | None = None) -> None:
+    """SystemExit with the ServerApp's own message, prefixed by ``what`` (not for a run's own
+    check: the message says "run config:" already), for the first ``(what, run_config)`` pair
+    whose run config (overrides of pyproject.toml's defaults) would stop the run, its fix
+    written by ``fix_as`` (the syntax the user gave the values in; default: ``flwr run``'s);
+    nothing has started yet. With the runs' ``federation``, also a
     ``device`` of ``cuda`` for ClientApps that ask for no GPU share: Ray hides the GPU from
     them, and every ClientApp would fail on its first message; and a federation smaller
     than ``min-available-nodes``, for which the ServerApp would wait forever."""
@@ -67,7 +81,9 @@ def refuse_bad_run_configs(runs: Iterable[tuple[str, Mapping[str, object]]],
         try:
             cfg = check_run_config(run_config)
         except ValueError as exc:  # ConfigError and the strategies' own checks
-            raise SystemExit(f"{what}: {exc}\n{NOTHING_RAN}") from None
+            message = with_fix_as(exc, fix_as) if fix_as and isinstance(exc, ConfigError) \
+                else str(exc)
+            raise SystemExit(f"{prefixed(what, message)}\n{NOTHING_RAN}") from None
         if cfg.virtual_clients and cfg.min_available_nodes > cfg.virtual_clients:
             raise SystemExit(
                 f"{what}: min-available-nodes={cfg.min_available_nodes}, but there are "
@@ -95,7 +111,7 @@ def refuse_unstartable(what: str, run_config: Mapping[str, object], num_partitio
     try:
         warnings = check_before_start(run_config, num_partitions, node_data_dir)
     except ValueError as exc:  # PreflightError, and the ConfigError of a checkpoint
-        raise SystemExit(f"{what}: {exc}\n{NOTHING_RAN}") from None
+        raise SystemExit(f"{prefixed(what, str(exc))}\n{NOTHING_RAN}") from None
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr, flush=True)
 

@@ -23,13 +23,13 @@ import tomllib
 from collections.abc import Callable
 from pathlib import Path
 
-from .preflight import refuse_bad_run_configs, refuse_unstartable
+from .preflight import RUN_CONFIG_CHECK, refuse_bad_run_configs, refuse_unstartable
 from .progress import RunProgress
 from .runtime import (NOTHING_RAN, PROJECT_ROOT, client_resources, interrupt_once, option_type,
                       parse_overrides, refuse_unfittable, run_app, unused_gpus_note)
 from .runtime.ray_cluster import ray_address
 
-WHAT = "run config check"  # the prefix of every refusal before flwr run starts
+WHAT = RUN_CONFIG_CHECK  # the prefix of every refusal before flwr run starts
 INTERRUPTED = 130  # the exit code of a run stopped by Ctrl-C (128 + SIGINT)
 TERMINATED = 143  # stop_on_sigterm's exit code of a run stopped by kill PID (128 + SIGTERM)
 # lines of the streamed ServerApp log (fedapp.server_app, fedapp.checkpoint.Checkpointer)
@@ -100,7 +100,8 @@ def launch(args: argparse.Namespace, watch: RunWatch) -> int:
     overrides = parse_overrides(args.run_config)
     if args.resume is not None:
         overrides = resume_overrides(args.resume, overrides)
-    refuse_bad_run_configs([(WHAT, overrides)], federation)
+    from fedapp.config import cli_fix  # noqa: PLC0415 - the app's modules: only here
+    refuse_bad_run_configs([(WHAT, overrides)], federation, fix_as=cli_fix)
     if federation is not None:
         refuse_unfittable(federation, args.ray_address)
     refuse_unstartable(WHAT, overrides, args.num_supernodes, args.node_data_dir)

@@ -27,11 +27,12 @@ import statistics
 import sys
 import time
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from fedapp.checkpoint import CHECKPOINT_NAME, LEGACY_NAME, config_digest, load_checkpoint
-from fedapp.config import ConfigError, RunConfig
+from fedapp.config import ConfigError, RunConfig, toml_value
 from fedapp.run_log import read_rounds, run_finished
 from strategies import contract as C
 
@@ -190,6 +191,12 @@ def checkpoint_refusal(run_dir: Path, digest: str) -> str | None:
     return None
 
 
+def sweep_file_fix(values: Mapping[str, object]) -> str:
+    """The sweep file's lines (TOML, in the variant's table or [base]) that set ``values``."""
+    return "; ".join(f"{key} = {toml_value(value)}" for key, value in values.items()) + \
+        " in the variant's table (or [base])"
+
+
 def execute(
     spec: dict, out: Path, ray_address: str | None = None, seeds: list[int] | None = None,
     variants: list[str] | None = None,
@@ -200,7 +207,7 @@ def execute(
     runs = plan(spec, out, seeds, variants)
     federation_config = federation(spec)
     refuse_bad_run_configs(((f"variant {run.variant!r}, seed {run.seed}", run.run_config)
-                            for run in runs), federation_config)
+                            for run in runs), federation_config, fix_as=sweep_file_fix)
     done = []
     with SweepProgress(sum(rounds_of(run) for run in runs)) as progress:
         for index, run in enumerate(runs, 1):

@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from fedapp.config import ConfigError, RunConfig
+from fedapp.config import ConfigError, RunConfig, cli_fix, flwr_run_fix, with_fix_as
 from fedapp.config_keys import KEYS
 from fedapp.registry import build_strategy, check_run_config, train_config
 from strategies import FedAvg
@@ -50,9 +50,40 @@ def test_bad_int_for_float_key_reported_as_coerced_float(key, value):
 
 @pytest.mark.parametrize("unknown", ["learning-rate", "local_epochs", "proximal-mu-typo"])
 def test_unknown_key(unknown):
-    msg = assert_config_error({"lr": 0.1, unknown: 1}, unknown, "known keys")
-    for key in KEYS:
-        assert key.name in msg
+    """The message names the key, its likely meaning and where the known keys are listed,
+    not all of them on one line."""
+    msg = assert_config_error({"lr": 0.1, unknown: 1}, unknown,
+                              f"the {len(KEYS)} known keys: fedhetero keys (docs/config.md)")
+    assert "num-server-rounds" not in msg and len(msg) < 200
+
+
+@pytest.mark.parametrize("config, meant", [
+    ({"strategy": "fedprx"}, "fedprox"), ({"weighting": "uniforn"}, "uniform"),
+    ({"partition": "dirichet"}, "dirichlet"), ({"strategy": "FedProx"}, "fedprox"),
+    ({"strategy": "fed_avg"}, "fedavg"),
+])
+def test_a_mistyped_value_names_the_value_it_most_likely_means_and_the_fix_uses_it(config,
+                                                                                  meant):
+    [(key, value)] = config.items()
+    with pytest.raises(ConfigError) as info:
+        RunConfig.from_user_config(config)
+    assert f"{key}={value!r} is not allowed (did you mean {meant!r}?)" in str(info.value)
+    assert str(info.value).endswith(f"Set it with: {flwr_run_fix({key: meant})}")
+    assert info.value.fix == {key: meant}
+
+
+def test_a_value_like_no_choice_gets_no_guess_and_the_default_as_its_fix():
+    with pytest.raises(ConfigError) as info:
+        RunConfig.from_user_config({"partition": "xyz"})
+    assert "did you mean" not in str(info.value) and info.value.fix == {"partition": "dirichlet"}
+
+
+def test_the_fix_in_another_syntax():
+    with pytest.raises(ConfigError) as info:
+        RunConfig.from_user_config({"lr": -0.1})
+    assert with_fix_as(info.value, cli_fix).endswith("Set it with: -c lr=0.1")
+    assert cli_fix({"allow-download": True, "strategy": "fedprox"}) == \
+        "-c allow-download=true -c strategy=fedprox"
 
 
 def test_unknown_keys_all_listed():
@@ -71,7 +102,7 @@ def test_an_unknown_key_names_the_key_it_most_likely_means(unknown, meant):
 
 
 def test_an_unknown_key_like_none_gets_no_guess():
-    msg = assert_config_error({"max-examples": 600}, "unknown key(s) max-examples; known keys")
+    msg = assert_config_error({"max-examples": 600}, "unknown key(s) max-examples; the ")
     assert "did you mean" not in msg
 
 

@@ -26,8 +26,9 @@ def test_run_with_a_bad_value_stops_before_flwr_run(no_flwr_run):
     with pytest.raises(SystemExit) as info:
         simulation_cli.main(["run", "-c", "strategy=fedavgg"])
     message = str(info.value)
-    assert message.startswith("run config check: run config: strategy='fedavgg' is not allowed")
-    assert "Set it with: flwr run . --run-config \"strategy='fedavg'\"" in message
+    assert message.startswith("run config: strategy='fedavgg' is not allowed "
+                              "(did you mean 'fedavg'?)")
+    assert "Set it with: -c strategy=fedavg\n" in message  # the user's syntax
     assert message.endswith("(checked before flwr run started; nothing ran)")
     assert no_flwr_run == []
 

@@ -94,7 +94,7 @@ def test_the_cli_refuses_a_bad_resume_from_before_flwr_run(tmp_path, no_flwr_run
     with pytest.raises(SystemExit) as info:
         simulation_cli.main(["run", "--num-supernodes", "5", "-c", "dataset='synthetic'",
                              "-c", "model='mlp-2nn'", "-c", f"resume-from='{tmp_path}'"])
-    assert str(info.value).startswith(f"run config check: run config: resume-from='{tmp_path}' "
+    assert str(info.value).startswith(f"run config: resume-from='{tmp_path}' "
                                       "has no checkpoint.json")
     assert str(info.value).endswith("nothing ran)") and no_flwr_run == []
 

@@ -482,3 +482,16 @@ def test_a_truncated_last_line_of_rounds_jsonl_is_skipped_with_a_warning(tmp_pat
     with pytest.warns(RuntimeWarning):
         rows = sweep.summarize([(run, done)])
     assert rows[0]["final-mean"] == pytest.approx(0.4)
+
+
+def test_a_bad_value_in_a_sweep_file_is_fixed_in_the_sweep_files_syntax(tmp_path):
+    from simulation import __main__ as simulation_cli
+
+    path = write(tmp_path, "seeds = [0]\n[variants.a]\nstrategy = 'fedprx'\n")
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as info:
+        simulation_cli.main(["sweep", str(path), "--out", str(out)])
+    message = str(info.value)
+    assert message.startswith("variant 'a', seed 0: run config: strategy='fedprx' is not "
+                              "allowed (did you mean 'fedprox'?)")
+    assert "Set it with: strategy = 'fedprox' in the variant's table (or [base])" in message
