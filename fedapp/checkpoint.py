@@ -56,7 +56,7 @@ from strategies.engine import rounds
 
 from .atomic_file import write_atomically, write_bytes_atomically
 from .checkpoint_format import CheckpointFormatError, decode, dumps, encode, loads
-from .config import ConfigError, default
+from .config import ConfigError, default, flwr_run_fix
 
 CHECKPOINT_NAME = "checkpoint.json"
 LEGACY_NAME = "checkpoint.pkl"  # format 1 (a pickle): refused
@@ -138,13 +138,14 @@ def load_checkpoint(run_dir: str | Path) -> dict:
     """The checkpoint of a run directory, with a clear error if there is none or it is
     broken (ConfigError naming the file, what is wrong and what to do)."""
     run_dir = Path(run_dir)
-    fresh = "or start fresh with --run-config \"resume-from=''\""
+    start_fresh = {"resume-from": ""}
+    fresh = f"or start fresh: {flwr_run_fix(start_fresh)}"
     if not run_dir.is_dir():
         hint = (" (that is a file: give the run directory that holds it)"
                 if run_dir.is_file() else " (no such folder)")
         raise ConfigError(f"run config: resume-from={str(run_dir)!r} is not a run directory"
                           f"{hint}; point it at a run directory written with checkpoint-every "
-                          f">= 1, {fresh}")
+                          f">= 1, {fresh}", start_fresh)
     path = run_dir / CHECKPOINT_NAME
     if not path.is_file():
         if (run_dir / LEGACY_NAME).exists():
@@ -152,11 +153,11 @@ def load_checkpoint(run_dir: str | Path) -> dict:
                 f"run config: resume-from={str(run_dir)!r} holds {LEGACY_NAME}, a checkpoint of "
                 f"fedhetero before checkpoint format {FORMAT_VERSION}: a Python pickle, which can "
                 "run any code when it is loaded, so it is not read (and not converted). Start "
-                "the run again (--run-config \"resume-from=''\"); runs of this version write "
-                f"{CHECKPOINT_NAME}, which resumes without unpickling anything")
+                f"the run again ({flwr_run_fix(start_fresh)}); runs of this version write "
+                f"{CHECKPOINT_NAME}, which resumes without unpickling anything", start_fresh)
         raise ConfigError(f"run config: resume-from={str(run_dir)!r} has no {CHECKPOINT_NAME}; "
                           "point it at a run directory written with checkpoint-every >= 1 (its "
-                          f"rounds.jsonl shows how far it got), {fresh}")
+                          f"rounds.jsonl shows how far it got), {fresh}", start_fresh)
     try:
         return read_checkpoint(path)
     except (OSError, CheckpointFormatError, ValueError, zipfile.BadZipFile) as exc:

@@ -39,9 +39,13 @@ def with_fix_as(exc: ConfigError, syntax: Callable[[Mapping[str, object]], str])
 
 
 def cli_fix(values: Mapping[str, object]) -> str:
-    """``-c key=value`` options that set ``values`` (fedhetero run, python -m simulation)."""
-    return " ".join(f"-c {key}={value if not isinstance(value, bool) else str(value).lower()}"
-                    for key, value in values.items())
+    """``-c key=value`` options that set ``values`` (fedhetero run, python -m simulation): a
+    bool as true / false, an empty string as ''."""
+    def shown(value: object) -> str:
+        if isinstance(value, bool):
+            return str(value).lower()
+        return "''" if value == "" else str(value)
+    return " ".join(f"-c {key}={shown(value)}" for key, value in values.items())
 
 
 # names of Flower's templates and examples -> ours

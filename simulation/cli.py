@@ -64,7 +64,11 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == [DEPLOY]:
         return run_deploy(argv[1:])
     args = build_parser(chosen_command(argv, COMMANDS)).parse_args(argv)
-    return run_tool(args)
+    try:
+        return run_tool(args)
+    except BrokenPipeError:  # the reader went away (fedhetero keys | head): no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 def run_deploy(argv: list[str]) -> int:

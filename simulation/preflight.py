@@ -105,13 +105,17 @@ def refuse_bad_run_configs(runs: Iterable[tuple[str, Mapping[str, object]]],
 
 
 def refuse_unstartable(what: str, run_config: Mapping[str, object], num_partitions: int,
-                       node_data_dir: str = "") -> None:
-    """SystemExit with ``what: message`` when :func:`check_before_start` refuses the run;
-    its warnings go to stderr, one line each."""
+                       node_data_dir: str = "",
+                       fix_as: Callable[[Mapping[str, object]], str] | None = None) -> None:
+    """SystemExit with ``what: message`` when :func:`check_before_start` refuses the run
+    (a ConfigError's fix written by ``fix_as``, as in :func:`refuse_bad_run_configs`); its
+    warnings go to stderr, one line each."""
     try:
         warnings = check_before_start(run_config, num_partitions, node_data_dir)
     except ValueError as exc:  # PreflightError, and the ConfigError of a checkpoint
-        raise SystemExit(f"{prefixed(what, str(exc))}\n{NOTHING_RAN}") from None
+        message = with_fix_as(exc, fix_as) if fix_as and isinstance(exc, ConfigError) \
+            else str(exc)
+        raise SystemExit(f"{prefixed(what, message)}\n{NOTHING_RAN}") from None
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr, flush=True)
 

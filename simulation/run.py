@@ -104,7 +104,7 @@ def launch(args: argparse.Namespace, watch: RunWatch) -> int:
     refuse_bad_run_configs([(WHAT, overrides)], federation, fix_as=cli_fix)
     if federation is not None:
         refuse_unfittable(federation, args.ray_address)
-    refuse_unstartable(WHAT, overrides, args.num_supernodes, args.node_data_dir)
+    refuse_unstartable(WHAT, overrides, args.num_supernodes, args.node_data_dir, fix_as=cli_fix)
     if args.check or args.deployment:
         print(f"{WHAT}: the run would start (nothing was started)", flush=True)
         return 0
@@ -141,7 +141,7 @@ def resume_overrides(run_dir: Path, given: dict[str, object]) -> dict[str, objec
     values that differ from the app's defaults), ``resume-from`` = ``run_dir``, and the
     ``-c`` overrides ``given`` on top, with a note naming those that change it."""
     from fedapp.checkpoint import load_checkpoint  # noqa: PLC0415 - flwr, numpy: only here
-    from fedapp.config import ConfigError  # noqa: PLC0415
+    from fedapp.config import ConfigError, with_fix_as  # noqa: PLC0415
 
     run_dir = run_dir.expanduser().resolve()
     if "resume-from" in given:
@@ -151,8 +151,9 @@ def resume_overrides(run_dir: Path, given: dict[str, object]) -> dict[str, objec
             f"every other key given again)\n{NOTHING_RAN}")
     try:
         payload = load_checkpoint(run_dir)
-    except ConfigError as exc:
-        raise SystemExit(f"--resume {run_dir}: {exc}\n{NOTHING_RAN}") from None
+    except ConfigError as exc:  # its fix in the syntax used: --resume, not resume-from
+        message = with_fix_as(exc, lambda fix: "leave out --resume")
+        raise SystemExit(f"--resume {run_dir}: {message}\n{NOTHING_RAN}") from None
     saved = {key: value for key, value in payload["run-config"].items() if key != "resume-from"}
     defaults = app_config()
     base = {key: value for key, value in saved.items()

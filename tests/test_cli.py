@@ -224,3 +224,36 @@ def test_strategies_and_keys_list_what_the_app_runs(capsys):
     assert f"{len(read)} keys read with strategy=fedbuff" in text
     assert fedhetero_main(["keys"]) == 0
     assert f"{len(KEYS)} keys;" in capsys.readouterr().out
+
+
+def test_keys_of_a_strategy_show_its_own_in_full_and_the_rest_in_a_line_each(capsys):
+    """``fedhetero keys --strategy fedprox``: its own key with its doc first, the keys it
+    shares with other strategies one line each, the app's keys by name only."""
+    from fedapp.config_keys import APP, KEYS
+
+    assert fedhetero_main(["keys", "--strategy", "fedprox"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[:2] == ["# fedprox's own keys", "proximal-mu = 0.01    (a number >= 0)"]
+    assert lines[2].startswith("    FedProx's mu")
+    assert "weighting = 'examples'    (one of examples, uniform, pre-erratum, scheme-i, " \
+           "scheme-ii)" in lines
+    app = [k.name for k in KEYS if APP in k.used_by]
+    assert not any(line.startswith("dataset = ") for line in lines)  # the app's: names only
+    assert "tracking-dir" in " ".join(lines) and len(app) > 30
+    assert len(lines) < 60  # was 216: every key's doc
+
+
+def test_a_closed_pipe_ends_a_listing_with_exit_code_1_and_no_traceback(monkeypatch):
+    """``fedhetero keys | head``: the reader goes away; stdout is pointed at /dev/null so
+    that the interpreter's last flush does not raise either."""
+    import simulation.cli as cli  # noqa: PLC0415
+
+    def closed_pipe(args):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    pointed = []
+    monkeypatch.setattr(cli, "run_tool", closed_pipe)
+    monkeypatch.setattr(cli.os, "dup2", lambda fd, to: pointed.append(to))
+    monkeypatch.setattr(cli.sys, "stdout", type("Out", (), {"fileno": lambda self: 1})())
+    assert cli.main(["keys"]) == 1 and pointed == [1]
+

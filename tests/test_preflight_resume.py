@@ -96,7 +96,17 @@ def test_the_cli_refuses_a_bad_resume_from_before_flwr_run(tmp_path, no_flwr_run
                              "-c", "model='mlp-2nn'", "-c", f"resume-from='{tmp_path}'"])
     assert str(info.value).startswith(f"run config: resume-from='{tmp_path}' "
                                       "has no checkpoint.json")
+    assert "or start fresh: -c resume-from=''\n" in str(info.value)  # as the user gave it
     assert str(info.value).endswith("nothing ran)") and no_flwr_run == []
+
+
+def test_resume_of_no_run_directory_says_the_fix_in_resumes_own_terms(tmp_path, no_flwr_run):
+    with pytest.raises(SystemExit) as info:
+        simulation_cli.main(["run", "--resume", str(tmp_path / "nope")])
+    message = str(info.value)
+    assert message.startswith(f"--resume {tmp_path / 'nope'}: run config: resume-from=")
+    assert "or start fresh: leave out --resume\n" in message and "--run-config" not in message
+    assert no_flwr_run == []
 
 
 def test_resume_takes_the_run_config_from_the_run_directory(run_dir, no_flwr_run, capsys):
