@@ -32,10 +32,14 @@ class ConfigError(ValueError):
         self.fix = dict(fix) if fix else None
 
 
-def with_fix_as(exc: ConfigError, syntax: Callable[[Mapping[str, object]], str]) -> str:
-    """``exc``'s message with its ``flwr run`` fix written in another ``syntax``."""
-    message = str(exc)
-    return message.replace(flwr_run_fix(exc.fix), syntax(exc.fix)) if exc.fix else message
+def with_fix_as(exc: Exception,
+                syntax: Callable[[Mapping[str, object]], str] | None) -> str:
+    """``exc``'s message, the ``flwr run`` fix of a ConfigError written in another ``syntax``
+    (None: as it is)."""
+    fix = exc.fix if isinstance(exc, ConfigError) else None
+    if syntax is None or not fix:
+        return str(exc)
+    return str(exc).replace(flwr_run_fix(fix), syntax(fix))
 
 
 def cli_fix(values: Mapping[str, object]) -> str:

@@ -28,7 +28,7 @@ from pathlib import Path
 from flwr.common.logger import FLOWER_LOGGER
 
 from fedapp.checkpoint import check_resumable
-from fedapp.config import ConfigError, RunConfig, with_fix_as
+from fedapp.config import RunConfig, with_fix_as
 from fedapp.registry import build_strategy, check_run_config
 from strategies import contract as C
 from task.data import (IDX_FILES, SYSTEM_FASHION_MNIST, TORCHVISION_FOLDERS, DataSource,
@@ -81,9 +81,8 @@ def refuse_bad_run_configs(runs: Iterable[tuple[str, Mapping[str, object]]],
         try:
             cfg = check_run_config(run_config)
         except ValueError as exc:  # ConfigError and the strategies' own checks
-            message = with_fix_as(exc, fix_as) if fix_as and isinstance(exc, ConfigError) \
-                else str(exc)
-            raise SystemExit(f"{prefixed(what, message)}\n{NOTHING_RAN}") from None
+            raise SystemExit(f"{prefixed(what, with_fix_as(exc, fix_as))}\n{NOTHING_RAN}") \
+                from None
         if cfg.virtual_clients and cfg.min_available_nodes > cfg.virtual_clients:
             raise SystemExit(
                 f"{what}: min-available-nodes={cfg.min_available_nodes}, but there are "
@@ -113,9 +112,7 @@ def refuse_unstartable(what: str, run_config: Mapping[str, object], num_partitio
     try:
         warnings = check_before_start(run_config, num_partitions, node_data_dir)
     except ValueError as exc:  # PreflightError, and the ConfigError of a checkpoint
-        message = with_fix_as(exc, fix_as) if fix_as and isinstance(exc, ConfigError) \
-            else str(exc)
-        raise SystemExit(f"{prefixed(what, message)}\n{NOTHING_RAN}") from None
+        raise SystemExit(f"{prefixed(what, with_fix_as(exc, fix_as))}\n{NOTHING_RAN}") from None
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr, flush=True)
 

@@ -41,6 +41,7 @@ from flwr.serverapp.strategy import FedYogi as FlowerFedYogi
 from .. import contract as C
 from ..engine import trust_gate
 from ..engine.keys import BELOW_ONE, Key, above
+from ..engine.records import record_of
 from ..engine.registry import register
 
 STATE_VERSION = 1
@@ -172,7 +173,7 @@ def _expected(current: object, reply: Message) -> dict[str, trust_gate.ArraySpec
     float64 and sends float64 from round 2 on, while the clients train and answer float32."""
     if current is None:
         return {}
-    declared = reply.content.array_records.get(C.ARRAYS, {})
+    declared = record_of(reply.content, C.ARRAYS, ArrayRecord) or {}
     specs = {}
     for key, value in current.items():
         spec = trust_gate.spec_of(value)

@@ -34,7 +34,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
 from .. import contract as C
-from ..engine.records import sent_arrays, sent_config
+from ..engine.records import record_of, sent_arrays, sent_config
 
 META_SUFFIX = "-meta"
 ROUND = "round"  # the meta scalar saved by save_state: the round that produced the state
@@ -74,16 +74,16 @@ def save_arrays(state: RecordDict, key: str, arrays: Mapping[str, Any],
 
 def load_arrays(state: RecordDict, key: str) -> dict[str, np.ndarray] | None:
     """The arrays stored under ``key`` (writable copies), or None when there are none."""
-    if key not in state.array_records:
+    record = record_of(state, key, ArrayRecord)
+    if record is None:
         return None
-    return {name: np.array(array.numpy()) for name, array in state.array_records[key].items()}
+    return {name: np.array(array.numpy()) for name, array in record.items()}
 
 
 def load_meta(state: RecordDict, key: str) -> dict[str, Any] | None:
     """The scalars stored with ``key``'s arrays, or None."""
-    if meta_key(key) not in state.config_records:
-        return None
-    return dict(state.config_records[meta_key(key)])
+    record = record_of(state, meta_key(key), ConfigRecord)
+    return None if record is None else dict(record)
 
 
 def clear_arrays(state: RecordDict, key: str) -> None:

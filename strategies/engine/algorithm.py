@@ -29,10 +29,11 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 import numpy as np
-from flwr.app import ArrayRecord, Message
+from flwr.app import ArrayRecord, Message, MetricRecord
 
 from .. import contract as C
 from ..contract import Section
+from .records import record_of
 from .round_plan import RoundPlan
 
 __all__ = ["Algorithm", "Contract", "NDArrays", "Outgoing", "RoundInput", "RoundUpdate"]
@@ -64,12 +65,12 @@ class Contract:
     def gap(self, reply: Message) -> str | None:
         """What a reply without a client error lacks of this contract, or None."""
         content = reply.content
-        metrics = content.metric_records.get(C.METRICS, {})
+        metrics = record_of(content, C.METRICS, MetricRecord) or {}
         for key in self.metrics:
             if key not in metrics:
                 return f"the metric '{key}'"
         for name in self.arrays:
-            if name not in content.array_records:
+            if record_of(content, name, ArrayRecord) is None:
                 return f"an ArrayRecord '{name}'"
         if self.client_state == "required" and (C.STATE_ROUND_USED not in metrics
                                                 or C.STATE_DIGEST not in metrics):

@@ -12,6 +12,7 @@ import functools
 import io
 import time
 from collections.abc import Iterable, Mapping
+from typing import TypeVar
 from dataclasses import dataclass
 from logging import INFO, WARNING
 
@@ -93,18 +94,26 @@ def array_of(value: np.ndarray) -> Array:
     return Array(dtype_name(value.dtype), shape, SType.NUMPY, data)
 
 
+R = TypeVar("R", ArrayRecord, ConfigRecord, MetricRecord)
+
+
+def record_of(content: RecordDict, key: str, kind: type[R]) -> R | None:
+    """``content[key]`` when it is a ``kind`` record, else None: one lookup, where Flower's
+    ``content.config_records`` / ``array_records`` / ``metric_records`` build a new mapping of
+    every record of the kind on each access (a ClientApp asks every registered client side
+    whether a message is its own; the server checks every reply)."""
+    record = content.get(key)
+    return record if isinstance(record, kind) else None
+
+
 def sent_config(content: RecordDict) -> ConfigRecord | None:
-    """``content["config"]`` when it is a ConfigRecord, else None: one lookup, where Flower's
-    ``content.config_records`` copies every ConfigRecord of the message on each access (a
-    ClientApp asks every registered client side whether a message is its own)."""
-    record = content.get(C.CONFIG)
-    return record if isinstance(record, ConfigRecord) else None
+    """The message's ConfigRecord ``"config"``, or None (:func:`record_of`)."""
+    return record_of(content, C.CONFIG, ConfigRecord)
 
 
 def sent_arrays(content: RecordDict, key: str) -> ArrayRecord | None:
-    """``content[key]`` when it is an ArrayRecord, else None (:func:`sent_config`)."""
-    record = content.get(key)
-    return record if isinstance(record, ArrayRecord) else None
+    """The message's ArrayRecord ``key``, or None (:func:`record_of`)."""
+    return record_of(content, key, ArrayRecord)
 
 
 def to_record(arrays: Mapping[str, np.ndarray]) -> ArrayRecord:
