@@ -6,8 +6,12 @@ else, as typed JSON: :mod:`fedapp.checkpoint_format`, plus the SHA-256 of the ``
 of the JSON state, checked on load). Both are written atomically (:mod:`fedapp.atomic_file`:
 temp file, fsync, ``os.replace``, fsync of the folder), the ``.npz`` first: the JSON names
 the ``.npz`` it belongs to, so a crash or a full disk at any point leaves the previous
-checkpoint whole. Nothing is unpickled when a checkpoint is read (``np.load(...,
-allow_pickle=False)``, JSON); a ``checkpoint.pkl`` of fedhetero before format 2 is refused.
+checkpoint whole. Nothing is unpickled when a checkpoint is read (JSON, and the ``.npz``
+through :func:`fedapp.npz_file.read_npz`: no pickle, no compressed member, no header that
+claims more than its bytes); a ``checkpoint.pkl`` of fedhetero before format 2 is refused.
+A file planted with recomputed hashes is still checked: its nesting depth is bounded, its
+payload must have the shape :func:`make_payload` gives it, and the ServerApp resumes its
+model only when its keys, shapes and dtypes are the run's model's (:func:`model_problem`).
 A checkpoint holds, at the end of round r:
 
 * the global model (numpy arrays, exact bytes, key order kept);
@@ -57,6 +61,7 @@ from strategies.engine import rounds
 from .atomic_file import write_atomically, write_bytes_atomically
 from .checkpoint_format import CheckpointFormatError, decode, dumps, encode, loads
 from .config import ConfigError, default, flwr_run_fix
+from .npz_file import NpzFormatError, read_npz
 
 CHECKPOINT_NAME = "checkpoint.json"
 LEGACY_NAME = "checkpoint.pkl"  # format 1 (a pickle): refused
@@ -160,7 +165,13 @@ def load_checkpoint(run_dir: str | Path) -> dict:
                           f"rounds.jsonl shows how far it got), {fresh}", start_fresh)
     try:
         return read_checkpoint(path)
-    except (OSError, CheckpointFormatError, ValueError, zipfile.BadZipFile) as exc:
+    except RecursionError:
+        exc = CheckpointFormatError("its JSON is nested deeper than any checkpoint "
+                                    "(Python's recursion limit)")
+        raise ConfigError(f"{path} cannot be read: {exc}. It is not a fedhetero checkpoint; "
+                          "resume from an earlier copy or start the run again") from None
+    except (OSError, CheckpointFormatError, NpzFormatError, ValueError,
+            zipfile.BadZipFile) as exc:
         raise ConfigError(f"{path} cannot be read: {exc}. It is corrupt, truncated or not a "
                           f"fedhetero checkpoint of format {FORMAT_VERSION}; resume from an "
                           "earlier copy or start the run again") from None
@@ -191,9 +202,7 @@ def read_checkpoint(path: Path) -> dict:
         raise CheckpointFormatError(f"the SHA-256 of {name} does not match the one the JSON "
                                     "records: the .npz was changed, damaged or replaced "
                                     "after it was written")
-    with np.load(arrays_path, allow_pickle=False) as npz:
-        arrays = {key: npz[key] for key in npz.files}
-    payload = decode(manifest["state"], arrays)
+    payload = decode(manifest["state"], read_npz(arrays_path))
     problem = payload_problem(payload, manifest)
     if problem:
         raise CheckpointFormatError(problem)
@@ -299,6 +308,33 @@ def arrays_of(payload: dict) -> ArrayRecord:
                         for key, value in payload["arrays"].items()})
 
 
+def model_problem(payload: dict, model: dict[str, np.ndarray]) -> str | None:
+    """Why the checkpoint's model is not the run's ``model`` (its state dict as numpy
+    arrays): the keys in order, then each array's shape and dtype (None: it is)."""
+    saved = payload["arrays"]
+    if list(saved) != list(model):
+        extra = [k for k in saved if k not in model]
+        missing = [k for k in model if k not in saved]
+        return (f"its model's keys are not the run's model's (keys the model does not have: "
+                f"{extra[:3]}, keys it lacks: {missing[:3]}"
+                + (", the same keys in another order" if not extra and not missing else "") + ")")
+    for key, array in saved.items():
+        if array.shape != model[key].shape or array.dtype != model[key].dtype:
+            return (f"its model's {key!r} is {array.dtype}{list(array.shape)}, the run's model "
+                    f"has {model[key].dtype}{list(model[key].shape)}")
+    return None
+
+
+def check_model(payload: dict, model: dict[str, np.ndarray], run_dir: str | Path) -> None:
+    """Refuse to resume a checkpoint whose model is not the run's (:func:`model_problem`)."""
+    problem = model_problem(payload, model)
+    if problem:
+        start_fresh = {"resume-from": ""}
+        raise ConfigError(f"run config: resume-from={str(run_dir)!r}: {problem}. The checkpoint "
+                          "was not written by this run's model (planted or from another "
+                          f"version); start fresh: {flwr_run_fix(start_fresh)}", start_fresh)
+
+
 def check_strategy_class(payload: dict, strategy_class: str) -> None:
     """Refuse a checkpoint written by another strategy class than the run config builds."""
     if payload["strategy-class"] != strategy_class:
@@ -366,5 +402,5 @@ def run_rounds(strategy: Strategy, *, grid: Grid, initial_arrays: ArrayRecord, n
 
 
 __all__ = ["CHECKPOINT_NAME", "CheckpointWriteError", "Checkpointer", "arrays_of",
-           "check_compatible", "check_resumable", "check_strategy_class", "config_digest",
+           "check_compatible", "check_model", "check_resumable", "check_strategy_class", "config_digest",
            "load_checkpoint", "restore_rng", "restore_strategy", "run_rounds", "save_checkpoint"]

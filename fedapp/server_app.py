@@ -28,8 +28,8 @@ from task.heap import unmap_large_blocks
 from task.device_plot import plot_device_profiles
 from task.partition import plot_label_histogram
 
-from .checkpoint import (Checkpointer, arrays_of, check_compatible, load_checkpoint, restore_rng,
-                         restore_strategy, run_rounds)
+from .checkpoint import (Checkpointer, arrays_of, check_compatible, check_model, load_checkpoint,
+                         restore_rng, restore_strategy, run_rounds)
 from .config import ConfigError, RunConfig
 from .divergence import DivergenceWatch, likely_cause
 from .evaluation_process import (EvaluationProcess, EvaluationResult, EvaluationSpec,
@@ -297,7 +297,8 @@ def main(grid: Grid, context: Context) -> None:
     try:  # the strategy for the measured model: the calibrated clock, the width spec
         built = build_strategy(cfg, model_facts(process.info))
         bind_partition_map(built, cfg.partition_map)  # node identity (partition-map)
-        if checkpoint is not None:
+        if checkpoint is not None:  # a planted model of other keys or shapes: refused
+            check_model(checkpoint, process.info["arrays"], cfg.resume_from)
             restore_strategy(built.strategy, checkpoint)
     except (ConfigError, ValueError) as exc:
         process.close()
