@@ -80,7 +80,8 @@ def ensure_certs(layout: Layout, hosts: tuple[str, ...] = (),
         reason = "no certificates yet"
     else:
         reason = certificate_problem(layout.server_cert, layout.ca_cert,
-                                     ("127.0.0.1", "localhost", *hosts), min_days)
+                                     ("127.0.0.1", "localhost", *hosts), min_days,
+                                     layout.server_key)
         if reason is None:
             return None
         print(f"[deploy] making new certificates in {layout.certs}: {reason}. Copy the new "

@@ -111,3 +111,21 @@ def test_an_unreadable_certificate_is_made_again(tmp_path):
     for path in (layout.ca_cert, layout.server_cert, layout.server_key):
         path.write_text("not a certificate")
     assert "cannot read" in certificate_problem(layout.server_cert, layout.ca_cert, [])
+
+
+@pytest.mark.timeout(300)
+def test_a_ca_that_did_not_sign_the_certificate_or_a_foreign_key_is_caught(tmp_path):
+    """A ca.crt or server.key swapped for another deployment's passes the SAN and expiry
+    checks; the chain and key checks catch it and ensure_certs makes the set again."""
+    ours, theirs = Layout(tmp_path / "ours"), Layout(tmp_path / "theirs")
+    write_short_lived(ours, days=100)
+    write_short_lived(theirs, days=100)
+    hosts = ["localhost"]
+    assert certificate_problem(ours.server_cert, ours.ca_cert, hosts, 5, ours.server_key) is None
+    problem = certificate_problem(ours.server_cert, theirs.ca_cert, hosts, 5, ours.server_key)
+    assert problem.startswith("ca.crt does not verify server.pem")
+    problem = certificate_problem(ours.server_cert, ours.ca_cert, hosts, 5, theirs.server_key)
+    assert problem == "server.key is not the private key of server.pem"
+    ours.server_key.write_bytes(theirs.server_key.read_bytes())
+    assert ensure_certs(ours, (), min_days=5) == problem  # made again
+    assert certificate_problem(ours.server_cert, ours.ca_cert, hosts, 5, ours.server_key) is None
