@@ -11,7 +11,9 @@ Per round (:meth:`Participation.plan_round`):
    replacement by data size, Li et al. 2020 Scheme I), or an
    :class:`~strategies.selection.policy.InformedSelection` (Oort, Power-of-Choice, TiFL) given
    the candidates' facts, a loss query, and after the round the accepted replies'
-   outcomes (:meth:`Participation.feedback`);
+   outcomes (:meth:`Participation.feedback`), every self-reported number bounded against
+   the fleet and every client held to twice its fair share
+   (:class:`~strategies.selection.fleet_guard.FleetGuard`);
 4. how much work each selected client gets: the strategy's full local work tau_i, cut for
    stragglers, random ones (Li et al. 2020, FedProx, Sec. 5.2) or those whose work does
    not fit the round's deadline on the clock (:func:`strategies.engine.clock.steps_within`);
@@ -45,6 +47,7 @@ from .clock import RoundTimer, SimClock
 from .records import ClientInfo
 from .round_plan import ClientTask, RoundPlan
 from .round_report import ClockTime
+from ..selection.fleet_guard import FleetGuard
 from ..selection.policy import SelectionSection, Candidate, InformedSelection, Outcome, reported_loss
 
 __all__ = ["ClientWork", "ModelShare", "Participation", "RandomSelection", "SelectionPolicy",
@@ -159,7 +162,7 @@ class Participation:
                  straggler_policy: str = "drop", straggler_unit: str = "steps",
                  clock: SimClock | None = None, round_deadline: float | None = None,
                  over_commitment: float = 0.0, selection: SelectionPolicy | None = None,
-                 owner: str = "FedAvg") -> None:
+                 owner: str = "FedAvg", selection_guard: FleetGuard | None = None) -> None:
         check_fraction("fraction_train", fraction_train, allow_zero=False)
         check_whole("seed", seed, minimum=0)
         check_whole("min_available_nodes", min_available_nodes, minimum=1)
@@ -197,6 +200,7 @@ class Participation:
             raise ValueError(f"selection {getattr(self.selection, 'name', self.selection)!r} "
                              f"needs the clients' times on the simulated clock: pass "
                              f"clock=SimClock(...) (run config: device-profiles)")
+        self.guard = selection_guard if selection_guard is not None else FleetGuard()
         self.owner = owner
         self.clients: dict[int, ClientInfo] = {}
         self._warned_query = False
@@ -332,15 +336,21 @@ class Participation:
         if m is None:
             m = sampling.num_to_sample(self.fraction_train, len(online))
         down, up = work.expected_bytes(arrays)
-        candidates = [self.candidate(n, config, work, down, up) for n in online]
+        candidates = self.guard.candidates(
+            [self.candidate(n, config, work, down, up) for n in online])
+        keys = [c.key for c in candidates]
+        allowed = self.guard.eligible(keys, m)  # within their fair share
+        shown = [candidates[k] for k in allowed]
         asked = {"messages": 0, "bytes": 0, "nodes": []}
 
         def query(positions):
-            return self.query_losses(server_round, grid, [online[k] for k in positions],
-                                     positions, arrays, asked)
+            losses = self.query_losses(server_round, grid, [online[allowed[k]] for k in positions],
+                                       positions, arrays, asked)
+            return self.guard.answers({k: shown[k].key for k in positions}, losses)
 
-        choice = policy.choose(server_round, candidates, m,
-                               query if policy.queries_losses else None)
+        choice = policy.choose(server_round, shown, m, query if policy.queries_losses else None)
+        picks = {allowed[k]: d for k, d in choice.picks.items()}
+        self.guard.record(keys, [keys[k] for k in picks], m)
         section = choice.section
         if policy.queries_losses:
             seconds = None
@@ -350,7 +360,7 @@ class Participation:
                     for n in asked["nodes"])
             section = dataclasses.replace(section, query_messages=asked["messages"],
                                           query_bytes=asked["bytes"], query_seconds=seconds)
-        return choice.picks, section
+        return picks, section
 
     def candidate(self, node: int, config: ConfigRecord, work: ClientWork, down: int,
                   up: int) -> Candidate:
@@ -406,7 +416,7 @@ class Participation:
             n = metrics.get(C.NUM_EXAMPLES)
             outcomes.append(Outcome(self.client_key(node), reported_loss(metrics),
                                     int(n) if isinstance(n, int) else None, seconds))
-        policy.feedback(server_round, outcomes)
+        policy.feedback(server_round, self.guard.outcomes(outcomes))
 
     def round_feedback(self, plan: RoundPlan, accepted: Sequence[Message],
                        work: ClientWork) -> None:
@@ -557,6 +567,7 @@ class Participation:
         if isinstance(self.selection, InformedSelection):
             state["selection-state"] = {"policy": self.selection.name,
                                         **self.selection.state_dict()}
+            state["selection-guard"] = self.guard.state_dict()
         return state
 
     def load_state_dict(self, state: Mapping) -> None:
@@ -571,6 +582,8 @@ class Participation:
                                  f"{saved.get('policy') if isinstance(saved, Mapping) else 'random'!r}"
                                  f"); resume with the run's own selection")
             self.selection.load_state_dict(saved)
+            if "selection-guard" in state:  # checkpoints before the guard start it afresh
+                self.guard.load_state_dict(state["selection-guard"])
 
 
 def reduced_config(config: ConfigRecord, reduced: int | None, in_epochs: bool) -> ConfigRecord:
