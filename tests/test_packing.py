@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from flwr.app import (
+    Array,
     ArrayRecord,
     ConfigRecord,
     Context,
@@ -277,3 +278,45 @@ def test_the_trust_gate_refuses_one_virtual_clients_bad_reply_and_keeps_the_othe
     np.testing.assert_allclose(w, [np.mean([p + 1 for p in range(N) if p != 3])] * 2)
     assert f"Reply from node {virtual_node_id(3)} (partition 3) rejected" in caplog.text
     assert "NaN or Inf" in caplog.text
+
+
+def test_a_workers_oversized_or_malformed_client_state_is_not_kept(caplog):
+    """A worker that returns 16 MiB of Context.state for a virtual client whose model is 16
+    bytes (the attack: 256 MiB each, held by the ServerApp and sent to the next worker), or
+    a state array whose bytes are not its declared shape: the client keeps the state it
+    had, the log names worker, client and cause, and nothing of it is held."""
+    app = ClientApp(mods=[virtual_clients])
+    app.query()(partition_facts)
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        pid = int(context.node_config["partition-id"])
+        calls = context.state.get("calls", MetricRecord({"n": 0}))["n"] + 1
+        context.state["calls"] = MetricRecord({"n": calls})
+        if pid == 0:
+            context.state["bloat"] = ArrayRecord({"x": Array(np.zeros(2 << 20))})  # 16 MiB
+        return Message(RecordDict({C.ARRAYS: msg.content[C.ARRAYS], C.METRICS: MetricRecord(
+            {C.NUM_EXAMPLES: 10, "calls": calls})}), reply_to=msg)
+
+    class Malformed(InProcessGrid):
+        def deliver(self, msg, timeout=None):
+            reply = super().deliver(msg, timeout)
+            if msg.content[C.PACKED][C.PACKED_PARTITION_IDS][0] != 0:
+                bad = Array(dtype="float32", shape=(4,), stype="numpy.ndarray", data=b"\x93NUMPY")
+                put(reply.content, 0, C.PACKED_STATE, {"bad": ArrayRecord({"x": bad})})
+            return reply
+
+    grid = PackedGrid(Malformed(app, 2, {}), N)
+    nodes = list(grid.get_node_ids())
+    for round_ in (1, 2):
+        replies = exchange(grid, train_messages(grid, nodes, round_))
+        calls = {r.metadata.src_node_id - nodes[0]: r.content[C.METRICS]["calls"]
+                 for r in replies}
+        assert calls[0] == 1  # its bloated state was not kept: it starts afresh each round
+    kept = [p for p in range(N) if calls[p] == 2]
+    refused = [p for p in range(1, N) if calls[p] == 1]  # first of the other worker's share
+    assert kept and refused and sorted([0, *kept, *refused]) == list(range(N))
+    assert all("bloat" not in state for state in grid.states.values())
+    assert ("virtual client 1000000000 (partition 0): its Context.state holds more than "
+            f"{8 * record({'w': np.zeros(2)}).count_bytes() + (1 << 20)} bytes") in caplog.text
+    assert "keeps the Context.state it had" in caplog.text and "'bad' array 'x'" in caplog.text

@@ -26,7 +26,11 @@ the Grid event loop and the trust gate see exactly what they would see with N Su
   refuses, gives an error reply to each of its virtual clients, naming the worker.
 * **Hostile replies.** A worker's reply is trusted for its own share only: records named
   for a virtual client it was not sent, or that follow no scheme, are dropped with one
-  log line naming the worker.
+  log line naming the worker. A virtual client's returned ``Context.state`` is kept only
+  when its arrays are well-formed ``.npy`` (the trust gate's reader) and it holds at most
+  :data:`STATE_FACTOR` x the largest model sent + :data:`STATE_SLACK` bytes
+  (:func:`state_problem`); otherwise the client keeps the state it had, one log line says
+  why, and nothing of it is held or sent on.
 """
 
 from __future__ import annotations
@@ -35,11 +39,12 @@ import itertools
 from collections.abc import Callable, Iterable, Sequence
 from logging import WARNING
 
-from flwr.app import ConfigRecord, Error, Message, MessageType, Metadata, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Error, Message, MessageType, Metadata, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from .. import contract as C
+from . import trust_gate
 from .event_loop import GridEventLoop
 from .packed_records import error_of, put, read_reply, take
 from .wrapped_grid import WrappedGrid
@@ -49,11 +54,31 @@ __all__ = ["PackedGrid", "VIRTUAL_NODE_BASE", "balance", "task_cost", "virtual_n
 
 VIRTUAL_NODE_BASE = 1_000_000_000  # virtual client p has node id 1e9 + p: "node 1000000004" = p 4
 LOST_WORKER = 5  # Flower's ErrorCode.NODE_UNAVAILABLE
+STATE_FACTOR = 8  # a client's Context.state: optimiser buffers, c_i, h_i, the last model
+STATE_SLACK = 1 << 20  # bytes beyond them: scalars, counters, config values
 
 
 def virtual_node_id(partition_id: int) -> int:
     """The node id of virtual client ``partition_id``."""
     return VIRTUAL_NODE_BASE + int(partition_id)
+
+
+def state_problem(state: RecordDict, limit: int) -> str | None:
+    """Why a virtual client's returned ``Context.state`` is not kept (None: it is): a
+    malformed array, or more than ``limit`` bytes in all."""
+    total = 0
+    for name, record in state.items():
+        if isinstance(record, ArrayRecord):
+            for key, array in record.items():
+                try:
+                    trust_gate.read_array(array, None, trust_gate.array_label(name, key))
+                except trust_gate.Refused as exc:
+                    return str(exc)
+        total += record.count_bytes()
+        if total > limit:
+            return (f"its Context.state holds more than {limit} bytes ({STATE_FACTOR} x the "
+                    f"largest model sent + {STATE_SLACK})")
+    return None
 
 
 def task_cost(message: Message, num_examples: int | None) -> float:
@@ -125,6 +150,7 @@ class PackedGrid(WrappedGrid):
         self.ready: dict[str, Message] = {}  # virtual replies pulled, not yet returned
         self.counter = itertools.count(1)
         self.shares: list[int] = []  # virtual clients per worker message of the last push
+        self.largest_model = 0  # bytes of the largest ArrayRecords a message carried
 
     # the virtual clients --------------------------------------------------------
     def get_node_ids(self) -> Iterable[int]:
@@ -192,6 +218,8 @@ class PackedGrid(WrappedGrid):
             C.PACKED_NUM_PARTITIONS: self.num_clients,
         })
         for index, (_, message) in enumerate(share):
+            self.largest_model = max(self.largest_model, sum(
+                r.count_bytes() for r in message.content.array_records.values()))
             put(content, index, C.PACKED_CONTENT, message.content)
             put(content, index, C.PACKED_STATE, self.states.get(nodes[index], {}))
         first = share[0][1].metadata
@@ -240,11 +268,20 @@ class PackedGrid(WrappedGrid):
                 self.ready[message_id] = self.reply(message, reply, error=error_of(errors[index]))
             elif C.PACKED_CONTENT in parts.get(index, {}):
                 content = parts[index][C.PACKED_CONTENT]
-                self.states[node] = parts[index].get(C.PACKED_STATE, RecordDict())
+                self.keep_state(worker, node, parts[index].get(C.PACKED_STATE, RecordDict()))
                 if message.metadata.message_type == MessageType.QUERY:
                     self.note_examples(node, content)
                 self.ready[message_id] = self.reply(message, reply, content=content)
             # neither: the virtual client did not answer; the event loop's timeout decides
+
+    def keep_state(self, worker: int, node: int, state: RecordDict) -> None:
+        """``state`` as virtual client ``node``'s Context.state, unless :func:`state_problem`."""
+        problem = state_problem(state, STATE_FACTOR * self.largest_model + STATE_SLACK)
+        if problem is None:
+            self.states[node] = state
+            return
+        log(WARNING, "Packed reply of SuperNode %s: virtual client %s (partition %d): %s; it "
+            "keeps the Context.state it had", worker, node, self.partition_of(node), problem)
 
     def note_examples(self, node: int, content: RecordDict) -> None:
         metrics = content.get(C.METRICS)
