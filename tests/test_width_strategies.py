@@ -179,3 +179,36 @@ def test_width_spec_of_plain_tuples():
     spec = width_spec_of({"a": (("h", 4), None)})
     assert spec.axes["a"][0].dim == "h" and spec.axes["a"][0].repeat == 4
     assert isinstance(HeteroFL(width_spec=SPEC).submodels, SubModels)
+
+
+def test_one_hostile_client_alone_in_a_round_ends_no_run(caplog):
+    """fraction-train 0.1 of 10 clients: the first round's only reply has the full model's
+    shapes (it ignores its width). That is one client's word, not the ClientApp's: its reply
+    is refused, the round keeps the model and the run goes on (#57: it ended the run)."""
+    honest = []
+    run(HeteroFL(**kwargs(levels=(0.5,), fraction_train=0.1)), client_app(honest), 10, rounds=4)
+    first = honest[0][0]
+    seen = []
+    with caplog.at_level(logging.WARNING):
+        strategy = HeteroFL(**kwargs(levels=(0.5,), fraction_train=0.1))
+        run(strategy, client_app(seen, bad_partition=first), 10, rounds=4)
+    assert [p for p, _, _ in seen] == [p for p, _, _ in honest] and seen[0][0] == first
+    assert strategy.round_log(1)[C.LOG_MODEL_KEPT] == 1
+    assert (f"(partition {first}) rejected: 'arrays' array 'w1' is float32(4, 3), expected "
+            "float32(2, 3)") in caplog.text
+    assert all(strategy.round_log(r)[C.LOG_MODEL_KEPT] == 0 for r in range(2, 5)
+               if seen[r - 1][0] != first)
+
+
+def test_clients_that_ignore_the_width_one_a_round_stop_the_run_at_the_second():
+    seen = []
+    with pytest.raises(ClientContractError, match="round 2.*strategies.client.width_model"):
+        run(HeteroFL(**kwargs(levels=(0.5,), fraction_train=0.1)),
+            client_app(seen, ignore_width=True), 10, rounds=4)
+    assert len({p for p, _, _ in seen}) == 2
+
+
+def test_a_single_client_that_lacks_the_contract_stops_the_run_at_the_third_round():
+    with pytest.raises(ClientContractError, match="round 3"):
+        run(HeteroFL(**kwargs(levels=(0.5,), min_available_nodes=1)),
+            client_app([], ignore_width=True), 1, rounds=4)

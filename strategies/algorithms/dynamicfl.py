@@ -197,6 +197,7 @@ participation
                              f"{type(participation.selection).__name__}: DynaComm's groups "
                              f"come from the active set it is given (Le et al., Alg. 1)")
         self.participation = participation
+        self.contract_evidence = records.ContractEvidence()  # one bad client ends no run
         query_client_info, clock = participation.query_client_info, participation.timer
         self.spec = ds.parse_interval_spec(intervals)
         if budget_mode not in dc.BUDGET_MODES:
@@ -671,8 +672,16 @@ class SyncEvents:
             self.gaps[chunk.client] = gap
             self.failed.add(chunk.client)
             return
+        self.strategy.contract_evidence.conclusive([], met=True)
         self.held[chunk.client] = reply
         self.bytes_up += reply.content[C.ARRAYS].count_bytes()
+
+    def evidence_conclusive(self) -> bool:
+        """Every reply so far lacks the contract: enough clients (or events) to say the
+        ClientApp lacks it (:class:`strategies.engine.records.ContractEvidence`)?"""
+        participation = self.strategy.participation
+        return self.strategy.contract_evidence.conclusive(
+            [participation.client_key(c) for c in self.gaps], met=False)
 
     def collect(self, needed: set[int], timeout: float | None) -> None:
         """Until every client in ``needed`` has a held reply or has failed; those without a
@@ -697,7 +706,7 @@ class SyncEvents:
         final: ArrayRecord | None = None
         for event in plan.events:
             self.collect(set(event.clients), timeout)
-            if self.gaps and self.answered == set(self.gaps):  # every reply lacks the contract
+            if self.gaps and self.answered == set(self.gaps) and self.evidence_conclusive():
                 raise records.contract_error("DynamicFL", self.server_round, len(self.gaps),
                                              next(iter(self.gaps.values())), CHUNK_HELPER)
             members = [m for m in event.clients if m in self.held]

@@ -357,6 +357,33 @@ def contract_error(strategy: str, server_round: int, num_replies: int, missing: 
         f"FedAvg, FedProx, FedNova)")
 
 
+class ContractEvidence:
+    """Whether replies that lack the contract show a ClientApp without it, or one bad
+    client: the run stops (:func:`contract_error`) only when no reply ever met the
+    contract and the rounds in which every reply lacked it came from at least
+    :data:`MIN_CLIENTS` distinct clients or number :data:`MIN_ROUNDS`. Until then each such
+    reply is refused alone (one log line) and the round goes on without it."""
+
+    MIN_CLIENTS = 2
+    MIN_ROUNDS = 3
+
+    def __init__(self) -> None:
+        self.met = False  # some reply met the contract: the ClientApp implements it
+        self.lacking: set[str] = set()
+        self.rounds = 0
+
+    def conclusive(self, lacking: Iterable[str], met: bool) -> bool:
+        """Record one round's answered replies (the clients whose replies lacked the
+        contract, whether any met it); True when the evidence says the ClientApp lacks it."""
+        self.met = self.met or met
+        lacking = set(lacking)
+        if self.met or not lacking:
+            return False
+        self.lacking |= lacking
+        self.rounds += 1
+        return len(self.lacking) >= self.MIN_CLIENTS or self.rounds >= self.MIN_ROUNDS
+
+
 def mean_metrics(replies: list[Message]) -> dict[str, float]:
     """num-examples-weighted mean of every scalar metric that all replies share."""
     return mean_of_metrics([r.content[C.METRICS] for r in replies])

@@ -170,6 +170,7 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
         self.work = LocalWork(participation, algorithm.contract, work, submodels, name)
         contract = algorithm.contract
         self.client_states = ClientStates() if contract.client_state else None
+        self.contract_evidence = records.ContractEvidence()  # one bad client ends no run
         self.plans: dict[int, RoundPlan] = {}  # the latest round's: configure -> aggregate_train
         self.reports: dict[int, RoundReport] = {}
 
@@ -395,15 +396,20 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
         over-committed round the first m of them on the simulated clock.
 
         Raises :class:`strategies.engine.records.ClientContractError` when every reply that
-        came without a client error lacks what the contract needs: the ClientApp does not
-        implement it.
+        came without a client error lacks what the contract needs and the evidence is
+        conclusive (:class:`strategies.engine.records.ContractEvidence`: two clients, or three
+        rounds, and no reply ever met it): the ClientApp does not implement it. Otherwise
+        such replies are refused one by one.
         """
         ordered = records.replies_in_order(replies, self.participation.clients)
         flower_args.log_received("aggregate_train", ordered)
         answered = [r for r in ordered if not r.has_error()]
         helper = self.algorithm.contract.helper
         gaps = [self.contract_gap(plan, r) for r in answered]
-        if answered and all(gaps) and helper:
+        lacking = [self.participation.client_key(r.metadata.src_node_id)
+                   for r, gap in zip(answered, gaps) if gap]
+        if answered and helper and self.contract_evidence.conclusive(lacking,
+                                                                     met=not all(gaps)):
             raise records.contract_error(type(self).__name__, plan.server_round, len(answered),
                                          gaps[0], helper)
         usable = [r for r in ordered if self.accept_reply(plan, r)]
