@@ -1,7 +1,10 @@
 """A run directory's results for a researcher: metrics.csv, summary.json and plots.
 
-Written from ``rounds.jsonl`` and ``config.json`` when a run ends (also when it stops with
-an error, for the rounds logged before it); docs/outputs.md says what each file holds.
+Written from ``rounds.jsonl`` and ``config.json`` after every round (:class:`LiveOutputs`:
+metrics.csv and summary.json each round, the plots when redrawing them costs at most a
+fifth of the time since they were last drawn) and when a run ends, also with an error;
+so Ctrl-C, a crash or SIGKILL loses at most the round in flight. docs/outputs.md says what
+each file holds.
 
 * ``metrics.csv``: one row per round; the columns are the round log's numeric keys
   (:func:`csv_columns`): ``round``, ``accuracy``, ``loss``, then the others sorted. A bool is
@@ -20,6 +23,7 @@ import csv
 import io
 import json
 import math
+import time
 from collections.abc import Mapping, Sequence
 from logging import WARNING
 from pathlib import Path
@@ -34,6 +38,7 @@ from .run_log import read_rounds
 
 METRICS_CSV = "metrics.csv"
 SUMMARY_JSON = "summary.json"
+PLOT_SHARE = 0.2  # at most this share of a run's time goes into redrawing its plots
 TARGETS = (0.7, 0.75, 0.8)  # summary.json: the first round reaching each test accuracy
 FIRST_COLUMNS = (C.LOG_ROUND, C.LOG_ACCURACY, C.LOG_LOSS)
 
@@ -211,3 +216,21 @@ def plot_run(directory: Path, records: list[dict], summary: Mapping[str, object]
         except Exception as exc:  # noqa: BLE001
             log(WARNING, "Run outputs: %s not written: %s", directory / name, exc)
     return written
+
+
+class LiveOutputs:
+    """A running run's outputs, brought up to date after each round (module docstring)."""
+
+    def __init__(self, directory: Path, plots: bool) -> None:
+        self.directory, self.plots = Path(directory), bool(plots)
+        self.drawn_at = -math.inf  # perf_counter when the plots were last drawn
+        self.plot_seconds = 0.0  # how long that took
+
+    def update(self) -> None:
+        """metrics.csv and summary.json now; the plots too when they are due."""
+        start = time.perf_counter()
+        due = self.plots and self.plot_seconds <= PLOT_SHARE * (start - self.drawn_at)
+        write_run_outputs(self.directory, due)
+        if due:
+            self.drawn_at = time.perf_counter()
+            self.plot_seconds = self.drawn_at - start

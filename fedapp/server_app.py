@@ -38,7 +38,7 @@ from .grid import ServerAppGrid
 from .partition_map import bind_partition_map
 from .registry import Built, ModelFacts, build_strategy
 from .run_log import RunLog, format_table, model_sha256, table_header, table_row
-from .run_outputs import write_run_outputs
+from .run_outputs import LiveOutputs, write_run_outputs
 from .tracking import check_installed
 
 app = ServerApp()
@@ -75,7 +75,8 @@ class ServerEvaluator:
 
     def __init__(self, process: EvaluationProcess, strategy, run_log: RunLog, *,
                  eval_every: int = 1, last_round: int | None = None,
-                 overlap: bool = False, participation: Participation | None = None) -> None:
+                 overlap: bool = False, participation: Participation | None = None,
+                 plots: bool = False) -> None:
         self.process = process
         self.strategy = strategy
         self.participation = participation  # the strategy's (None: Flower's own classes)
@@ -83,6 +84,7 @@ class ServerEvaluator:
         self.eval_every = int(eval_every)
         self.last_round = last_round
         self.records: list[dict] = []
+        self.outputs = LiveOutputs(run_log.directory, plots)
         self.started = self.last = time.perf_counter()
         self.checkpointer: Checkpointer | None = None  # checkpoint-every
         self.divergence = DivergenceWatch()  # one warning when the test loss diverges
@@ -151,6 +153,7 @@ class ServerEvaluator:
         record[C.LOG_SERVER_MAX_RSS_MB] = peak_rss_mb()
         self.records.append(record)
         self.run_log.append_round(record)
+        self.outputs.update()  # metrics.csv, summary.json (and the plots when due) now
         if partitions:  # round 1: the counts now, the plot after the last round (matplotlib)
             self.run_log.write_json("partitions.json", dict(partitions))
         if record[C.LOG_ROUND] == 0:
@@ -342,7 +345,7 @@ def run(cfg: RunConfig, grid: Grid, context: Context, built: Built, checkpoint: 
         cfg.strategy, cfg.dataset, cfg.partition, info["source"], cfg.model, run_log.directory)
     evaluator = ServerEvaluator(process, strategy, run_log, eval_every=cfg.eval_every,
                                 last_round=cfg.num_server_rounds, overlap=cfg.eval_overlap,
-                                participation=built.participation)
+                                participation=built.participation, plots=cfg.run_plots)
     evaluator.checkpointer = Checkpointer(run_log.directory, cfg.checkpoint_every, strategy,
                                           cfg.to_dict())
     evaluator.divergence.cause = likely_cause(

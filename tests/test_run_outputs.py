@@ -172,3 +172,39 @@ def test_an_inprocess_run_leaves_its_outputs_in_the_run_directory(tmp_path, one_
     header = (directory / "metrics.csv").read_text().splitlines()[0].split(",")
     assert header[:3] == [C.LOG_ROUND, C.LOG_ACCURACY, C.LOG_LOSS]
     assert C.LOG_BYTES_UP in header and C.LOG_MODEL_SHA256 not in header
+
+
+@pytest.mark.usefixtures("processes")
+def test_a_killed_run_leaves_outputs_up_to_its_last_round(tmp_path, one_torch_thread):
+    """The server dies in round 3 (SimulatedKill is a BaseException: nothing cleans up, as
+    with SIGKILL): metrics.csv, summary.json and the plots already hold rounds 0..2."""
+    from simulation.reliability import SimulatedKill, run_inprocess
+    from tests.reliability_common import config
+
+    rc = config("fedavg", tmp_path / "k", **{"num-server-rounds": 4, "run-plots": True})
+    with pytest.raises(SimulatedKill):
+        run_inprocess(rc, 2, kill_after_round=2)
+    directory = next((tmp_path / "k").iterdir())
+    rows = (directory / "metrics.csv").read_text().splitlines()
+    assert [row.split(",")[0] for row in rows[1:]] == ["0", "1", "2"]
+    assert json.loads((directory / "summary.json").read_text())["rounds-done"] == 2
+    assert (directory / ROUND_PLOT).stat().st_size > 0
+
+
+def test_live_outputs_redraw_the_plots_only_when_it_costs_a_fifth_of_the_time(tmp_path,
+                                                                               monkeypatch):
+    from fedapp import run_outputs
+
+    drawn = []
+    monkeypatch.setattr(run_outputs, "write_run_outputs",
+                        lambda directory, plots: drawn.append(plots) or [])
+    clock = iter([0.0, 1.0, 1.5, 3.0, 6.0, 6.2, 6.3, 7.0])
+    monkeypatch.setattr(run_outputs.time, "perf_counter", lambda: next(clock))
+    live = run_outputs.LiveOutputs(tmp_path, plots=True)
+    live.update()  # first: drawn (0 .. 1.0: one second)
+    live.update()  # 1.5: 0.5 s since, 1 > 0.2 x 0.5: csv and json only
+    live.update()  # 3.0: 2 s since, 1 > 0.4: not yet
+    live.update()  # 6.0: 5 s since, 1 <= 1.0: drawn (6.0 .. 6.2)
+    live.update()  # 6.3
+    assert drawn == [True, False, False, True, False]
+    assert run_outputs.LiveOutputs(tmp_path, plots=False).plots is False
