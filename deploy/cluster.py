@@ -214,9 +214,12 @@ class LocalDeployment:
 
     def start_gateway(self) -> Started:
         """:mod:`deploy.fleet_gateway` on ``host:port``: the Fleet API only, forwarded to the
-        SuperLink's loopback bind; the Control and Runtime APIs answer 403 there."""
+        SuperLink's loopback bind; the Control and Runtime APIs answer 403 there. With auth,
+        only Fleet calls signed with one of the SuperNodes' keys (``keys/*.pub``) are read."""
         argv = [sys.executable, "-m", "deploy.fleet_gateway", "--host", self.spec.host,
                 "--port", str(self.port), "--superlink", self.admin_address]
+        if self.spec.auth:
+            argv += ["--authorized-keys", str(self.layout.keys)]
         if self.spec.tls:
             argv += ["--ssl-certfile", str(self.layout.server_cert),
                      "--ssl-keyfile", str(self.layout.server_key),
