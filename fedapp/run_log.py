@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 import warnings
 from pathlib import Path
@@ -51,6 +52,9 @@ MEGABYTE_KEYS = frozenset({C.LOG_BYTES_UP, C.LOG_BYTES_DOWN})  # shown in MB
 TIMING_KEYS = C.LOG_TIMING_KEYS
 
 
+SERVER_PID = "server.pid"  # the process that runs the ServerApp (simulation/run.py stops it)
+
+
 class RunLog:
     """Writes one run's directory."""
 
@@ -69,6 +73,7 @@ class RunLog:
         log = cls(directory)
         (directory / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         log.rounds_path.open("x").close()
+        (directory / SERVER_PID).write_text(f"{os.getpid()}\n")  # Ctrl-C waits for this process
         log.trackers = Trackers.open(tracking, directory, tracking_dir,
                                      config.get("run-config", {}))
         return log

@@ -19,6 +19,7 @@ import functools
 import json
 import re
 import sys
+import time
 import tomllib
 from collections.abc import Callable
 from pathlib import Path
@@ -27,9 +28,11 @@ from .preflight import RUN_CONFIG_CHECK, refuse_bad_run_configs, refuse_unstarta
 from .progress import RunProgress
 from .runtime import (NOTHING_RAN, PROJECT_ROOT, client_resources, interrupt_once, option_type,
                       parse_overrides, refuse_unfittable, run_app, unused_gpus_note)
+from .runtime.processes import is_alive, is_flower_process, stop_pids
 from .runtime.ray_cluster import ray_address
 
 WHAT = RUN_CONFIG_CHECK  # the prefix of every refusal before flwr run starts
+SERVER_EXIT_TIMEOUT = 40.0  # s: Flower ends a stopped run's ServerApp within a heartbeat (~25 s)
 INTERRUPTED = 130  # the exit code of a run stopped by Ctrl-C (128 + SIGINT)
 TERMINATED = 143  # stop_on_sigterm's exit code of a run stopped by kill PID (128 + SIGTERM)
 # lines of the streamed ServerApp log (fedapp.server_app, fedapp.checkpoint.Checkpointer)
@@ -85,10 +88,12 @@ def run(args: argparse.Namespace) -> int:
         with interrupt_once():  # a second Ctrl-C does not cut the clean-up short
             return launch(args, watch)
     except KeyboardInterrupt:
+        watch.wait_for_server()
         print(watch.stopped(), file=sys.stderr, flush=True)
         return INTERRUPTED
     except SystemExit as stop:  # kill PID: stop_on_sigterm's SystemExit(143), after clean-up
         if stop.code == TERMINATED:
+            watch.wait_for_server()
             print(watch.stopped("kill (SIGTERM)"), file=sys.stderr, flush=True)
         raise
 
@@ -192,6 +197,22 @@ class RunWatch:
             self.run_dir = str(Path(match.group(2)).parent)
         if self.forward is not None:
             self.forward(line)
+
+    def wait_for_server(self, timeout: float = SERVER_EXIT_TIMEOUT) -> None:
+        """Until the process that ran this launch's ServerApp (its run directory's
+        server.pid) has exited, after ``flwr stop`` (Flower ends it at its next Grid call or
+        heartbeat); SIGTERM to that PID after ``timeout`` s, if it is still Flower's."""
+        from fedapp.run_log import SERVER_PID  # noqa: PLC0415
+
+        try:
+            pid = int((Path(str(self.run_dir)) / SERVER_PID).read_text())
+        except (OSError, ValueError, TypeError):
+            return
+        deadline = time.monotonic() + timeout
+        while is_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if is_alive(pid) and is_flower_process(pid):
+            stop_pids([pid])
 
     def stopped(self, cause: str = "Ctrl-C") -> str:
         """The one line after Ctrl-C (once everything is stopped): what there is to resume,

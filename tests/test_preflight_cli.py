@@ -63,22 +63,49 @@ def test_a_bad_data_dir_stops_deploy_run_before_anything_starts(tmp_path, capsys
     assert not (tmp_path / "work").exists()
 
 
+def launch(home: Path, runs: Path, env: dict, out: Path, err: Path) -> subprocess.Popen:
+    """``python -m simulation run`` of a long tiny run (checkpoint every round), in its own
+    process group as a terminal's foreground job."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "simulation", "run", "--num-supernodes", "2",
+         "--flwr-home", str(home), "-c", "num-server-rounds=100000", "-c", "dataset='synthetic'",
+         "-c", "partition='natural'", "-c", "model='mlp-2nn'", "-c", "local-steps=1",
+         "-c", "checkpoint-every=1", "-c", f"output-dir='{runs}'"],
+        cwd=ROOT, env=env, stdout=out.open("w"), stderr=err.open("w"), start_new_session=True)
+
+
+def rounds_logged(runs: Path) -> int:
+    return sum(len(p.read_text().splitlines()) for p in runs.glob("*/rounds.jsonl"))
+
+
 def test_ctrl_c_stops_everything_and_says_how_to_resume(tmp_path):
-    home, runs = tmp_path / "flwr-home", tmp_path / "runs"
+    """Two launches share one Flower home (two terminals): Ctrl-C in the second stops its
+    own run on the shared SuperLink (it trained on before, #57) and leaves the first's;
+    Ctrl-C in the first then stops everything."""
+    home, runs, other = tmp_path / "flwr-home", tmp_path / "runs", tmp_path / "other-runs"
     env = {**os.environ, "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(free_port()),
            "FLWR_LOCAL_CONTROL_API_PORT": str(free_port())}
     out, err = tmp_path / "driver.out", tmp_path / "driver.err"
-    driver = subprocess.Popen(
-        [sys.executable, "-m", "simulation", "run", "--num-supernodes", "2",
-         "--flwr-home", str(home), "-c", "num-server-rounds=200", "-c", "dataset='synthetic'",
-         "-c", "partition='natural'", "-c", "model='mlp-2nn'", "-c", "local-steps=1",
-         "-c", "checkpoint-every=1", "-c", f"output-dir='{runs}'"],
-        cwd=ROOT, env=env, stdout=out.open("w"), stderr=err.open("w"),
-        start_new_session=True)  # its own process group, as a terminal's foreground job
+    second_out, second_err = tmp_path / "second.out", tmp_path / "second.err"
+    driver = launch(home, runs, env, out, err)
+    second = None
     try:
         wait_for(lambda: "Checkpoint of round 1:" in out.read_text(), 240, "round 1's checkpoint")
         tree = process_tree(local_superlink_pids(home))
         assert len(tree) >= 3  # the SuperLink, the ServerApp's process, Ray and its actors
+        second = launch(home, other, env, second_out, second_err)
+        wait_for(lambda: "Checkpoint of round 1:" in second_out.read_text(), 240,
+                 "the second launch's round 1")
+        os.killpg(second.pid, signal.SIGINT)
+        second.wait(timeout=120)
+        assert second.returncode == 130, second_err.read_text()[-3000:]
+        assert second_err.read_text().splitlines()[-1].startswith("Stopped by Ctrl-C;")
+        server = int(next(other.glob("*/server.pid")).read_text())
+        assert not is_alive(server)  # its ServerApp's process ended before the line
+        stopped_at, first_at = rounds_logged(other), rounds_logged(runs)
+        wait_for(lambda: rounds_logged(runs) >= first_at + 20, 120, "the first run going on")
+        assert rounds_logged(other) == stopped_at
+        assert local_superlink_pids(home)  # the first launch still uses the SuperLink
         os.killpg(driver.pid, signal.SIGINT)  # Ctrl-C: the whole foreground process group
         driver.wait(timeout=120)
         assert driver.returncode == 130, err.read_text()[-3000:]
@@ -86,9 +113,10 @@ def test_ctrl_c_stops_everything_and_says_how_to_resume(tmp_path):
                  "every process of the SuperLink's tree gone")
         assert local_superlink_pids(home) == []
     finally:
-        if driver.poll() is None:
-            driver.kill()
-            driver.wait()
+        for process in (driver, second):
+            if process is not None and process.poll() is None:
+                process.kill()
+                process.wait()
         stop_local_superlink(home)  # what a failed check left, by PID
     lines = err.read_text().splitlines()
     assert "Traceback" not in err.read_text() + out.read_text()

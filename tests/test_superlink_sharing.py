@@ -16,7 +16,10 @@ from simulation.runtime import is_alive, local_superlink_pids
 from simulation.runtime.local_superlink import (
     STARTED_BY_US,
     USERS_DIR,
+    ForeignSuperLinkError,
     local_superlink_dir,
+    refuse_other_ray,
+    superlink_ray_address,
     superlink_use,
 )
 
@@ -31,9 +34,9 @@ def fake_superlink(tmp_path):
     program.parent.mkdir()
     program.write_text("import time\ntime.sleep(600)\n")
 
-    def start(home):
+    def start(home, env=None):
         log = local_superlink_dir(home) / "superlink.log"
-        proc = subprocess.Popen([sys.executable, str(program), "--log-file", str(log)])
+        proc = subprocess.Popen([sys.executable, str(program), "--log-file", str(log)], env=env)
         started.append(proc)
         deadline = time.monotonic() + 30
         while proc.pid not in local_superlink_pids(home) and time.monotonic() < deadline:
@@ -118,3 +121,24 @@ def test_another_flwr_homes_superlink_on_the_local_port_is_refused_not_used(tmp_
     finally:
         stop_pids([superlink.pid])
     assert not superlink_answers(port)
+
+
+def test_a_ray_address_the_shared_superlink_does_not_use_is_refused_not_dropped(
+        tmp_path, fake_superlink):
+    """Another launch's SuperLink runs on a private Ray: a launch that asks for a Ray
+    cluster would run on the private one without a word (#57); it is refused, naming both."""
+    import os  # noqa: PLC0415
+
+    home = tmp_path / "home"
+    assert superlink_ray_address(home) is None
+    refuse_other_ray(home, {"RAY_ADDRESS": "10.0.0.5:6379"})  # no SuperLink yet: nothing to say
+    proc = fake_superlink(home, {**os.environ, "RAY_ADDRESS": "local"})
+    assert superlink_ray_address(home) == "local"
+    refuse_other_ray(home, {"RAY_ADDRESS": "local"})  # the same Ray: shared
+    with pytest.raises(ForeignSuperLinkError) as info:
+        refuse_other_ray(home, {"RAY_ADDRESS": "10.0.0.5:6379"})
+    assert str(info.value) == (
+        f"--ray-address 10.0.0.5:6379 wants the Ray cluster at 10.0.0.5:6379, but {home}'s "
+        f"SuperLink (PID {proc.pid}), started by another launch, runs every run on a private "
+        "Ray that the simulation engine starts for the run. Give this launch its own "
+        "--flwr-home, or start it once that launch has ended")

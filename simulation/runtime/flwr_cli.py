@@ -160,6 +160,16 @@ def run_status(env: Mapping[str, str], run_id: int, wait: float = 30.0) -> str:
     return status
 
 
+def stop_run(env: Mapping[str, str], run_id: int | None, wait: float = 30.0) -> str:
+    """``flwr stop RUN_ID`` on the env's connection, then until the run is finished (at
+    most ``wait`` s); its status ('not-started' without a run id)."""
+    if run_id is None:
+        return "not-started"
+    subprocess.run([str(BIN / "flwr"), "stop", str(run_id)], env=dict(env), cwd=PROJECT_ROOT,
+                   text=True, capture_output=True, timeout=60, check=False)
+    return run_status(env, run_id, wait)
+
+
 def submit_run(
     cmd: Sequence[str],
     env: Mapping[str, str],
@@ -170,8 +180,22 @@ def submit_run(
     timeout_note: str = "",
 ) -> AppRun:
     """``flwr run ... --stream``, then its final status: ``flwr run`` exits 0 even when the
-    ServerApp fails, so the outcome is read with ``flwr ls``."""
-    output = stream_command(cmd, env, cwd, timeout, capture, on_line, timeout_note)
+    ServerApp fails, so the outcome is read with ``flwr ls``. Ctrl-C (or SIGTERM's
+    SystemExit) while it streams stops this launch's own run on the SuperLink
+    (:func:`stop_run`) before it goes on: the SuperLink may serve other launches and
+    outlive this one, and the run would train on under it."""
+    seen: list[str] = []
+
+    def watch(line: str) -> None:
+        seen.append(line)
+        if on_line is not None:
+            on_line(line)
+
+    try:
+        output = stream_command(cmd, env, cwd, timeout, capture, watch, timeout_note)
+    except (KeyboardInterrupt, SystemExit):
+        stop_run(env, run_id_of("".join(seen)))
+        raise
     run_id = run_id_of(output)
     status = run_status(env, run_id) if run_id is not None else "not-started"
     return AppRun(0 if status == "finished:completed" else 1, run_id, status, output)

@@ -144,6 +144,47 @@ def refuse_foreign_superlink(flwr_home: Path, env: Mapping[str, str]) -> None:
         f"{fix}")
 
 
+def superlink_ray_address(flwr_home: Path) -> str | None:
+    """``RAY_ADDRESS`` in the environment of this FLWR_HOME's running SuperLink: the Ray its
+    simulation runs use ('' when it has none: Ray then joins any local cluster; None when no
+    SuperLink runs or its environment cannot be read)."""
+    for pid in local_superlink_pids(flwr_home):
+        try:
+            environ = (Path("/proc") / str(pid) / "environ").read_bytes().split(b"\0")
+        except OSError:
+            return None
+        found = [item[len(b"RAY_ADDRESS="):] for item in environ
+                 if item.startswith(b"RAY_ADDRESS=")]
+        return found[0].decode(errors="replace") if found else ""
+    return None
+
+
+def describe_ray(address: str) -> str:
+    """Which Ray a RAY_ADDRESS means, in words."""
+    if address == "local":
+        return "a private Ray that the simulation engine starts for the run"
+    if not address:
+        return "any Ray cluster running on this machine (RAY_ADDRESS unset)"
+    return f"the Ray cluster at {address}"
+
+
+def refuse_other_ray(flwr_home: Path, env: Mapping[str, str]) -> None:
+    """:class:`ForeignSuperLinkError` when this FLWR_HOME's SuperLink already runs (another
+    launch started it) with another Ray than this launch asks for: its runs would use that
+    Ray, and ``--ray-address`` would be dropped without a word."""
+    running = superlink_ray_address(flwr_home)
+    wanted = env.get("RAY_ADDRESS", "")
+    if running is None or running == wanted:
+        return
+    asked = (f"--ray-address {wanted}" if wanted not in ("", "local")
+             else "this launch (no --ray-address)")
+    raise ForeignSuperLinkError(
+        f"{asked} wants {describe_ray(wanted)}, but {flwr_home}'s SuperLink (PID "
+        f"{local_superlink_pids(flwr_home)[0]}), started by another launch, runs every run "
+        f"on {describe_ray(running)}. Give this launch its own --flwr-home, or start it "
+        "once that launch has ended")
+
+
 def start_local_superlink(flwr_home: Path, env: Mapping[str, str], cwd: Path,
                           timeout: float = SUPERLINK_START_TIMEOUT) -> None:
     """Start this FLWR_HOME's managed local SuperLink as ``flwr run`` would (the command line
@@ -236,6 +277,9 @@ def run_app(run_config: Mapping[str, object] | None = None,
     env = flwr_env(flwr_home, isolate_ports=isolate_ports, ray_address=ray_address)
     cmd = flwr_run_command(run_config, federation_config, app_dir=Path(app_dir))
     refuse_foreign_superlink(flwr_home, env)
+    refuse_other_ray(flwr_home, env)
+    if not capture:
+        print(f"[runtime] Ray: {describe_ray(env.get('RAY_ADDRESS', ''))}", flush=True)
     with superlink_use(flwr_home, env, PROJECT_ROOT):
         env = running_superlink_env(flwr_home, env)
         return submit_run(cmd, env, PROJECT_ROOT, timeout, capture, on_line)

@@ -111,6 +111,16 @@ def interrupt_once() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
+def is_flower_process(pid: int) -> bool:
+    """True when ``pid``'s command line is Flower's (``flwr-simulation``, ``flwr-serverapp``,
+    ...): a PID read from a file is signalled only while it is still that process."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return any(b"flwr" in a or b"flower" in a for a in argv[:2])
+
+
 def stop_pids(pids: list[int], timeout: float = 15.0) -> None:
     """SIGTERM every PID, wait up to ``timeout`` s, then SIGKILL the survivors."""
     for pid in pids:
