@@ -134,7 +134,8 @@ def test_tracking_off_writes_nothing_extra(tmp_path):
     log = RunLog.create(tmp_path, "fedavg", 1, {"run-config": {}})
     log.append_round(RECORDS[0])
     log.close()
-    assert sorted(p.name for p in log.directory.iterdir()) == ["config.json", "rounds.jsonl"]
+    assert sorted(p.name for p in log.directory.iterdir()) == ["config.json", "rounds.jsonl",
+                                                                "server.pid"]
 
 
 @pytest.mark.usefixtures("processes")
