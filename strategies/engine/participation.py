@@ -5,7 +5,8 @@ Per round (:meth:`Participation.plan_round`):
 
 1. the connected nodes, new ones asked for their facts (the client-info query:
    partition id, n_k, label counts; :mod:`strategies.engine.records`);
-2. who is online (device availability, :mod:`strategies.engine.devices`, with a clock);
+2. who is online (device availability, :mod:`strategies.engine.devices`, with a clock),
+   less the clients whose last task timed out (:mod:`strategies.engine.silent_clients`);
 3. who is selected: the :class:`SelectionPolicy` (:class:`RandomSelection`: m = max(floor(C
    K), 1) uniformly without replacement, McMahan et al. 2017 Algorithm 1, or m draws with
    replacement by data size, Li et al. 2020 Scheme I), or an
@@ -31,7 +32,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from logging import INFO, WARNING
 from typing import Protocol
 
@@ -47,6 +48,7 @@ from .clock import RoundTimer, SimClock
 from .records import ClientInfo
 from .round_plan import ClientTask, RoundPlan
 from .round_report import ClockTime
+from .silent_clients import SilentClients
 from ..selection.fleet_guard import FleetGuard
 from ..selection.policy import SelectionSection, Candidate, InformedSelection, Outcome, reported_loss
 
@@ -205,6 +207,7 @@ class Participation:
         self.clients: dict[int, ClientInfo] = {}
         self._warned_query = False
         self._sat_out: set[int] = set()  # nodes without a partition id the clock left out
+        self.silent = SilentClients()  # clients whose task timed out sit out a while
 
     # ------------------------------------------------------------------ clients
     def summary_lines(self) -> list[str]:
@@ -282,7 +285,7 @@ class Participation:
         """Round ``server_round``'s plan (module docstring, steps 1-4): the tasks' configs are
         ``config`` with a straggler's reduced work."""
         nodes = self.ordered(self.connected(grid))
-        online, m = self.online_nodes(server_round, nodes)
+        online, m = self.without_silent(server_round, *self.online_nodes(server_round, nodes))
         close_after = None
         if self.over_commitment > 0 and m:
             close_after, m = m, min(math.ceil((1 + self.over_commitment) * m), len(online))
@@ -446,6 +449,32 @@ class Participation:
             m = min(max(base, self.min_train_nodes), len(online))
         return online, m
 
+    def without_silent(self, server_round: int, online: list[int], m: int | None
+                       ) -> tuple[list[int], int | None]:
+        """``online`` less the clients that sit this round out after a timeout
+        (:class:`SilentClients`), and m (that of the whole list, at most the rest);
+        unchanged when none sits out, or when the rest would be fewer than
+        ``min_train_nodes``."""
+        out = self.silent.sitting_out(server_round)
+        kept = [n for n in online if self.client_key(n) not in out]
+        if len(kept) == len(online) or len(kept) < max(self.min_train_nodes, 1):
+            return online, m
+        whole = m if m is not None else sampling.num_to_sample(self.fraction_train, len(online))
+        need = min(max(whole, self.min_train_nodes), len(kept))
+        log(INFO, "Round %d: %d client(s) whose last task timed out sit it out (%s)",
+            server_round, len(online) - len(kept),
+            ", ".join(sorted(self.client_key(n) for n in online if n not in set(kept))))
+        return kept, need
+
+    def record_silent(self, server_round: int, sent: Iterable[int], replied: Iterable[int]
+                      ) -> None:
+        """The round's tasks (nodes sent one) and the nodes that replied (errors too): the
+        rest timed out (:class:`SilentClients`)."""
+        replied = set(replied)
+        sent = list(sent)
+        self.silent.record(server_round, [self.client_key(n) for n in sent if n not in replied],
+                           [self.client_key(n) for n in sent if n in replied])
+
     def stragglers(self, server_round: int, draws: Mapping[int, int], config: ConfigRecord,
                    work: ClientWork, down: int, up: int) -> dict[int, int]:
         """This round's stragglers among the selected nodes -> their reduced local work: the
@@ -564,6 +593,8 @@ class Participation:
         ``default_rng([seed, round(, 1)])`` afresh every round, and the client table is
         re-queried on resume (node ids change between runs, partition ids do not)."""
         state = {} if self.timer is None else {"sim-elapsed": self.timer.elapsed}
+        if self.silent.out_until:
+            state["silent-clients"] = self.silent.state_dict()
         if isinstance(self.selection, InformedSelection):
             state["selection-state"] = {"policy": self.selection.name,
                                         **self.selection.state_dict()}
@@ -574,6 +605,8 @@ class Participation:
         """Restore what :meth:`state_dict` returned."""
         if self.timer is not None:
             self.timer.elapsed = float(state.get("sim-elapsed", 0.0))
+        if "silent-clients" in state:
+            self.silent.load_state_dict(state["silent-clients"])
         if isinstance(self.selection, InformedSelection):
             saved = state.get("selection-state")
             if not isinstance(saved, Mapping) or saved.get("policy") != self.selection.name:

@@ -311,7 +311,11 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
     # ------------------------------------------------------------------ aggregate
     def aggregate_round(self, plan: RoundPlan, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """The round's new model and metrics from the replies to ``plan``'s messages."""
+        """The round's new model and metrics from the replies to ``plan``'s messages; the
+        tasks without a reply are the participation model's to remember (they sit out)."""
+        replies = list(replies)
+        self.participation.record_silent(plan.server_round, plan.tasks,
+                                         [r.metadata.src_node_id for r in replies])
         checked = self.checked_replies(plan, replies)
         global_arrays = records.to_numpy(plan.arrays)
         models = [(k, records.to_numpy(r.content[C.ARRAYS])) for k, r in enumerate(checked)]

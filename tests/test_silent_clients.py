@@ -1,0 +1,105 @@
+"""A client whose task timed out is not drawn again at once (issue #57, item 4): with a
+round timeout every round it is drawn costs the whole timeout. It sits out the next round,
+after a second silence in a row the next two, then four, ...; any reply clears it."""
+
+from __future__ import annotations
+
+import numpy as np
+from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from fedapp import checkpoint_format, faults
+from strategies import FedAvg
+from strategies import contract as C
+from strategies.engine.rounds import run_rounds
+from strategies.engine.silent_clients import MAX_ROUNDS_OUT, SilentClients
+from tests.inprocess import InProcessGrid, partition_facts
+from tests.messages import record
+
+SILENT = 3
+
+
+def app(silent_rounds: set[int] | None = None) -> ClientApp:
+    """Partition p returns w + 1; partition SILENT sleeps past the timeout (no reply) in
+    ``silent_rounds`` (None: always)."""
+    client = ClientApp()
+    client.query()(partition_facts)
+
+    @client.train()
+    def train(msg, context):
+        pid = int(context.node_config["partition-id"])
+        server_round = int(msg.content[C.CONFIG][C.SERVER_ROUND])
+        if pid == SILENT and (silent_rounds is None or server_round in silent_rounds):
+            faults.apply_fault(0, server_round, pid, 0.0, 1.0, 0.0)  # late: never answers
+        w = msg.content[C.ARRAYS]["w"].numpy() + 1
+        return Message(RecordDict({C.ARRAYS: record({"w": w}), C.METRICS: MetricRecord(
+            {C.NUM_EXAMPLES: 10})}), reply_to=msg)
+
+    return client
+
+
+def rounds_sent_to_silent(strategy: FedAvg, grid: InProcessGrid, rounds: int) -> list[int]:
+    run_rounds(strategy, grid, record({"w": np.zeros(1)}), num_rounds=rounds, timeout=0.05,
+               train_config=ConfigRecord({C.LOCAL_STEPS: 1}))
+    node = grid.node_ids[SILENT]
+    sent = [r for r in range(1, rounds + 1) if (node, "train") in grid.calls_by_round[r]]
+    return sent
+
+
+class RoundCalls(InProcessGrid):
+    """Which (node, kind) calls each round made."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.calls_by_round: dict[int, set] = {}
+
+    def deliver(self, msg, timeout=None):
+        server_round = int(msg.content[C.CONFIG][C.SERVER_ROUND]) if C.CONFIG in msg.content \
+            else 0
+        self.calls_by_round.setdefault(server_round, set()).add(
+            (msg.metadata.dst_node_id, msg.metadata.message_type))
+        return super().deliver(msg, timeout)
+
+
+def test_a_silent_client_sits_out_1_then_2_then_4_rounds():
+    """All four clients are drawn every round (fraction 1.0): before, the silent one was
+    sent a task (and waited for) in each of 8 rounds; now in rounds 1, 3, 6."""
+    strategy = FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_available_nodes=4)
+    grid = RoundCalls(app(), 4, {})
+    assert rounds_sent_to_silent(strategy, grid, 8) == [1, 3, 6]
+    assert [strategy.round_log(r)[C.LOG_CLIENTS_SAMPLED] for r in range(1, 9)] == \
+        [4, 3, 4, 3, 3, 4, 3, 3]
+
+
+def test_a_reply_clears_the_record_and_the_record_resumes():
+    strategy = FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_available_nodes=4)
+    grid = RoundCalls(app(silent_rounds={1}), 4, {})
+    assert rounds_sent_to_silent(strategy, grid, 4) == [1, 3, 4]  # back after one round out
+    assert strategy.participation.silent.out_until == {}
+    silent = SilentClients()
+    silent.record(5, ["3"], ["0", "1"])
+    silent.record(6, ["3"], [])
+    assert silent.sitting_out(7) == silent.sitting_out(8) == {"3"} and not silent.sitting_out(9)
+    copy = SilentClients()
+    copy.load_state_dict(checkpoint_format.decode(*checkpoint_format.encode(silent.state_dict())))
+    assert copy.state_dict() == silent.state_dict()
+    for _ in range(10):
+        silent.record(9, ["3"], [])
+    assert silent.out_until["3"] == 9 + MAX_ROUNDS_OUT
+
+
+def test_nobody_sits_out_below_min_train_nodes():
+    strategy = FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_available_nodes=4,
+                      min_train_nodes=4)
+    grid = RoundCalls(app(), 4, {})
+    assert rounds_sent_to_silent(strategy, grid, 3) == [1, 2, 3]
+
+
+def test_the_state_goes_into_the_checkpoint_only_when_someone_sits_out():
+    strategy = FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_available_nodes=4)
+    assert "silent-clients" not in strategy.participation.state_dict()
+    rounds_sent_to_silent(strategy, RoundCalls(app(), 4, {}), 4)
+    saved = strategy.participation.state_dict()["silent-clients"]
+    resumed = FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_available_nodes=4)
+    resumed.participation.load_state_dict({"silent-clients": saved})
+    assert resumed.participation.silent.state_dict() == saved
