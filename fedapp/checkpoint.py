@@ -310,7 +310,9 @@ def arrays_of(payload: dict) -> ArrayRecord:
 
 def model_problem(payload: dict, model: dict[str, np.ndarray]) -> str | None:
     """Why the checkpoint's model is not the run's ``model`` (its state dict as numpy
-    arrays): the keys in order, then each array's shape and dtype (None: it is)."""
+    arrays): the keys in order, then each array's shape and dtype (None: it is); any
+    floating dtype stands for a floating one (Flower's FedAdam, FedYogi, FedAdagrad and
+    FedAvgM send float64 from round 2 on)."""
     saved = payload["arrays"]
     if list(saved) != list(model):
         extra = [k for k in saved if k not in model]
@@ -319,9 +321,11 @@ def model_problem(payload: dict, model: dict[str, np.ndarray]) -> str | None:
                 f"{extra[:3]}, keys it lacks: {missing[:3]}"
                 + (", the same keys in another order" if not extra and not missing else "") + ")")
     for key, array in saved.items():
-        if array.shape != model[key].shape or array.dtype != model[key].dtype:
+        expected = model[key]
+        floating = array.dtype.kind == expected.dtype.kind == "f"  # FedAdam & co: float64
+        if array.shape != expected.shape or not (floating or array.dtype == expected.dtype):
             return (f"its model's {key!r} is {array.dtype}{list(array.shape)}, the run's model "
-                    f"has {model[key].dtype}{list(model[key].shape)}")
+                    f"has {expected.dtype}{list(expected.shape)}")
     return None
 
 

@@ -119,8 +119,11 @@ def test_model_problem_names_planted_keys_and_shapes():
     planted = ckpt.model_problem(payload({**model, "evil": np.zeros(1)}), model)
     assert "keys the model does not have: ['evil']" in planted
     assert "another order" in ckpt.model_problem(payload({"b": model["b"], "w": model["w"]}), model)
-    assert "'w' is float64[2, 3], the run's model has float32[2, 3]" in ckpt.model_problem(
-        payload({**model, "w": np.zeros((2, 3))}), model)
+    assert "'w' is int64[2, 3], the run's model has float32[2, 3]" in ckpt.model_problem(
+        payload({**model, "w": np.zeros((2, 3), np.int64)}), model)
+    assert "'w' is float32[3, 2]" in ckpt.model_problem(
+        payload({**model, "w": np.zeros((3, 2), np.float32)}), model)
+    assert ckpt.model_problem(payload({**model, "w": np.zeros((2, 3))}), model) is None  # f64
 
 
 @pytest.mark.usefixtures("processes")
