@@ -27,6 +27,7 @@ from pathlib import Path
 import strategies  # noqa: F401 - importing the algorithms registers them
 from strategies import SELECTIONS, STRAGGLER_POLICIES, STRAGGLER_UNITS, WEIGHTINGS
 from strategies.engine.devices import FLEETS
+from strategies.engine.robust import ROBUST_RULES
 from strategies.engine.keys import (APP, BELOW_ONE, FRACTION, UNIT, Interval, Key, Only, Rule,
                                     Value, above, at_least)
 from strategies.engine.registry import ENGINES, Registration, registered
@@ -70,6 +71,16 @@ FLOWER_WHY = ("Flower's own class: it weights by num-examples, has no simulated 
 ASYNC_WHY = ("an asynchronous strategy keeps async-concurrency clients training and waits for "
              "no round: no per-round sampling, stragglers, deadline or lr schedule")
 FLOWER_SELECTION_WHY = "Flower's own class samples clients uniformly (its ClientManager)"
+ROBUST_FLOWER_WHY = ("Flower's own class averages by num-examples inside Flower's code; robust "
+                     "aggregation composes with `fedavg`'s server-lr and `fedbuff`'s "
+                     "server-momentum")
+ROBUST_EVENTS_WHY = "DynamicFL's sync events average the models of each event, not a round"
+ROBUST_OWN_UPDATE_WHY = ("its server update does more with every client's reply than the "
+                         "average a robust rule replaces (its own state or step), which the "
+                         "rule would not protect")
+ROBUST_FEDASYNC_WHY = ("FedAsync mixes in each client model as it arrives: one value per "
+                       "coordinate, whose median is itself; use `fedbuff`")
+OWN_UPDATE = ("fednova", "fedveca", "scaffold", "feddyn", "moon", "fedexp")  # own update()
 MODEL_NEEDS = {  # a registration's ``model`` -> the models that have it, and why it matters
     "width": (WIDTH_MODELS, "the clients build the model at their width: these models scale in "
               "width (task.models.build_model(..., width=r))"),
@@ -153,6 +164,22 @@ KEYS_OF_THE_APP: tuple[Key, ...] = (
         "`selection-chosen` and the policy's inputs per round "
         "([client selection](strategies/selection.md))", (ROUND, ASYNC_ENGINE), choices=SELECTIONS,
         only=(Only((FLOWER_ENGINE,), ("random",), FLOWER_SELECTION_WHY),)),
+    Key("robust-aggregation", "none",
+        "Byzantine-robust aggregation in place of the weighted average: `median` or "
+        "`trimmed-mean` of the client updates, coordinate-wise (Yin et al. ICML'18, Def. 1 and "
+        "2), w ← w + eta_g·R(w_k − w); unweighted, so neither `weighting` nor a client's "
+        "num-examples counts (`weighting` must be `examples` or `uniform`); FedBuff: of its K "
+        "staleness-weighted updates (K ≥ 3). Logs `robust-aggregation`, `robust-values`, "
+        "`robust-trimmed` ([robust aggregation](strategies/robust.md))",
+        (ROUND, ASYNC_ENGINE), choices=ROBUST_RULES,
+        only=(Only((FLOWER_ENGINE,), ("none",), ROBUST_FLOWER_WHY),
+              Only((EVENTS,), ("none",), ROBUST_EVENTS_WHY),
+              Only(OWN_UPDATE, ("none",), ROBUST_OWN_UPDATE_WHY),
+              Only(("fedasync",), ("none",), ROBUST_FEDASYNC_WHY))),
+    Key("robust-trim", 0.1,
+        "β of `trimmed-mean`: ⌊β·m⌋ of the m client updates leave each end of every "
+        "coordinate (to outvote q liars: ⌊β·m⌋ ≥ q, e.g. β ≥ 1/m for one)",
+        (ROUND, ASYNC_ENGINE), Interval(0.0, 0.5, open_high=True)),
     Key("oort-preferred-duration", 0.0,
         "Oort's T, the developer-preferred round duration in simulated seconds: slower "
         "clients' utility × (T / t_i)²; the pacer relaxes T when utility stalls",

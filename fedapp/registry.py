@@ -5,7 +5,8 @@ Every strategy comes from its algorithm module's registration
 with the constructor argument it sets), the shared keys it takes. :func:`build_strategy`
 passes each key the strategy reads (:mod:`fedapp.config_keys`: its engine family's, its own,
 its ``reads``) to its constructor, plus what its engine needs beyond single keys (the
-simulated clock, the selection policy, the learning-rate schedule: :data:`ENGINE_PARTS`).
+simulated clock, the selection policy, the learning-rate schedule, the robust rule:
+:data:`ENGINE_PARTS`).
 What a key may take is declared with the key and checked by :meth:`RunConfig.validate`
 before any builder runs; the constructors keep their own checks for library users, and the
 two are kept in agreement by tests/test_config_keys.py. A new strategy needs nothing here.
@@ -27,6 +28,7 @@ from strategies import contract as C
 from strategies.engine.clock import SimClock
 from strategies.engine.devices import FLEETS, GeneratedFleet, load_trace
 from strategies.engine.participation import Participation
+from strategies.engine.robust import RobustRule, robust_rule
 from strategies.engine.registry import Registration
 from strategies.engine.schedules import LRSchedule
 
@@ -34,8 +36,8 @@ from .config import ConfigError, RunConfig, default, flwr_run_fix
 from .config_keys import FLOWER, KEYS, REGISTRATIONS
 
 __all__ = ["Built", "FLOWER_STRATEGIES", "ModelFacts", "STRATEGIES", "build_strategy",
-           "check_run_config", "device_clock", "lr_schedule", "selection_policy",
-           "train_config"]
+           "check_run_config", "device_clock", "lr_schedule", "robust_aggregation",
+           "selection_policy", "train_config"]
 
 
 @dataclass(frozen=True)
@@ -122,6 +124,12 @@ def selection_policy(cfg: RunConfig, rounds: int | None) -> object | None:
     return None
 
 
+def robust_aggregation(cfg: RunConfig) -> RobustRule | None:
+    """The ``robust-aggregation`` rule (None: the weighted average) with ``robust-trim`` as
+    the trimmed mean's beta (checked whatever the rule)."""
+    return robust_rule(cfg.robust_aggregation, cfg.robust_trim)
+
+
 def engine_parts(cfg: RunConfig, registration: Registration, model: ModelFacts
                  ) -> dict[str, object]:
     """What a strategy's engine needs beyond single keys (:data:`ENGINE_PARTS`)."""
@@ -135,6 +143,9 @@ def engine_parts(cfg: RunConfig, registration: Registration, model: ModelFacts
     if engine in ("round", "async"):
         parts["selection"] = selection_policy(cfg, cfg.num_server_rounds if engine == "round"
                                               else None)
+        rule = robust_aggregation(cfg)
+        if rule is not None:
+            parts["robust"] = rule
     if registration.model == "width":
         parts.update(width_spec=model.width_spec, level_compute=model.width_compute)
     return parts

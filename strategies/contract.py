@@ -224,6 +224,12 @@ LOG_CONCURRENCY = "concurrency"  # int, client tasks in flight when the round's 
 LOG_BUFFER_FILL = "buffer-fill"  # int, client updates in the buffer at the server step
 LOG_CLIENT_UPDATES = "client-updates"  # int, client updates applied since the start
 LOG_MODEL_VERSION = "model-version"  # int, server model versions made since the start
+# --- robust aggregation (strategies/engine/robust.py; FedAvg-family strategies, FedBuff) -----
+# Logged only when a robust rule is given (Yin et al. 2018, Definitions 1 and 2).
+LOG_ROBUST_AGGREGATION = "robust-aggregation"  # str, the rule: median, trimmed-mean
+LOG_ROBUST_TRIM = "robust-trim"  # float, the trimmed mean's beta (fraction left out at each end)
+LOG_ROBUST_VALUES = "robust-values"  # int, client updates each coordinate's statistic is over
+LOG_ROBUST_TRIMMED = "robust-trimmed"  # int, of those, left out at each end (median: (m-1)//2)
 # --- over-commitment (strategies/engine/participation.py, any synchronous strategy) ----------
 LOG_CLIENTS_LATE = "clients-late"  # int, over-committed clients whose replies came after the m-th
 

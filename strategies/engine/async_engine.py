@@ -13,11 +13,18 @@ Each reply passes the trust gate against the model version its task was sent
 (:func:`strategies.engine.trust_gate.train_reply_problem`) and must be finite; a refused reply
 frees its client and counts as failed. It shares the participation model, the Grid event
 loop, the trust gate and the round report with the synchronous engine.
+
+Given a robust rule (:mod:`strategies.engine.robust`), a buffered algorithm's updates are held
+by a :class:`~strategies.engine.robust.RobustBuffer` instead: at the step the algorithm gets
+K updates that are each the rule's statistic of the K held ones, so its own step makes
+x + eta_g R (FedBuff). An algorithm that applies each update as it comes (FedAsync: one value
+per coordinate per step) is refused.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
@@ -32,6 +39,7 @@ from flwr.serverapp.strategy import Result
 from .. import contract as C
 from ..selection.policy import SelectionSection
 from . import flower_args, records, rounds, trust_gate
+from . import robust as robust_aggregation
 from .algorithm import Contract, NDArrays
 from .async_tasks import ARRIVAL_ORDERS, AsyncTask, AsyncTasks
 from .clock import SimClock
@@ -155,6 +163,11 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
     participation : Participation, optional
         Given instead of the arguments above (no deadline, no stragglers: an asynchronous
         engine waits for no round).
+    robust : RobustRule or str, optional
+        ``Median()`` or ``TrimmedMean(beta)`` (Yin et al. 2018, Definitions 1 and 2) of a
+        buffered algorithm's K staleness-weighted updates s(tau_k) Delta_k in place of their
+        mean (module docstring); needs K = ``buffer_size`` >= 3, and floor(beta K) >= 1 for
+        the trimmed mean. Not for FedAsync.
     """
 
     def __init__(self, fraction_train: float = 1.0,
@@ -168,7 +181,8 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
                  seed: int = 0,
                  query_client_info: bool = False, query_timeout: float = 600.0,
                  clock: SimClock | None = None, selection: SelectionPolicy | None = None,
-                 participation: Participation | None = None) -> None:
+                 participation: Participation | None = None,
+                 robust: robust_aggregation.RobustRule | str | None = None) -> None:
         check_fraction("fraction_evaluate", fraction_evaluate, allow_zero=True)
         check_whole("min_evaluate_nodes", min_evaluate_nodes, minimum=0)
         name = type(self).__name__
@@ -194,6 +208,7 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
             evaluate_metrics_aggr_fn))
         self.custom_metrics = (train_metrics_aggr_fn, evaluate_metrics_aggr_fn)  # None: ours
         self.algorithm = algorithm
+        self.robust_buffer = robust_buffer_for(name, robust, algorithm)
         self.participation = participation
         self.work = LocalWork(participation, algorithm.contract, owner=name)
         self.tasks = AsyncTasks(participation, concurrency, arrival, owner=name)
@@ -220,7 +235,11 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
         settings = ", ".join(f"{k.replace('_', ' ')} {v}"
                              for k, v in vars(self.algorithm).items()
                              if not k.startswith("_") and isinstance(v, (bool, int, float, str)))
-        for line in [f"{self.algorithm.name}: {settings}", *self.participation.summary_lines()]:
+        lines = [f"{self.algorithm.name}: {settings}", *self.participation.summary_lines()]
+        if self.robust_buffer is not None:
+            lines.append(f"Robust aggregation: {self.robust_buffer.rule} of the buffer's "
+                         f"staleness-weighted updates (unweighted: num-examples not used)")
+        for line in lines:
             log(INFO, "\t├──> %s", line)
         super().summary()
 
@@ -270,8 +289,10 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
 
         self.tasks.run(grid, lambda: (self.version, current["model"]), config, self.work,
                        on_reply, on_lost, lambda: self.round_over(updates), timeout)
+        held = self.release_robust(records.to_numpy(current["model"]), updates.ready, report)
         step = self.algorithm.step(records.to_numpy(current["model"]), updates.ready)
-        fill = step.fill if step.fill is not None else len(updates.staleness)
+        fill = held if held is not None else (
+            step.fill if step.fill is not None else len(updates.staleness))
         new = None if step.model is None else records.to_record(step.model)
         if step.new_version and new is not None:
             self.version += 1
@@ -308,6 +329,21 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
             return None, None
         return new, MetricRecord({**report.metric_items(), **metrics})
 
+    def release_robust(self, model: NDArrays, ready: bool, report: RoundReport) -> int | None:
+        """With a robust rule: at a full buffer, hand the algorithm the rule's statistic of
+        the held updates (K times, at staleness 0; its ``apply`` reads the models and the
+        staleness only) and report it; the updates held (None without a rule)."""
+        buffer = self.robust_buffer
+        if buffer is None:
+            return None
+        held = len(buffer.held)
+        if ready:
+            report.add(robust_aggregation.section(buffer.rule, held, report.server_round,
+                                                  type(self).__name__))
+            for sent, client in buffer.release(model):
+                self.algorithm.apply(ClientUpdate(None, sent, client, 0, model))
+        return held
+
     def round_over(self, updates: RoundUpdates) -> bool:
         """The server update is ready, or ``MAX_FAILURES_PER_TASK`` x ``concurrency`` tasks
         failed this round (the model is then kept)."""
@@ -337,8 +373,13 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
             updates.failed += 1
             return
         staleness = self.version - task.version
-        applied = self.algorithm.apply(ClientUpdate(
-            task, records.to_numpy(sent), client, staleness, records.to_numpy(current["model"])))
+        if self.robust_buffer is not None:
+            applied = Applied(None, self.robust_buffer.hold(records.to_numpy(sent), client,
+                                                            staleness))
+        else:
+            applied = self.algorithm.apply(ClientUpdate(
+                task, records.to_numpy(sent), client, staleness,
+                records.to_numpy(current["model"])))
         if applied.model is not None:
             current["model"] = records.to_record(applied.model)
             self.version += 1
@@ -356,10 +397,13 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
         """The model version and update counters, the tasks in flight with the versions
         they were sent (:meth:`strategies.engine.async_tasks.AsyncTasks.state_dict`), the
         simulated time and the algorithm's own state."""
-        return {"async-engine-version": STATE_VERSION, "class": type(self).__name__,
-                "version": self.version, "client-updates": self.client_updates,
-                "tasks": self.tasks.state_dict(), "algorithm": self.algorithm.state_dict(),
-                **self.participation.state_dict()}
+        state = {"async-engine-version": STATE_VERSION, "class": type(self).__name__,
+                 "version": self.version, "client-updates": self.client_updates,
+                 "tasks": self.tasks.state_dict(), "algorithm": self.algorithm.state_dict(),
+                 **self.participation.state_dict()}
+        if self.robust_buffer is not None:
+            state["robust-buffer"] = self.robust_buffer.state_dict()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         """Restore what :meth:`state_dict` returned (checks it is this class's)."""
@@ -375,6 +419,39 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
         self.tasks.load_state_dict(state["tasks"])
         self.algorithm.load_state_dict(state["algorithm"])
         self.participation.load_state_dict(state)
+        if self.robust_buffer is not None:
+            self.robust_buffer.load_state_dict(state.get("robust-buffer", {}))
+
+
+def robust_buffer_for(owner: str, value: robust_aggregation.RobustRule | str | None,
+                      algorithm: AsyncAlgorithm) -> robust_aggregation.RobustBuffer | None:
+    """The ``robust`` argument as a buffer of K updates, refused (ValueError naming the
+    argument, the value and the fix) without a buffer of at least 3 updates per step, or
+    for a trimmed mean that trims none of them."""
+    rule = robust_aggregation.as_robust(value)
+    if rule is None:
+        return None
+    size = getattr(algorithm, "buffer_size", None)
+    if size is None:
+        raise ValueError(
+            f"{owner}: robust={rule.name!r} needs a buffer of K client updates per server step "
+            f"to take the {rule.name} of; {algorithm.name} applies each client update as it "
+            f"arrives (one value per coordinate, whose {rule.name} is itself); leave "
+            f"robust=None, or use FedBuff(buffer_size=K, robust=...) with K >= "
+            f"{robust_aggregation.MIN_VALUES}")
+    if size < robust_aggregation.MIN_VALUES:
+        raise ValueError(
+            f"{owner}: robust={rule.name!r} with buffer_size={size}: fewer than "
+            f"{robust_aggregation.MIN_VALUES} updates per step outvote no one (the median of "
+            f"two is their mean); use buffer_size >= {robust_aggregation.MIN_VALUES}")
+    if rule.trimmed(size) == 0:
+        larger = f" or buffer_size >= {math.ceil(1 / rule.beta)}" if rule.beta > 0 else ""
+        raise ValueError(
+            f"{owner}: robust={rule.name!r} with beta={rule.beta!r} and buffer_size={size} "
+            f"trims floor(beta K) = 0 updates at each end, i.e. is the plain mean; use "
+            f"TrimmedMean(beta >= {1 / size:.3g}){larger} (run config: robust-trim, "
+            f"fedbuff-buffer-size)")
+    return robust_aggregation.RobustBuffer(rule, size, algorithm.staleness)
 
 
 def merged_selections(sections: list[SelectionSection]) -> SelectionSection:

@@ -22,7 +22,9 @@ Components the engine is given (none is a base class): the
 :class:`~strategies.engine.participation.Participation` model, the
 :class:`~strategies.engine.submodels.SubModels` of width-heterogeneous strategies, the
 :class:`~strategies.engine.client_states.ClientStates` copies of stateful clients, and the
-algorithm's own work rules (:class:`~strategies.engine.work.LocalWork`).
+algorithm's own work rules (:class:`~strategies.engine.work.LocalWork`), and a robust rule
+(:mod:`strategies.engine.robust`: coordinate-wise median or trimmed mean of the client
+updates in place of their weighted average, for an algorithm whose update is that average).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from flwr.serverapp.strategy import Result
 from .. import contract as C
 from . import averaging as agg
 from . import flower_args, packing, records, rounds, schedules, trust_gate
+from . import robust as robust_aggregation
 from .algorithm import Algorithm, RoundInput, RoundUpdate
 from .client_states import ClientStates
 from .clock import SimClock
@@ -105,6 +108,14 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
         Width-heterogeneous sub-models (HeteroFL, FjORD, FedRolex).
     work : WorkRules, optional
         The algorithm's own rules for a client's local work (FedVeca's adaptive tau).
+    robust : RobustRule or str, optional
+        A Byzantine-robust rule in place of the weighted average: ``Median()`` or
+        ``TrimmedMean(beta)`` (Yin et al. 2018, Definitions 1 and 2; or their names
+        ``"median"``, ``"trimmed-mean"`` with beta 0.1): w + eta_g R(w_k - w), coordinate-wise
+        and unweighted, so neither ``weighting`` nor a client's num-examples counts
+        (:mod:`strategies.engine.robust`). Only for an algorithm whose update is the engine's
+        average (FedAvg, FedProx, FedLC, the width strategies); ``weighting`` must be
+        ``"examples"`` (the default) or ``"uniform"``.
 
     Notes
     -----
@@ -129,6 +140,7 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
         over_commitment: float = 0.0, selection: SelectionPolicy | None = None,
         participation: Participation | None = None, submodels: SubModels | None = None,
         work: WorkRules | None = None,
+        robust: robust_aggregation.RobustRule | str | None = None,
     ) -> None:
         name = type(self).__name__
         check_fraction("fraction_evaluate", fraction_evaluate, allow_zero=True)
@@ -137,6 +149,8 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
         check_choice("weighting", weighting, WEIGHTINGS)
         if not server_lr > 0:
             raise ValueError(f"server_lr must be > 0, got {server_lr}")
+        algorithm = algorithm if algorithm is not None else Algorithm()
+        rule = robust_for(name, robust, algorithm, weighting)
         lr_schedule = schedules.as_schedule(lr_schedule)
         if isinstance(lr_schedule, schedules.LRSchedule) and lr_schedule.name == "cosine" \
                 and lr_schedule.num_rounds is None:
@@ -158,7 +172,8 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
             participation, fraction_evaluate, min_evaluate_nodes, train_metrics_aggr_fn,
             evaluate_metrics_aggr_fn))
         self.custom_metrics = (train_metrics_aggr_fn, evaluate_metrics_aggr_fn)  # None: ours
-        self.algorithm = algorithm = algorithm if algorithm is not None else Algorithm()
+        self.algorithm = algorithm
+        self.robust = rule
         self.participation = participation
         self.weighting = weighting
         self.server_lr = float(server_lr)
@@ -192,8 +207,10 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
         log(INFO, "\t├──> %s%s", self.algorithm.name, f": {settings}" if settings else "")
         if self.submodels is not None:
             log(INFO, "\t├──> %s", self.submodels.summary_line(self.weighting))
+        weighting = (self.weighting if self.robust is None else
+                     f"none, {self.robust} of the client updates")
         log(INFO, "\t├──> Weighting: %s | server lr: %s | seed: %s | client-info query: %s",
-            self.weighting, self.server_lr, p.seed, "on" if p.query_client_info else "off")
+            weighting, self.server_lr, p.seed, "on" if p.query_client_info else "off")
         if p.min_train_nodes == 1:
             log(INFO, "\t├──> Differs from Flower's FedAvg: m = max(floor(C K), 1) clients "
                 "per round (min_train_nodes 1, Flower's default 2)")
@@ -342,7 +359,10 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
     def average(self, plan: RoundPlan, global_arrays: agg.NDArrays, replies: list[Message],
                 models: list[tuple[int, agg.NDArrays]]) -> tuple[agg.NDArrays | None, list[int]]:
         """The engine's weighted average of the replies' models (each sub-model over its
-        holders) with the server step: w + eta_g sum_k c_k (w_k - w)."""
+        holders) with the server step: w + eta_g sum_k c_k (w_k - w); with a robust rule
+        w + eta_g R(w_k - w) instead (:meth:`robust_average`)."""
+        if self.robust is not None:
+            return self.robust_average(plan, global_arrays, replies, models)
         if self.submodels is not None:
             weights = ([float(r.content[C.METRICS][C.NUM_EXAMPLES]) for r in replies]
                        if self.weighting == "examples" else None)
@@ -351,6 +371,29 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
         coefficients = round_coefficients(self.weighting, plan, replies, self.participation)
         new, used, _ = agg.streamed_update(global_arrays, models, coefficients, self.server_lr,
                                            on_reject=rejecter(replies))
+        return new, used
+
+    def robust_average(self, plan: RoundPlan, global_arrays: agg.NDArrays,
+                       replies: list[Message], models: list[tuple[int, agg.NDArrays]]
+                       ) -> tuple[agg.NDArrays | None, list[int]]:
+        """w + eta_g R(w_k - w) over the replies whose arrays are finite (one log line per
+        other), R the robust rule, each sub-model over the entries it holds
+        (:func:`strategies.engine.robust.robust_update`); the round's robust section."""
+        reject, used, deltas = rejecter(replies), [], []
+        for k, model in models:
+            bad = agg.all_finite(model)
+            if bad is not None:
+                reject(k, bad)
+                continue
+            indices = (None if self.submodels is None else
+                       plan.sub_models[replies[k].metadata.src_node_id][0])
+            deltas.append(robust_aggregation.ClientDelta(model, global_arrays, indices=indices))
+            used.append(k)
+        if not used:
+            return None, []
+        plan.report.add(robust_aggregation.section(self.robust, len(used),
+                                                   plan.server_round, type(self).__name__))
+        new = robust_aggregation.robust_update(global_arrays, deltas, self.robust, self.server_lr)
         return new, used
 
     def report_aggregation(self, plan: RoundPlan, accepted: list[Message],
@@ -526,6 +569,34 @@ def round_coefficients(weighting: str, plan: RoundPlan, replies: list[Message],
         clients.setdefault(node, records.ClientInfo()).num_examples = int(n_k)
     total = agg.total_examples([participation.info(k).num_examples for k in plan.nodes])
     return agg.coefficients_pre_erratum(n, total)
+
+
+ROBUST_WEIGHTINGS = ("examples", "uniform")  # both mean "no weights" under a robust rule
+
+
+def robust_for(owner: str, value: robust_aggregation.RobustRule | str | None,
+               algorithm: Algorithm, weighting: str) -> robust_aggregation.RobustRule | None:
+    """The ``robust`` argument as a rule, refused (ValueError naming the argument, the value
+    and the fix) where it cannot replace the round's aggregation: an algorithm whose update
+    does more than the engine's average (its own server state or step from every reply,
+    which the rule would not protect), or a weighting whose point is its weights."""
+    rule = robust_aggregation.as_robust(value)
+    if rule is None:
+        return None
+    if type(algorithm).update is not Algorithm.update:
+        raise ValueError(
+            f"{owner}: robust={rule.name!r} replaces the engine's weighted average, but "
+            f"{algorithm.name}'s update does more with the replies (its own server state or "
+            f"step from every client's reply, which a robust rule would not protect); leave "
+            f"robust=None, or use FedAvg, FedProx, FedLC, HeteroFL, FjORD or FedRolex")
+    if weighting not in ROBUST_WEIGHTINGS:
+        raise ValueError(
+            f"{owner}: weighting={weighting!r} with robust={rule.name!r}: the {rule.name} is "
+            f"unweighted (Yin et al. 2018), so the weights of {weighting!r} (unbiased only as "
+            f"a weighted sum) would be dropped; use weighting='uniform' (or leave the default "
+            f"'examples', which the robust rule does not use; run config: weighting), or "
+            f"robust=None")
+    return rule
 
 
 def describe(algorithm: Algorithm) -> str:
