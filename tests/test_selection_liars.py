@@ -20,6 +20,7 @@ from fedapp import checkpoint_format
 from strategies import FedAvg
 from strategies import contract as C
 from strategies.engine.participation import Participation
+from strategies.engine.robust import Median
 from strategies.engine.rounds import run_rounds
 from strategies.selection.fleet_guard import FleetGuard, capped, fleet_median
 from strategies.selection.oort import OortSelection
@@ -27,7 +28,7 @@ from strategies.selection.policy import Candidate, Outcome
 from strategies.selection.power_of_choice import PowerOfChoice
 from strategies.selection.tifl import TiFLSelection
 from tests.inprocess import InProcessGrid
-from tests.messages import record
+from tests.messages import numpy_of, record
 from tests.test_selection import clock
 
 ROUNDS, CLIENTS = 12, 10
@@ -144,3 +145,25 @@ def test_the_quota_holds_a_client_to_its_fair_share_and_resumes():
 def test_a_factor_below_one_is_refused(bad):
     with pytest.raises(ValueError, match="share_factor must be 0 .off. or a number >= 1"):
         FleetGuard(share_factor=bad)
+
+
+def final_model(policy: str, liar: int, big: bool, robust) -> float:
+    strategy = FedAvg(fraction_evaluate=0.0, robust=robust, participation=Participation(
+        fraction_train=0.3, seed=7, query_client_info=True, clock=clock(),
+        selection=POLICIES[policy]()))
+    result = run_rounds(strategy, InProcessGrid(liar_app(liar, big), CLIENTS, {}),
+                        record({"w": np.zeros(1)}), num_rounds=ROUNDS,
+                        train_config=ConfigRecord({C.LOCAL_STEPS: 2}))
+    return float(numpy_of(result.arrays)["w"][0])
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("big", [False, True], ids=["loss", "loss+size"])
+def test_with_the_guard_and_the_median_the_model_ends_where_the_honest_run_does(policy, big):
+    """The guard bounds how often the liar is chosen, the median what its model does once
+    chosen (tests/test_robust_aggregation.py): together the run ends within 1e-3 of the
+    run without a liar (w -> 1.0); the guard alone ends between 0.8 and -50."""
+    honest = final_model(policy, -1, big, Median())
+    assert honest == pytest.approx(1.0, abs=1e-2)
+    assert final_model(policy, 4, big, Median()) == pytest.approx(honest, abs=1e-3)
+    assert abs(final_model(policy, 4, big, None) - honest) > 0.1
