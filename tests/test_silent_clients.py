@@ -9,8 +9,9 @@ from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedapp import checkpoint_format, faults
-from strategies import FedAvg
+from strategies import FedAvg, FedBuff
 from strategies import contract as C
+from strategies.engine.participation import Participation
 from strategies.engine.rounds import run_rounds
 from strategies.engine.silent_clients import MAX_ROUNDS_OUT, SilentClients
 from tests.inprocess import InProcessGrid, partition_facts
@@ -103,3 +104,20 @@ def test_the_state_goes_into_the_checkpoint_only_when_someone_sits_out():
     resumed = FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_available_nodes=4)
     resumed.participation.load_state_dict({"silent-clients": saved})
     assert resumed.participation.silent.state_dict() == saved
+
+
+def test_fedbuff_does_not_give_a_lost_tasks_client_the_next_task():
+    """FedBuff, 4 clients, 2 tasks in flight: the silent client's task is lost at the
+    timeout and its slot freed. Before, that slot's next task went straight back to it (a
+    uniform draw among the idle); now it sits out the next 2 draws, then 4, ... ."""
+    strategy = FedBuff(buffer_size=2, concurrency=2, fraction_evaluate=0.0,
+                       participation=Participation(query_client_info=True, seed=1))
+    grid = InProcessGrid(app(), 4, {})
+    run_rounds(strategy, grid, record({"w": np.zeros(1)}), num_rounds=6, timeout=0.05,
+               train_config=ConfigRecord({C.LOCAL_STEPS: 1}))
+    silent = grid.node_ids[SILENT]
+    order = [node for node, kind in grid.calls if kind == "train"]
+    picks = [k for k, n in enumerate(order) if n == silent]
+    gaps = [b - a for a, b in zip(picks, picks[1:])]
+    assert picks and all(gap > 2 for gap in gaps), order
+    assert strategy.participation.silent.silences[str(SILENT)] == len(picks)

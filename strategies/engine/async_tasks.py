@@ -122,6 +122,8 @@ class AsyncTasks:
         def handle(number: int, reply: Message | None) -> None:
             task = self.in_flight.pop(number)
             self.now = max(self.now, task.done_at)
+            self.participation.record_silent(  # a lost task's client sits out a while
+                self.async_round(number), [task.node_id], [] if reply is None else [task.node_id])
             if reply is None:
                 log(WARNING, "%s: task %d (node %d) had no reply in %s s: given up",
                     self.owner, number + 1, task.node_id, timeout)
@@ -176,7 +178,8 @@ class AsyncTasks:
         idle = [n for n in nodes if n not in busy]
         for attempt in range(MAX_IDLE_DRAWS):
             online = self.online(idle, attempt)
-            if online:
+            if online:  # less the clients whose last task was lost (while others are online)
+                online, _ = p.without_silent(self.async_round(self.next_number), online, 1)
                 picks, section = p.select_among(self.next_number + 1, grid, online, 1, None,
                                                 arrays, config, work)
                 if section is not None:
@@ -191,6 +194,12 @@ class AsyncTasks:
         raise RuntimeError(f"{self.owner}: none of {len(idle)} idle clients came online in "
                            f"{MAX_IDLE_DRAWS} availability draws; check the device profiles' "
                            f"availability and windows")
+
+    def async_round(self, number: int) -> int:
+        """Task ``number``'s "round" for :class:`strategies.engine.silent_clients.SilentClients`:
+        ``concurrency`` tasks make one (a lost task's client sits out the next
+        ``concurrency`` draws, then twice as many, ...)."""
+        return number // self.concurrency + 1
 
     def online(self, idle: list[int], attempt: int) -> list[int]:
         """The ``idle`` nodes online at the simulated time (all of them without a clock)."""
