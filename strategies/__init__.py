@@ -12,7 +12,8 @@ optimisers, behind the trust gate and with a ``state_dict`` for checkpoints:
 :class:`FedAdam`, :class:`FedYogi`, :class:`FedAdagrad`, :class:`FedAvgM`
 (:mod:`strategies.algorithms.flower_optimizers`). Client selection
 policies for any strategy's participation model: :class:`RandomSelection` (default),
-:class:`OortSelection`, :class:`PowerOfChoice`, :class:`TiFLSelection`. Byzantine-robust
+:class:`OortSelection`, :class:`PowerOfChoice`, :class:`TiFLSelection`, with the
+:class:`FleetGuard` that bounds what clients report about themselves. Byzantine-robust
 aggregation for the FedAvg family and FedBuff (``robust=``): :class:`Median`,
 :class:`TrimmedMean` (Yin et al. 2018, :mod:`strategies.engine.robust`).
 """
@@ -23,11 +24,12 @@ from .engine.participation import STRAGGLER_POLICIES, STRAGGLER_UNITS, RandomSel
 from .engine.records import ClientContractError
 from .engine.robust import ROBUST_RULES, Median, RobustRule, TrimmedMean
 from .engine.round_engine import WEIGHTINGS
+from .selection.fleet_guard import FleetGuard
 from .selection.oort import OortSelection
 from .selection.policy import SELECTIONS
 from .selection.power_of_choice import PowerOfChoice
 from .selection.tifl import TiFLSelection
 
-__all__ = [*ALGORITHMS, "ClientContractError", "Median", "OortSelection", "PowerOfChoice",
+__all__ = [*ALGORITHMS, "ClientContractError", "FleetGuard", "Median", "OortSelection", "PowerOfChoice",
            "ROBUST_RULES", "RandomSelection", "RobustRule", "SELECTIONS", "STRAGGLER_POLICIES",
            "STRAGGLER_UNITS", "TiFLSelection", "TrimmedMean", "WEIGHTINGS"]
