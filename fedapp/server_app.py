@@ -16,6 +16,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
+from fedapp.flower_logs import quiet_flower_lines
 from fedapp.flower_patches import shorten_object_pulls
 from strategies import contract as C
 from strategies.engine import records
@@ -283,6 +284,7 @@ def main(grid: Grid, context: Context) -> None:
     """Validate the config and data, then run the strategy and write the run log."""
     unmap_large_blocks()  # the replies' buffers go back to the kernel when freed
     shorten_object_pulls()  # the replies' arrays: first retry after 0.05 s, not Flower's 1 s
+    quiet_flower_lines()  # Flower's "Federated evaluation will be skipped" (fedapp/flower_logs.py)
     try:
         cfg = RunConfig.from_user_config(context.run_config)
         check_installed(cfg.tracking)  # tensorboard / mlflow, before any training

@@ -18,6 +18,7 @@ from pathlib import Path
 from .federation import checked_federation
 from .overrides import to_flwr_config
 from .processes import free_port
+from .stream_filter import StreamFilter
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -100,12 +101,14 @@ def stream_command(cmd: Sequence[str], env: Mapping[str, str], cwd: Path,
     proc = subprocess.Popen(list(cmd), env=dict(env), cwd=cwd, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, bufsize=1)
 
+    shown = StreamFilter(colour=sys.stdout.isatty())
+
     def pump() -> None:
         assert proc.stdout is not None
         for line in proc.stdout:
             lines.append(line)
-            if not capture:
-                sys.stdout.write(line)
+            if not capture and (text := shown(line)) is not None:
+                sys.stdout.write(text)
                 sys.stdout.flush()
             if on_line is not None:
                 on_line(line)

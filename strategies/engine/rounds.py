@@ -103,8 +103,8 @@ def run_rounds(
     started = time.time()
     if evaluate_fn and first_round <= 1:
         res = evaluate_fn(0, initial_arrays)
-        log(INFO, "Initial global evaluation results: %s", res)
-        if res is not None:
+        if res is not None:  # None: the caller logs it itself (the app's round table)
+            log(INFO, "Initial global evaluation results: %s", res)
             result.evaluate_metrics_serverapp[0] = res
     arrays = result.arrays = initial_arrays
     for current in range(first_round, num_rounds + 1):
@@ -131,10 +131,10 @@ def run_rounds(
             log(INFO, "\t└──> Aggregated MetricRecord: %s", evaluate_metrics)
             result.evaluate_metrics_clientapp[current] = evaluate_metrics
         if evaluate_fn:
-            log(INFO, "Global evaluation")
             res = evaluate_fn(current, arrays)
-            log(INFO, "\t└──> MetricRecord: %s", res)
-            if res is not None:
+            if res is not None:  # None: evaluated in the background, logged when it ends
+                log(INFO, "Global evaluation")
+                log(INFO, "\t└──> MetricRecord: %s", res)
                 result.evaluate_metrics_serverapp[current] = res
     log(INFO, "")
     log(INFO, "Strategy execution finished in %.2fs", time.time() - started)
