@@ -295,14 +295,29 @@ def partition_sizes(cfg: RunConfig, source: DataSource, num_partitions: int) -> 
         values = cfg.to_dict()
         keys = ("partition", *SCHEME_KEYS.get(cfg.partition, ()))
         shown = ", ".join(f"{key}={values[key]!r}" for key in keys)
-        fix = (DIRICHLET_FIX if cfg.partition.startswith("dirichlet") else
-               f"change {' or '.join(f'-c {key}' for key in keys)}, or run fewer SuperNodes "
-               "(--num-supernodes)")
+        fix = partition_fix(cfg, keys, len(labels), num_partitions)
         raise PreflightError(
             f"{shown} cannot split the {len(labels)} training examples of {cfg.dataset} into "
             f"{num_partitions} partitions (one per SuperNode, --num-supernodes "
             f"{num_partitions}): {exc}. Every ClientApp would fail on it. Fix: {fix}") from None
     return [len(part) for part in parts]
+
+
+def partition_fix(cfg: RunConfig, keys: tuple[str, ...], examples: int,
+                  num_partitions: int) -> str:
+    """The fix of a split that cannot be made; only what can help (more SuperNodes than
+    examples: no partition key can)."""
+    if num_partitions > examples:
+        return (f"run at most {examples} SuperNodes (--num-supernodes {examples}): each "
+                "partition needs an example of its own, whatever the partition keys")
+    if cfg.partition.startswith("dirichlet"):
+        if num_partitions * cfg.min_partition_size > examples:
+            return (f"lower -c min-partition-size to at most {examples // num_partitions} "
+                    f"({examples} examples / {num_partitions} partitions), or run fewer "
+                    "SuperNodes (--num-supernodes)")
+        return DIRICHLET_FIX
+    return (f"change {' or '.join(f'-c {key}' for key in keys)}, or run fewer SuperNodes "
+            "(--num-supernodes)")
 
 
 def batch_size_warnings(cfg: RunConfig, batch_size: int, sizes: list[int] | None) -> list[str]:

@@ -133,3 +133,17 @@ def test_the_warning_is_printed_once_and_the_run_goes_on(tmp_path, capsys, monke
     assert err.count("warning: batch-size=40 is larger than 1 of the 4 partitions (the "
                      "smallest holds 35 training examples)") == 1
     assert len(started) == 1
+
+
+@pytest.mark.parametrize("config", [{"partition": "dirichlet", "dirichlet-alpha": 0.1},
+                                    {"partition": "iid"}])
+def test_more_supernodes_than_examples_is_fixed_by_fewer_supernodes_only(tmp_path, config):
+    """--num-supernodes 70000 of Fashion-MNIST's 60,000 (here 120 of 100): raising
+    dirichlet-alpha cannot help, so it is not offered (#58)."""
+    write_tiny_fashion_mnist(tmp_path / "data", n_train=100)
+    with pytest.raises(PreflightError) as info:
+        sizes_of({**config, "min-partition-size": 0}, tmp_path / "data", 120)
+    message = str(info.value)
+    assert message.endswith("Fix: run at most 100 SuperNodes (--num-supernodes 100): each "
+                            "partition needs an example of its own, whatever the partition keys")
+    assert "dirichlet-alpha (less skew)" not in message
