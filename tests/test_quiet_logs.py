@@ -73,3 +73,24 @@ def test_no_none_results_are_logged(caplog):
                                    if "evaluation" in r.getMessage() or "MetricRecord" in
                                    r.getMessage())
     assert "Initial global evaluation" not in caplog.text
+
+
+def test_help_text_has_no_rst_markup():
+    from simulation.runtime.help_format import plain  # noqa: PLC0415
+
+    assert plain("the ``flwr run`` of :mod:`simulation.preflight`, :class:`~a.b.RunWatch`, "
+                 ":func:`x.y`") == "the flwr run of simulation.preflight, RunWatch, x.y"
+    assert plain(None) is None and plain("") == ""
+
+
+def test_every_tools_help_is_plain(capsys):
+    import pytest  # noqa: PLC0415
+
+    from simulation.cli import main  # noqa: PLC0415
+
+    for tool in ("run", "sweep", "report", "bench", "keys", "strategies"):
+        with pytest.raises(SystemExit):
+            main([tool, "--help"])
+        text = capsys.readouterr().out
+        assert "usage:" in text
+        assert "``" not in text and ":mod:`" not in text and ":func:`" not in text, tool
