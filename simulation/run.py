@@ -146,7 +146,7 @@ def resume_overrides(run_dir: Path, given: dict[str, object]) -> dict[str, objec
     values that differ from the app's defaults), ``resume-from`` = ``run_dir``, and the
     ``-c`` overrides ``given`` on top, with a note naming those that change it."""
     from fedapp.checkpoint import load_checkpoint  # noqa: PLC0415 - flwr, numpy: only here
-    from fedapp.config import ConfigError, with_fix_as  # noqa: PLC0415
+    from fedapp.config import ConfigError, cli_fix, with_fix_as  # noqa: PLC0415
 
     run_dir = run_dir.expanduser().resolve()
     if "resume-from" in given:
@@ -169,9 +169,9 @@ def resume_overrides(run_dir: Path, given: dict[str, object]) -> dict[str, objec
             f"(the resumed run gets a new run directory; the run directory does not record "
             f"--num-supernodes: give the original run's)")
     if changed:
-        shown = ", ".join(f"{key}={value!r} (was {saved.get(key, defaults.get(key))!r})"
+        shown = ", ".join(f"{cli_fix({key: value})} (was {saved.get(key, defaults.get(key))!r})"
                           for key, value in changed.items())
-        note += f"; -c on top: {shown}"
+        note += f"; on top: {shown}"
     print(note, file=sys.stderr, flush=True)
     return {**base, **given, "resume-from": str(run_dir)}
 

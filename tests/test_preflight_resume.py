@@ -117,7 +117,7 @@ def test_resume_takes_the_run_config_from_the_run_directory(run_dir, no_flwr_run
     assert "strategy" not in overrides  # the app's default: flwr run gives it
     note = capsys.readouterr().err
     assert note.startswith(f"note: resuming {run_dir} after its round 2 with its run config")
-    assert note.rstrip().endswith("-c on top: num-server-rounds=9 (was 5)")
+    assert note.rstrip().endswith("; on top: -c num-server-rounds=9 (was 5)")
     assert simulation_cli.main(["run", "--resume", str(run_dir), "--num-supernodes", "5",
                                 "--check"]) == 0
     with pytest.raises(ZeroDivisionError):  # checked, then handed to (the stand-in) flwr run
