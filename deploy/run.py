@@ -27,7 +27,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from fedapp import check_run_config  # the app's public entry point
+from fedapp import check_run_config, cli_fix  # the app's public entry points
 from simulation.runtime import parse_overrides, to_flwr_config
 
 from .bind_policy import insecure_remote_warning
@@ -106,7 +106,7 @@ def spec_of(args: argparse.Namespace) -> tuple[DeploySpec, dict]:
                          virtual if isinstance(virtual, int) and virtual > 0 else spec.num_supernodes)
     if spec.auth:  # node identity: each registered key may claim only its own partition
         overrides.setdefault("partition-map", str(Layout(args.workdir.resolve()).partition_map))
-    cfg = check_run_config(overrides)  # the ServerApp's rules, before anything starts
+    cfg = check_run_config(overrides, fix_as=cli_fix)  # the ServerApp's rules, fixes as -c
     if cfg.virtual_clients and cfg.min_available_nodes > cfg.virtual_clients:
         raise ValueError(
             f"min-available-nodes={cfg.min_available_nodes}, but there are virtual-clients="

@@ -9,7 +9,7 @@ needs.
 
 from __future__ import annotations
 
-__all__ = ["check_run_config", "partition_map_text"]
+__all__ = ["check_run_config", "cli_fix", "partition_map_text"]
 
 
 def __getattr__(name: str) -> object:
@@ -20,6 +20,10 @@ def __getattr__(name: str) -> object:
         from .registry import check_run_config  # noqa: PLC0415
 
         return check_run_config
+    if name == "cli_fix":  # a ConfigError's fix as -c key=value (fedapp.config.cli_fix)
+        from .config import cli_fix  # noqa: PLC0415
+
+        return cli_fix
     if name == "partition_map_text":
         from .partition_map import partition_map_text  # noqa: PLC0415
 

@@ -32,7 +32,7 @@ from strategies.engine.robust import RobustRule, robust_rule
 from strategies.engine.registry import Registration
 from strategies.engine.schedules import LRSchedule
 
-from .config import ConfigError, RunConfig, default, flwr_run_fix
+from .config import ConfigError, RunConfig, default, flwr_run_fix, with_fix_as
 from .config_keys import FLOWER, KEYS, REGISTRATIONS
 
 __all__ = ["Built", "FLOWER_STRATEGIES", "ModelFacts", "STRATEGIES", "build_strategy",
@@ -221,14 +221,21 @@ def build_strategy(cfg: RunConfig, model: ModelFacts | None = None) -> Built:
                           f"keys\") with: flwr run . --run-config \"<key>=<value>\"") from exc
 
 
-def check_run_config(user_config: Mapping[str, object]) -> RunConfig:
+def check_run_config(user_config: Mapping[str, object],
+                     fix_as: Callable[[Mapping[str, object]], str] | None = None) -> RunConfig:
     """Every run-config rule the ServerApp checks before training, without data or checkpoint.
 
     ``RunConfig.from_user_config`` (the table's checks) plus building the strategy once
     (its name; a device trace must load). Sweep planners and tests use this to reject a run
-    up front.
+    up front. ``fix_as`` writes a ConfigError's fix in the caller's syntax (e.g.
+    :func:`fedapp.config.cli_fix`: ``-c key=value``; None: ``flwr run --run-config``).
     """
-    cfg = RunConfig.from_user_config(user_config)
+    try:
+        cfg = RunConfig.from_user_config(user_config)
+    except ConfigError as exc:
+        if fix_as is None:
+            raise
+        raise ConfigError(with_fix_as(exc, fix_as), exc.fix) from None
     was_disabled, FLOWER_LOGGER.disabled = FLOWER_LOGGER.disabled, True  # constructors log
     try:
         build_strategy(cfg)

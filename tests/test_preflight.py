@@ -64,6 +64,8 @@ def test_deploy_run_refuses_a_bad_run_config_as_a_usage_error(capsys):
     assert run(parser.parse_args(["-c", "partition=shard", "--workdir", "/nonexistent"])) == 2
     err = capsys.readouterr().err
     assert "python -m deploy run: error: run config: partition='shard' is not allowed" in err
+    assert "did you mean 'shards'?" in err and err.rstrip().endswith("Set it with: -c partition=shards")
+    assert "--run-config" not in err  # the fix in deploy run's own syntax (#58)
 
 
 def test_device_cuda_for_clientapps_without_a_gpu_share_stops_before_flwr_run(no_flwr_run,
