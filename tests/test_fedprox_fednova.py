@@ -633,7 +633,7 @@ def test_fednova_equal_steps_equals_fedavg_strategy():
 
 def test_fednova_momentum_sent_uses_momentum_norm():
     grid = InProcessGrid(make_app(), 2, {})
-    s = FedNova(query_client_info=True)
+    s = FedNova(query_client_info=True, steps_reported=True)  # the replies carry local-steps
     messages = configure(s, grid, 1, ConfigRecord({C.LR: 0.1, C.MOMENTUM: 0.5}))
     assert all(s.plans[1].sent(m.metadata.dst_node_id)[C.MOMENTUM] == 0.5 for m in messages)
     by_pid = {node_partition(grid, m.metadata.dst_node_id): m for m in messages}
@@ -852,3 +852,18 @@ def test_fednova_server_lr_applied_or_rejected():
                                       reply(2, [3.0, 6.0], 10, **steps(4))])
     np.testing.assert_allclose(result_w(arrays), [1.09375, 2.1875],
                                atol=1e-14)  # half of [2.1875, 4.375]
+
+
+def test_fednova_with_flowers_call_and_a_stock_client_stops_before_any_training():
+    """Flower's quickstart: FedNova(fraction_train=...), train config {lr} only: tau_i of a
+    stock client cannot be derived, so round 1 sends nothing and says the one change (#58:
+    it trained round 1, then stopped on 'replies carry no local-steps')."""
+    grid = InProcessGrid(make_app(), 2, {})
+    with pytest.raises(ValueError, match=r"Before any training, give one: FedNova\(\.\.\., "
+                                         r"local_epochs=E, batch_size=B\).*steps_reported=True"):
+        configure(FedNova(1.0, 0.0), grid, 1, ConfigRecord({C.LR: 0.01}))
+    assert not [call for call in grid.calls if call[1] == "train"]
+    for ok in (FedNova(1.0, 0.0, local_epochs=1, batch_size=32),
+               FedNova(1.0, 0.0, steps_reported=True)):
+        assert configure(ok, grid, 1, ConfigRecord({C.LR: 0.01}))
+    assert configure(FedNova(1.0, 0.0), grid, 1, ConfigRecord({C.LR: 0.01, C.LOCAL_STEPS: 5}))

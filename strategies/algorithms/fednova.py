@@ -24,7 +24,7 @@ from .. import contract as C
 from ..contract import Section, logged
 from ..engine import averaging as agg
 from ..engine import sampling, trust_gate
-from ..engine.algorithm import Algorithm, Contract, RoundInput, RoundUpdate
+from ..engine.algorithm import Algorithm, Contract, Outgoing, RoundInput, RoundUpdate
 from ..engine.registry import register
 from ..engine.round_engine import RoundEngine
 
@@ -48,14 +48,25 @@ class Normalised(Algorithm):
     contract = Contract(helper=REPORT_STEPS_HELPER)
 
     def __init__(self, server_momentum: float = 0.0, local_epochs: float | None = None,
-                 batch_size: int | None = None, drop_last: bool = False) -> None:
+                 batch_size: int | None = None, drop_last: bool = False,
+                 steps_reported: bool = False) -> None:
         if not 0 <= server_momentum < 1:
             raise ValueError(f"server_momentum must be in [0, 1), got {server_momentum}")
         self.server_momentum = float(server_momentum)
         self.local_epochs, self.batch_size = local_epochs, batch_size
         self.drop_last = bool(drop_last)
+        self.steps_reported = bool(steps_reported)
         self.momentum_buffer: agg.NDArrays | None = None
         self.warned_tau = False  # the derived-tau warning, once per run
+
+    def send(self, plan) -> Outgoing:
+        """Nothing beside the model. Before any client trains: a ValueError with the one
+        change to make when a stock client's tau_i could not be derived
+        (:func:`tau_source_problem`), unless the clients report it (``steps_reported``)."""
+        problem = None if self.steps_reported else tau_source_problem(plan.config, self)
+        if problem:
+            raise ValueError(problem)
+        return Outgoing()
 
     def update(self, r: RoundInput) -> RoundUpdate:
         """eq. (6) over the accepted replies, then optional server momentum."""
@@ -96,6 +107,25 @@ def a_norm(reply: Message, sent: Mapping[str, object], fednova: Normalised) -> f
     if mu > 0:
         return agg.fednova_norm_proximal(tau, float(sent.get(C.LR, 0.0)), mu)
     return agg.fednova_norm_sgd(tau)
+
+
+def tau_source_problem(config: Mapping[str, object], fednova: Normalised) -> str | None:
+    """Why tau_i of a client that does not report ``local-steps`` could not be derived from
+    what the server knows (the ``local-steps`` sent, or E and B), with the one change to
+    make; None when it can."""
+    if int(config.get(C.LOCAL_STEPS, 0) or 0) > 0:
+        return None
+    epochs = fednova.local_epochs if fednova.local_epochs is not None else config.get(
+        C.LOCAL_EPOCHS)
+    batch = fednova.batch_size if fednova.batch_size is not None else config.get(C.BATCH_SIZE)
+    if epochs is not None and batch is not None:
+        return None
+    return (f"FedNova needs each client's local work tau_i; the train config has no "
+            f"'{C.LOCAL_STEPS}' and local_epochs={epochs!r}, batch_size={batch!r}, so a stock "
+            f"ClientApp's tau_i = E ceil(n_i / B) is unknown. Before any training, give one: "
+            f"FedNova(..., local_epochs=E, batch_size=B) with your ClientApp's epochs and "
+            f"DataLoader batch size, or, if the ClientApp reports its steps with "
+            f"{REPORT_STEPS_HELPER}, FedNova(..., steps_reported=True)")
 
 
 def reply_tau(reply: Message, sent: Mapping[str, object], fednova: Normalised) -> int:
@@ -151,8 +181,12 @@ class FedNova(RoundEngine):
         How such a client's loop batches an epoch: ``False`` (PyTorch's DataLoader
         default) runs tau_i = E ceil(n_i / B) steps, ``True`` runs E floor(n_i / B); a
         fractional E gives floor(E ceil(n_i / B)) (:func:`strategies.engine.sampling.
-        dataloader_steps`). When E or B is not known either way, the first such reply stops
-        the run with a ValueError saying how to give them; tau_i is never guessed.
+        dataloader_steps`). When E or B is not known either way, the first round stops
+        before any client trains with a ValueError saying how to give them (or
+        ``steps_reported``); tau_i is never guessed.
+    steps_reported : bool
+        The ClientApp reports tau_i (``local-steps``, :data:`REPORT_STEPS_HELPER`), so E and
+        B are not needed; a reply without it then stops the run as before.
     straggler_policy : str
         ``"partial"`` by default: FedNova exists to aggregate unequal local work.
     **kwargs
@@ -171,12 +205,13 @@ class FedNova(RoundEngine):
 
     def __init__(self, *flower_args, server_momentum: float = 0.0,
                  local_epochs: float | None = None, batch_size: int | None = None,
-                 drop_last: bool = False, straggler_policy: str = "partial", **kwargs) -> None:
+                 drop_last: bool = False, steps_reported: bool = False,
+                 straggler_policy: str = "partial", **kwargs) -> None:
         if kwargs.get("weighting", "examples") != "examples":
             raise ValueError(f"FedNova weights clients by num-examples; "
                              f"weighting={kwargs['weighting']!r} is not supported")
         super().__init__(*flower_args, straggler_policy=straggler_policy, algorithm=Normalised(
-            server_momentum, local_epochs, batch_size, drop_last), **kwargs)
+            server_momentum, local_epochs, batch_size, drop_last, steps_reported), **kwargs)
 
 
 FEDNOVA_WHY = "FedNova's eq. (5) weights clients by num-examples"

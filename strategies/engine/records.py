@@ -354,7 +354,8 @@ def contract_error(strategy: str, server_round: int, num_replies: int, missing: 
         f"{strategy}: all {num_replies} train replies of round {server_round} lack {missing}, so "
         f"the ClientApp does not implement {strategy}'s contract. Call {helper} in the "
         f"ClientApp's @app.train() (or use a strategy that a stock ClientApp serves: "
-        f"FedAvg, FedProx, FedNova)")
+        f"FedAvg, FedProx, FedExP, FedBuff, FedAsync; FedNova given local_epochs and "
+        f"batch_size)")
 
 
 class ContractEvidence:
