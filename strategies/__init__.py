@@ -13,13 +13,17 @@ optimisers, behind the trust gate and with a ``state_dict`` for checkpoints:
 (:mod:`strategies.algorithms.flower_optimizers`). Client selection
 policies for any strategy's participation model: :class:`RandomSelection` (default),
 :class:`OortSelection`, :class:`PowerOfChoice`, :class:`TiFLSelection`, with the
-:class:`FleetGuard` that bounds what clients report about themselves. Byzantine-robust
+:class:`FleetGuard` that bounds what clients report about themselves; the simulated clock
+that Oort, TiFL, deadlines and FedBuff's arrival order use: :class:`SimClock` over a
+:class:`GeneratedFleet` or a :class:`TraceFleet` of :class:`DeviceProfile`. Byzantine-robust
 aggregation for the FedAvg family and FedBuff (``robust=``): :class:`Median`,
 :class:`TrimmedMean` (Yin et al. 2018, :mod:`strategies.engine.robust`).
 """
 
 from .algorithms import *  # noqa: F403 - every algorithm's strategy (algorithms.__all__)
 from .algorithms import __all__ as ALGORITHMS
+from .engine.clock import SimClock
+from .engine.devices import DeviceProfile, GeneratedFleet, TraceFleet
 from .engine.participation import STRAGGLER_POLICIES, STRAGGLER_UNITS, RandomSelection
 from .engine.records import ClientContractError
 from .engine.robust import ROBUST_RULES, Median, RobustRule, TrimmedMean
@@ -30,6 +34,7 @@ from .selection.policy import SELECTIONS
 from .selection.power_of_choice import PowerOfChoice
 from .selection.tifl import TiFLSelection
 
-__all__ = [*ALGORITHMS, "ClientContractError", "FleetGuard", "Median", "OortSelection", "PowerOfChoice",
+__all__ = [*ALGORITHMS, "ClientContractError", "DeviceProfile", "FleetGuard", "GeneratedFleet",
+           "Median", "SimClock", "TraceFleet", "OortSelection", "PowerOfChoice",
            "ROBUST_RULES", "RandomSelection", "RobustRule", "SELECTIONS", "STRAGGLER_POLICIES",
            "STRAGGLER_UNITS", "TiFLSelection", "TrimmedMean", "WEIGHTINGS"]

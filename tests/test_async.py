@@ -4,6 +4,7 @@ replies come in), resume mid-flight, the trust gate, and over-commitment."""
 
 from __future__ import annotations
 
+import logging
 import math
 
 import numpy as np
@@ -234,3 +235,32 @@ def test_over_commitment_closes_the_round_at_the_first_m_replies_on_the_clock():
         Participation(over_commitment=0.3)
     with pytest.raises(ValueError, match="over_commitment"):
         Participation(over_commitment=-1)
+
+
+def test_fedbuffs_defaults_on_2_supernodes_say_what_a_round_is(caplog):
+    """FedBuff's defaults (K = 10, 20 in flight) on Flower's 2 default SuperNodes: a round
+    is 10 trainings, 5x FedAvg's work; said once at the first round (#58)."""
+    strategy = FedBuff(fraction_evaluate=0.0, participation=participation(selection=FirstIdle()))
+    with caplog.at_level(logging.INFO, logger="flwr"):
+        run_rounds(strategy, InProcessGrid(adding_app(), 2, {}), record({"w": np.zeros(1)}),
+                   num_rounds=2, train_config=ConfigRecord({C.LOCAL_STEPS: 1}))
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING
+              and r.getMessage().startswith("FedBuff: concurrency")]
+    assert warned == ["FedBuff: concurrency 20 exceeds the 2 connected nodes: at most 2 tasks "
+                      "train at once; each server update (\"round\") waits for 10 client "
+                      "updates, 5 per node (a FedAvg round: one each)"]
+
+
+def test_differences_from_flower_and_the_work_per_update(caplog):
+    from strategies.engine.flower_args import (differences_from_flower,  # noqa: PLC0415
+                                               work_per_update_warning)
+
+    assert differences_from_flower(2, 2) is None
+    assert differences_from_flower(1, 2).endswith("(min_train_nodes 1, Flower's default 2)")
+    assert work_per_update_warning("FedAsync", 1, 2, 2) is None
+    assert work_per_update_warning("FedBuff", 3, 4, 10) is None
+    with caplog.at_level(logging.INFO, logger="flwr"):
+        FedBuff().summary()  # evaluating (Flower's fraction_evaluate 1.0): both differ
+    assert ("Differs from Flower's FedAvg: m = max(floor(C K), 1) clients per round "
+            "(min_train_nodes 1, Flower's default 2); min_evaluate_nodes 1 (Flower's default 2)"
+            ) in caplog.text

@@ -209,6 +209,7 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
         self.custom_metrics = (train_metrics_aggr_fn, evaluate_metrics_aggr_fn)  # None: ours
         self.algorithm = algorithm
         self.robust_buffer = robust_buffer_for(name, robust, algorithm)
+        self.warned_work = False  # the work-per-update warning, once per run
         self.participation = participation
         self.work = LocalWork(participation, algorithm.contract, owner=name)
         self.tasks = AsyncTasks(participation, concurrency, arrival, owner=name)
@@ -236,6 +237,9 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
                              for k, v in vars(self.algorithm).items()
                              if not k.startswith("_") and isinstance(v, (bool, int, float, str)))
         lines = [f"{self.algorithm.name}: {settings}", *self.participation.summary_lines()]
+        differ = flower_args.differences_from_flower(self.participation.min_train_nodes,
+                                                     self.min_evaluate_nodes)
+        lines += [differ] if differ else []
         if self.robust_buffer is not None:
             lines.append(f"Robust aggregation: {self.robust_buffer.rule} of the buffer's "
                          f"staleness-weighted updates (unweighted: num-examples not used)")
@@ -275,6 +279,13 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
         config[C.SERVER_ROUND] = server_round
         for key, value in self.algorithm.send().items():
             config[key] = value
+        if not self.warned_work:  # once: how much work a "round" is here
+            self.warned_work = True
+            warning = flower_args.work_per_update_warning(
+                type(self).__name__, self.updates_per_step(), self.tasks.concurrency,
+                len(self.participation.connected(grid)))
+            if warning:
+                log(WARNING, "%s", warning)
         current = {"model": arrays}
         updates = RoundUpdates()
         report = self.reports[server_round] = RoundReport(server_round)
@@ -343,6 +354,11 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
             for sent, client in buffer.release(model):
                 self.algorithm.apply(ClientUpdate(None, sent, client, 0, model))
         return held
+
+    def updates_per_step(self) -> int:
+        """Client updates per server update: FedBuff's K, FedAsync's updates per round."""
+        return int(getattr(self.algorithm, "buffer_size", None)
+                   or getattr(self.algorithm, "updates_per_round", 1))
 
     def round_over(self, updates: RoundUpdates) -> bool:
         """The server update is ready, or ``MAX_FAILURES_PER_TASK`` x ``concurrency`` tasks

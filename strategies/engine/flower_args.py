@@ -86,6 +86,33 @@ def flower_base_args(participation: object, fraction_evaluate: float,
                                                          evaluate_metrics_aggr_fn)}
 
 
+def differences_from_flower(min_train_nodes: int, min_evaluate_nodes: int) -> str | None:
+    """The startup line of the defaults that differ from Flower's FedAvg (None: none)."""
+    differ = []
+    if min_train_nodes == 1:
+        differ.append("m = max(floor(C K), 1) clients per round (min_train_nodes 1, Flower's "
+                      "default 2)")
+    if min_evaluate_nodes == 1:
+        differ.append("min_evaluate_nodes 1 (Flower's default 2)")
+    return "Differs from Flower's FedAvg: " + "; ".join(differ) if differ else None
+
+
+def work_per_update_warning(owner: str, updates_per_step: int, concurrency: int,
+                            nodes: int) -> str | None:
+    """What a run of an asynchronous strategy does per server update ("round") on ``nodes``
+    connected nodes, when it is more than FedAvg's one task per node or the concurrency
+    exceeds the nodes (None otherwise)."""
+    notes = []
+    if concurrency > nodes:
+        notes.append(f"concurrency {concurrency} exceeds the {nodes} connected nodes: at most "
+                     f"{nodes} tasks train at once")
+    if updates_per_step > nodes:
+        notes.append(f"each server update (\"round\") waits for {updates_per_step} client "
+                     f"updates, {updates_per_step / max(nodes, 1):g} per node (a FedAvg round: "
+                     f"one each)")
+    return f"{owner}: " + "; ".join(notes) if notes else None
+
+
 def flower_metrics(fn: MetricsAggregation, contents: Sequence[RecordDict]) -> MetricRecord:
     """``fn`` (Flower's signature) over the replies' ``contents``, weighted by
     ``num-examples``; a TypeError naming the function if it returns no MetricRecord."""

@@ -211,9 +211,9 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
                      f"none, {self.robust} of the client updates")
         log(INFO, "\t├──> Weighting: %s | server lr: %s | seed: %s | client-info query: %s",
             weighting, self.server_lr, p.seed, "on" if p.query_client_info else "off")
-        if p.min_train_nodes == 1:
-            log(INFO, "\t├──> Differs from Flower's FedAvg: m = max(floor(C K), 1) clients "
-                "per round (min_train_nodes 1, Flower's default 2)")
+        differ = flower_args.differences_from_flower(p.min_train_nodes, self.min_evaluate_nodes)
+        if differ:
+            log(INFO, "\t├──> %s", differ)
         if self.lr_schedule is not None:
             log(INFO, "\t├──> Learning rate per round: %s", self.lr_schedule)
         for line in p.summary_lines():
