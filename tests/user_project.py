@@ -410,7 +410,7 @@ def make_strategy(name: str, query: bool):
         "fedavg": lambda: FedAvg(fraction_evaluate=0.0, **common),
         "fedprox": lambda: FedProx(proximal_mu=0.01, fraction_evaluate=0.0, **common),
         "fedlc": lambda: FedLC(tau=1.0, fraction_evaluate=0.0, **common),
-        "fednova": lambda: FedNova(fraction_evaluate=0.0, **common),
+        "fednova": lambda: FedNova(fraction_evaluate=0.0, steps_reported=True, **common),
         "fedveca": lambda: FedVeca(tau_init=50, tau_max=100, fraction_evaluate=0.0, **common),
         "dynamicfl": lambda: DynamicFL(intervals="1-4", local_steps=94, beta=0.5, **common),
         "scaffold": lambda: Scaffold(fraction_evaluate=0.0, **common),
