@@ -212,3 +212,24 @@ def test_a_single_client_that_lacks_the_contract_stops_the_run_at_the_third_roun
     with pytest.raises(ClientContractError, match="round 3"):
         run(HeteroFL(**kwargs(levels=(0.5,), min_available_nodes=1)),
             client_app([], ignore_width=True), 1, rounds=4)
+
+
+def test_the_query_is_on_by_default_and_a_node_without_a_partition_is_named(caplog):
+    """Flower's constructor call: HeteroFL(width_spec=...) asks for the partition ids itself
+    (#58: every client trained width 1.0 without query_client_info=True); with the query
+    off, one WARNING says why every node trains the largest level and what to register."""
+    assert HeteroFL(width_spec=SPEC).participation.query_client_info
+    assert FjORD(width_spec=SPEC).participation.query_client_info
+    assert not HeteroFL(width_spec=SPEC, query_client_info=False).participation.query_client_info
+    seen = []
+    with caplog.at_level(logging.WARNING):
+        run(HeteroFL(**kwargs(query_client_info=False)), client_app(seen), rounds=2)
+    assert {c[C.MODEL_WIDTH] for _, c, _ in seen} == {1.0}
+    warned = [r.getMessage() for r in caplog.records if "has no partition id" in r.getMessage()]
+    assert len(warned) == 1 and "strategies.client.client_info_reply" in warned[0]
+
+
+def test_no_width_spec_names_the_users_own_spec():
+    with pytest.raises(ValueError, match=r"needs your model's width spec: pass width_spec="
+                                         r"\{parameter name: .*docs/strategies/width.md"):
+        run(HeteroFL(query_client_info=True, fraction_evaluate=0.0), client_app([]))

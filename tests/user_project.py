@@ -399,11 +399,18 @@ NET_WIDTHS = {"conv1.weight": (("conv1", 1), None, None, None), "conv1.bias": ((
               "fc3.weight": (None, ("fc2", 1)), "fc3.bias": (None,)}
 
 
+def heterofl_strategy():
+    """docs/strategies/width.md's server block, as the page writes it."""
+    strategy = HeteroFL(width_spec=NET_WIDTHS, levels=(1.0, 0.5), width_rule="fixed",
+                        scaler=False)  # WideNet has no Scaler module; the query is on by default
+    return strategy
+
+
 def make_strategy(name: str, query: bool):
     common = {"query_client_info": query}  # True: the ClientApp answers with client_info_reply
     width = {"fraction_evaluate": 0.0, **common}
     return {
-        "heterofl": lambda: HeteroFL(width_spec=NET_WIDTHS, levels=(1.0, 0.5), width_rule="fixed", **width),
+        "heterofl": heterofl_strategy,
         "fjord": lambda: FjORD(width_spec=NET_WIDTHS, levels=(1.0, 0.5), width_rule="fixed", **width),
         "fedrolex": lambda: FedRolex(width_spec=NET_WIDTHS, levels=(1.0, 0.5), width_rule="fixed", **width),
         "flower-fedavg": lambda: FlowerFedAvg(fraction_evaluate=0.0),

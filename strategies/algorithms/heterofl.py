@@ -38,7 +38,8 @@ def width_engine_args(owner: str, scheme: str, kwargs: dict, *, width_spec=None,
                       scaler: bool = False) -> dict:
     """The round engine's keyword arguments for a width strategy: ``kwargs`` with the
     :class:`~strategies.engine.submodels.SubModels` component (checked: its weighting, no
-    drift diagnostics)."""
+    drift diagnostics) and the client-info query on unless given (the width rules go by
+    partition id; without one a client trains the largest level)."""
     weighting = kwargs.get("weighting", "uniform")
     if weighting not in WIDTH_WEIGHTINGS:
         raise ValueError(f"weighting={weighting!r} is not known; use one of "
@@ -47,6 +48,8 @@ def width_engine_args(owner: str, scheme: str, kwargs: dict, *, width_spec=None,
         raise ValueError(f"{owner}: drift_diagnostics compares whole-model updates; the "
                          f"clients here send sub-models of different shapes. Use "
                          f"drift_diagnostics=False")
+    if "participation" not in kwargs:  # the widths go by partition id: ask for it
+        kwargs = {"query_client_info": True, **kwargs}
     return {**kwargs, "weighting": weighting,
             "submodels": SubModels(scheme, width_spec=width_spec, levels=levels,
                                    width_rule=width_rule, level_compute=level_compute,

@@ -139,6 +139,7 @@ class SubModels:
         self.level_params: dict[float, int] = {}
         self.participation: Participation | None = None
         self.owner = "HeteroFL"
+        self.warned_no_partition = False  # warn_no_partition, once per run
         self.widths: dict[int, float] = {}  # one round's widths by node (a memo of the rule)
         self.widths_round = 0
 
@@ -178,6 +179,17 @@ class SubModels:
             self.widths[node_id] = self.choose_width(server_round, node_id, config, work)
         return self.widths[node_id]
 
+    def warn_no_partition(self, node_id: int) -> None:
+        """One WARNING per run: a node without a partition id trains the largest level."""
+        if self.warned_no_partition:
+            return
+        self.warned_no_partition = True
+        log(WARNING, "%s: node %d has no partition id (the client-info query is off or it did "
+            "not answer), so width rule '%s' gives it the largest level, %g, as every such "
+            "node: register strategies.client.client_info_reply in the ClientApp's "
+            "@app.query() and keep query_client_info=True (the width strategies' default)",
+            self.owner, node_id, self.rule.name, self.rule.levels[0])
+
     def choose_width(self, server_round: int, node_id: int, config: ConfigRecord,
                      work) -> float:
         """The rule's width for one node (partition id from the client-info query; a node
@@ -186,6 +198,7 @@ class SubModels:
         if rule.name != "deadline":
             pid = participation.info(node_id).partition_id
             if pid is None:
+                self.warn_no_partition(node_id)
                 return rule.levels[0]
             return rule.fixed(pid) if rule.name == "fixed" else rule.dynamic(server_round, pid)
         timer, pid = participation.timer, participation.partition_of(node_id)
@@ -219,9 +232,11 @@ class SubModels:
         if self.level_bytes:
             return
         if self.spec is None:
-            raise ValueError(f"{self.owner} needs the model's width spec: pass width_spec=... "
-                             f"(task.models.width_spec(name, input_shape, num_classes) for "
-                             f"fedhetero's models)")
+            raise ValueError(f"{self.owner} needs your model's width spec: pass "
+                             f"width_spec={{parameter name: per axis None or (hidden dimension, "
+                             f"repeat)}} (docs/strategies/width.md, 'The change to the "
+                             f"template', has the one of Flower's template Net; fedhetero's own "
+                             f"models: task.models.width_spec(name, input_shape, num_classes))")
         shapes = {k: tuple(v.shape) for k, v in arrays.items()}
         for level in (*self.rule.levels, 1.0):
             indices = submodel_math.submodel_indices(self.spec, shapes, "static", level)
