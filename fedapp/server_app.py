@@ -32,6 +32,7 @@ from task.partition import plot_label_histogram
 from .checkpoint import (Checkpointer, arrays_of, check_compatible, check_model, load_checkpoint,
                          restore_rng, restore_strategy, run_rounds)
 from .config import ConfigError, RunConfig
+from .chance import ChanceWatch, chance_cause
 from .divergence import DivergenceWatch, likely_cause
 from .evaluation_process import (EvaluationProcess, EvaluationResult, EvaluationSpec,
                                  evaluation_process, peak_rss_mb)
@@ -89,6 +90,7 @@ class ServerEvaluator:
         self.started = self.last = time.perf_counter()
         self.checkpointer: Checkpointer | None = None  # checkpoint-every
         self.divergence = DivergenceWatch()  # one warning when the test loss diverges
+        self.at_chance = ChanceWatch(2)  # one warning when nothing is learnt (run() sets it)
         # waits for the evaluation process while round r + 1 trains, then writes round r
         self.worker = (ThreadPoolExecutor(1, thread_name_prefix="fedhetero-eval")
                        if overlap else None)
@@ -161,6 +163,9 @@ class ServerEvaluator:
             log(INFO, "Per-round results (also in %s):", self.run_log.rounds_path)
             log(INFO, table_header())
         log(INFO, table_row(record))
+        stuck = self.at_chance.check(record)
+        if stuck is not None:
+            log(WARNING, "%s", stuck)
         found = self.divergence.check(record)
         if found is not None:
             log(WARNING, "%s", self.divergence.warning(found))
@@ -350,6 +355,8 @@ def run(cfg: RunConfig, grid: Grid, context: Context, built: Built, checkpoint: 
                                 participation=built.participation, plots=cfg.run_plots)
     evaluator.checkpointer = Checkpointer(run_log.directory, cfg.checkpoint_every, strategy,
                                           cfg.to_dict())
+    evaluator.at_chance = ChanceWatch(info["num-classes"],
+                                      chance_cause(cfg.strategy, cfg.lr, cfg.width_scaler))
     evaluator.divergence.cause = likely_cause(
         cfg.strategy, cfg.lr, cfg.server_lr,
         cut_work=cfg.round_deadline > 0 or cfg.straggler_fraction > 0)
