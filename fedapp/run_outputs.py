@@ -23,6 +23,7 @@ import csv
 import io
 import json
 import math
+import re
 import time
 from collections.abc import Mapping, Sequence
 from logging import WARNING
@@ -41,6 +42,44 @@ SUMMARY_JSON = "summary.json"
 PLOT_SHARE = 0.2  # at most this share of a run's time goes into redrawing its plots
 TARGETS = (0.7, 0.75, 0.8)  # summary.json: the first round reaching each test accuracy
 FIRST_COLUMNS = (C.LOG_ROUND, C.LOG_ACCURACY, C.LOG_LOSS)
+
+
+ACCURACY_AXIS = "test accuracy (%)"  # the accuracy axis of every plot (run and report)
+RUN_DIRECTORY = re.compile(r"(\d{4})(\d{2})(\d{2})-(\d{2})(\d{2})(\d{2})-")  # its date-time
+
+
+def accuracy_percent(fraction: float) -> float:
+    """A test accuracy as logged (a fraction) in percent: the one unit of accuracy in every
+    plot and table (metrics.csv, summary.json and report.csv keep the fraction)."""
+    return 100.0 * fraction
+
+
+def time_unit(seconds: float) -> tuple[float, str]:
+    """(divisor of seconds, unit) for simulated times up to ``seconds``: s up to 2 min, min
+    up to 2 h, then h (so a number is never a small fraction of its unit)."""
+    if seconds <= 120:
+        return 1.0, "s"
+    return (60.0, "min") if seconds <= 7200 else (3600.0, "h")
+
+
+def started_at(directory_name: str, seconds: bool = False) -> str | None:
+    """"2026-11-29 07:18" (``seconds``: "2026-11-29 07:18:28") of a run directory named
+    ``20261129-071828-<strategy>-run<id>``; None for any other name."""
+    match = RUN_DIRECTORY.match(directory_name)
+    if match is None:
+        return None
+    year, month, day, hour, minute, second = match.groups()
+    return f"{year}-{month}-{day} {hour}:{minute}" + (f":{second}" if seconds else "")
+
+
+def run_title(strategy: object, seed: object, directory_name: str) -> str:
+    """A run's plot title: strategy, seed and when it started, never its 19-digit run id:
+    "fedavg (seed 0), 2026-11-29 07:18"."""
+    title = f"{strategy or 'run'}" + ("" if seed is None else f" (seed {seed})")
+    when = started_at(directory_name)
+    if when is None:  # not a run directory's name: keep it, less any run id
+        when = re.sub(r"-?run\d{6,}$", "", directory_name)
+    return f"{title}, {when}" if when else title
 
 
 def is_number(value: object) -> bool:
@@ -207,8 +246,7 @@ def plot_run(directory: Path, records: list[dict], summary: Mapping[str, object]
     except Exception as exc:  # noqa: BLE001
         log(WARNING, "Run outputs: no plots in %s, matplotlib is unavailable: %s", directory, exc)
         return []
-    seed = "" if summary.get("seed") is None else f" (seed {summary['seed']})"
-    title = f"{summary.get('strategy') or 'run'}{seed}, {directory.name}"
+    title = run_title(summary.get("strategy"), summary.get("seed"), directory.name)
     written = []
     for name, plot in run_plots.plots_for(records):
         try:

@@ -21,7 +21,8 @@ from matplotlib.ticker import MaxNLocator
 from strategies import contract as C
 
 from .atomic_file import write_bytes_atomically
-from .run_outputs import cumulative_megabytes, has_clock, number, sim_elapsed
+from .run_outputs import (ACCURACY_AXIS, accuracy_percent, cumulative_megabytes, has_clock,
+                          number, sim_elapsed, time_unit)
 
 ROUND_PLOT = "accuracy_loss_vs_round.png"
 BYTES_PLOT = "accuracy_loss_vs_bytes.png"
@@ -37,13 +38,6 @@ def byte_unit(megabytes: float) -> tuple[float, str]:
         if megabytes * factor < 1000:
             return factor, unit
     return 1e-3, "GB"
-
-
-def time_unit(seconds: float) -> tuple[float, str]:
-    """(divisor of seconds, unit): s up to 2 min, min up to 2 h, then h."""
-    if seconds <= 120:
-        return 1.0, "s"
-    return (60.0, "min") if seconds <= 7200 else (3600.0, "h")
 
 
 def series(records: Records, xs: Sequence[float], key: str,
@@ -68,8 +62,9 @@ def plot_against(records: Records, xs: Sequence[float], path: Path, title: str, 
     fig = Figure(figsize=(11, 4.2))
     FigureCanvasAgg(fig)
     acc_ax, loss_ax = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
-    draw(acc_ax, series(records, xs, C.LOG_ACCURACY, 100.0), "test accuracy", color="C0")
-    acc_ax.set_ylabel("test accuracy (%)")
+    draw(acc_ax, series(records, xs, C.LOG_ACCURACY, accuracy_percent(1.0)), "test accuracy",
+         color="C0")
+    acc_ax.set_ylabel(ACCURACY_AXIS)
     acc_ax.set_title("test accuracy")
     test_loss = series(records, xs, C.LOG_LOSS)
     train_loss = series(records, xs, C.LOG_TRAIN_LOSS)

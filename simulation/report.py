@@ -6,17 +6,22 @@ one run directory (``<PATH>/rounds.jsonl``), or a folder of run directories (an
 PATH given (a run directory: its ``report/``), or ``--out``, which several PATHs need. A
 sweep folder that keeps its sweep file (``sweep.toml``, :mod:`simulation.sweep`) gives the
 report its title, targets (unless ``--target``), baselines, variant order and published
-numbers. The report holds:
+numbers. Each variant is labelled by its strategy and the run-config keys that tell it
+apart from the others (:mod:`simulation.report_labels`); accuracy is in % in every table
+and plot (report.csv keeps fractions), simulated time in s, min or h by its magnitude
+(report.csv keeps seconds). The report holds:
 
 * ``report.csv`` and ``report.md``: per variant, final and best test accuracy (mean ± std
   over seeds), rounds-to-target and bytes-to-target (best-so-far curve, linear
   interpolation, McMahan et al.; mean over the seeds that reach it, "n/k" reached), and
-  where the runs carry the simulated clock (``device-profiles``) the simulated seconds to
-  each target (``sim-seconds-to-<target>``);
+  where the runs carry the simulated clock (``device-profiles``) the simulated time to
+  each target (``sim-seconds-to-<target>``); where asynchronous and synchronous strategies
+  are compared, a note that an asynchronous "round" is one server update
+  (:mod:`simulation.report_async`);
 * ``accuracy_vs_round.png`` and ``accuracy_vs_bytes.png``: mean over seeds with the
   min-max band, one line per variant; with the clock also ``accuracy_vs_sim_time.png``;
-* ``label_distribution_seed<k>.png``: the clients' label counts of each seed (the
-  partition depends on the seed only);
+* ``label_distribution_<setting>.png``: the clients' label counts, one picture per
+  partition setting among the runs (:mod:`simulation.report_partitions`);
 * with ``baselines`` (variant-name prefix -> baseline variant, e.g. FedSGD), the speedup
   in rounds to target against the baseline (McMahan et al. Tables 1, 2, 4);
 * communication per run: MB up + down (mean over seeds) and, where the run logs carry
@@ -35,23 +40,30 @@ from __future__ import annotations
 
 import argparse
 import csv
-import shutil
 import statistics
+import textwrap
 import tomllib
 from pathlib import Path
 
 import numpy as np
 
 from fedapp.run_log import read_rounds, run_finished
+from fedapp.run_outputs import ACCURACY_AXIS, accuracy_percent, time_unit
 from strategies import contract as C
 
 from .metrics import (bytes_to_target, cumulative_bytes, evaluated, evaluated_bytes, has_clock,
                       percent_over_seeds, rounds_to_target, sim_elapsed, sim_seconds_to_target,
                       updates_to_target)
+from .report_async import ROUND_MARK, caveat, mixes_async, round_axis
+from .report_labels import variant_configs, variant_labels
+from .report_partitions import write_pictures
 from .runtime import fraction
 
 SWEEP_COPY = "sweep.toml"  # a sweep folder's copy of its sweep file (simulation.sweep)
 DEFAULT_TARGETS = [0.6, 0.7]
+LEGEND_INSIDE = (8, 40)  # a legend of at most this many labels of at most this many characters
+# sits in its panel; a longer one goes below it, each label wrapped at LEGEND_WIDTH characters
+LEGEND_WIDTH = 60
 Runs = dict[str, list[tuple[Path, list[dict]]]]
 
 
@@ -76,8 +88,9 @@ def is_sweep_folder(path: Path) -> bool:
 
 
 def run_label(run_dir: Path) -> str:
-    """A run directory's name in the tables: its variant when it sits in a sweep's layout
-    (so that the seeds of a variant are averaged), else its own name."""
+    """A run directory's variant: its sweep variant when it sits in a sweep's layout (so
+    that the seeds of a variant are averaged), else its own name (the tables print
+    :func:`simulation.report_labels.variant_labels` instead, where the run has a config)."""
     return run_dir.parent.parent.name if run_dir.parent.name.startswith("seed") else run_dir.name
 
 
@@ -137,7 +150,26 @@ def any_clock(runs: dict[str, list[tuple[Path, list[dict]]]]) -> bool:
     return any(has_clock(r) for items in runs.values() for _, r in items)
 
 
-def table_rows(runs: dict[str, list[tuple[Path, list[dict]]]], targets: list[float]) -> list[dict]:
+def sim_unit(runs: Runs) -> tuple[float, str]:
+    """(divisor of seconds, unit) of the report's simulated run times: s, min or h by the
+    longest clocked run (:func:`fedapp.run_outputs.time_unit`), one unit for the time per
+    run in the tables and the x-axis of accuracy_vs_sim_time.png."""
+    longest = max((float(sim_elapsed(r)[-1]) for items in runs.values() for _, r in items
+                   if has_clock(r)), default=0.0)
+    return time_unit(longest)
+
+
+def target_time_unit(rows: list[dict]) -> tuple[float, str]:
+    """(divisor of seconds, unit) of the simulated times to the targets: s or min (h) by
+    the largest of them, one unit for all the table's "sim ... to" columns."""
+    return time_unit(max((v for row in rows for k, v in row.items()
+                          if k.startswith("sim-seconds-to-") and v is not None), default=0.0))
+
+
+def table_rows(runs: dict[str, list[tuple[Path, list[dict]]]], targets: list[float],
+               labels: dict[str, str] | None = None) -> list[dict]:
+    """One row per variant (report.csv: accuracy as a fraction, simulated time in seconds);
+    ``label`` is what the tables print (:func:`simulation.report_labels.variant_labels`)."""
     clock = any_clock(runs)
     rows = []
     for variant, items in runs.items():
@@ -163,24 +195,36 @@ def table_rows(runs: dict[str, list[tuple[Path, list[dict]]]], targets: list[flo
             row[f"reached-{target:g}"] = f"{len(got)}/{len(records)}"
         if clock:
             row["sim-seconds-total"] = statistics.mean(float(sim_elapsed(r)[-1]) for r in records)
+        row["label"] = (labels or {}).get(variant, variant)
         rows.append(row)
     return rows
 
 
-def markdown(rows: list[dict], targets: list[float]) -> str:
+def label(row: dict) -> str:
+    """What the tables call a row's variant."""
+    return row.get("label", row["variant"])
+
+
+def markdown(rows: list[dict], targets: list[float], sim: tuple[float, str] = (1.0, "s"),
+             round_mark: str = "") -> str:
+    """The main table: accuracy in %, rounds (``round_mark`` on their header where an
+    asynchronous round is a server update), MB and simulated time (``sim``: divisor of
+    seconds, unit) to each target."""
     clock = bool(rows) and any(k.startswith("sim-seconds-to-") for k in rows[0])
+    divisor, unit = sim
     head = "| variant | seeds | final accuracy (%) | best accuracy (%) |"
     rule = "|---|---|---|---|"
     for target in targets:
-        head += f" rounds to {100 * target:g}% | MB to {100 * target:g}% |"
+        head += (f" rounds{round_mark} to {accuracy_percent(target):g}% | MB to "
+                 f"{accuracy_percent(target):g}% |")
         rule += "---|---|"
         if clock:
-            head += f" sim s to {100 * target:g}% |"
+            head += f" sim {unit} to {accuracy_percent(target):g}% |"
             rule += "---|"
     lines = [head, rule]
     for row in rows:
         line = (
-            f"| {row['variant']} | {row['seeds']} | {percent_over_seeds(row, 'final')} "
+            f"| {label(row)} | {row['seeds']} | {percent_over_seeds(row, 'final')} "
             f"| {percent_over_seeds(row, 'best')} |"
         )
         for target in targets:
@@ -196,7 +240,7 @@ def markdown(rows: list[dict], targets: list[float]) -> str:
             )
             if clock:
                 seconds = row[f"sim-seconds-to-{target:g}"]
-                line += f" {seconds:.4g} |" if seconds is not None else " - |"
+                line += f" {seconds / divisor:.4g} |" if seconds is not None else " - |"
         lines.append(line)
     return "\n".join(lines)
 
@@ -214,7 +258,8 @@ def speedup_markdown(rows: list[dict], targets: list[float], baselines: dict[str
     its rounds, or its simulated seconds, are a lower bound)."""
     budget = "rounds" if metric == "rounds" else "sim-seconds-total"
     by_name = {row["variant"]: row for row in rows}
-    head = "| variant | baseline |" + "".join(f" speedup to {100 * t:g}% |" for t in targets)
+    head = "| variant | baseline |" + "".join(f" speedup to {accuracy_percent(t):g}% |"
+                                              for t in targets)
     lines = [head, "|---|---|" + "---|" * len(targets)]
     for row in rows:
         base = by_name.get(baseline_of(row["variant"], baselines) or "")
@@ -229,7 +274,7 @@ def speedup_markdown(rows: list[dict], targets: list[float], baselines: dict[str
                 cells.append(f"≥ {base[budget] / ours:.1f}×")
             else:
                 cells.append(f"{theirs / ours:.1f}×")
-        lines.append(f"| {row['variant']} | {base['variant']} | " + " | ".join(cells) + " |")
+        lines.append(f"| {label(row)} | {label(base)} | " + " | ".join(cells) + " |")
     return "\n".join(lines) if len(lines) > 2 else ""
 
 
@@ -261,13 +306,15 @@ def published_markdown(rows: list[dict]) -> str:
     for row in rows:
         paper, diff = row["published"], row["final-minus-published"]
         lines.append(
-            f"| {row['variant']} | {row['seeds']} | {percent_over_seeds(row, 'final')} | "
-            f"{percent_over_seeds(row, 'best')} | {'-' if paper is None else f'{100 * paper:.1f}'} | "
+            f"| {label(row)} | {row['seeds']} | {percent_over_seeds(row, 'final')} | "
+            f"{percent_over_seeds(row, 'best')} | "
+            f"{'-' if paper is None else f'{accuracy_percent(paper):.1f}'} | "
             f"{'-' if diff is None else f'{100 * diff:+.1f}'} | {row['verdict']} |")
     return "\n".join(lines)
 
 
-def drift_markdown(runs: dict[str, list[tuple[Path, list[dict]]]]) -> str:
+def drift_markdown(runs: dict[str, list[tuple[Path, list[dict]]]],
+                   labels: dict[str, str] | None = None) -> str:
     """Per variant and layer, the mean pairwise cosine of client updates over rounds and seeds."""
     table: dict[str, dict[str, float]] = {}
     layers: list[str] = []
@@ -289,13 +336,14 @@ def drift_markdown(runs: dict[str, list[tuple[Path, list[dict]]]]) -> str:
     ]
     for variant, means in table.items():
         lines.append(
-            f"| {variant} |"
+            f"| {(labels or {}).get(variant, variant)} |"
             + "".join(f" {means[layer]:.3f} |" if layer in means else " - |" for layer in layers)
         )
     return "\n".join(lines)
 
 
-def communication_markdown(runs: dict[str, list[tuple[Path, list[dict]]]]) -> str:
+def communication_markdown(runs: dict[str, list[tuple[Path, list[dict]]]],
+                           labels: dict[str, str] | None = None) -> str:
     """Per variant: MB up + down over the whole run, and DynamicFL's per-round kappa-hat,
     sync events and |z| (means over rounds and seeds; "-" where a run does not log them)."""
     keys = {
@@ -316,14 +364,17 @@ def communication_markdown(runs: dict[str, list[tuple[Path, list[dict]]]]) -> st
         for key in logged:
             values = [x[key] for _, r in items for x in r if x.get(key) is not None]
             cells.append(f" {statistics.mean(values):.4g} |" if values else " - |")
-        lines.append(f"| {variant} | {total:.1f} |" + "".join(cells))
+        lines.append(f"| {(labels or {}).get(variant, variant)} | {total:.1f} |"
+                     + "".join(cells))
     return "\n".join(lines)
 
 
-def updates_markdown(runs: dict[str, list[tuple[Path, list[dict]]]], targets: list[float]) -> str:
+def updates_markdown(runs: dict[str, list[tuple[Path, list[dict]]]], targets: list[float],
+                     labels: dict[str, str] | None = None) -> str:
     """Per variant, the client updates aggregated until each target (mean over the seeds
     that reach it, "n/k" reached), and in all."""
-    head = "| variant |" + "".join(f" updates to {100 * t:g}% |" for t in targets) + " updates |"
+    head = "| variant |" + "".join(f" updates to {accuracy_percent(t):g}% |"
+                                   for t in targets) + " updates |"
     lines = [head, "|---|" + "---|" * (len(targets) + 1)]
     for variant, items in runs.items():
         records = [r for _, r in items]
@@ -334,27 +385,35 @@ def updates_markdown(runs: dict[str, list[tuple[Path, list[dict]]]], targets: li
                          else f"not reached (0/{len(records)})")
         total = statistics.mean(sum(float(x.get(C.LOG_CLIENTS_RECEIVED, 0) or 0) for x in r)
                                 for r in records)
-        lines.append(f"| {variant} | " + " | ".join(cells) + f" | {total:.0f} |")
+        lines.append(f"| {(labels or {}).get(variant, variant)} | " + " | ".join(cells)
+                     + f" | {total:.0f} |")
     return "\n".join(lines)
 
 
-def clock_markdown(runs: dict[str, list[tuple[Path, list[dict]]]]) -> str:
-    """Per variant: simulated hours of the whole run, simulated seconds per round, and per
-    round the clients cut by the deadline (partial work or dropped), dropped, and offline."""
-    keys = {C.LOG_SIM_SECONDS: "sim s / round", C.LOG_CLIENTS_STRAGGLERS: "cut / round",
-            C.LOG_CLIENTS_DROPPED: "dropped / round",
+def clock_markdown(runs: dict[str, list[tuple[Path, list[dict]]]],
+                   labels: dict[str, str] | None = None) -> str:
+    """Per variant: simulated time of the whole run (in the report's unit, :func:`sim_unit`),
+    simulated time per round (s or min, by its own magnitude), and per round the clients cut
+    by the deadline (partial work or dropped), dropped, and offline."""
+    clocked = {v: items for v, items in runs.items() if all(has_clock(r) for _, r in items)}
+    divisor, unit = sim_unit(clocked)
+    per_round = {v: [x[C.LOG_SIM_SECONDS] for _, r in items for x in r[1:]
+                     if x.get(C.LOG_SIM_SECONDS) is not None] for v, items in clocked.items()}
+    round_divisor, round_unit = time_unit(max((statistics.mean(v) for v in per_round.values()
+                                               if v), default=0.0))
+    keys = {C.LOG_CLIENTS_STRAGGLERS: "cut / round", C.LOG_CLIENTS_DROPPED: "dropped / round",
             C.LOG_CLIENTS_UNAVAILABLE: "offline / round"}
-    lines = ["| variant | simulated hours per run |" + "".join(f" {t} |" for t in keys.values()),
-             "|---|---|" + "---|" * len(keys)]
-    for variant, items in runs.items():
-        if not all(has_clock(r) for _, r in items):
-            continue
-        hours = statistics.mean(float(sim_elapsed(r)[-1]) for _, r in items) / 3600
-        cells = []
+    lines = [f"| variant | simulated time per run ({unit}) | sim {round_unit} / round |"
+             + "".join(f" {t} |" for t in keys.values()),
+             "|---|---|---|" + "---|" * len(keys)]
+    for variant, items in clocked.items():
+        total = statistics.mean(float(sim_elapsed(r)[-1]) for _, r in items) / divisor
+        seconds = per_round[variant]
+        cells = [f" {statistics.mean(seconds) / round_divisor:.4g} |" if seconds else " - |"]
         for key in keys:
             values = [x[key] for _, r in items for x in r[1:] if x.get(key) is not None]
             cells.append(f" {statistics.mean(values):.4g} |" if values else " - |")
-        lines.append(f"| {variant} | {hours:.3g} |" + "".join(cells))
+        lines.append(f"| {(labels or {}).get(variant, variant)} | {total:.3g} |" + "".join(cells))
     return "\n".join(lines)
 
 
@@ -374,14 +433,18 @@ def plot_curves(
     by_bytes: bool,
     baselines: dict[str, str] | None = None,
     by_sim_time: bool = False,
+    labels: dict[str, str] | None = None,
+    round_label: tuple[str, str] = ("round", ""),
 ) -> None:
-    """Mean accuracy over seeds with a min-max band, per variant; one panel per setting.
-    x: the round, the communicated MB (``by_bytes``) or the simulated hours
-    (``by_sim_time``), each averaged over the seeds at every round."""
+    """Mean test accuracy (%) over seeds with a min-max band, per variant (legend: its
+    label); one panel per setting. x: the round (``round_label``: its label and the figure's
+    title), the communicated MB (``by_bytes``) or the simulated time in the report's unit
+    (``by_sim_time``, :func:`sim_unit`), each averaged over the seeds at every round."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415
     from matplotlib.figure import Figure  # noqa: PLC0415
 
     groups = panels_of(list(runs), baselines or {})
+    divisor, unit = sim_unit(runs)
     fig = Figure(figsize=(7.5 * len(groups), 4.5))
     FigureCanvasAgg(fig)
     for index, (prefix, variants) in enumerate(groups.items()):
@@ -389,34 +452,47 @@ def plot_curves(
         for number, variant in enumerate(variants):
             items = runs[variant]
             length = min(len(evaluated(r)) for _, r in items)
-            acc = np.array([[x[C.LOG_ACCURACY] for x in evaluated(r)[:length]] for _, r in items])
+            acc = accuracy_percent(np.array([[x[C.LOG_ACCURACY] for x in evaluated(r)[:length]]
+                                             for _, r in items]))
             if by_sim_time:
-                xs = np.mean([sim_elapsed(evaluated(r)[:length]) for _, r in items], axis=0) / 3600
+                xs = np.mean([sim_elapsed(evaluated(r)[:length]) for _, r in items],
+                             axis=0) / divisor
             elif by_bytes:
                 xs = np.mean([evaluated_bytes(r)[:length] for _, r in items], axis=0) / 1e6
             else:
                 xs = np.array([x[C.LOG_ROUND] for x in evaluated(items[0][1])[:length]])
             style = {"color": f"C{number % 10}", "linestyle": "-" if number < 10 else "--"}
             seeds = f"{len(items)} seed" + ("s" if len(items) > 1 else "")
-            ax.plot(xs, acc.mean(axis=0), label=f"{variant} ({seeds})", **style)
+            name = f"{(labels or {}).get(variant, variant)} ({seeds})"
+            ax.plot(xs, acc.mean(axis=0), **style,
+                    label=textwrap.fill(name, LEGEND_WIDTH, break_on_hyphens=False))
             ax.fill_between(xs, acc.min(axis=0), acc.max(axis=0), alpha=0.15, color=style["color"])
         if by_bytes and not by_sim_time:
             ax.set_xscale("symlog", linthresh=10.0)
-        ax.set_xlabel("simulated hours (device profiles)" if by_sim_time else
-                      "communicated MB (up + down)" if by_bytes else "round")
-        ax.set_ylabel("test accuracy")
+        ax.set_xlabel(f"simulated time ({unit}, device profiles)" if by_sim_time else
+                      "communicated MB (up + down)" if by_bytes else round_label[0])
+        ax.set_ylabel(ACCURACY_AXIS)
         if prefix:
             ax.set_title(prefix.rstrip("-_"))
         ax.grid(alpha=0.3)
-        ax.legend(fontsize="small")
+        place_legend(ax)
+    if round_label[1] and not (by_bytes or by_sim_time):
+        fig.suptitle(textwrap.fill(round_label[1], 85 * len(groups)), fontsize="medium")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    legends = [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]
+    fig.savefig(path, dpi=100, bbox_inches="tight", bbox_extra_artists=legends)  # a legend
+    # below its panel included
 
 
-def picture_name(run_dir: Path) -> str:
-    """label_distribution_<seed folder or run directory name>.png."""
-    seed = run_dir.parent.name
-    return f"label_distribution_{seed if seed.startswith('seed') else run_dir.name}.png"
+def place_legend(ax) -> None:
+    """The legend in the panel when it is short (:data:`LEGEND_INSIDE`), else below it."""
+    _, names = ax.get_legend_handles_labels()
+    count, width = LEGEND_INSIDE
+    if len(names) <= count and all(len(n) <= width for n in names):
+        ax.legend(fontsize="small")
+    else:  # outside tight_layout's reckoning; savefig's bbox_extra_artists takes it in
+        ax.legend(fontsize="small", loc="upper center",
+                  bbox_to_anchor=(0.5, -0.14)).set_in_layout(False)
 
 
 def build_report(
@@ -459,50 +535,55 @@ def write_report(
     rank = {name: i for i, name in enumerate(order or [])}
     runs = dict(sorted(runs.items(), key=lambda item: (rank.get(item[0], len(rank)), item[0])))
     out.mkdir(parents=True, exist_ok=True)
-    rows = table_rows(runs, targets)
+    configs, labels = variant_configs(runs), variant_labels(runs)
+    rows = table_rows(runs, targets, labels)
     if published:
         compare_published(rows, published, tolerance)
     with (out / "report.csv").open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    table = markdown(rows, targets)
+    mixed = mixes_async(configs)
+    table = caveat(configs, any_clock(runs)) + markdown(
+        rows, targets, target_time_unit(rows), ROUND_MARK if mixed else "")
     if published:
         table = (f"Against the published numbers ({published_source or 'published'}; final "
                  f"accuracy, mean over seeds; agreement means within {100 * tolerance:g} "
                  "points):\n\n" + published_markdown(rows) + "\n\n" + table)
     speedups = speedup_markdown(rows, targets, baselines or {})
     if speedups:
-        table += "\n\nSpeedup in rounds to target against the baseline:\n\n" + speedups
+        table += (f"\n\nSpeedup in rounds{ROUND_MARK if mixed else ''} to target against the "
+                  "baseline:\n\n" + speedups)
     sim_speedups = speedup_markdown(rows, targets, baselines or {}, metric="sim-seconds")
     if any_clock(runs) and sim_speedups:
         table += ("\n\nSpeedup in simulated time to target against the baseline:\n\n"
                   + sim_speedups)
     if any(C.LOG_CLIENTS_RECEIVED in x for items in runs.values() for _, r in items for x in r):
         table += ("\n\nClient updates aggregated until the target (\"client trips\", FedBuff's "
-                  "measure):\n\n" + updates_markdown(runs, targets))
-    table += "\n\nCommunication (means over seeds):\n\n" + communication_markdown(runs)
+                  "measure):\n\n" + updates_markdown(runs, targets, labels))
+    table += "\n\nCommunication (means over seeds):\n\n" + communication_markdown(runs, labels)
     if any_clock(runs):
         table += ("\n\nSimulated time (device profiles; means over rounds and seeds):\n\n"
-                  + clock_markdown(runs))
-    drift = drift_markdown(runs)
+                  + clock_markdown(runs, labels))
+    drift = drift_markdown(runs, labels)
     if drift:
         table += (
             "\n\nClient drift: mean pairwise cosine similarity of the client updates per layer, "
             "averaged over rounds and seeds:\n\n" + drift
         )
+    pictures = write_pictures(runs, labels, out)
+    if pictures:
+        table += ("\n\nLabel distributions of the clients, one picture per partition setting:"
+                  "\n\n" + pictures)
     (out / "report.md").write_text(header + table + "\n")
-    plot_curves(runs, out / "accuracy_vs_round.png", by_bytes=False, baselines=baselines)
-    plot_curves(runs, out / "accuracy_vs_bytes.png", by_bytes=True, baselines=baselines)
+    plot_curves(runs, out / "accuracy_vs_round.png", by_bytes=False, baselines=baselines,
+                labels=labels, round_label=round_axis(configs))
+    plot_curves(runs, out / "accuracy_vs_bytes.png", by_bytes=True, baselines=baselines,
+                labels=labels)
     if any_clock(runs):
         plot_curves({v: items for v, items in runs.items() if all(has_clock(r) for _, r in items)},
                     out / "accuracy_vs_sim_time.png", by_bytes=False, baselines=baselines,
-                    by_sim_time=True)
-    first = next(iter(runs.values()))  # partitions depend on the seed, not on the variant
-    for run_dir, _ in first:
-        picture = run_dir / "label_distribution.png"
-        if picture.is_file():
-            shutil.copyfile(picture, out / picture_name(run_dir))
+                    by_sim_time=True, labels=labels)
     return table
 
 

@@ -232,17 +232,19 @@ def test_report_has_sim_seconds_columns_speedup_and_plot(tmp_path):
     clocked_run(tmp_path, "fedprox", 0, [0.1, 0.8, 0.8], [50.0, 50.0], stragglers=2)  # 0.6: 35.7
     table = build_report(tmp_path, tmp_path / "out", [0.6], baselines={"fed": "fedavg"})
     lines = table.splitlines()
-    assert lines[0].endswith("| rounds to 60% | MB to 60% | sim s to 60% |")
-    assert lines[2].endswith(f"| {(150 + 1000 / 6) / 2:.4g} |")
-    assert lines[3].endswith(f"| {50 * 5 / 7:.4g} |")
+    # the longest run is 300 s (> 2 min): simulated times in minutes (report.csv: seconds)
+    assert lines[0].endswith("| rounds to 60% | MB to 60% | sim min to 60% |")
+    assert lines[2].endswith(f"| {(150 + 1000 / 6) / 2 / 60:.4g} |")
+    assert lines[3].endswith(f"| {50 * 5 / 7 / 60:.4g} |")
     header = (tmp_path / "out" / "report.csv").read_text().splitlines()[0].split(",")
     assert "sim-seconds-to-0.6" in header and "sim-seconds-total" in header
     speedup = table.split("Speedup in simulated time to target against the baseline:")[1]
     assert f"| fedprox | fedavg | {((150 + 1000 / 6) / 2) / (50 * 5 / 7):.1f}× |" in speedup
     clock = table.split("Simulated time (device profiles; means over rounds and seeds):")[1]
-    # fedavg: 200 and 300 s in all -> 250 s = 0.0694 h; 125 s a round
-    assert "| fedavg | 0.0694 | 125 | 0 | 0 | 1 |" in clock
-    assert "| fedprox | 0.0278 | 50 | 2 | 0 | 1 |" in clock
+    # fedavg: 200 and 300 s in all -> 250 s = 4.17 min; 125 s a round (> 2 min: 2.083 min)
+    assert "| variant | simulated time per run (min) | sim min / round |" in clock
+    assert "| fedavg | 4.17 | 2.083 | 0 | 0 | 1 |" in clock
+    assert "| fedprox | 1.67 | 0.8333 | 2 | 0 | 1 |" in clock
     assert (tmp_path / "out" / "accuracy_vs_sim_time.png").stat().st_size > 0
 
 

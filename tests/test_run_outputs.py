@@ -10,7 +10,8 @@ import logging
 import pytest
 
 from fedapp import run_outputs
-from fedapp.run_outputs import csv_columns, summarize, write_run_outputs
+from fedapp.run_outputs import (accuracy_percent, csv_columns, run_title, summarize,
+                                write_run_outputs)
 from fedapp.run_plots import BYTES_PLOT, ROUND_PLOT, SIM_TIME_PLOT, byte_unit, time_unit
 from strategies import contract as C
 
@@ -109,6 +110,31 @@ def test_units_follow_the_scale():
     assert time_unit(90) == (1.0, "s")
     assert time_unit(1800) == (60.0, "min")
     assert time_unit(36000) == (3600.0, "h")
+    assert time_unit(5.04) == (1.0, "s")  # a short run in seconds, never 0.0014 h
+
+
+def test_plot_titles_name_strategy_seed_and_start_not_the_run_id(tmp_path, monkeypatch):
+    name = "20261129-071828-fedavg-run8650790631904722155"
+    assert run_title("fedavg", 0, name) == "fedavg (seed 0), 2026-11-29 07:18"
+    assert run_title(None, None, name) == "run, 2026-11-29 07:18"
+    assert run_title("fedprox", 3, "my-run8650790631904722155") == "fedprox (seed 3), my"
+    assert run_title("fedprox", 3, "my-run") == "fedprox (seed 3), my-run"
+    from fedapp import run_plots
+
+    titles = []
+    monkeypatch.setattr(run_plots, "plots_for", lambda records: [
+        (ROUND_PLOT, lambda records, path, title: titles.append(title) or path)])
+    write_run_outputs(run_dir(tmp_path))  # named 20260101-000000-fedprox-run7
+    assert titles == ["fedprox (seed 3), 2026-01-01 00:00"]
+
+
+def test_accuracy_is_plotted_in_percent():
+    from fedapp import run_plots
+
+    assert accuracy_percent(0.785) == 78.5
+    assert run_plots.ACCURACY_AXIS == "test accuracy (%)"
+    xs, ys = run_plots.series(RECORDS, [0, 1, 2, 3, 4], C.LOG_ACCURACY, accuracy_percent(1.0))
+    assert xs == [0, 1, 3, 4] and ys == [10.0, 72.0, 81.0, 78.0]
 
 
 def test_a_truncated_last_line_is_skipped(tmp_path):
