@@ -29,13 +29,22 @@ bench: install data  ## efficiency, aggregation time and memory (python -m simul
 
 install: $(STAMP)
 
-DOCS_STAMP := $(VENV)/.fedhetero-docs-installed
+# `make docs` has a venv of its own with the `docs` extra's packages only (pyproject.toml):
+# no torch, no flwr, not even fedhetero itself, since mkdocstrings reads strategies/ with
+# Griffe, statically, without importing it. Inside $(VENV)/, so git ignores it and `make
+# clean` removes it.
+DOCS_VENV ?= $(VENV)/docs
+DOCS_STAMP := $(DOCS_VENV)/.fedhetero-docs-installed
+DOCS_REQUIREMENTS := import tomllib; project = tomllib.load(open("pyproject.toml", "rb"))["project"]; \
+	print("\n".join(project["optional-dependencies"]["docs"]))
 
-docs: $(DOCS_STAMP)  ## the docs site (mkdocs.yml, docs/) into site/, offline; any warning fails it
-	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
+docs: $(DOCS_STAMP)  ## the docs site into site/ (offline, no torch; a warning fails it): open site/index.html
+	NO_MKDOCS_2_WARNING=1 $(DOCS_VENV)/bin/python -m mkdocs build --strict --site-dir site
 
-$(DOCS_STAMP): $(STAMP) pyproject.toml
-	$(PY) -m pip install --quiet -e ".[docs]" 2>&1 | $(PIP_QUIET)
+$(DOCS_STAMP): pyproject.toml
+	@test -x $(DOCS_VENV)/bin/python || $(PYTHON) -m venv $(DOCS_VENV)
+	$(DOCS_VENV)/bin/python -c '$(DOCS_REQUIREMENTS)' > $(DOCS_VENV)/requirements.txt
+	$(DOCS_VENV)/bin/python -m pip install --quiet -r $(DOCS_VENV)/requirements.txt 2>&1 | $(PIP_QUIET)
 	@touch $(DOCS_STAMP)
 
 $(STAMP): pyproject.toml

@@ -4,7 +4,7 @@ Examples::
 
     python -m deploy run --num-supernodes 2 -c num-server-rounds=2
     python -m deploy run --num-supernodes 3 --tls --auth -c strategy=fednova -c num-server-rounds=5
-    python -m deploy run --host 0.0.0.0 --port 9093 --tls --auth --cert-host node.example.org
+    python -m deploy run --host 0.0.0.0 --port 8000 --tls --auth --cert-host node.example.org
 
 The SuperLink binds 127.0.0.1; any other ``--host`` serves the Fleet API only (SuperNodes,
 through deploy.fleet_gateway), and a non-loopback one only with ``--tls --auth`` (or
