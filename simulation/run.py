@@ -26,13 +26,15 @@ from pathlib import Path
 
 from .preflight import RUN_CONFIG_CHECK, refuse_bad_run_configs, refuse_unstartable
 from .progress import RunProgress
+from .quick import QUICK_SUPERNODES, quick_overrides
 from .runtime import (NOTHING_RAN, PROJECT_ROOT, client_resources, interrupt_once, option_type,
                       parse_overrides, refuse_unfittable, run_app, unused_gpus_note)
-from .runtime.processes import is_alive, is_flower_process, stop_pids
+from .runtime.processes import is_alive, is_flower_process, process_tree, stop_pids
 from .runtime.ray_cluster import ray_address
 
 WHAT = RUN_CONFIG_CHECK  # the prefix of every refusal before flwr run starts
 SERVER_EXIT_TIMEOUT = 40.0  # s: Flower ends a stopped run's ServerApp within a heartbeat (~25 s)
+DEFAULT_SUPERNODES = 10
 INTERRUPTED = 130  # the exit code of a run stopped by Ctrl-C (128 + SIGINT)
 TERMINATED = 143  # stop_on_sigterm's exit code of a run stopped by kill PID (128 + SIGTERM)
 # lines of the streamed ServerApp log (fedapp.server_app, fedapp.checkpoint.Checkpointer)
@@ -43,8 +45,12 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The run options."""
-    parser.add_argument("--num-supernodes", type=option_type("num-supernodes"), default=10,
-                        help="simulated SuperNodes, i.e. clients (one data partition each)")
+    parser.add_argument("--num-supernodes", type=option_type("num-supernodes"), default=None,
+                        help="simulated SuperNodes, i.e. clients (one data partition each; "
+                             "default 10, with --quick 4)")
+    parser.add_argument("--quick", action="store_true",
+                        help="a first look in about a minute on 2 cores: 4 SuperNodes, 10 rounds "
+                             "of 40 local steps (simulation/quick.py; -c overrides any)")
     parser.add_argument("--cpus-per-client", type=option_type("client-resources-num-cpus"),
                         default=1,
                         help="whole CPUs Ray reserves per ClientApp (1: one ClientApp per core)")
@@ -100,11 +106,16 @@ def run(args: argparse.Namespace) -> int:
 
 def launch(args: argparse.Namespace, watch: RunWatch) -> int:
     """Check everything, then ``flwr run``; ``watch`` sees its streamed lines."""
+    if args.num_supernodes is None:
+        args.num_supernodes = QUICK_SUPERNODES if args.quick else DEFAULT_SUPERNODES
     federation = None if args.deployment else client_resources(
         args.num_supernodes, args.cpus_per_client, args.gpus_per_client)
     overrides = parse_overrides(args.run_config)
     if args.resume is not None:
         overrides = resume_overrides(args.resume, overrides)
+    elif args.quick:
+        overrides, note = quick_overrides(overrides, args.num_supernodes)
+        print(note, file=sys.stderr, flush=True)
     from fedapp.config import cli_fix  # noqa: PLC0415 - the app's modules: only here
     refuse_bad_run_configs([(WHAT, overrides)], federation, fix_as=cli_fix)
     if federation is not None:
@@ -201,18 +212,21 @@ class RunWatch:
     def wait_for_server(self, timeout: float = SERVER_EXIT_TIMEOUT) -> None:
         """Until the process that ran this launch's ServerApp (its run directory's
         server.pid) has exited, after ``flwr stop`` (Flower ends it at its next Grid call or
-        heartbeat); SIGTERM to that PID after ``timeout`` s, if it is still Flower's."""
+        heartbeat); then (or after ``timeout`` s) that process and what it started (Ray)
+        are stopped by PID, if still there."""
         from fedapp.run_log import SERVER_PID  # noqa: PLC0415
 
         try:
             pid = int((Path(str(self.run_dir)) / SERVER_PID).read_text())
         except (OSError, ValueError, TypeError):
             return
+        if not (is_alive(pid) and is_flower_process(pid)):
+            return
+        below = process_tree([pid])  # its Ray: orphaned, not the SuperLink's, once it exits
         deadline = time.monotonic() + timeout
         while is_alive(pid) and time.monotonic() < deadline:
             time.sleep(0.2)
-        if is_alive(pid) and is_flower_process(pid):
-            stop_pids([pid])
+        stop_pids([p for p in below if is_alive(p)])
 
     def stopped(self, cause: str = "Ctrl-C") -> str:
         """The one line after Ctrl-C (once everything is stopped): what there is to resume,

@@ -181,12 +181,14 @@ def submit_run(
     capture: bool = False,
     on_line: Callable[[str], None] | None = None,
     timeout_note: str = "",
+    stop_on_interrupt: Callable[[], bool] | None = None,
 ) -> AppRun:
     """``flwr run ... --stream``, then its final status: ``flwr run`` exits 0 even when the
     ServerApp fails, so the outcome is read with ``flwr ls``. Ctrl-C (or SIGTERM's
     SystemExit) while it streams stops this launch's own run on the SuperLink
-    (:func:`stop_run`) before it goes on: the SuperLink may serve other launches and
-    outlive this one, and the run would train on under it."""
+    (:func:`stop_run`) before it goes on, when ``stop_on_interrupt()`` says the SuperLink
+    serves other launches and outlives this one (the run would train on under it; a
+    SuperLink this launch stops takes its runs with it)."""
     seen: list[str] = []
 
     def watch(line: str) -> None:
@@ -197,7 +199,8 @@ def submit_run(
     try:
         output = stream_command(cmd, env, cwd, timeout, capture, watch, timeout_note)
     except (KeyboardInterrupt, SystemExit):
-        stop_run(env, run_id_of("".join(seen)))
+        if stop_on_interrupt is not None and stop_on_interrupt():
+            stop_run(env, run_id_of("".join(seen)))
         raise
     run_id = run_id_of(output)
     status = run_status(env, run_id) if run_id is not None else "not-started"

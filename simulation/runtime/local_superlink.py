@@ -282,7 +282,16 @@ def run_app(run_config: Mapping[str, object] | None = None,
         print(f"[runtime] Ray: {describe_ray(env.get('RAY_ADDRESS', ''))}", flush=True)
     with superlink_use(flwr_home, env, PROJECT_ROOT):
         env = running_superlink_env(flwr_home, env)
-        return submit_run(cmd, env, PROJECT_ROOT, timeout, capture, on_line)
+        return submit_run(cmd, env, PROJECT_ROOT, timeout, capture, on_line,
+                          stop_on_interrupt=lambda: shared_with_others(flwr_home))
+
+
+def shared_with_others(flwr_home: Path) -> bool:
+    """True while another live launch uses this FLWR_HOME's SuperLink: then a Ctrl-C here
+    stops this launch's run on it (``flwr stop``), not the SuperLink and its processes."""
+    users = Path(flwr_home) / USERS_DIR
+    return users.is_dir() and any(mark.name.split("-")[0] != str(os.getpid())
+                                  for mark in _live_users(users))
 
 
 def _live_users(users: Path) -> list[Path]:
