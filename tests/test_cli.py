@@ -88,7 +88,8 @@ def test_help_shows_every_options_default():
 
 
 @pytest.mark.parametrize("main, argv, expected", [
-    (fedhetero_main, ["run"], ["--num-supernodes NUM_SUPERNODES", "(default: 10)"]),
+    (fedhetero_main, ["run"], ["--num-supernodes NUM_SUPERNODES", "(one data partition each; "
+                                "default 10, with --quick 4)", "(default: 1)"]),
     (simulation_main, ["bench", "efficiency"], ["(default: 20)", "(default: cnn-mcmahan)"]),
     (simulation_main, ["bench", "scale"], ["(default: 10 100 1000)"]),
     (simulation_main, ["faults-table"], ["server rounds per run (default: 5)"]),
