@@ -5,7 +5,6 @@ after a second silence in a row the next two, then four, ...; any reply clears i
 from __future__ import annotations
 
 import numpy as np
-import pytest
 from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
@@ -122,49 +121,3 @@ def test_fedbuff_does_not_give_a_lost_tasks_client_the_next_task():
     gaps = [b - a for a, b in zip(picks, picks[1:])]
     assert picks and all(gap > 2 for gap in gaps), order
     assert strategy.participation.silent.silences[str(SILENT)] == len(picks)
-
-
-@pytest.fixture
-def short_silence(monkeypatch):
-    """Silence given up after 0.2 s (the floor is 60 s): the in-process replies take ms."""
-    from strategies.engine import event_loop  # noqa: PLC0415
-
-    monkeypatch.setattr(event_loop, "SILENCE_FLOOR", 0.2)
-
-
-@pytest.mark.timeout(120)
-@pytest.mark.usefixtures("short_silence")
-def test_a_silent_task_costs_a_bounded_wait_not_the_round_timeout():
-    """Flower's round timeout of 3600 s: FedAvg waited it in full for the silent client (an
-    hour a round); now the silent task is given up once it has waited 10x the slowest reply
-    (at least the floor), the round aggregates the others and it sits out the next one."""
-    strategy = FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_available_nodes=4)
-    grid = RoundCalls(app(), 4, {})
-    run_rounds(strategy, grid, record({"w": np.zeros(1)}), num_rounds=3, timeout=3600,
-               train_config=ConfigRecord({C.LOCAL_STEPS: 1}))
-    assert [strategy.round_log(r)[C.LOG_CLIENTS_RECEIVED] for r in (1, 2, 3)] == [3, 3, 3]
-    assert [strategy.round_log(r)[C.LOG_CLIENTS_SAMPLED] for r in (1, 2, 3)] == [4, 3, 4]
-
-
-@pytest.mark.timeout(120)
-@pytest.mark.usefixtures("short_silence")
-def test_fedbuff_in_simulated_order_gives_up_a_silent_task_and_goes_on():
-    """FedBuff's simulated arrival order held every later reply behind the silent task
-    until its 3600 s timeout; now it is given up at its place on the clock."""
-    strategy = FedBuff(buffer_size=2, concurrency=2, fraction_evaluate=0.0,
-                       participation=Participation(query_client_info=True, seed=1))
-    run_rounds(strategy, InProcessGrid(app(), 4, {}), record({"w": np.zeros(1)}),
-               num_rounds=4, timeout=3600, train_config=ConfigRecord({C.LOCAL_STEPS: 1}))
-    assert all(strategy.round_log(r)[C.LOG_BUFFER_FILL] == 2 for r in range(1, 5))
-    assert strategy.participation.silent.silences[str(SILENT)] >= 1
-
-
-def test_the_silence_limit_is_10x_the_slowest_reply_and_at_least_the_floor():
-    from strategies.engine.event_loop import GridEventLoop  # noqa: PLC0415
-
-    loop = GridEventLoop(InProcessGrid(app(), 1, {}), silence_floor=60.0)
-    assert loop.silence_limit() is None  # no reply yet: nobody is given up
-    loop.slowest_reply = 2.0
-    assert loop.silence_limit() == 60.0
-    loop.slowest_reply = 30.0
-    assert loop.silence_limit() == 300.0
