@@ -418,7 +418,8 @@ def make_strategy(name: str, query: bool):
         "fedprox": lambda: FedProx(proximal_mu=0.01, fraction_evaluate=0.0, **common),
         "fedlc": lambda: FedLC(tau=1.0, fraction_evaluate=0.0, **common),
         "fednova": lambda: FedNova(fraction_evaluate=0.0, steps_reported=True, **common),
-        "fedveca": lambda: FedVeca(tau_init=50, tau_max=100, fraction_evaluate=0.0, **common),
+        "fedveca": lambda: FedVeca(tau_init=50, tau_max=100, alpha=0.8, fraction_evaluate=0.0,
+                                   **common),  # alpha: docs/strategies/fedveca.md
         "dynamicfl": lambda: DynamicFL(intervals="1-4", local_steps=94, beta=0.5, **common),
         "scaffold": lambda: Scaffold(fraction_evaluate=0.0, **common),
         "feddyn": lambda: FedDyn(alpha=0.01, fraction_evaluate=0.0, **common),
@@ -570,7 +571,10 @@ def build(folder: Path, *, train: str | None = None, query: str | None = None,
     return folder
 
 
-def run_inprocess(project: Path, run_config: dict, num_nodes: int = 3,
+QUICKSTART_SUPERNODES = 2  # flwr 1.42's default options.num-supernodes for a new app
+
+
+def run_inprocess(project: Path, run_config: dict, num_nodes: int = QUICKSTART_SUPERNODES,
                   timeout: float = 300) -> dict:
     """Run the project in a fresh interpreter on the in-process Grid; the runner's summary.
 
