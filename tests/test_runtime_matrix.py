@@ -18,7 +18,8 @@ stands for "and the same in every runtime", instead of every feature re-run in e
 Each runtime runs its rows on one launch: the simulation rows on one FLWR_HOME whose managed
 SuperLink they share (stopped by PID after the last one), the deployment rows on one
 deployment (:func:`tests.deployed.run_deployed`: free ports, every process stopped by PID and
-checked gone).
+checked gone). The deployment column is tests/test_runtime_matrix_deployed.py, a module of
+its own so that a pytest-xdist worker runs it while another runs this one.
 """
 
 from __future__ import annotations
@@ -40,9 +41,9 @@ from strategies.engine.devices import GeneratedFleet
 from task.data import load_dataset
 from task.devices import seconds_per_example
 from task.models import build_model
-from tests.deployed import run_deployed, run_in_process
+from tests.deployed import run_in_process
 
-pytestmark = pytest.mark.usefixtures("deployment")
+pytestmark = pytest.mark.usefixtures("processes")
 
 NODES = 4  # SuperNodes of every runtime (packed rows serve more virtual clients on them)
 TINY = {"dataset": "synthetic", "model": "mlp-2nn", "partition": "iid", "batch-size": 10,
@@ -227,21 +228,6 @@ def simulation(tmp_path_factory) -> dict[str, tuple[Path, str]]:
     return runs
 
 
-@pytest.fixture(scope="module")
-def deployment_runs(tmp_path_factory) -> dict[str, tuple[Path, str]]:
-    """Every row, and FedBuff in real-time arrival order, on one deployment of four
-    SuperNodes."""
-    root = tmp_path_factory.mktemp("deployment")
-    configs = [row_config(row, root / row) for row in ROWS]
-    real_time = {**row_config("async", root / "real-time"), "async-arrival": "real-time"}
-    results = run_deployed(root, NODES, [*configs, real_time])
-    runs = {}
-    for (row, result), config in zip(zip([*ROWS, "real-time"], results), [*configs, real_time]):
-        assert result.status == "finished:completed", (row, result.output[-4000:])
-        runs[row] = (only_run(Path(config["output-dir"])), result.output)
-    return runs
-
-
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("row", list(ROWS))
 def test_in_process_run_shows_the_row(row, in_process):
@@ -249,16 +235,13 @@ def test_in_process_run_shows_the_row(row, in_process):
     ROWS[row][3](read_rounds(in_process[row]))
 
 
-@pytest.mark.timeout(2400)
-@pytest.mark.parametrize("runtime", ["simulation", "deployment"])
-@pytest.mark.parametrize("row", list(ROWS))
-def test_same_bits_in_every_runtime(row, runtime, in_process, request):
-    run_dir, output = request.getfixturevalue(
-        {"simulation": "simulation", "deployment": "deployment_runs"}[runtime])[row]
+def check_same_bits(row: str, run_dir: Path, output: str, reference: Path) -> None:
+    """The run of ``row`` in another runtime (its run directory and output) against the
+    in-process ``reference``: the same trace, model and device profiles, nothing rejected."""
     trace = ROWS[row][2]
-    assert trace(read_rounds(run_dir)) == trace(read_rounds(in_process[row]))
+    assert trace(read_rounds(run_dir)) == trace(read_rounds(reference))
     if trace is rounds_run:
-        close_models(run_dir, in_process[row])
+        close_models(run_dir, reference)
     assert (run_dir / "final_model.pt").is_file()
     if ROWS[row][4]:
         assert ROWS[row][4] in output
@@ -266,13 +249,10 @@ def test_same_bits_in_every_runtime(row, runtime, in_process, request):
     assert "reported no training loss" not in output
     if row in ("selection-clock", "async"):
         assert (run_dir / "device_profiles.csv").read_text() == \
-            (in_process[row] / "device_profiles.csv").read_text()
+            (reference / "device_profiles.csv").read_text()
 
 
 @pytest.mark.timeout(2400)
-def test_real_time_arrival_completes_and_says_it_is_not_reproducible(deployment_runs):
-    run_dir, output = deployment_runs["real-time"]
-    assert "not reproducible" in output
-    rounds = read_rounds(run_dir)
-    assert [r[C.LOG_BUFFER_FILL] for r in rounds[1:]] == [2, 2]
-    assert all(0 <= r[C.LOG_ACCURACY] <= 1 for r in rounds)
+@pytest.mark.parametrize("row", list(ROWS))
+def test_same_bits_under_flwr_run(row, in_process, simulation):
+    check_same_bits(row, *simulation[row], in_process[row])
