@@ -18,7 +18,7 @@ stands for "and the same in every runtime", instead of every feature re-run in e
 Each runtime runs its rows on one launch: the simulation rows on one FLWR_HOME whose managed
 SuperLink they share (stopped by PID after the last one), the deployment rows on one
 deployment (:func:`tests.deployed.run_deployed`: free ports, every process stopped by PID and
-checked gone). The deployment column is tests/test_runtime_matrix_deployed.py, a module of
+checked gone). The deployment column is tests/test_deployed_runtime_matrix.py, a module of
 its own so that a pytest-xdist worker runs it while another runs this one.
 """
 

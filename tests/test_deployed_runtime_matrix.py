@@ -1,7 +1,8 @@
 """The deployment column of the runtime-equivalence matrix (tests/test_runtime_matrix.py):
 every row on one real local deployment of four SuperNodes gives the in-process run's bits,
 and FedBuff in real-time arrival order completes there. A module of its own so that a
-pytest-xdist worker (``--dist loadfile``) runs it beside the simulation column."""
+pytest-xdist worker (``--dist loadfile``) runs it beside the simulation column; named to sort among the
+other deploy modules, so loadfile hands it out early rather than last."""
 
 from __future__ import annotations
 
