@@ -169,7 +169,11 @@ def test_superlink_killed_mid_run_resumes_from_its_checkpoint(cluster, reference
     assert interrupted[-1][C.LOG_ROUND] < CONFIG["num-server-rounds"]  # really mid-run
     cluster.start_superlink()  # same port and state database: the SuperNodes carry on
     first_id = first.name.rsplit("-run", 1)[1]
-    cluster.flwr("stop", first_id, cluster.spec.connection)
+    try:
+        cluster.flwr("stop", first_id, cluster.spec.connection)
+    except RuntimeError as err:  # the restarted SuperLink may have finished it already
+        if "Run is already finished" not in str(err):  # (its ServerApp's heartbeat lapsed)
+            raise
     # a SuperNode still retrying the killed run's message (Flower's backoff, up to ~16 s a
     # try) is not back when the resumed round starts, and the round goes on without it
     # (seen once in CI: 1 of 3 clients failed); the same model needs all three, so wait

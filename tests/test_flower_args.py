@@ -167,7 +167,8 @@ def _run_drop_in(tmp_path, import_line: str) -> tuple[dict, dict]:
     project = user_project.build(tmp_path / "userproj", train=user_project.CLIENT_SECTIONS["train"],
                                  query="", server_main=main)
     summary = user_project.run_inprocess(project, {"num-server-rounds": 2,
-                                                   "query-client-info": False})
+                                                   "query-client-info": False},
+                                         num_nodes=3)  # the ServerApp waits for 3
     line = next(x for x in summary["output"].splitlines() if x.startswith("RESULT "))
     return summary, json.loads(line[len("RESULT "):])
 
