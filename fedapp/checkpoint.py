@@ -71,8 +71,8 @@ ARRAYS_FILE = re.compile(r"checkpoint-round[0-9]{1,9}-[0-9a-f]{8}\.npz")
 MAX_JSON_BYTES = 1 << 30  # the JSON holds no arrays; a larger one is not a checkpoint
 # Keys a resumed run may change; every other run-config value must equal the checkpoint's.
 MAY_DIFFER = ("num-server-rounds", "checkpoint-every", "resume-from", "output-dir", "data-dir",
-              "allow-download", "device", "round-timeout", "tracking", "tracking-dir",
-              "partition-map")
+              "allow-download", "device", "round-timeout", "silence-timeout", "tracking",
+              "tracking-dir", "partition-map")
 # Keys left out of the config digest: a resumed run's own resume-from names its source
 NOT_DIGESTED = ("resume-from",)
 PAYLOAD_KEYS = ("format", "round", "arrays", "strategy-class", "strategy", "rng", "records",

@@ -313,6 +313,10 @@ KEYS_OF_THE_APP: tuple[Key, ...] = (
         "when the server has stopped waiting", interval=UNIT),
     Key("round-timeout", 3600.0, "seconds the server waits for a round's replies (for "
         "DynamicFL, per sync event)", interval=above(0.0)),
+    Key("silence-timeout", 300.0, "seconds a task may go without a reply once others have "
+        "replied before it is given up as silent (at least 10x the slowest reply so far; "
+        "sooner than `round-timeout`); its client then sits out a while", interval=at_least(0.0),
+        note="(0 = wait the whole `round-timeout`)"),
     Key("virtual-clients", 0, "packed simulation: serve this many virtual clients "
         "(partitions 0 .. N - 1) from the SuperNodes, each SuperNode's ClientApp running its "
         "share of a round one after another, model and data kept in memory; same models as N "

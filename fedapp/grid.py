@@ -19,6 +19,10 @@ two rounds of model-sized replies at once: 40 copies of the model at 20 clients,
 empties the list it returned last time before it pushes the next messages; by then
 Flower's loop (and every strategy here) has aggregated them. A strategy that keeps the
 *list* across exchanges finds it empty; one that keeps the messages keeps them.
+
+Its ``silence_timeout`` (the run config's ``silence-timeout``) is what every Grid event loop
+on it reads: a task silent that long (and 10x the slowest reply) is given up before the
+round timeout.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from collections.abc import Iterable
 from flwr.app import Message
 from flwr.serverapp import Grid
 
-from strategies.engine.event_loop import PULL_INTERVAL, GridEventLoop
+from strategies.engine.event_loop import PULL_INTERVAL, SILENCE_TIMEOUT, GridEventLoop
 from strategies.engine.wrapped_grid import WrappedGrid
 
 
@@ -37,13 +41,15 @@ class ServerAppGrid(WrappedGrid):
     ``pull_interval`` seconds apart, sooner right after the push) and lets go of the previous
     exchange's replies first."""
 
-    def __init__(self, grid: Grid, pull_interval: float | None = None) -> None:
+    def __init__(self, grid: Grid, pull_interval: float | None = None,
+                 silence_timeout: float = SILENCE_TIMEOUT) -> None:
         if pull_interval is None:  # the wrapped Grid's own, where it has one (a packed Grid's)
             pull_interval = getattr(grid, "pull_interval", PULL_INTERVAL)
         if not pull_interval > 0:
             raise ValueError(f"pull_interval={pull_interval} must be > 0 seconds")
         super().__init__(grid)
         self.pull_interval = float(pull_interval)
+        self.silence_timeout = float(silence_timeout)
         self.last_replies: list[Message] = []  # what send_and_receive returned last
 
     def send_and_receive(self, messages: Iterable[Message], *,

@@ -369,7 +369,8 @@ def run(cfg: RunConfig, grid: Grid, context: Context, built: Built, checkpoint: 
         try:
             result = run_rounds(
                 strategy,
-                grid=ServerAppGrid(packed(grid, cfg, strategy)),  # pulls 5 ms .. 0.1 s apart
+                grid=ServerAppGrid(packed(grid, cfg, strategy),  # pulls 5 ms .. 0.1 s apart
+                                   silence_timeout=cfg.silence_timeout),
                 initial_arrays=initial_arrays,
                 num_rounds=cfg.num_server_rounds,
                 first_round=first_round,

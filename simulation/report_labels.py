@@ -29,7 +29,8 @@ Runs = Mapping[str, list[tuple[Path, list[dict]]]]
 NEVER_DISTINGUISH = frozenset({
     "output-dir", "resume-from", "data-dir", "allow-download", "tracking", "tracking-dir",
     "run-plots", "checkpoint-every", "device", "eval-overlap", "eval-batch-size",
-    "drift-diagnostics", "round-timeout", "min-available-nodes"})
+    "drift-diagnostics", "round-timeout", "silence-timeout",
+    "min-available-nodes"})
 SHORT_NAMES = {"dirichlet-alpha": "alpha", "proximal-mu": "mu"}  # as papers write them
 UNSAID = {"partition-seed": -1}  # the value that means "as usual" (here: the run's seed)
 SCHEME_OF = {key: tuple(s for s, keys in SCHEME_KEYS.items() if key in keys)

@@ -5,12 +5,14 @@ after a second silence in a row the next two, then four, ...; any reply clears i
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedapp import checkpoint_format, faults
 from strategies import FedAvg, FedBuff
 from strategies import contract as C
+from strategies.engine.event_loop import SILENCE_TIMEOUT, GridEventLoop
 from strategies.engine.participation import Participation
 from strategies.engine.rounds import run_rounds
 from strategies.engine.silent_clients import MAX_ROUNDS_OUT, SilentClients
@@ -121,3 +123,65 @@ def test_fedbuff_does_not_give_a_lost_tasks_client_the_next_task():
     gaps = [b - a for a, b in zip(picks, picks[1:])]
     assert picks and all(gap > 2 for gap in gaps), order
     assert strategy.participation.silent.silences[str(SILENT)] == len(picks)
+
+
+SHORT_SILENCE = 0.2  # seconds: the in-process replies take milliseconds
+
+
+@pytest.mark.timeout(120)
+def test_a_silent_task_costs_a_bounded_wait_not_the_round_timeout():
+    """Flower's round timeout of 3600 s: FedAvg waited it in full for the silent client (an
+    hour a round); now the silent task is given up once it has waited 10x the slowest reply
+    (at least the floor), the round aggregates the others and it sits out the next one."""
+    strategy = FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_available_nodes=4)
+    grid = RoundCalls(app(), 4, {})
+    grid.silence_timeout = SHORT_SILENCE
+    run_rounds(strategy, grid, record({"w": np.zeros(1)}), num_rounds=3, timeout=3600,
+               train_config=ConfigRecord({C.LOCAL_STEPS: 1}))
+    assert [strategy.round_log(r)[C.LOG_CLIENTS_RECEIVED] for r in (1, 2, 3)] == [3, 3, 3]
+    assert [strategy.round_log(r)[C.LOG_CLIENTS_SAMPLED] for r in (1, 2, 3)] == [4, 3, 4]
+
+
+@pytest.mark.timeout(120)
+def test_fedbuff_in_simulated_order_gives_up_a_silent_task_and_goes_on():
+    """FedBuff's simulated arrival order held every later reply behind the silent task
+    until its 3600 s timeout; now it is given up at its place on the clock."""
+    strategy = FedBuff(buffer_size=2, concurrency=2, fraction_evaluate=0.0,
+                       participation=Participation(query_client_info=True, seed=1))
+    grid = InProcessGrid(app(), 4, {})
+    grid.silence_timeout = SHORT_SILENCE
+    run_rounds(strategy, grid, record({"w": np.zeros(1)}),
+               num_rounds=4, timeout=3600, train_config=ConfigRecord({C.LOCAL_STEPS: 1}))
+    assert all(strategy.round_log(r)[C.LOG_BUFFER_FILL] == 2 for r in range(1, 5))
+    assert strategy.participation.silent.silences[str(SILENT)] >= 1
+
+
+def test_the_silence_limit_is_10x_the_slowest_reply_and_at_least_the_grids_timeout():
+    grid = InProcessGrid(app(), 1, {})
+    loop = GridEventLoop(grid)
+    assert loop.silence_timeout == SILENCE_TIMEOUT == 300.0  # the default
+    assert loop.silence_limit() is None  # no reply yet: nobody is given up
+    loop.slowest_reply = 2.0
+    assert loop.silence_limit() == 300.0
+    loop.slowest_reply = 40.0
+    assert loop.silence_limit() == 400.0
+    grid.silence_timeout = 900.0  # seconds; 0: wait the whole timeout of strategy.start
+    loop = GridEventLoop(grid)  # what docs/reliability.md tells a user to write
+    loop.slowest_reply = 2.0
+    assert loop.silence_limit() == 900.0
+    grid.silence_timeout = 0
+    loop = GridEventLoop(grid)
+    loop.slowest_reply = 2.0
+    assert loop.silence_limit() is None  # off: the round timeout only
+    for bad in (-1, "300", True, float("nan")):
+        grid.silence_timeout = bad
+        with pytest.raises(ValueError, match="silence_timeout"):
+            GridEventLoop(grid)
+
+
+def test_the_apps_grid_carries_the_run_configs_silence_timeout():
+    from fedapp.grid import ServerAppGrid  # noqa: PLC0415
+
+    grid = ServerAppGrid(InProcessGrid(app(), 1, {}), silence_timeout=42.0)
+    assert GridEventLoop(grid).silence_timeout == 42.0
+    assert GridEventLoop(ServerAppGrid(InProcessGrid(app(), 1, {}))).silence_timeout == 300.0

@@ -14,6 +14,14 @@ sync events and, later, asynchronous strategies (:meth:`GridEventLoop.push` then
   after the deadline did not bring it: time the server spends between two pulls (its own
   aggregation, an evaluation) never makes a reply that is already in count as lost;
 * replies the link refuses to take (``push_messages`` returned fewer ids) count as lost;
+* silence: a message still without a reply :meth:`GridEventLoop.silence_limit` seconds
+  after its push (``SILENCE_FACTOR`` x the slowest reply this loop has seen, at least the
+  grid's ``silence_timeout`` attribute, else :data:`SILENCE_TIMEOUT` = 300 s; 0: off; only
+  once some reply has come) is given up as lost before the timeout: a silent client costs
+  a bounded wait, not the round timeout (3600 s by default), while a slow one that answers
+  within 10x the others' time, or within the floor, is waited for. The floor is minutes,
+  not a multiple of the replies alone: an honest SuperNode reconnecting after a SuperLink
+  restart (Flower's retry backoff) was seen to take 136 s where the others took seconds;
 * the order of delivery: as the replies arrive (:meth:`GridEventLoop.run_until`, real time),
   or by simulated completion time (:meth:`GridEventLoop.run_in_clock_order`): a reply is
   held until every message that completes earlier on the simulated clock has replied or
@@ -34,11 +42,13 @@ from flwr.app import Message
 from flwr.serverapp import Grid
 
 __all__ = ["FIRST_PULL_DELAY", "GridEventLoop", "PULL_DELAY_FRACTION", "PULL_INTERVAL",
-           "pull_delay"]
+           "SILENCE_FACTOR", "SILENCE_TIMEOUT", "pull_delay"]
 
 PULL_INTERVAL = 0.1  # seconds, Flower's InMemoryGrid's default pull_interval
 FIRST_PULL_DELAY = 0.005  # seconds after the push: the shortest sleep between two pulls
 PULL_DELAY_FRACTION = 0.25  # of the time since the push
+SILENCE_TIMEOUT = 300.0  # seconds: the shortest wait before a silent message is given up
+SILENCE_FACTOR = 10.0  # x the slowest reply so far
 
 Tag = TypeVar("Tag", bound=Hashable)
 LOST = object()  # held in place of the reply of a message given up (run_in_clock_order)
@@ -59,7 +69,8 @@ class GridEventLoop(Generic[Tag]):
 
     def __init__(self, grid: Grid, pull_interval: float | None = None, *,
                  sleep: Callable[[float], None] | None = None,
-                 now: Callable[[], float] | None = None) -> None:
+                 now: Callable[[], float] | None = None,
+                 silence_timeout: float | None = None) -> None:
         if pull_interval is None:  # the Grid's own, where it has one (a packed Grid's)
             pull_interval = getattr(grid, "pull_interval", PULL_INTERVAL)
         if not pull_interval >= 0:
@@ -75,6 +86,14 @@ class GridEventLoop(Generic[Tag]):
         self.pushed_at = self.now()
         self.polled_at = self.now()  # when the last pull began: deadlines are checked against it
         self.held: dict[Tag, Message] = {}  # replies pulled but not yet delivered, by tag
+        if silence_timeout is None:  # the grid's own (fedapp's `silence-timeout`), or 300 s
+            silence_timeout = getattr(grid, "silence_timeout", SILENCE_TIMEOUT)
+        if not (isinstance(silence_timeout, (int, float)) and not isinstance(silence_timeout, bool)
+                and silence_timeout >= 0):
+            raise ValueError(f"silence_timeout={silence_timeout!r} must be a number of seconds "
+                             f">= 0 (0: wait the whole round timeout for a silent client)")
+        self.silence_timeout = float(silence_timeout)
+        self.slowest_reply = 0.0  # seconds from push to pull of the slowest reply so far
 
     def push(self, messages: Sequence[Message], tags: Sequence[Tag]) -> list[Tag]:
         """Push ``messages`` (tagged ``tags``, one each); the tags of those the link did not
@@ -106,7 +125,24 @@ class GridEventLoop(Generic[Tag]):
             tag = self.pending.pop(reply.metadata.reply_to_message_id, None)
             if tag is not None:
                 arrived.append((tag, reply))
+                self.slowest_reply = max(self.slowest_reply,
+                                         self.polled_at - self.push_time.get(tag, self.polled_at))
         return arrived
+
+    def silence_limit(self) -> float | None:
+        """Seconds after its push that a message without a reply is given up as silent
+        (module docstring); None before any reply has come, or with ``silence_timeout`` 0."""
+        if self.slowest_reply <= 0 or self.silence_timeout == 0:
+            return None
+        return max(self.silence_timeout, SILENCE_FACTOR * self.slowest_reply)
+
+    def silent(self) -> list[Tag]:
+        """The pending tags silent for :meth:`silence_limit` at the last pull, taken off
+        pending."""
+        limit = self.silence_limit()
+        if limit is None:
+            return []
+        return self.expired(limit)
 
     def run_until(self, done: Callable[[], bool],
                   on_reply: Callable[[Tag, Message], None],
@@ -139,7 +175,7 @@ class GridEventLoop(Generic[Tag]):
                 on_reply(tag, reply)
             if done() or not self.pending:
                 break
-            expired = self.expired(expire_after)
+            expired = self.expired(expire_after) + self.silent()
             if expired:
                 return expired
             if deadline is not None and self.polled_at >= deadline:
@@ -191,6 +227,8 @@ class GridEventLoop(Generic[Tag]):
             if done() or not self.pending:
                 continue
             expired = self.expired(expire_after)
+            if on_lost is not None:
+                expired += self.silent()
             if expired:
                 arrived.update(dict.fromkeys(expired, LOST))
                 deliver()
@@ -219,10 +257,17 @@ class GridEventLoop(Generic[Tag]):
     def exchange(self, messages: Iterable[Message], timeout: float | None) -> list[Message]:
         """Push ``messages`` and pull their replies until all are in or ``timeout`` seconds
         have passed (None: until all are in): Flower's ``send_and_receive``. Replies in
-        arrival order; a message without a reply by then has none."""
+        arrival order; a message without a reply by then, or silent
+        (:meth:`silence_limit`), has none."""
         messages = list(messages)
         replies: list[Message] = []
-        self.push(messages, list(range(len(messages))))
+        tags = list(range(len(messages)))
+        self.push(messages, tags)
         del messages
-        self.run_until(lambda: False, lambda _, reply: replies.append(reply), timeout)
+        deadline = None if timeout is None else self.now() + timeout
+        while set(tags) & set(self.pending.values()):  # given up silent: the rest go on
+            left = None if deadline is None else max(deadline - self.now(), 0.0)
+            self.run_until(lambda: False, lambda _, reply: replies.append(reply), left)
+            if deadline is not None and self.now() >= deadline:
+                break
         return replies
