@@ -24,6 +24,7 @@ from deploy.layout import Layout
 from deploy.runner import run_on_connection
 from fedapp.partition_map import read_partition_map
 from simulation.runtime import PROJECT_ROOT, descendants, flwr_env, is_alive
+from simulation.runtime.flwr_cli import FLWR_COMMAND
 from strategies.engine.node_identity import key_fingerprint
 
 pytestmark = pytest.mark.usefixtures("deployment")
@@ -32,8 +33,10 @@ PUBLIC = "127.0.0.2"
 
 
 def flwr(env, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    """One ``flwr`` command as the outsider (or admin) whose FLWR_HOME is in ``env``."""
-    return subprocess.run([str(BIN / "flwr"), *args], env=env, cwd=PROJECT_ROOT, text=True,
+    """One ``flwr`` command as the outsider (or admin) whose FLWR_HOME is in ``env`` (Flower's
+    CLI as ``flwr run`` is launched here: :mod:`simulation.runtime.flwr_command`)."""
+    return subprocess.run([str(BIN / "python"), "-m", FLWR_COMMAND, *args], env=env,
+                          cwd=PROJECT_ROOT, text=True,
                           capture_output=True, timeout=timeout, check=False)
 
 

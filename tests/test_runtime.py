@@ -31,7 +31,9 @@ def test_overrides_are_typed_and_written_back_as_toml():
 
 def test_flwr_run_command_puts_the_connection_after_the_app():
     cmd = flwr_run_command({"lr": 0.1}, app_dir=Path("/app"), connection="remote")
-    assert cmd[1:4] == ["run", "/app", "remote"] and cmd[-1] == "--stream"
+    assert cmd[:3] == [str(Path(sys.executable).parent / "python"), "-m",
+                       "simulation.runtime.flwr_command"]
+    assert cmd[3:6] == ["run", "/app", "remote"] and cmd[-1] == "--stream"
     assert "--federation-config" not in cmd
 
 

@@ -23,6 +23,7 @@ from .stream_filter import StreamFilter
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 OPENBLAS_THREADS_ENV = "OPENBLAS_NUM_THREADS"
+FLWR_COMMAND = "simulation.runtime.flwr_command"  # `python -m` this: Flower's `flwr`, patched
 
 
 # Flower's variables for the ports of the local SuperLink that `flwr run` starts or uses
@@ -65,8 +66,9 @@ def flwr_run_command(run_config: Mapping[str, object] | None = None,
                      app_dir: Path = PROJECT_ROOT, stream: bool = True,
                      connection: str | None = None) -> list[str]:
     """The ``flwr run APP [CONNECTION]`` argv for these overrides (the federation's values
-    checked and typed as Flower takes them: :mod:`.federation`)."""
-    cmd = [str(BIN / "flwr"), "run", str(app_dir)]
+    checked and typed as Flower takes them: :mod:`.federation`), through
+    :mod:`.flwr_command` (Flower's CLI, the FAB built without walking the venv)."""
+    cmd = [str(BIN / "python"), "-m", FLWR_COMMAND, "run", str(app_dir)]
     if connection:
         cmd.append(connection)
     if run_config:
@@ -118,7 +120,8 @@ def stream_command(cmd: Sequence[str], env: Mapping[str, str], cwd: Path,
     try:
         proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        what = " ".join([Path(cmd[0]).name, *cmd[1:2]])
+        head = cmd.index(FLWR_COMMAND) + 1 if FLWR_COMMAND in cmd else 1
+        what = " ".join(["flwr" if head > 1 else Path(cmd[0]).name, *cmd[head:head + 1]])
         note = f"[runtime] {what} exceeded {timeout} s and was stopped"
         lines.append(f"{note}{'; ' + timeout_note if timeout_note else ''}\n")
         if not capture:
