@@ -130,6 +130,11 @@ class ForkExecutor(SubprocessExecutor):
 
     def __init__(self) -> None:
         self.children: set[int] = set()
+        self.launched_at = -float("inf")  # time.monotonic() of the last fork
+
+    def busy_at(self) -> float:
+        """When this executor last had work: now while a child runs, else its last fork."""
+        return time.monotonic() if self.children else self.launched_at
 
     def launch(self, spec: ExecutionSpec) -> LaunchResult:
         """Fork a ClientApp task; other task types: a subprocess, as Flower's executor."""
@@ -150,6 +155,7 @@ class ForkExecutor(SubprocessExecutor):
                 sys.stderr.flush()
                 os._exit(code)  # not sys.exit: the parent's atexit handlers are not ours
         self.children.add(pid)
+        self.launched_at = time.monotonic()
         return LaunchResult.accepted()
 
     def reconcile(self) -> None:
@@ -168,9 +174,10 @@ class ForkExecutor(SubprocessExecutor):
 
 
 def patch_flower(executor: ForkExecutor) -> None:
-    """The two Flower patches this process asks for (:mod:`fedapp.flower_patches`): the
-    children's message arrays pulled with a 0.05 s first retry (the children inherit it), and
-    ``executor`` as the executor of Flower's SuperExec loop. Then forget the app's modules
+    """The Flower patches this process asks for (:mod:`fedapp.flower_patches`): the
+    children's message arrays pulled with a 0.05 s first retry (the children inherit it),
+    ``executor`` as the executor of Flower's SuperExec loop, and that loop's polls slowed to
+    0.5 s after 30 s without a ClientApp. Then forget the app's modules
     again: they ship in the app's FAB, and every ClientApp imports them from its own FAB,
     never from here."""
     before = set(sys.modules)
@@ -178,6 +185,7 @@ def patch_flower(executor: ForkExecutor) -> None:
 
     flower_patches.shorten_object_pulls()
     flower_patches.use_superexec_executor(executor)
+    flower_patches.slow_idle_superexec_polls(executor.busy_at)
     for name in set(sys.modules) - before:
         if name.split(".")[0] == "fedapp":
             del sys.modules[name]

@@ -29,6 +29,12 @@ Profiles and figures: docs/deployment.md, "Why a deployed round costs more".
   same walk, not entering the folders that Flower's own non-overridable
   ``FAB_EXCLUDE_PATTERNS`` exclude whole (``.venv/``, ``build/``, ... at the top,
   ``__pycache__/`` anywhere): the same FAB, byte for byte.
+* :func:`slow_idle_superexec_polls` (``deploy.warm_superexec``): the same loop sleeps
+  ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL`` (0.1 s in ``deploy run``) between two polls, each a
+  request its SuperNode serves, also while no ClientApp has run for minutes (an idle
+  4-SuperNode deployment: 0.04 of a core per SuperNode, 0.02 per SuperExec). Patched: the
+  ``time`` module that loop sleeps with, by an :class:`IdleSleep`: at least 0.5 s between
+  polls once nothing has run for 30 s; the first message after that waits at most 0.5 s.
 * :func:`use_superexec_executor` (``deploy.warm_superexec``):
   ``flwr/supercore/superexec/run_superexec.py`` builds its executor with ``get_executor``
   by type name; patched: that name, so the loop runs the executor given.
@@ -52,6 +58,8 @@ PULL_KEYWORDS = frozenset({"initial_backoff", "backoff_cap", "max_tries_per_obje
 SUPERNODE_IDLE_PULL = 0.5  # seconds; Flower: 3
 SUPERNODE_REPLY_CHECK = 0.05  # seconds; Flower: 0.5
 FLOWER_IDLE_SLEEP, FLOWER_REPLY_SLEEP = 3, 0.5  # the literals in start_client_internal.py
+SUPEREXEC_IDLE_POLL = 0.5  # seconds between a SuperExec's polls once it has been idle ...
+SUPEREXEC_HOT = 30.0  # ... this many seconds (its own interval before)
 
 
 def flower_changed(where: str, what: str) -> RuntimeError:
@@ -137,6 +145,36 @@ def check_superexec_executor() -> None:
     if not callable(getattr(run_superexec, "get_executor", None)):
         raise flower_changed("flwr.supercore.superexec.run_superexec",
                              "no longer builds its executor with get_executor")
+
+
+class IdleSleep:
+    """The ``time`` module, but ``sleep(s)`` sleeps at least ``idle`` s once ``busy_at()``
+    (a ``time.monotonic()`` reading) is more than ``hot`` s ago."""
+
+    def __init__(self, busy_at: Callable[[], float], idle: float, hot: float) -> None:
+        self.busy_at, self.idle, self.hot = busy_at, float(idle), float(hot)
+
+    def sleep(self, seconds: float) -> None:
+        if time.monotonic() - self.busy_at() > self.hot:
+            seconds = max(seconds, self.idle)
+        time.sleep(seconds)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(time, name)
+
+
+def slow_idle_superexec_polls(busy_at: Callable[[], float], idle: float = SUPEREXEC_IDLE_POLL,
+                              hot: float = SUPEREXEC_HOT) -> None:
+    """In this (SuperExec) process: Flower's loop polls at most every ``idle`` s while
+    ``busy_at()`` is more than ``hot`` s ago, at its own interval otherwise."""
+    from flwr.supercore.superexec import run_superexec  # noqa: PLC0415
+
+    if not 0 < idle <= 60 or not hot >= 0:
+        raise ValueError(f"idle={idle!r} must be in (0, 60] and hot={hot!r} >= 0 seconds")
+    check_superexec_executor()
+    if not isinstance(getattr(run_superexec, "time", None), types.ModuleType | IdleSleep):
+        raise flower_changed("flwr.supercore.superexec.run_superexec", "no longer imports time")
+    run_superexec.time = IdleSleep(busy_at, idle, hot)
 
 
 def use_superexec_executor(executor: object) -> None:

@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import flwr
 import pytest
@@ -102,6 +103,7 @@ def test_importing_the_module_patches_nothing():
     """Opt-in: a fresh process that imports flower_patches has Flower's own functions."""
     code = """
 import time
+from types import SimpleNamespace
 from flwr.supercore.inflatable import inflatable_utils as u
 from flwr.supercore.superexec import run_superexec as r
 from flwr.supernode import start_client_internal as s
@@ -263,3 +265,26 @@ def test_the_pruned_fab_walk_builds_flowers_fab_byte_for_byte(tmp_path):
         assert build.build_fab_from_disk(tmp_path) == flowers
     finally:
         build.collect_files = original
+
+
+def test_an_idle_superexec_polls_every_half_second_a_busy_one_at_its_own_interval(monkeypatch):
+    slept, now = [], [100.0]
+    monkeypatch.setattr(P, "time", SimpleNamespace(monotonic=lambda: now[0],
+                                                   sleep=slept.append))
+    busy = [99.0]
+    sleeper = P.IdleSleep(lambda: busy[0], idle=0.5, hot=30.0)
+    sleeper.sleep(0.1)  # a ClientApp 1 s ago: Flower's own interval
+    busy[0] = 60.0
+    sleeper.sleep(0.1)  # nothing for 40 s: the idle interval
+    sleeper.sleep(2.0)  # a longer interval of its own stays
+    assert slept == [0.1, 0.5, 2.0]
+    assert sleeper.monotonic() == 100.0  # every other attribute is the time module's
+    original = run_superexec.time
+    try:
+        P.slow_idle_superexec_polls(lambda: 0.0)
+        assert isinstance(run_superexec.time, P.IdleSleep)
+        P.slow_idle_superexec_polls(lambda: 0.0)  # asked for twice: still one IdleSleep
+    finally:
+        run_superexec.time = original
+    with pytest.raises(ValueError, match="idle"):
+        P.slow_idle_superexec_polls(lambda: 0.0, idle=0)
