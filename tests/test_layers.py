@@ -2,6 +2,7 @@
 
 ```
 deploy/ ──► simulation.runtime ──► (flwr CLI, processes, Ray)
+simulation.runtime ──► fedapp.flower_patches (the flwr CLI it launches, its FAB walk pruned)
 deploy/ ──► the app's public entry points (fedapp.__all__, fedapp.flower_patches)
 simulation/ ──► fedapp ──► task ──► strategies.contract      strategies ──► flwr, numpy only
 fedapp.flower_patches ──► flwr only (the one opt-in module of Flower patches)
@@ -46,7 +47,7 @@ LAYERED = ["strategies", "task", "fedapp", "simulation", "deploy"]
 ARROWS = {
     "deploy": {"simulation.runtime", "fedapp.flower_patches"},  # + fedapp's public names
     "simulation": {"fedapp", "simulation.runtime"},
-    "simulation.runtime": set(),
+    "simulation.runtime": {"fedapp.flower_patches"},  # simulation.runtime.flwr_command
     "fedapp": {"task", "strategies", "fedapp.flower_patches"},
     "task": {"strategies.contract"},
     "strategies": {"strategies.contract"},
@@ -346,7 +347,7 @@ def test_relative_imports_are_resolved_before_they_are_judged(tmp_path):
         "simulation/runtime/flwr_cli.py": "from ..sweep import run_sweep\nfrom . import x\n",
         "simulation/runtime/x.py": ""})
     assert bad == ["simulation/runtime/flwr_cli.py:1: from simulation.sweep.run_sweep: "
-                   "simulation.runtime may import only []"]
+                   "simulation.runtime may import only ['fedapp.flower_patches']"]
 
 
 def test_deploy_takes_only_the_apps_public_names(tmp_path):
