@@ -119,6 +119,7 @@ def kinds_are_kept(request, monkeypatch):
             f"not a unit test; request `apps`")
 
     monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
+    monkeypatch.setattr("tests.warm_runner.run_script", refuse)  # a fork of a warm interpreter
     monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", refuse)
     monkeypatch.setattr(ServerApp, "__call__", refuse_app)  # any ServerApp: ours, a user's
     monkeypatch.setattr("fedapp.client_app.local_data", refuse_app)  # our ClientApp trains

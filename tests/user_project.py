@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
+
+from tests import warm_runner
 
 REPO = Path(__file__).resolve().parents[1]
 NUM_CLASSES = 3
@@ -576,7 +576,8 @@ QUICKSTART_SUPERNODES = 2  # flwr 1.42's default options.num-supernodes for a ne
 
 def run_inprocess(project: Path, run_config: dict, num_nodes: int = QUICKSTART_SUPERNODES,
                   timeout: float = 300) -> dict:
-    """Run the project in a fresh interpreter on the in-process Grid; the runner's summary.
+    """Run the project in a fresh interpreter (forked from :mod:`tests.warm_runner`'s, which
+    has imported torch and flwr) on the in-process Grid; the runner's summary.
 
     Raises AssertionError with the output when the run fails.
     """
@@ -584,10 +585,8 @@ def run_inprocess(project: Path, run_config: dict, num_nodes: int = QUICKSTART_S
     runner.write_text(RUNNER)
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO)  # fedhetero, as an installed package would be: after the app
-    proc = subprocess.run([sys.executable, str(runner), str(project),
-                           json.dumps({**RUN_CONFIG, **run_config}), str(num_nodes)],
-                          cwd=project, env=env, capture_output=True, text=True, timeout=timeout,
-                          check=False)
+    proc = warm_runner.run_script(runner, [str(project), json.dumps({**RUN_CONFIG, **run_config}),
+                                           str(num_nodes)], project, env, timeout)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-6000:]
     line = next((x for x in proc.stdout.splitlines() if x.startswith("SUMMARY ")), None)
