@@ -28,7 +28,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from logging import ERROR, INFO
 from pathlib import Path
 
@@ -125,6 +125,22 @@ def _run_child(spec: ExecutionSpec) -> int:
     return 0
 
 
+def fork_child(run: Callable[[], int]) -> int:
+    """``os.fork()``; the child runs ``run()`` and exits with its code (``os._exit``, after
+    flushing stdout and stderr: never back into the parent's loop, none of the parent's
+    atexit handlers). Returns the child's pid in the parent; raises ``OSError``."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            code = run()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    return pid
+
+
 class ForkExecutor(SubprocessExecutor):
     """Flower's Executor protocol: ClientApp tasks by fork, everything else as Flower does."""
 
@@ -143,17 +159,9 @@ class ForkExecutor(SubprocessExecutor):
         sys.stdout.flush()
         sys.stderr.flush()
         try:
-            pid = os.fork()
+            pid = fork_child(lambda: _run_child(spec))
         except OSError as err:
             return LaunchResult.failed(f"fork failed: {err}")
-        if pid == 0:  # the child: never return into the parent's loop
-            code = 1
-            try:
-                code = _run_child(spec)
-            finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(code)  # not sys.exit: the parent's atexit handlers are not ours
         self.children.add(pid)
         self.launched_at = time.monotonic()
         return LaunchResult.accepted()

@@ -5,8 +5,8 @@ app modules, and forks a child per run. A fresh ``python script.py`` spent about
 on those imports before the script's first line on this 2-core machine; a fork costs
 milliseconds. The child is what the fresh interpreter was: the script as ``__main__``, its
 ``sys.argv``, its folder first on ``sys.path`` and then ``PYTHONPATH``, its working
-directory, its environment, its own stdout and stderr; nothing of fedhetero is imported
-before the script imports it.
+directory, its environment, its own stdout and stderr; nothing of fedhetero is imported (but
+:func:`deploy.warm_superexec.fork_child`) before the script imports it.
 
 No tensor operation runs in this process: a child forked after torch's thread pool started
 would inherit a broken one (as :mod:`deploy.warm_superexec`'s). One server per pytest
@@ -69,20 +69,14 @@ def serve() -> None:
     """The server's loop (module docstring)."""
     import importlib  # noqa: PLC0415
 
+    from deploy.warm_superexec import fork_child  # noqa: PLC0415 - flwr's SuperExec, not torch
+
     for name in PRELOAD:
         importlib.import_module(name)
     replies = sys.stdout
     for line in sys.stdin:
         request = json.loads(line)
-        pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:
-                code = _child(request)
-            finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(code)
+        pid = fork_child(lambda request=request: _child(request))
         replies.write(json.dumps({"pid": pid}) + "\n")
         replies.flush()
         _, status = os.waitpid(pid, 0)
