@@ -10,9 +10,8 @@ FMNIST_SYSTEM := /usr/share/datasets/fashion-mnist
 PIP_QUIET := { grep -v "is ignored: it is neither a file nor a directory" || true; }
 NUM_SUPERNODES ?= 10
 # `make test` runs test modules in this many pytest workers (pytest-xdist, a module per
-# worker): a flwr run or a deployment mostly waits on its SuperLink, so 4 workers keep 2 cores busy
-# (3 left 21% of the 2 cores idle: 42.9 CPU-minutes in a 27.2-minute CI run at 88fed3c)
-TEST_WORKERS ?= 4
+# worker): a flwr run or a deployment mostly waits on its SuperLink, so 3 workers keep 2 cores busy
+TEST_WORKERS ?= 3
 
 .PHONY: run test test-fast install data bench clean docs
 
