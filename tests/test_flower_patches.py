@@ -22,7 +22,7 @@ from flwr.supernode import start_client_internal
 
 from deploy.supernode import IDLE_PULL_ENV, idle_pull_seconds
 from fedapp import flower_patches as P
-from tests.user_project import REPO
+from tests.user_project import PYPROJECT, REPO
 
 # (name, kind, default) of the keyword-only parameters whose defaults shorten_object_pulls
 # replaces, as Flower 1.42.0 declares them in both pull functions
@@ -221,34 +221,13 @@ def test_idle_pull_from_the_environment():
             idle_pull_seconds({IDLE_PULL_ENV: bad})
 
 
-FAB_PYPROJECT = """[build-system]
-requires = ["hatchling"]
-build-backend = "hatchling.build"
-
-[project]
-name = "walked"
-version = "1.0.0"
-dependencies = ["flwr"]
-
-[tool.flwr.app]
-publisher = "me"
-
-[tool.flwr.app.components]
-serverapp = "pkg.mod:server"
-clientapp = "pkg.mod:client"
-
-[tool.flwr.app.config]
-x = 1
-"""
-
-
 def test_the_pruned_fab_walk_builds_flowers_fab_byte_for_byte(tmp_path):
     """A project with a venv, build/ and __pycache__/ folders (and a nested .venv, which
     Flower's top-anchored '.venv/**' keeps): the patched walk gives the same FAB bytes as
     Flower's own, without entering the pruned folders."""
     from flwr.cli import build  # noqa: PLC0415
 
-    (tmp_path / "pyproject.toml").write_text(FAB_PYPROJECT)
+    (tmp_path / "pyproject.toml").write_text(PYPROJECT)  # a user project's
     for name in (".venv/lib/site.py", ".venv/x.json", "build/b.py", "__pycache__/c.py",
                  "pkg/__pycache__/d.py", "pkg/mod.py", "pkg/nested/.venv/kept.py",
                  "lib/e.py", "README.md", "notes.txt", ".git/hooks/h.py"):

@@ -107,7 +107,10 @@ def run_script(script: Path, argv: list[str], cwd: Path, env: dict[str, str],
                                        "cwd": str(cwd), "env": dict(env),
                                        "stdout": str(out), "stderr": str(err)}) + "\n")
         server.stdin.flush()
-        pid = json.loads(server.stdout.readline())["pid"]
+        started = server.stdout.readline()
+        if not started:
+            raise RuntimeError("tests.warm_runner: the server exited; see the test's stderr")
+        pid = json.loads(started)["pid"]
         fired = threading.Event()
 
         def kill() -> None:

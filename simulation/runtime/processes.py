@@ -118,7 +118,7 @@ def is_flower_process(pid: int) -> bool:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return False
-    return any(b"flwr" in a or b"flower" in a for a in argv[:3])  # [:3]: python -m ...flwr...
+    return any(b"flwr" in a or b"flower" in a for a in argv[:2])
 
 
 def stop_pids(pids: list[int], timeout: float = 15.0) -> None:
