@@ -33,6 +33,7 @@ from strategies.engine.keys import (APP, BELOW_ONE, FRACTION, UNIT, Interval, Ke
 from strategies.engine.registry import ENGINES, Registration, registered
 from strategies.engine.schedules import DECAYING, SCHEDULES
 from strategies.engine.submodels import parse_levels as width_levels
+from strategies.selection.power_of_choice import POC_WEIGHTINGS
 from task.data import DATASET_NAMES, check_dataset_name
 from task.model_names import MODEL_NAMES, REPRESENTATION_MODELS, WIDTH_MODELS
 from task.partition import PARTITION_NAMES
@@ -187,6 +188,10 @@ KEYS_OF_THE_APP: tuple[Key, ...] = (
         "candidates)"),
     Key("poc-candidates", 0, "Power-of-Choice's d, candidates asked for their loss per round "
         "(at least m)", (ROUND, ASYNC_ENGINE), at_least(0), note="(0 = 2m)"),
+    Key("poc-weighting", "uniform", "how Power-of-Choice averages the m clients it chose: "
+        "`uniform`, the plain mean (1/m) of Cho, Wang and Joshi's pow-d (their candidates are "
+        "already drawn by n_k), or `examples`, by n_k (data size then counts twice)",
+        (ROUND, ASYNC_ENGINE), choices=POC_WEIGHTINGS),
     Key("tifl-tiers", 5, "TiFL's number of speed tiers (each gets ⌈num-server-rounds / tiers⌉ "
         "credits in the FedAvg family)", (ROUND, ASYNC_ENGINE), at_least(1)),
     Key("device-profiles", "none",
@@ -358,6 +363,11 @@ RULES_OF_THE_APP: tuple[Rule, ...] = (
          lambda v: v["selection"] not in ("oort", "tifl") or v["device-profiles"] != "none",
          "selection 'oort' and 'tifl' rank clients by their time on the simulated clock: they "
          "need device-profiles other than 'none'"),
+    Rule(("selection", "weighting", "poc-weighting"),
+         lambda v: v["selection"] != "power-of-choice"
+         or v["weighting"] in ("examples", v["poc-weighting"]),
+         "under selection 'power-of-choice' the averaging is poc-weighting's: leave weighting "
+         "at 'examples' (or equal to poc-weighting) and set poc-weighting"),
     Rule(("lr-schedule", "lr-decay"),
          lambda v: v["lr-schedule"] not in DECAYING or v["lr-decay"] <= 1,
          f"lr-decay <= 1 with lr-schedule {' or '.join(DECAYING)} (lr_t would grow)"),

@@ -109,14 +109,14 @@ def device_clock(cfg: RunConfig, cost: float | None = None) -> SimClock | None:
 
 def selection_policy(cfg: RunConfig, rounds: int | None) -> object | None:
     """The ``selection`` policy (None: random, the participation model's default) with
-    ``oort-preferred-duration``, ``poc-candidates`` and ``tifl-tiers``; TiFL's credits per
+    ``oort-preferred-duration``, ``poc-candidates``, ``poc-weighting`` and ``tifl-tiers``; TiFL's credits per
     tier are ceil(``rounds`` / tiers) (None: unlimited, the asynchronous strategies)."""
     name, preferred = cfg.selection, cfg.oort_preferred_duration
-    candidates, tiers = cfg.poc_candidates, cfg.tifl_tiers
+    candidates, tiers, poc_weighting = cfg.poc_candidates, cfg.tifl_tiers, cfg.poc_weighting
     if name == "oort":
         return OortSelection(cfg.seed, preferred)
     if name == "power-of-choice":
-        return PowerOfChoice(cfg.seed, candidates)
+        return PowerOfChoice(cfg.seed, candidates, weighting=poc_weighting)
     if name == "tifl":
         return TiFLSelection(cfg.seed, tiers, -(-rounds // tiers) if rounds else None)
     if name != "random":

@@ -337,3 +337,13 @@ class Section:
                 continue
             items[key] = value
         return items
+
+
+# --- HeteroFL's and FedRolex's label split (strategies/engine/submodels.py; the authors' code) ---
+# server -> client, per node (ConfigRecord "config"): bool, True: train with the cross-entropy
+# whose logits of the labels absent from the local training data are 0 (masked), and reply
+# LABEL_MASK (strategies.client.width.LabelSplit)
+LABEL_SPLIT = "label-split"
+# client -> server (MetricRecord "metrics"): list[int], one 0/1 entry per class (the rows of the
+# model's output layer), 1 for each label in the client's training data, at least one
+LABEL_MASK = "label-mask"

@@ -70,6 +70,13 @@ NEEDS: dict[str, dict] = {"moon": {"model": "cnn-small-moon"}}
 
 # rule (its keys) -> (run configs that break it, one that keeps it)
 RULE_CASES: dict[tuple[str, ...], tuple[list[dict], dict]] = {
+    ("label-split", "robust-aggregation", "strategy"): (
+        [{"strategy": "heterofl", "robust-aggregation": "median", "weighting": "uniform"}],
+        {"strategy": "heterofl", "robust-aggregation": "median", "weighting": "uniform",
+         "label-split": False}),
+    ("selection", "weighting", "poc-weighting"): (
+        [{"selection": "power-of-choice", "weighting": "uniform", "poc-weighting": "examples"}],
+        {"selection": "power-of-choice", "weighting": "examples", "poc-weighting": "examples"}),
     ("fedveca-tau-init", "fedveca-tau-max"): (
         [{"fedveca-tau-init": 30, "fedveca-tau-max": 25}, {"fedveca-tau-max": 10},
          {"strategy": "fedveca", "fedveca-tau-init": 51}],
@@ -120,6 +127,7 @@ LAX: dict[str, tuple[tuple[str, ...], str]] = {
     # read always, checked by the policy's constructor only when `selection` names it
     "oort-preferred-duration": (SELECTING, "used only by selection='oort'"),
     "poc-candidates": (SELECTING, "used only by selection='power-of-choice'"),
+    "poc-weighting": (SELECTING, "used only by selection='power-of-choice'"),
     "tifl-tiers": (SELECTING, "used only by selection='tifl'"),
 }
 

@@ -157,9 +157,10 @@ GOLDEN: dict[str, dict[str, str]] = {
         'moon': 'eb14f1000c4c3ec6b0bbdeea0ff9cc9fa6803c79bb06a29d7d998cda963224a0',
         'scaffold': 'caf666b9a1dfa6d2b8cd0ff683ebd1b1f4b7503f0067aef23e542cc04ec8d65b',
         'scaffold-momentum-stragglers': '0f5fca98f6ffb113ded24f040685aff743e0b4c228921ba393a50400cfec76c0',
-        'heterofl-fixed': 'c69b89054c3cb4cfb4786177d3369a1878e7a0731dda7790b0033a49a9712bc2',
+        # re-taken when the authors' label split became HeteroFL's and FedRolex's default
+        'heterofl-fixed': '7b7d35fcfcfa71002823f38d39e438a41a517ccecfa5acc1e0ad4faa0231942e',
         'fjord-dynamic': '8fa32e41ac1d198fa30e417a628712298ccd9bba6a667c367326c2aa5a30e537',
-        'fedrolex-deadline': 'e30fddcbfac538e4d6aa612a6c58854f7af0b97d2b0ee53eec9bd5c9e81caa42',
+        'fedrolex-deadline': '0a2bad3d979f16801d02a739705466f4d776ca019dd8be8db07494a5ac0d3cc3',
         'fedbuff-clock': '48bcb0cb8d2510f70c111ca7c43fc8f036bc412f5c4ac68777f69e35a3a72ec7',
         'fedasync-proximal': '23fbd25f46f9e32c02b717bcfa8c09b9a8c1e91cb71ece5528e0290f91e36311',
         'fedavg-oort-overcommit': '71872ea906a0fbce452c83d7a5a14fe4001f80b06a59b77d974c59319bc6c4ef',

@@ -207,7 +207,7 @@ def test_heterofl_takes_each_entry_over_its_holders_in_a_round():
             {C.NUM_EXAMPLES: 10 * (pid + 1)})}), reply_to=msg)
 
     strategy = HeteroFL(query_client_info=True, fraction_evaluate=0.0, width_spec=spec,
-                        levels=(1.0, 0.5), robust=Median())
+                        levels=(1.0, 0.5), robust=Median(), label_split=False)
     result = strategy.start(InProcessGrid(app, 3, {}), record(model), num_rounds=1,
                             train_config=ConfigRecord({C.LOCAL_STEPS: 1}))
     new = numpy_of(result.arrays)

@@ -105,7 +105,7 @@ def test_round_stragglers_hand_checked():
     (100, 25, 3, False, 12),  # 100 / 25 = 4 exactly: both rules agree
     (100, 25, 3, True, 12),
     (10, 32, 2, False, 2),  # B > n: one (short) batch per epoch
-    (10, 32, 2, True, 1),  # drop_last drops it: at least one step
+    (10, 32, 2, True, 0),  # drop_last drops it: the loop takes no step
     (100, 0, 3, False, 3),  # B = 0: full batch, one step per epoch
     (100, 32, 0.5, False, 2),  # floor(0.5 * 4)
     (100, 32, 0.3, False, 1),  # floor(1.2)

@@ -27,6 +27,7 @@ from strategies.client import (
     sent_width,
     width_model,
 )
+from strategies.client.width import label_mask, masked_cross_entropy
 from strategies.engine.submodel_math import HiddenUnits, WidthSpec, extract, submodel_indices
 from task.models import build_model, width_spec
 from tests.test_data import write_tiny_fashion_mnist
@@ -343,6 +344,31 @@ def test_the_app_trains_the_sent_sub_model(node, levels):
     for key, value in numpy_state(model).items():  # the app's CPU models are channels-last
         np.testing.assert_allclose(got[key], value, rtol=1e-5, atol=1e-6, err_msg=key)
     assert any(not np.array_equal(got[k], sent[k]) for k in sent)
+
+
+@pytest.mark.usefixtures("apps")
+def test_the_app_trains_with_the_label_split_and_replies_the_labels(node):
+    """HeteroFL / FedRolex with ``label-split``: the loop's loss is the masked cross-entropy
+    of the node's labels (strategies.client.width.LabelSplit), the reply carries them, and
+    the output rows of the labels the node lacks come back as sent."""
+    sent = sub_model(0.5)
+    config = {C.SERVER_ROUND: 2, C.LOCAL_STEPS: 3, C.BATCH_SIZE: 4, C.LR: 0.05, C.SEED: 4,
+              C.MODEL_WIDTH: 0.5, C.LABEL_SPLIT: True}
+    reply = client_app.train(width_message(sent, **config), node)
+    x, y, _, _ = client_app.local_data(node)
+    mask = label_mask(y, 10)
+    assert reply.content[C.METRICS][C.LABEL_MASK] == mask and 0 < sum(mask) < 10
+    model = cnn(0.5)
+    model.load_state_dict({k: torch.from_numpy(v) for k, v in sent.items()})
+    want = local_sgd(model, x, y, batch_size=4, steps=3, seed=client_seed(4, 2, 0), lr=0.05,
+                     loss_fn=lambda logits, labels: masked_cross_entropy(logits, labels, mask))
+    assert reply.content[C.METRICS][C.TRAIN_LOSS] == pytest.approx(want.train_loss, rel=1e-5)
+    got = {k: a.numpy() for k, a in reply.content[C.ARRAYS].items()}
+    for key, value in numpy_state(model).items():
+        np.testing.assert_allclose(got[key], value, rtol=1e-5, atol=1e-6, err_msg=key)
+    absent = [c for c, bit in enumerate(mask) if bit == 0]
+    for key in ("classifier.5.weight", "classifier.5.bias"):
+        np.testing.assert_array_equal(got[key][absent], sent[key][absent], err_msg=key)
 
 
 @pytest.mark.usefixtures("apps")

@@ -33,10 +33,11 @@ def _task_identity():
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
 
 
-def client_app(seen: list, *, ignore_width: bool = False, bad_partition: int | None = None
-               ) -> ClientApp:
+def client_app(seen: list, *, ignore_width: bool = False, bad_partition: int | None = None,
+               masks: dict | None = None) -> ClientApp:
     """Partition p (n = 10 (p + 1)) returns its sub-model + p^2 + 1 and records what it got;
-    ``ignore_width``: replies with the full model's shapes."""
+    ``ignore_width``: replies with the full model's shapes. Asked for the label split, it
+    replies ``masks[p]`` (default: both labels; None: no ``label-mask``)."""
     app = ClientApp()
 
     app.query()(partition_facts)
@@ -50,8 +51,12 @@ def client_app(seen: list, *, ignore_width: bool = False, bad_partition: int | N
         if ignore_width or pid == bad_partition:
             arrays = {k: np.zeros_like(v) for k, v in GLOBAL.items()}
         out = {k: v + pid ** 2 + 1 for k, v in arrays.items()}
-        return Message(RecordDict({C.ARRAYS: record(out), C.METRICS: MetricRecord(
-            {C.NUM_EXAMPLES: 10 * (pid + 1), C.TRAIN_LOSS: 0.5})}), reply_to=msg)
+        metrics = {C.NUM_EXAMPLES: 10 * (pid + 1), C.TRAIN_LOSS: 0.5}
+        mask = (masks or {}).get(pid, [1, 1])
+        if config.get(C.LABEL_SPLIT) and mask is not None:
+            metrics[C.LABEL_MASK] = mask
+        return Message(RecordDict({C.ARRAYS: record(out), C.METRICS: MetricRecord(metrics)}),
+                       reply_to=msg)
 
     return app
 
@@ -74,8 +79,8 @@ def test_heterofl_sends_sub_models_and_averages_each_entry_over_its_holders():
     strategy = HeteroFL(**kwargs())
     new = run(strategy, client_app(seen))
     # fixed rule: partition p trains levels[p mod 2] -> widths 1, 0.5, 1
-    assert [(p, c[C.MODEL_WIDTH], c[C.WIDTH_SCALER]) for p, c, _ in seen] == \
-        [(0, 1.0, True), (1, 0.5, True), (2, 1.0, True)]
+    assert [(p, c[C.MODEL_WIDTH], c[C.WIDTH_SCALER], c[C.LABEL_SPLIT]) for p, c, _ in seen] \
+        == [(0, 1.0, True, True), (1, 0.5, True, True), (2, 1.0, True, True)]
     assert seen[1][2] == {"w1": (2, 3), "b1": (2,), "w2": (2, 2), "b2": (2,)}
     # units 0-1: uniform mean of 1, 2, 5; units 2-3: of 1 and 5 (partition 1 lacks them)
     np.testing.assert_allclose(new["b1"], [8 / 3, 8 / 3, 3, 3], rtol=1e-6)
@@ -98,7 +103,7 @@ def test_fjord_weights_by_examples_and_sends_its_dropout_levels():
     seen = []
     new = run(FjORD(**kwargs()), client_app(seen))
     assert [c[C.WIDTH_LEVELS] for _, c, _ in seen] == [[0.5, 1.0], [0.5], [0.5, 1.0]]
-    assert all(C.WIDTH_SCALER not in c for _, c, _ in seen)
+    assert all(C.WIDTH_SCALER not in c and C.LABEL_SPLIT not in c for _, c, _ in seen)
     # units 0-1: (10*1 + 20*2 + 30*5) / 60; units 2-3: (10*1 + 30*5) / 40
     np.testing.assert_allclose(new["b1"], [200 / 60] * 2 + [160 / 40] * 2, rtol=1e-6)
 

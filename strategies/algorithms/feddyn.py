@@ -9,6 +9,15 @@ Algorithm 1), server side, on the engine's sampling, reply checks and client-sta
   m all clients, and theta^t = (1 / |P_t|) sum theta_k^t - (1 / alpha) h^t
   (:mod:`strategies.algorithms.feddyn_math`).
 
+m is the total number of clients, fixed in Algorithm 1 (``n_clnt`` in the authors' code):
+``num_clients`` when given, and the most clients connected in any round so far if more (or
+none given) (:func:`strategies.engine.client_states.clients_so_far`). A client that leaves
+keeps its linear term in h, as a client not in P_t does in Algorithm 1, and h stays the
+mean of the server's copies of all m linear terms (0 for a client never heard from) while
+no client joins beyond m. A client that joins beyond it raises m without rescaling h, so h
+is no longer that mean: Algorithm 1 defines no join, and we keep its update
+(:class:`FedDyn`'s Notes give numbers).
+
 The client side (the dynamic regulariser and the linear-term update) is
 :class:`strategies.client.feddyn.FedDynClient`.
 """
@@ -21,7 +30,8 @@ from .. import contract as C
 from ..contract import Section, logged
 from ..engine import records, trust_gate
 from ..engine.algorithm import Algorithm, Contract, Outgoing, RoundInput, RoundUpdate
-from ..engine.keys import Key, above
+from ..engine.client_states import TotalClients
+from ..engine.keys import Key, above, at_least
 from ..engine.registry import register
 from ..engine.round_engine import RoundEngine
 from ..engine.round_plan import RoundPlan
@@ -46,11 +56,12 @@ class DynamicRegulariser(Algorithm):
     name = "FedDyn"
     contract = Contract(helper=FEDDYN_HELPER, client_state="required")
 
-    def __init__(self, alpha: float = 0.01) -> None:
+    def __init__(self, alpha: float = 0.01, num_clients: int = 0) -> None:
         if not alpha > 0:
             raise ValueError(f"FedDyn's alpha must be > 0, got {alpha}")
         self.alpha = float(alpha)
         self.h: fm.NDArrays | None = None  # h^t
+        self.clients = TotalClients(num_clients, "feddyn-num-clients", self.name)  # m
 
     def send(self, plan: RoundPlan) -> Outgoing:
         """alpha to every client (h^0 = 0 is set up from the first model)."""
@@ -60,8 +71,10 @@ class DynamicRegulariser(Algorithm):
 
     def update(self, r: RoundInput) -> RoundUpdate:
         """The average of the accepted theta_k^t (the engine's), the copies of the linear
-        terms, h^t, and theta^t = average - h^t / alpha."""
+        terms, h^t (m from :class:`strategies.engine.client_states.TotalClients`), and
+        theta^t = average - h^t / alpha."""
         average, used = r.average()
+        clients = self.clients.update(len(r.plan.nodes))
         previous = r.global_arrays  # theta^{t-1}
         drift: fm.NDArrays | None = None
         states = []
@@ -72,18 +85,21 @@ class DynamicRegulariser(Algorithm):
                                                 self.alpha, local, previous))
         if drift is not None:
             self.h = trust_gate.finite_or_previous(
-                fm.h_step(self.h, drift, self.alpha, len(r.plan.nodes)), self.h, "FedDyn's h",
+                fm.h_step(self.h, drift, self.alpha, clients), self.h, "FedDyn's h",
                 r.server_round)
         new = None if average is None else fm.server_model(average, self.h, self.alpha)
         return RoundUpdate(new, used, states, [FedDynSection(fm.norm(self.h))])
 
     def state_dict(self) -> dict:
-        """h (copied)."""
-        return {"h": None if self.h is None else {k: v.copy() for k, v in self.h.items()}}
+        """h (copied) and m."""
+        return {"h": None if self.h is None else {k: v.copy() for k, v in self.h.items()},
+                "clients": self.clients.value}
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore what :meth:`state_dict` returned."""
+        """Restore what :meth:`state_dict` returned (a checkpoint without m: m from the next
+        round on, as in a new run)."""
         self.h = None if state["h"] is None else {k: v.copy() for k, v in state["h"].items()}
+        self.clients.load(state.get("clients"))
 
 
 class FedDyn(RoundEngine):
@@ -101,13 +117,26 @@ class FedDyn(RoundEngine):
     straggler_policy : str
         ``"partial"`` by default: a straggler's model after its reduced work is aggregated
         (and updates its linear term), as FedProx's inexact solutions.
+    num_clients : int
+        m of the h update, the total number of clients (the federation's size, if known);
+        0 (default): the most clients connected in any round so far. m is never below the
+        clients connected (a WARNING says so once).
     **kwargs
         As :class:`FedAvg` (``fraction_train``, ``seed``, ``query_client_info``, ...);
         ``server_lr`` must be 1.0 (Algorithm 1 has no server step size).
 
     Notes
     -----
-    m is the number of connected clients; clients are keyed by the partition id they
+    m, the total number of clients of Algorithm 1's h update (fixed there), is
+    ``num_clients``, or the most clients connected in any round so far when that is more
+    (or none is given). From h^0 = 0, h is the mean over all m clients of the server's
+    copies of their linear terms (0 for a client never heard from) however many replies
+    fail and whichever clients leave (a client that leaves keeps its linear term in h, as
+    one not in P_t does). A client that joins beyond m raises m from then on, but h is not
+    rescaled, so it is no longer that mean: with 3 clients for two rounds and then 5,
+    client k moving theta by k (k = 1..5) every round and alpha = 0.5,
+    h = -0.5 (2 (6 / 3) + 2 (15 / 5)) = -5, while the copies' mean is
+    -0.5 (4 + 8 + 12 + 8 + 10) / 5 = -4.2 (with ``num_clients=5``: h = -4.2). Clients are keyed by the partition id they
     report to the client-info query (``query_client_info=True``), else by node id. The
     server keeps a copy of every client's linear term (one model-sized array set per client
     that has replied, in memory and in every checkpoint) so that it survives a resumed run,
@@ -136,14 +165,15 @@ class FedDyn(RoundEngine):
     """
 
     def __init__(self, *flower_args, alpha: float = 0.01, weighting: str = "uniform",
-                 straggler_policy: str = "partial", **kwargs) -> None:
+                 straggler_policy: str = "partial", num_clients: int = 0, **kwargs) -> None:
         if weighting not in FEDDYN_WEIGHTINGS:
             raise ValueError(f"FedDyn averages theta_k with weighting 'uniform' (Alg. 1) or "
                              f"'examples' (FedAvg's); weighting={weighting!r} is not supported")
         if kwargs.get("server_lr", 1.0) != 1.0:
             raise ValueError(f"FedDyn's server model is (1 / |P_t|) sum theta_k - h / alpha "
                              f"(Alg. 1): server_lr must be 1.0, got {kwargs['server_lr']}")
-        super().__init__(*flower_args, algorithm=DynamicRegulariser(alpha), weighting=weighting,
+        super().__init__(*flower_args, algorithm=DynamicRegulariser(alpha, num_clients),
+                         weighting=weighting,
                          straggler_policy=straggler_policy, **kwargs)
 
 
@@ -151,7 +181,12 @@ FEDDYN_WHY = "FedDyn's server model is the mean of the theta_k minus h / alpha, 
 KEYS = (Key("feddyn-alpha", 0.01,
             "FedDyn's α: clients minimise L_k(θ) − ⟨∇L_k(θ_k^{t−1}), θ⟩ + (α/2)‖θ − θ^{t−1}‖²; "
             "the server sends θ^t = mean θ_k − h^t/α (0.01: the authors' CIFAR-10 example)",
-            interval=above(0.0), arg="alpha"),)
+            interval=above(0.0), arg="alpha"),
+        Key("feddyn-num-clients", 0,
+            "FedDyn's m in h^t = h^{t−1} − (α/m)·Σ_k (θ_k − θ^{t−1}) (Alg. 1): the total number "
+            "of clients (the federation's size, if known); 0 = the most clients connected in "
+            "any round so far ([FedDyn](strategies/feddyn.md#clients-that-join-or-leave))",
+            interval=at_least(0), arg="num_clients"))
 register("feddyn", FedDyn, "FedDyn (Acar et al. 2021, Alg. 1): dynamic regulariser (client "
          "helper)", keys=KEYS, client_side="strategies.client.feddyn",
          only=(("weighting", FEDDYN_WEIGHTINGS, "FedDyn averages over the sampled clients: "

@@ -13,7 +13,8 @@ numbers:
   grad L_k(theta_k^t) = grad L_k(theta_k^{t-1}) - alpha (theta_k^t - theta^{t-1})
   (:func:`linear_term_update`);
 * server state: h^t = h^{t-1} - alpha (1 / m) sum_{k in P_t} (theta_k^t - theta^{t-1}),
-  m = all clients (:func:`add_drift`, :func:`h_step`);
+  m = all clients (:func:`add_drift`, :func:`h_step`; m on a changing fleet:
+  :func:`strategies.engine.client_states.clients_so_far`);
 * server model: theta^t = (1 / |P_t|) sum_{k in P_t} theta_k^t - (1 / alpha) h^t
   (:func:`server_model`, applied to the average the strategy computes).
 
@@ -22,8 +23,9 @@ theta^{t-1})``. We implement sum_{k in P_t} (theta_k^t - theta^{t-1}), as the au
 does (``local_param_list[k] += theta_k - theta^{t-1}``; ``cld_mdl_param = avg +
 mean over all clients of local_param_list``). Only this reading keeps h^t equal to the mean
 over all m clients of their linear terms, (1 / m) sum_k grad L_k(theta_k^t), the quantity
-Algorithm 1's derivation needs; the literal one would move h by (|P_t| - 1) theta^{t-1} / m
-even when no client moved. With |P_t| = 1 the two agree.
+Algorithm 1's derivation needs (with m fixed: a change of m between rounds breaks it, see
+:func:`h_step`); the literal one would move h by (|P_t| - 1) theta^{t-1} / m even when no
+client moved. With |P_t| = 1 the two agree.
 
 Floating point: every update is evaluated in float64 and rounded to the array's dtype; the
 sum of the drifts accumulates in float64.
@@ -92,7 +94,11 @@ def add_drift(total: NDArrays | None, local_model: Mapping[str, np.ndarray],
 def h_step(h: Mapping[str, np.ndarray], drift_sum: Mapping[str, np.ndarray], alpha: float,
            num_clients: int) -> NDArrays:
     """h^t = h^{t-1} - alpha (1 / m) sum_{k in P_t} (theta_k^t - theta^{t-1}), m = ``num_clients``
-    (all clients, not |P_t|: the authors' code; see the module docstring)."""
+    (all clients, not |P_t|: the authors' code; see the module docstring).
+
+    From h^0 = 0 and with m the same every round, h^t is the mean over the m clients of
+    their linear terms; when m changes between rounds it is not: h keeps (1 / m_old) sum_k
+    of the rounds before (:func:`strategies.engine.client_states.clients_so_far`)."""
     if num_clients < 1 or not alpha > 0:
         raise ValueError(f"need m >= 1 clients and alpha > 0, got m={num_clients}, "
                          f"alpha={alpha}")

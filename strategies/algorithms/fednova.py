@@ -8,6 +8,16 @@ p_i = n_i / n over the accepted replies; ||a_i||_1 from the client's local solve
 and its momentum / proximal forms, :mod:`strategies.engine.averaging`). The coefficients are
 :func:`strategies.engine.averaging.coefficients_fednova`, the update
 :func:`strategies.engine.averaging.fednova_update`.
+
+A client that took no local step (tau_i = 0, so ||a_i||_1 = 0) has no update: d_i of eq. (6)
+is 0 / 0. The rule, whether the reply reports ``local-steps`` = 0 (the trust gate refuses it)
+or tau_i is derived from E, B and n_i (a stock DataLoader loop with ``drop_last`` and
+n_i < B, :func:`stock_loop_steps`): the reply is left out of the round with one log line
+(:meth:`Normalised.check`), and p_i = n_i / n is taken over the replies that are aggregated,
+so the p_i of eq. (6) still sum to 1 (the engine's rule for a client whose reply failed).
+Wang et al.'s code (JYWa/FedNova, ``distoptim/FedNova.py``) has no such case: every client
+there runs whole epochs over its partition, and with no step its ``local_normalizing_vec``
+would be 0 and its scale tau_eff / 0 undefined.
 """
 
 from __future__ import annotations
@@ -28,7 +38,8 @@ from ..engine.algorithm import Algorithm, Contract, Outgoing, RoundInput, RoundU
 from ..engine.registry import register
 from ..engine.round_engine import RoundEngine
 
-__all__ = ["FedNova", "Normalised", "REPORT_STEPS_HELPER", "a_norm", "copied"]
+__all__ = ["FedNova", "Normalised", "REPORT_STEPS_HELPER", "a_norm", "copied",
+           "no_step_problem", "stock_loop_steps"]
 
 REPORT_STEPS_HELPER = "strategies.client.report_local_steps"
 
@@ -68,6 +79,11 @@ class Normalised(Algorithm):
             raise ValueError(problem)
         return Outgoing()
 
+    def check(self, plan, reply: Message) -> str | None:
+        """A reply whose tau_i is 0 is left out: :func:`no_step_problem` (a reported
+        ``local-steps`` of 0 never gets here: the trust gate refuses it the same way)."""
+        return no_step_problem(reply, plan.sent(reply.metadata.src_node_id), self)
+
     def update(self, r: RoundInput) -> RoundUpdate:
         """eq. (6) over the accepted replies, then optional server momentum."""
         a_norms = [a_norm(reply, r.plan.sent(reply.metadata.src_node_id), self)
@@ -91,9 +107,24 @@ class Normalised(Algorithm):
         self.momentum_buffer = copied(state.get("momentum-buffer"))
 
 
+def no_step_problem(reply: Message, sent: Mapping[str, object], fednova: Normalised
+                    ) -> str | None:
+    """Why a reply has no FedNova update, or None: its tau_i (:func:`reply_tau`) is 0, so
+    ||a_i||_1 = 0 and d_i = (w - w_i) / ||a_i||_1 of Wang et al. 2020, eq. (6), is
+    undefined. A reply that reports ``a-norm`` (> 0, checked by the trust gate) has one."""
+    metrics = reply.content[C.METRICS]
+    if C.A_NORM in metrics or reply_tau(reply, sent, fednova) > 0:
+        return None
+    return (f"it took no local step (tau_i = 0: {stock_loop_words(metrics, sent, fednova)}), "
+            f"so it has no update: FedNova's d_i = (w - w_i) / ||a_i||_1 is undefined for "
+            f"||a_i||_1 = 0 (Wang et al. 2020, eq. 6); it is left out of the round and p_i is "
+            f"taken over the other replies, as for a client whose reply failed")
+
+
 def a_norm(reply: Message, sent: Mapping[str, object], fednova: Normalised) -> float:
     """||a_i||_1 of one reply: reported, or from tau_i and the solver it was sent (plain,
-    momentum rho, proximal mu: eq. (5) and its forms in Wang et al.'s Sec. 4)."""
+    momentum rho, proximal mu: eq. (5) and its forms in Wang et al.'s Sec. 4); 0 for
+    tau_i = 0 (such a reply is left out before the update: :func:`no_step_problem`)."""
     metrics = reply.content[C.METRICS]
     if C.A_NORM in metrics:
         return float(metrics[C.A_NORM])
@@ -130,7 +161,8 @@ def tau_source_problem(config: Mapping[str, object], fednova: Normalised) -> str
 
 def reply_tau(reply: Message, sent: Mapping[str, object], fednova: Normalised) -> int:
     """tau_i: the reported ``local-steps``; else the ``local-steps`` sent; else the steps of a
-    stock DataLoader loop, E ceil(n_i / B) (one warning per run)."""
+    stock DataLoader loop, E ceil(n_i / B) (:func:`stock_loop_steps`; one warning per run).
+    0 when the loop takes no step: such a reply is left out (:func:`no_step_problem`)."""
     metrics = reply.content[C.METRICS]
     if C.LOCAL_STEPS_TAKEN in metrics:
         return int(metrics[C.LOCAL_STEPS_TAKEN])
@@ -149,8 +181,8 @@ def reply_tau(reply: Message, sent: Mapping[str, object], fednova: Normalised) -
             f"'{C.LOCAL_EPOCHS}' and '{C.BATCH_SIZE}' in the train config, or report the "
             f"steps from the ClientApp with {REPORT_STEPS_HELPER}")
     else:
-        tau = sampling.dataloader_steps(int(metrics[C.NUM_EXAMPLES]), int(batch), epochs,
-                                        drop_last=fednova.drop_last)
+        tau = stock_loop_steps(int(metrics[C.NUM_EXAMPLES]), int(batch), epochs,
+                               drop_last=fednova.drop_last)
     if not fednova.warned_tau:
         fednova.warned_tau = True
         rule = "sent local-steps" if steps > 0 else (
@@ -158,7 +190,27 @@ def reply_tau(reply: Message, sent: Mapping[str, object], fednova: Normalised) -
             f"B={batch or 'full'}")
         log(WARNING, "FedNova: replies carry no '%s'; tau_i is taken as the %s (report it "
             "with %s to be exact)", C.LOCAL_STEPS_TAKEN, rule, REPORT_STEPS_HELPER)
-    return max(tau, 1)
+    return tau
+
+
+def stock_loop_steps(num_examples: int, batch_size: int, epochs: float, *,
+                     drop_last: bool = False) -> int:
+    """tau_i of ``for _ in range(E): for batch in DataLoader(...)``
+    (:func:`strategies.engine.sampling.dataloader_steps`): 0 when that loop takes no step
+    (``drop_last`` with n_i < B; E b < 1; n_i = 0)."""
+    return sampling.dataloader_steps(num_examples, batch_size, epochs, drop_last=drop_last)
+
+
+def stock_loop_words(metrics: Mapping[str, object], sent: Mapping[str, object],
+                     fednova: Normalised) -> str:
+    """Where a tau_i of 0 came from, for the log line of :func:`no_step_problem`."""
+    if C.LOCAL_STEPS_TAKEN in metrics:
+        return f"'{C.LOCAL_STEPS_TAKEN}' = {metrics[C.LOCAL_STEPS_TAKEN]!r}"
+    epochs = fednova.local_epochs if fednova.local_epochs is not None else sent.get(
+        C.LOCAL_EPOCHS)
+    batch = fednova.batch_size if fednova.batch_size is not None else sent.get(C.BATCH_SIZE)
+    return (f"a stock DataLoader loop over n_i = {metrics.get(C.NUM_EXAMPLES)!r} examples with "
+            f"E = {epochs!r}, B = {batch!r}, drop_last={fednova.drop_last}")
 
 
 def copied(arrays: Mapping[str, np.ndarray] | None) -> dict[str, np.ndarray] | None:
@@ -183,7 +235,8 @@ class FedNova(RoundEngine):
         fractional E gives floor(E ceil(n_i / B)) (:func:`strategies.engine.sampling.
         dataloader_steps`). When E or B is not known either way, the first round stops
         before any client trains with a ValueError saying how to give them (or
-        ``steps_reported``); tau_i is never guessed.
+        ``steps_reported``); tau_i is never guessed. A loop that takes no step (``True``
+        with n_i < B) gives tau_i = 0: that reply is left out (module docstring).
     steps_reported : bool
         The ClientApp reports tau_i (``local-steps``, :data:`REPORT_STEPS_HELPER`), so E and
         B are not needed; a reply without it then stops the run as before.
@@ -192,6 +245,12 @@ class FedNova(RoundEngine):
     **kwargs
         As :class:`~strategies.engine.round_engine.RoundEngine` (the weighting is always
         n_i / n; ``server_lr`` eta_g scales the normalised step).
+
+    Notes
+    -----
+    tau_i = 0 (reported, or derived for a stock client) means no update: the reply is left
+    out with one log line and counts in ``clients-failed``, p_i = n_i / n over the replies
+    aggregated (module docstring). A round whose every reply is left out keeps the model.
 
     Contract
     --------

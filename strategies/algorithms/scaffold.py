@@ -9,6 +9,14 @@ Algorithm 1, server side, on the engine's sampling, reply checks and client-stat
   (:func:`strategies.algorithms.scaffold_math.control_step`); the server's copy of each
   c_i <- c_i + delta c_i.
 
+N of line 17 is the total number of clients, fixed in Algorithm 1: ``num_clients`` when
+given, and the most clients connected in any round so far if more (or none given)
+(:func:`strategies.engine.client_states.clients_so_far`). A client that leaves is then what
+Algorithm 1 calls a client not sampled (its c_i stays in c), and c stays the mean of the
+server's copies of all N c_i (0 for a client never heard from) while no client joins beyond
+N. A client that joins beyond it raises N without rescaling c, so c is no longer that mean:
+Algorithm 1 defines no join, and we keep its update (:class:`Scaffold`'s Notes give numbers).
+
 The client side (lines 7-14) is :class:`strategies.client.scaffold.ScaffoldClient`.
 """
 
@@ -26,6 +34,8 @@ from .. import contract as C
 from ..contract import Section, logged
 from ..engine import records, trust_gate
 from ..engine.algorithm import Algorithm, Contract, Outgoing, RoundInput, RoundUpdate
+from ..engine.client_states import TotalClients
+from ..engine.keys import Key, at_least
 from ..engine.registry import register
 from ..engine.round_engine import RoundEngine
 from ..engine.round_plan import RoundPlan
@@ -52,8 +62,9 @@ class ControlVariates(Algorithm):
     contract = Contract(helper=SCAFFOLD_HELPER, arrays=(C.SCAFFOLD_DELTA_C,),
                         sends=(C.SCAFFOLD_C,), client_state="optional")
 
-    def __init__(self) -> None:
+    def __init__(self, num_clients: int = 0) -> None:
         self.control: sm.NDArrays | None = None  # c; the engine holds the copies of c_i
+        self.clients = TotalClients(num_clients, "scaffold-num-clients", self.name)  # N
 
     def send(self, plan: RoundPlan) -> Outgoing:
         """Line 5: c (0 before the first round) to every client."""
@@ -69,8 +80,10 @@ class ControlVariates(Algorithm):
 
     def update(self, r: RoundInput) -> RoundUpdate:
         """Lines 16-17: x from the accepted y_i (the engine's average), then c and the
-        copies of c_i from their delta c_i (one deserialised at a time), in partition order."""
+        copies of c_i from their delta c_i (one deserialised at a time), in partition order;
+        N from :class:`strategies.engine.client_states.TotalClients`."""
         new, used = r.average()
+        clients = self.clients.update(len(r.plan.nodes))
         total, states = None, []
         for k in used:
             delta = records.to_numpy(r.replies[k].content[C.SCAFFOLD_DELTA_C])
@@ -78,19 +91,21 @@ class ControlVariates(Algorithm):
             states.append(sm.apply_delta(r.states[k] or sm.zero_control(self.control), delta))
         if total is not None:
             self.control = trust_gate.finite_or_previous(
-                sm.control_step(self.control, total, len(used), len(r.plan.nodes)),
+                sm.control_step(self.control, total, len(used), clients),
                 self.control, "SCAFFOLD's c", r.server_round)
         return RoundUpdate(new, used, states, [ScaffoldSection(sm.norm(self.control))])
 
     def state_dict(self) -> dict:
-        """c (copied)."""
+        """c (copied) and N."""
         return {"control": None if self.control is None else
-                {k: v.copy() for k, v in self.control.items()}}
+                {k: v.copy() for k, v in self.control.items()}, "clients": self.clients.value}
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore what :meth:`state_dict` returned."""
+        """Restore what :meth:`state_dict` returned (a checkpoint without N: N from the next
+        round on, as in a new run)."""
         control = state["control"]
         self.control = None if control is None else {k: v.copy() for k, v in control.items()}
+        self.clients.load(state.get("clients"))
 
 
 class Scaffold(RoundEngine):
@@ -108,19 +123,33 @@ class Scaffold(RoundEngine):
     straggler_policy : str
         ``"partial"`` by default: option II divides by the K steps a client actually took,
         so a straggler's c_i+ is still a mean-gradient estimate and its work is used.
+    num_clients : int
+        N of line 17, the total number of clients (the federation's size, if known);
+        0 (default): the most clients connected in any round so far. N is never below the
+        clients connected (a WARNING says so once).
     **kwargs
         As :class:`FedAvg` (``fraction_train``, ``seed``, ``query_client_info``, ...).
 
     Notes
     -----
-    Partial participation (line 17): N is the number of connected clients and |S| the
-    clients whose reply was accepted, so c stays the mean of the server's copies of all
-    N c_i when clients fail. Clients are keyed by the partition id they report to the
-    client-info query (``query_client_info=True``), else by node id (then c_i does not
-    survive a resumed run or a SuperNode that rejoins with another id).
+    Partial participation (line 17): |S| is the clients whose reply was accepted and N the
+    total number of clients, which Algorithm 1 takes as fixed: ``num_clients``, or the most
+    clients connected in any round so far when that is more (or none is given). From
+    c = c_i = 0, c is the mean of the server's copies of all N c_i (0 for a client never
+    heard from) however many replies fail and whichever clients leave: a client that leaves
+    keeps its c_i in c, as Algorithm 1 keeps that of a client not sampled. A client that
+    joins beyond N raises N from then on, but Algorithm 1 has no rule for it and we add
+    none: c is not rescaled, so it is no longer the mean. With 3 clients for two rounds
+    and then 5, each returning delta c_i = i (i = 1..5) every round, c = 2 (6 / 3) +
+    2 (15 / 5) = 10, while the copies' mean is (4 + 8 + 12 + 8 + 10) / 5 = 8.4; with
+    ``num_clients=5``, c = (2 * 6 + 2 * 15) / 5 = 8.4, the mean.
+    Clients are keyed by the partition id they report to the client-info query
+    (``query_client_info=True``), else by node id (then c_i does not survive a resumed run
+    or a SuperNode that rejoins with another id).
 
-    State: c and the copies of every c_i (one model per client: :mod:`strategies.engine.client_states`)
-    are in :meth:`state_dict`, so a resumed run continues bit for bit.
+    State: c, N and the copies of every c_i (one model per client:
+    :mod:`strategies.engine.client_states`) are in :meth:`state_dict`, so a resumed run
+    continues bit for bit.
 
     Contract
     --------
@@ -136,11 +165,12 @@ class Scaffold(RoundEngine):
     """
 
     def __init__(self, *flower_args, weighting: str = "uniform",
-                 straggler_policy: str = "partial", **kwargs) -> None:
+                 straggler_policy: str = "partial", num_clients: int = 0, **kwargs) -> None:
         if weighting not in SCAFFOLD_WEIGHTINGS:
             raise ValueError(f"SCAFFOLD averages delta y_i with weighting 'uniform' (Alg. 1) or "
                              f"'examples' (NIID-Bench); weighting={weighting!r} is not supported")
-        super().__init__(*flower_args, algorithm=ControlVariates(), weighting=weighting,
+        super().__init__(*flower_args, algorithm=ControlVariates(num_clients),
+                         weighting=weighting,
                          straggler_policy=straggler_policy, **kwargs)
 
 
@@ -174,8 +204,13 @@ def scaffold_delta_problem(reply: Message, *, control: Mapping[str, np.ndarray],
             f"(Karimireddy et al. 2020, Alg. 1 line 12)")
 
 
+KEYS = (Key("scaffold-num-clients", 0,
+            "SCAFFOLD's N in c ← c + (|S|/N)·mean Δc_i (Alg. 1 line 17): the total number of "
+            "clients (the federation's size, if known); 0 = the most clients connected in any "
+            "round so far ([SCAFFOLD](strategies/scaffold.md#clients-that-join-or-leave))",
+            interval=at_least(0), arg="num_clients"),)
 register("scaffold", Scaffold, "SCAFFOLD (Karimireddy et al. 2020, Alg. 1, option II): control "
-         "variates (client helper)", client_side="strategies.client.scaffold",
+         "variates (client helper)", keys=KEYS, client_side="strategies.client.scaffold",
          only=(("weighting", SCAFFOLD_WEIGHTINGS, "SCAFFOLD averages over the sampled clients: "
                 "'examples' (NIID-Bench's form) or 'uniform' (Algorithm 1)"),
                ("server-momentum", (0.0,), "SCAFFOLD's server step is x + eta_g mean delta y_i, "

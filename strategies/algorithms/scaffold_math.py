@@ -12,7 +12,8 @@ compute the same numbers:
 * line 13:              delta c_i = c_i+ - c_i                    (:func:`control_delta`);
 * line 14 (and the server's copy of it): c_i <- c_i + delta c_i    (:func:`apply_delta`,
   the same float operation on both sides, so client and server stay bit-identical);
-* line 17:              c <- c + |S| / N * mean_{i in S} delta c_i (:func:`control_step`).
+* line 17:              c <- c + |S| / N * mean_{i in S} delta c_i (:func:`control_step`),
+  N on a changing fleet: :func:`strategies.engine.client_states.clients_so_far`.
 
 Floating point: option II is evaluated in float64 and rounded to the parameter dtype;
 delta c_i and c_i + delta c_i are computed in the parameter dtype; the sum of the deltas
@@ -99,10 +100,13 @@ def add_delta(total: NDArrays | None, delta: Mapping[str, np.ndarray]) -> NDArra
 def control_step(control: Mapping[str, np.ndarray], delta_sum: Mapping[str, np.ndarray],
                  num_accepted: int, num_clients: int) -> NDArrays:
     """c <- c + |S| / N * mean_{i in S} delta c_i (Alg. 1 line 17), with |S| the clients whose
-    delta c_i arrived and N all clients.
+    delta c_i arrived and N all clients (on a changing fleet:
+    :func:`strategies.engine.client_states.clients_so_far`).
 
-    Starting from c = c_i = 0, this keeps c = (1 / N) sum_{all i} c_i exactly in math (the
-    server's copies of c_i), however many clients fail in a round.
+    Starting from c = c_i = 0 and with N the same every round, this keeps
+    c = (1 / N) sum_{all i} c_i exactly in math (the server's copies of c_i, 0 for a client
+    never heard from), however many clients fail in a round. When N changes between rounds
+    it does not: c keeps (1 / N_old) sum_i c_i of the rounds before.
     """
     if num_accepted < 1 or num_clients < num_accepted:
         raise ValueError(f"need 1 <= |S| <= N, got |S|={num_accepted}, N={num_clients}")

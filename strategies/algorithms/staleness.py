@@ -12,7 +12,17 @@ minus the version the client trained from.
 * FedAsync (Xie, Koyejo and Gupta, "Asynchronous Federated Optimization", 2019,
   Algorithm 1 and Sec. 3): x_t = (1 - alpha_t) x_(t-1) + alpha_t x_new with
   alpha_t = alpha s(t - tau); s is constant (s = 1), polynomial s_a(d) = (d + 1)^(-a) or
-  hinge s_(a,b)(d) = 1 for d <= b, 1 / (a (d - b) + 1) otherwise.
+  hinge s_(a,b)(d) = 1 for d <= b, 1 / (a (d - b) + 1) otherwise
+  (:func:`fedasync_weight`).
+
+FedAsync's t - tau of an update trained from the newest model. The authors' code
+(xcgoner/async_fl, ``train_cifar10_mxnet_fedasync_singlethread_impl.py``) stamps the model
+made in its server epoch e with e + 1 and computes ``worker_delay = epoch - worker_ts``: 0
+for a worker that pulled the newest model, so s(0) = 1 and a fresh update mixes at alpha.
+Algorithm 1 read literally gives 1: its Updater makes x_t at epoch t, and the newest model
+a worker can have pulled is x_(t-1), stamped t - 1. The default is the authors' (t - tau =
+the model versions made since the client's, ``fresh_staleness`` 0); ``fresh_staleness`` 1
+is the literal reading (alpha s(1): alpha / sqrt(2) with the polynomial s, a = 0.5).
 
 Pure functions of numpy arrays; the strategies (:mod:`strategies.algorithms.fedbuff`,
 :mod:`strategies.algorithms.fedasync`) call exactly these.
@@ -28,8 +38,8 @@ import numpy as np
 from ..engine.averaging import WeightedModelSum
 from ..engine.keys import Key
 
-__all__ = ["STALENESS_FUNCTIONS", "STALENESS_KEY", "Staleness", "add_update", "fedasync_mix",
-           "fedbuff_step"]
+__all__ = ["FRESH_STALENESS", "STALENESS_FUNCTIONS", "STALENESS_KEY", "Staleness", "add_update",
+           "check_fresh_staleness", "fedasync_mix", "fedasync_weight", "fedbuff_step"]
 
 STALENESS_FUNCTIONS = ("fedbuff", "constant", "polynomial", "hinge")
 STALENESS_KEY = Key(
@@ -38,6 +48,10 @@ STALENESS_KEY = Key(
     "`polynomial` (τ+1)^−0.5, `hinge` (1 for τ ≤ 4, else 1/(10(τ−4)+1)); `auto` = `fedbuff` for "
     "`fedbuff`, `polynomial` for `fedasync`", choices=("auto", *STALENESS_FUNCTIONS),
     arg="staleness", auto="auto")
+
+FRESH_STALENESS = (0, 1)
+"""FedAsync's t - tau of an update trained from the newest model: 0 (the authors' code) or
+1 (Algorithm 1 read literally); see the module docstring."""
 
 NDArrays = dict[str, np.ndarray]
 
@@ -103,6 +117,24 @@ def fedbuff_step(model: NDArrays, buffer: NDArrays, count: int, server_lr: float
     new = {key: (x + server_lr * step[key]).astype(x.dtype, copy=False)
            for key, x in model.items()}
     return new, (step if momentum > 0 else None)
+
+
+def check_fresh_staleness(value: object) -> int:
+    """``value`` if it is one of :data:`FRESH_STALENESS`, else a ValueError naming the fix."""
+    if isinstance(value, bool) or value not in FRESH_STALENESS:
+        raise ValueError(f"fresh_staleness (run config fedasync-fresh-staleness) is t - tau of "
+                         f"an update trained from the newest model: 0 (the authors' code) or 1 "
+                         f"(Algorithm 1 read literally), got {value!r}")
+    return int(value)
+
+
+def fedasync_weight(alpha: float, staleness: Staleness, versions_behind: int,
+                    fresh_staleness: int = 0) -> float:
+    """FedAsync's mixing weight alpha_t = alpha s(t - tau) (Algorithm 1), with
+    t - tau = ``versions_behind`` (the server model versions made since the one the client
+    trained from: 0 for the newest) + ``fresh_staleness`` (0: the authors' code, 1:
+    Algorithm 1 read literally; module docstring)."""
+    return alpha * staleness(versions_behind + check_fresh_staleness(fresh_staleness))
 
 
 def fedasync_mix(model: NDArrays, client: NDArrays, alpha_t: float) -> NDArrays:

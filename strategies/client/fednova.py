@@ -28,14 +28,19 @@ def report_local_steps(metrics: Mapping[str, Any], local_steps: int,
     metrics
         The reply's metrics so far (not changed; a new dict is returned).
     local_steps
-        tau_i, the optimiser steps this client took in the round (>= 1).
+        tau_i, the optimiser steps this client took in the round (>= 1). A client that
+        took none has no FedNova update (d_i = (w - w_i) / ||a_i||_1 of Wang et al. 2020,
+        eq. 6, is 0 / 0): 0 raises, and the server leaves the (error) reply out, as it
+        leaves out a reply reporting 0 steps and a stock client whose derived tau_i is 0.
     a_norm
         ||a_i||_1 (Wang et al. eq. 6) when the local solver is neither plain, momentum nor
         proximal SGD as configured by the server; None lets the server compute it.
     """
     steps = int(local_steps)
     if steps != local_steps or steps < 1:
-        raise ValueError(f"local_steps must be a whole number of steps >= 1, got {local_steps}")
+        raise ValueError(f"local_steps must be a whole number of steps >= 1, got {local_steps}: "
+                         f"a client that took no step has no FedNova update (its reply is "
+                         f"left out of the round either way)")
     out = dict(metrics)
     out[C.LOCAL_STEPS_TAKEN] = steps
     if a_norm is not None:

@@ -12,6 +12,14 @@ width, load the received sub-model, and FjORD's ordered-dropout local steps.
   (``width-levels``, all <= r) and the step trains the left-most ceil(p K) units of every
   layer, the width-p prefix of the width-r model.
 
+* HeteroFL's and FedRolex's label split (the authors' code: ``label_split`` and the
+  "Masked CrossEntropy" of HeteroFL's models, on by default; FedRolex's models the same):
+  a client trains with the cross-entropy whose logits of the labels absent from its
+  training data are set to 0 (:func:`masked_cross_entropy`, ``out.masked_fill(label_mask ==
+  0, 0)``), so the output rows of those labels get no gradient, and replies its labels as
+  ``label-mask`` (:func:`label_mask`); the server averages each output row over the clients
+  holding its label. :class:`LabelSplit` is both on the one local-SGD loop.
+
 A width-scalable model keeps the FIRST ceil(p K) units of each hidden layer (e.g.
 ``task.models.build_model(..., width=p)``), so for p <= r every array of the width-p model
 is a prefix, on every axis, of the width-r model's array: :func:`ordered_dropout_sgd` steps
@@ -32,6 +40,10 @@ from .. import contract as C
 from ..engine.records import sent_config
 from .sgd_loop import LocalResult, epoch_batches, plain_sgd, sgd_steps, step_count
 from .sides import ClientSide, TrainTask, model_content, register_client_side, training_metrics
+
+__all__ = ["LabelSplit", "is_label_split_message", "is_width_message", "label_mask",
+           "load_width_state", "masked_cross_entropy", "ordered_dropout_sgd", "sent_label_split",
+           "sent_levels", "sent_scaler", "sent_width", "width_model"]
 
 Build = Callable[[float], Any]  # width -> torch.nn.Module, the user's model at that width
 LEVEL_STREAM = 0x0D  # the draw stream of ordered dropout: default_rng([seed, LEVEL_STREAM])
@@ -76,6 +88,111 @@ def sent_scaler(config: Mapping) -> bool:
         raise ValueError(f"config {C.WIDTH_SCALER}={value!r} must be True or False; send a "
                          f"bool from the server")
     return value
+
+
+def sent_label_split(config: Mapping) -> bool:
+    """Whether the server asks for HeteroFL's label split (``label-split``; False when
+    absent).
+
+    Raises
+    ------
+    ValueError
+        Unless the value is a bool.
+    """
+    value = config.get(C.LABEL_SPLIT, False)
+    if not isinstance(value, bool):
+        raise ValueError(f"config {C.LABEL_SPLIT}={value!r} must be True or False; send a "
+                         f"bool from the server")
+    return value
+
+
+def is_label_split_message(msg: Message) -> bool:
+    """True when a width message asks for the label split (``label-split`` = True)."""
+    return is_width_message(msg) and sent_label_split(sent_config(msg.content) or {})
+
+
+def label_mask(y: Any, num_classes: int) -> list[int]:
+    """The client's labels as a mask: one entry per class, 1 for each label that occurs
+    in ``y`` (its whole training data), else 0 (HeteroFL's ``label_split``:
+    ``torch.unique(label[data_split[i]])``, as a 0/1 list). What the reply's
+    ``label-mask`` carries.
+
+    Raises
+    ------
+    ValueError
+        When ``num_classes`` is not an int >= 1, or a label is outside [0, num_classes).
+    """
+    import torch  # noqa: PLC0415
+
+    if not isinstance(num_classes, int) or isinstance(num_classes, bool) or num_classes < 1:
+        raise ValueError(f"num_classes={num_classes!r} must be an int >= 1: the model's "
+                         f"outputs")
+    labels = torch.as_tensor(y).reshape(-1).long()
+    if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= num_classes):
+        raise ValueError(f"the labels run from {int(labels.min())} to {int(labels.max())}, "
+                         f"outside [0, {num_classes}): give the model's number of outputs as "
+                         f"num_classes")
+    present = torch.bincount(labels, minlength=num_classes) > 0
+    return [int(v) for v in present.tolist()]
+
+
+def masked_cross_entropy(logits: Any, y: Any, mask: Sequence[int]) -> Any:
+    """The mean cross-entropy at ``y`` of ``logits`` whose entries of the labels with
+    ``mask`` 0 are replaced by 0: HeteroFL's masked loss as its code writes it
+    (``out.masked_fill(label_mask == 0, 0)``, then ``F.cross_entropy``), so the output rows
+    of those labels get no gradient.
+
+    Raises
+    ------
+    ValueError
+        When ``mask`` does not have one entry per logit.
+    """
+    import torch  # noqa: PLC0415
+    import torch.nn.functional as F  # noqa: PLC0415, N812
+
+    keep = torch.as_tensor(list(mask), device=logits.device) != 0
+    if keep.ndim != 1 or keep.numel() != logits.shape[-1]:
+        raise ValueError(f"mask has {keep.numel()} entries but the logits have "
+                         f"{logits.shape[-1]} classes; give label_mask(y, "
+                         f"{logits.shape[-1]})")
+    return F.cross_entropy(logits.masked_fill(~keep, 0.0), y)
+
+
+class LabelSplit:
+    """HeteroFL's label split on the one local-SGD loop, for one train message: the loss
+    is :func:`masked_cross_entropy` with the mask of ``labels`` (the client's whole
+    training labels, :func:`label_mask` with the model's number of outputs, found at the
+    first step), and :meth:`finish` adds that mask to the reply as ``label-mask``.
+
+    Use it with your own loop (``hook.loss_fn(model(x), y)``) or with
+    :func:`strategies.client.local_sgd` (``loss_fn=hook.loss_fn``), then reply
+    ``hook.finish(model, metrics)``.
+    """
+
+    def __init__(self, msg: Message, labels: Any) -> None:
+        if not is_label_split_message(msg):
+            raise ValueError(f"not a label-split train message: its config has no "
+                             f"'{C.LABEL_SPLIT}' = True beside '{C.MODEL_WIDTH}'")
+        self.labels, self.mask = labels, None
+
+    def loss_fn(self, logits: Any, y: Any) -> Any:
+        """:func:`masked_cross_entropy` with this client's mask."""
+        if self.mask is None:
+            self.mask = label_mask(self.labels, int(logits.shape[-1]))
+        return masked_cross_entropy(logits, y, self.mask)
+
+    def finish(self, model: Any, metrics: Mapping[str, Any]) -> RecordDict:
+        """The reply content: the trained model and ``metrics`` with ``label-mask``.
+
+        Raises
+        ------
+        ValueError
+            When no step ran (the mask needs the model's number of outputs).
+        """
+        if self.mask is None:
+            raise ValueError("LabelSplit.finish: no local step ran through loss_fn, so the "
+                             "label mask is unknown; train with loss_fn=hook.loss_fn")
+        return model_content(model, {**metrics, C.LABEL_MASK: list(self.mask)})
 
 
 def sent_levels(config: Mapping) -> tuple[float, ...] | None:
@@ -265,6 +382,9 @@ def ordered_dropout_side(task: TrainTask) -> RecordDict:
     return model_content(task.model, training_metrics(result, task.partition_id))
 
 
+register_client_side(ClientSide(
+    "strategies.client.width.LabelSplit", is_label_split_message,
+    hook=lambda task: LabelSplit(task.msg, task.y)))
 register_client_side(ClientSide(
     "strategies.client.ordered_dropout_sgd",
     lambda msg: is_width_message(msg) and sent_levels(msg.content[C.CONFIG]) is not None,

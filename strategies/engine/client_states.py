@@ -35,15 +35,22 @@ clients keep state (SCAFFOLD, FedDyn, MOON): it puts ``state-round`` in each nod
 attaches the copies where needed, checks each reply's echo, hands the algorithm the copies
 of the replying clients (:meth:`ClientStates.copies`) and takes their new states
 (:meth:`ClientStates.accept`); its state is in every checkpoint.
+
+The server state of SCAFFOLD (c) and FedDyn (h) is the mean of the clients' states over
+the total number of clients, N (m), fixed in both papers. :func:`clients_so_far` is that
+number on a fleet that changes; :class:`TotalClients` keeps it across rounds.
 """
 
 from __future__ import annotations
 
 import hashlib
+import numbers
 from collections.abc import Callable, Iterable, Mapping
+from logging import WARNING
 
 import numpy as np
 from flwr.app import Message
+from flwr.common.logger import log
 
 from .. import contract as C
 from .records import to_record
@@ -235,3 +242,45 @@ class ClientStates:
         """Restore :meth:`state_dict`."""
         self.mirror.load_state_dict(state)
 
+
+# ----------------------------------------------------------------- N, the total number of clients
+def clients_so_far(previous: int, connected: int) -> int:
+    """N of SCAFFOLD's c update (Karimireddy et al. 2020, Alg. 1 line 17) and m of FedDyn's h
+    update (Acar et al. 2021, Alg. 1): the total number of clients, fixed in both papers, on
+    a fleet that changes: max(``previous``, ``connected``), i.e. the most clients connected
+    in any round so far (and at least the N given). A client that leaves stays counted, as
+    a client not sampled does in both algorithms; a client that joins is counted from the
+    round it is connected in (the server state is not rescaled: the papers have no rule
+    for a join)."""
+    if previous < 0 or connected < 0:
+        raise ValueError(f"client counts are >= 0, got {previous} and {connected}")
+    return max(int(previous), int(connected))
+
+
+class TotalClients:
+    """N across rounds (:func:`clients_so_far`), starting from ``given`` (0: none given; run
+    config key ``key``): :meth:`update` with each round's connected clients. When more
+    clients connect than ``given``, N follows them and one WARNING names the key."""
+
+    def __init__(self, given: int, key: str, owner: str) -> None:
+        if isinstance(given, bool) or not isinstance(given, numbers.Integral) or given < 0:
+            raise ValueError(f"num_clients (run config {key}) is N, the total number of "
+                             f"clients whose states {owner}'s server state averages: a whole "
+                             f"number >= 1, or 0 for the most clients connected in any round "
+                             f"so far; got {given!r}")
+        self.given, self.key, self.owner = int(given), key, owner
+        self.value, self.warned = int(given), False
+
+    def update(self, connected: int) -> int:
+        """N for a round with ``connected`` clients."""
+        if self.given and connected > self.given and not self.warned:
+            self.warned = True
+            log(WARNING, "%s: %d clients are connected, more than %s=%d, the total number of "
+                "clients; N is now the most connected so far (set %s to the federation's "
+                "size, or 0)", self.owner, connected, self.key, self.given, self.key)
+        self.value = clients_so_far(self.value, connected)
+        return self.value
+
+    def load(self, value: int | None) -> None:
+        """N from a checkpoint (None: a checkpoint from before N was kept)."""
+        self.value = clients_so_far(self.given, int(value or 0))

@@ -64,6 +64,7 @@ from .round_plan import RoundPlan
 from .round_report import Aggregation, OverCommitment, ParticipationSection, RoundReport
 from .submodels import SubModels
 from .work import LocalWork, WorkRules
+from ..selection.policy import selection_weighting
 
 __all__ = ["QUERY_WEIGHTINGS", "RoundEngine", "WEIGHTINGS", "round_coefficients"]
 
@@ -150,7 +151,6 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
         if not server_lr > 0:
             raise ValueError(f"server_lr must be > 0, got {server_lr}")
         algorithm = algorithm if algorithm is not None else Algorithm()
-        rule = robust_for(name, robust, algorithm, weighting)
         lr_schedule = schedules.as_schedule(lr_schedule)
         if isinstance(lr_schedule, schedules.LRSchedule) and lr_schedule.name == "cosine" \
                 and lr_schedule.num_rounds is None:
@@ -164,6 +164,9 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
                 straggler_policy=straggler_policy, straggler_unit=straggler_unit, clock=clock,
                 round_deadline=round_deadline, over_commitment=over_commitment,
                 selection=selection, owner=name)
+        # a policy that fixes its own averaging (Power-of-Choice's plain mean) decides it
+        weighting = selection_weighting(name, weighting, participation.selection)
+        rule = robust_for(name, robust, algorithm, weighting)
         if weighting in QUERY_WEIGHTINGS and not participation.query_client_info:
             raise records.query_required(
                 name, f"weighting={weighting!r} (every client's n_k)",

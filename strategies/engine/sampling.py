@@ -106,7 +106,8 @@ def dataloader_steps(num_examples: int, batch_size: int, epochs: float, *,
     Batches per epoch b = ceil(n_i / B) (``drop_last=False``, PyTorch's default) or
     floor(n_i / B) (``drop_last=True``); B = 0 means one full batch (b = 1). The loop runs
     tau_i = E b steps. A fractional E (not expressible in such a loop) gives
-    floor(E b), E taken as the decimal it prints as. At least 1 for n_i > 0, E > 0.
+    floor(E b), E taken as the decimal it prints as. 0 when the loop takes no step
+    (``drop_last`` with n_i < B, E b < 1, n_i = 0).
     """
     if num_examples <= 0 or epochs <= 0:
         return 0
@@ -117,5 +118,5 @@ def dataloader_steps(num_examples: int, batch_size: int, epochs: float, *,
     else:
         per_epoch = -(-num_examples // batch_size)
     if isinstance(epochs, int) or float(epochs).is_integer():
-        return max(1, int(epochs) * per_epoch)
-    return max(1, math.floor(Fraction(repr(float(epochs))) * per_epoch))
+        return int(epochs) * per_epoch
+    return math.floor(Fraction(repr(float(epochs))) * per_epoch)

@@ -24,6 +24,14 @@ image of ours). A product ratio * size within a relative 1e-12 above an integer 
 that integer (0.55 * 100 = 55.000000000000007 keeps 55 units, not 56); the papers' levels
 (1/2^k) give exact products. Weights: uniform unless given (e.g. example counts, as FjORD's
 code). Floating arrays are averaged in float64 and cast back to their dtype.
+
+Label split (:func:`output_layer` and :func:`label_rows`): HeteroFL's code trains every
+client with a masked cross-entropy (the logits of the labels absent from its data set to 0;
+its README's "Masked CrossEntropy", ``mask: '1'`` in ``src/config.yml``) and its ``combine``
+averages each client's output-layer rows only over its own labels (``param_idx[m][k][0] =
+param_idx[m][k][0][label_split]``, ``local_parameters[m][k][label_split]``, for the output
+layer's weight and bias: the last ``weight`` and ``bias`` of ``conv``, the ``linear`` keys
+of ``resnet``); FedRolex's ``resnet_server.py`` ``combine`` does the same.
 """
 
 from __future__ import annotations
@@ -188,13 +196,86 @@ def extract(params: Mapping[str, np.ndarray], indices: Mapping[str, Sequence[Axi
     return out
 
 
+def output_layer(spec: WidthSpec, shapes: Mapping[str, tuple[int, ...]]
+                 ) -> tuple[tuple[str, ...], int]:
+    """The output layer's parameters and the number of classes C, for the label split.
+
+    The output layer is the parameters of ``spec`` whose first axis never scales (None): in
+    a width-scalable classifier every other layer's first axis is its own hidden units, and
+    the class outputs are the one unscaled first axis (HeteroFL's code: ``split_model``
+    keeps every output row of the output layer, ``torch.arange(output_size)``). Their first
+    axis has C entries, one per class.
+
+    Raises
+    ------
+    ValueError
+        When no parameter of ``spec`` has an unscaled first axis, or when those that have
+        one disagree on C (naming the keys, their shapes and the fix).
+    """
+    keys = tuple(key for key, entries in spec.axes.items()
+                 if entries and entries[0] is None and key in shapes
+                 and len(tuple(shapes[key])) >= 1)
+    if not keys:
+        raise ValueError("the label split averages each output-layer row over the clients "
+                         "that hold its label, but no parameter of the width spec has an "
+                         "unscaled first axis (the class outputs: None as its first entry, "
+                         "e.g. 'fc3.weight': (None, ('fc2', 1)), 'fc3.bias': (None,)); list "
+                         "the output layer in the spec, or turn the label split off "
+                         "(label_split=False)")
+    rows = {key: int(tuple(shapes[key])[0]) for key in keys}
+    if len(set(rows.values())) != 1:
+        raise ValueError(f"the width spec's parameters with an unscaled first axis should be "
+                         f"the output layer (one row per class), but their first axes differ: "
+                         f"{rows}; mark the first axis of every other parameter with its "
+                         f"hidden dimension, or turn the label split off (label_split=False)")
+    return keys, next(iter(rows.values()))
+
+
+def label_rows(indices: Mapping[str, Sequence[AxisIndex]], sub_params: Mapping[str, np.ndarray],
+               keys: Sequence[str], labels: Sequence[int] | np.ndarray
+               ) -> tuple[Indices, NDArrays]:
+    """A client's update restricted to the output rows of its own labels (HeteroFL's and
+    FedRolex's ``combine`` with ``label_split``): on every key of ``keys`` (the output
+    layer, :func:`output_layer`), axis 0 keeps only the entries ``labels`` (indices into the
+    client's rows, distinct, ascending), both in the indices and in the arrays; the other
+    keys are unchanged. :func:`overlap_aggregate` then counts the client as a holder of an
+    output row only for its labels.
+
+    Raises
+    ------
+    ValueError
+        When a key is not in both ``indices`` and ``sub_params``, or ``labels`` are not
+        distinct ints in [0, rows).
+    """
+    labels = np.asarray(labels)
+    out_indices: Indices = {k: tuple(v) for k, v in indices.items()}
+    out_params: NDArrays = dict(sub_params)
+    for key in keys:
+        if key not in indices or key not in sub_params:
+            raise ValueError(f"output-layer key {key!r} is not in the client's update; "
+                             f"give the keys of output_layer()")
+        rows = np.asarray(sub_params[key]).shape[0]
+        if (labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer)
+                or (labels.size and (labels.min() < 0 or labels.max() >= rows))
+                or np.unique(labels).size != labels.size):
+            raise ValueError(f"labels={labels.tolist()!r} must be distinct ints in [0, {rows}): "
+                             f"the rows of {key!r} the client trained")
+        first, *rest = indices[key]
+        kept = np.arange(rows, dtype=np.int64)[first] if isinstance(first, slice) \
+            else np.asarray(first, dtype=np.int64)
+        out_indices[key] = (kept[labels], *rest)
+        out_params[key] = np.asarray(sub_params[key])[labels]
+    return out_indices, out_params
+
+
 def overlap_aggregate(global_params: Mapping[str, np.ndarray],
                       client_updates: Sequence[ClientUpdate]) -> NDArrays:
     """HeteroFL's aggregation (Sec. 3.1; also FedRolex's, Algorithm 1): each entry becomes
     sum_k w_k x_k / sum_k w_k over the clients k whose sub-model holds it, else keeps its
     global value. One (indices, sub-model arrays, weight) per client; weight None = 1
     (uniform, HeteroFL's code) or e.g. example counts (FjORD's code). A client omits a key
-    from both dicts to leave it untrained; integer arrays keep the global value."""
+    from both dicts to leave it untrained (:func:`label_rows` leaves out the output rows of
+    the labels it lacks); integer arrays keep the global value."""
     for number, (indices, sub_params, weight) in enumerate(client_updates):
         _same_keys(f"client {number} sub-model", sub_params, indices)
         unknown = sorted(set(indices) - set(global_params))

@@ -13,7 +13,11 @@ Per round, on the engine's sampling, reply checks and clock (:class:`SubModels`)
 * each reply is checked against the sub-model that node was sent (keys, shapes, dtypes);
 * W_{t+1}: each entry is the (uniform or example-weighted) mean over the clients whose
   sub-model holds it; the entries no client trained keep their value
-  (:func:`strategies.engine.submodel_math.overlap_aggregate`).
+  (:func:`strategies.engine.submodel_math.overlap_aggregate`);
+* with the label split (HeteroFL's and FedRolex's code, :class:`SubModels`' ``label_split``)
+  each client trains with the masked cross-entropy of its own labels and replies them
+  (``label-mask``); a client holds an output-layer row only for its labels
+  (:func:`strategies.engine.submodel_math.label_rows`).
 """
 
 from __future__ import annotations
@@ -119,16 +123,31 @@ class SubModels:
         clock's compute share); default: its parameter count over the full model's.
     scaler : bool
         Ask the clients for HeteroFL's Scaler (``width-scaler``).
+    label_split : bool
+        HeteroFL's label split, as the authors' code (and FedRolex's) runs it: ask each
+        client to train with the masked cross-entropy of the labels of its own data
+        (``label-split`` = True) and to reply them (``label-mask``, one 0/1 entry per
+        class); each output-layer row is averaged over the clients holding its label
+        (:func:`strategies.engine.submodel_math.label_rows`; the output layer is the
+        parameters whose first axis the width spec leaves unscaled,
+        :func:`strategies.engine.submodel_math.output_layer`). False: every client trains
+        the plain cross-entropy and holds every row of its sub-model.
     """
 
     def __init__(self, scheme: str = "static", *, width_spec=None,
                  levels: Sequence[float] = DEFAULT_LEVELS, width_rule: str | None = None,
                  level_compute: Mapping[float, float] | None = None,
-                 scaler: bool = False) -> None:
+                 scaler: bool = False, label_split: bool = False) -> None:
         check_choice("scheme", scheme, SCHEMES)
         if not isinstance(scaler, bool):
             raise ValueError(f"scaler={scaler!r} must be True or False")
+        if not isinstance(label_split, bool):
+            raise ValueError(f"label_split={label_split!r} must be True (the authors' label "
+                             f"split) or False (every client holds every output row)")
         self.scheme, self.scaler, self.rule_name = scheme, scaler, width_rule
+        self.label_split = label_split
+        self.output_keys: tuple[str, ...] = ()  # the output layer (describe, label split)
+        self.num_classes = 0
         self.levels = levels
         self.rule: WidthRule | None = None
         self.spec = None if width_spec is None else (
@@ -167,7 +186,8 @@ class SubModels:
         """The widths' configuration, for the engine's summary."""
         return (f"Widths {', '.join(f'{r:g}' for r in self.rule.levels)}, rule "
                 f"'{self.rule.name}', sub-models '{self.scheme}', weighting {weighting}"
-                f"{', Scaler' if self.scaler else ''}")
+                f"{', Scaler' if self.scaler else ''}"
+                f"{', label split' if self.label_split else ''}")
 
     # ------------------------------------------------------------------ widths
     def width_of(self, node_id: int, config: ConfigRecord, work) -> float:
@@ -227,8 +247,8 @@ class SubModels:
         return ModelShare(self.compute_share(level), size, size)
 
     def describe(self, arrays: Mapping[str, np.ndarray]) -> None:
-        """Each level's sub-model bytes and parameter count, once (the shapes do not
-        change)."""
+        """Each level's sub-model bytes and parameter count, and with the label split the
+        output layer and its number of classes, once (the shapes do not change)."""
         if self.level_bytes:
             return
         if self.spec is None:
@@ -238,6 +258,8 @@ class SubModels:
                              f"template', has the one of Flower's template Net; fedhetero's own "
                              f"models: task.models.width_spec(name, input_shape, num_classes))")
         shapes = {k: tuple(v.shape) for k, v in arrays.items()}
+        if self.label_split:
+            self.output_keys, self.num_classes = submodel_math.output_layer(self.spec, shapes)
         for level in (*self.rule.levels, 1.0):
             indices = submodel_math.submodel_indices(self.spec, shapes, "static", level)
             sizes = {k: math.prod(shapes[k][a] if isinstance(ix, slice) else len(ix)
@@ -249,10 +271,12 @@ class SubModels:
 
     # ------------------------------------------------------------------ a round
     def task_keys(self, node_id: int, config: ConfigRecord, work) -> dict[str, object]:
-        """A task's ``model-width`` (and ``width-scaler`` when on)."""
+        """A task's ``model-width`` (and ``width-scaler``, ``label-split`` when on)."""
         keys: dict[str, object] = {C.MODEL_WIDTH: self.width_of(node_id, config, work)}
         if self.scaler:
             keys[C.WIDTH_SCALER] = True
+        if self.label_split:
+            keys[C.LABEL_SPLIT] = True
         return keys
 
     def attach(self, plan: RoundPlan, messages: list[Message]
@@ -294,13 +318,66 @@ class SubModels:
                         f"model at the config's '{C.MODEL_WIDTH}')")
         return None
 
+    def label_problem(self, reply: Message) -> str | None:
+        """With the label split, why a reply's ``label-mask`` does not fit the update it
+        came with (not a list of 0/1 ints, not one entry per class, no label), else None."""
+        return self.labels(reply)[1] if self.label_split else None
+
+    def labels(self, reply: Message) -> tuple[np.ndarray | None, str | None]:
+        """(the labels a reply's ``label-mask`` claims, as ascending row indices; None) or
+        (None, why the mask is refused: the key, the value and the fix)."""
+        metrics = reply.content.get(C.METRICS)
+        value = metrics.get(C.LABEL_MASK) if hasattr(metrics, "get") else None
+        classes, key = self.num_classes, (self.output_keys or ("the output layer",))[0]
+        fix = (f"send one 0/1 entry per class ({classes}, the rows of '{key}'), 1 for each "
+               f"label in the client's training data, at least one "
+               f"(strategies.client.width.label_mask(y, {classes}))")
+        if value is None:
+            return None, f"needs the metric '{C.LABEL_MASK}' (label split): {fix}"
+        shown = shown_value(value)
+        if not isinstance(value, list) or not all(
+                isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+                for v in value):
+            return None, f"metric '{C.LABEL_MASK}'={shown} is not a list of ints: {fix}"
+        if len(value) != classes:
+            return None, (f"metric '{C.LABEL_MASK}'={shown} has {len(value)} entries, not one "
+                          f"per class: {fix}")
+        if any(v not in (0, 1) for v in value):
+            return None, f"metric '{C.LABEL_MASK}'={shown} has entries other than 0 and 1: {fix}"
+        labels = np.flatnonzero(np.asarray(value, dtype=np.int64))
+        if labels.size == 0:
+            return None, f"metric '{C.LABEL_MASK}'={shown} claims no label: {fix}"
+        return labels, None
+
+    def held(self, plan: RoundPlan, reply: Message, model: Mapping[str, np.ndarray]
+             ) -> tuple[submodel_math.Indices, Mapping[str, np.ndarray]]:
+        """What a reply's client holds of W: the indices of the sub-model it was sent and
+        its arrays, with the label split only the output rows of its labels
+        (:func:`strategies.engine.submodel_math.label_rows`).
+
+        Raises
+        ------
+        ValueError
+            With the label split, when the reply's ``label-mask`` is refused
+            (:meth:`labels`).
+        """
+        indices = plan.sub_models[reply.metadata.src_node_id][0]
+        if not self.label_split:
+            return indices, model
+        labels, problem = self.labels(reply)
+        if problem is not None:
+            raise ValueError(problem)
+        return submodel_math.label_rows(indices, model, self.output_keys, labels)
+
     def average(self, plan: RoundPlan, global_arrays: Mapping[str, np.ndarray],
                 replies: list[Message], models: list[tuple[int, Mapping[str, np.ndarray]]],
                 weights: list[float] | None, server_lr: float
                 ) -> tuple[dict[str, np.ndarray] | None, list[int]]:
-        """W_{t+1} by :func:`strategies.engine.submodel_math.overlap_aggregate` over the
-        replies whose arrays are finite (one log line per other), then w + eta_g (W_{t+1} -
-        w); ``weights`` the replies' example counts (None: each holder counts once)."""
+        """W_{t+1} by :func:`strategies.engine.submodel_math.overlap_aggregate` over what
+        each reply's client holds (:meth:`held`) for the replies whose arrays are finite and,
+        with the label split, whose labels fit (one log line per other), then w + eta_g
+        (W_{t+1} - w); ``weights`` the replies' example counts (None: each holder counts
+        once)."""
         updates, used = [], []
         for k, model in models:
             node = replies[k].metadata.src_node_id
@@ -308,8 +385,12 @@ class SubModels:
             if bad is not None:
                 log(WARNING, "Reply from node %d rejected: array '%s' has NaN or Inf", node, bad)
                 continue
-            updates.append((plan.sub_models[node][0], model,
-                            None if weights is None else weights[k]))
+            try:
+                indices, held = self.held(plan, replies[k], model)
+            except ValueError as exc:
+                log(WARNING, "Reply from node %d rejected: %s", node, exc)
+                continue
+            updates.append((indices, held, None if weights is None else weights[k]))
             used.append(k)
         if not updates:
             return None, []
@@ -319,6 +400,12 @@ class SubModels:
                    if np.issubdtype(w.dtype, np.floating) else new[k]
                    for k, w in global_arrays.items()}
         return new, used
+
+
+def shown_value(value: object, limit: int = 80) -> str:
+    """``repr(value)``, cut to ``limit`` characters (a client's list may be long)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit - 5]}...{text[-2:]}"
 
 
 def parse_levels(value: str) -> tuple[float, ...]:

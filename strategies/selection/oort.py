@@ -9,8 +9,12 @@ Per round R, for the online clients:
   since the root mean square is at least the mean);
 * the utility of an explored client (Alg. 1 line 17, with the reference code's
   normalisation): Util(i) = (min(U_i, clip) - U_min) / (U_max - U_min)
-  + sqrt(0.1 log R / L(i)), L(i) the last round it took part in (temporal uncertainty),
-  clip the ``clip_bound`` quantile of the U_i (outliers clipped);
+  + sqrt(0.1 log R / L(i)), L(i) the last round it took part in (temporal uncertainty).
+  U_min (x 0.999), U_max and the clip (the ``clip_bound`` quantile, outliers clipped) are
+  taken, as the reference code's ``getTopK`` / ``get_norm`` do, over the reward of every
+  online, not blacklisted client that has one > 0: an explored client's U_i and an
+  unexplored client's initial reward, its size n_i (the code registers each client with
+  reward min(size, samples trained per round), i.e. |B_i|; here n_i, the |B_i| of U_i);
 * system utility (line 19): Util(i) *= (T / t_i)^alpha when t_i > T, t_i the client's
   clock time (eq. 1 of :mod:`strategies.engine.clock`), T the developer-preferred duration;
 * the pacer (lines 12-14): every W rounds (R >= 2W), when the summed utility of the
@@ -21,8 +25,14 @@ Per round R, for the online clients:
   to Util among those above ``cut_off`` x the utility of the (1 - eps) m-th best;
 * exploration (line 24): the other eps m among unexplored clients, drawn with
   probability proportional to n_i (x the system penalty) among the ``sample_window`` x
-  eps m largest; eps = max(eps_0 decay^(R'-1), eps_min), R' the policy's selection
-  count (the paper's 0.9, 0.98, 0.2);
+  eps m largest; slots left over (too few unexplored online) are filled uniformly among
+  the other online clients. eps = max(eps_0 decay^R', eps_min), R' the policy's
+  selection count (the paper's 0.9, 0.98, 0.2): the reference code decays eps before
+  each selection (``self.exploration = max(self.exploration * decay, min)``), so the
+  first uses 0.9 x 0.98 = 0.882. Once every client the policy has seen online has been
+  explored, eps is 0 for the rest of the run (the code sets ``exploration`` and
+  ``exploration_min`` to 0 when its unexplored set is empty), the leftover slots of
+  that selection still filled uniformly;
 * blacklisting (robustness): a client that took part more than ``blacklist_rounds``
   times is left out, at most ``blacklist_max_len`` of the clients (off by default, as in
   the reference code).
@@ -43,11 +53,11 @@ import numpy as np
 
 from .policy import SelectionSection, Candidate, Choice, LossQuery, Outcome, warn_no_loss
 
-__all__ = ["OortSelection", "exploration_factor", "oort_utilities", "pacer_move",
-           "preferred_after_pacer", "statistical_utility", "system_factor"]
+__all__ = ["OortSelection", "exploration_factor", "normalisation", "oort_utilities",
+           "pacer_move", "preferred_after_pacer", "statistical_utility", "system_factor"]
 
 OORT_TAG = 0x007  # rng stream of Oort's draws
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: "seen" and "exploration-over" (version 1 loads: see load_state_dict)
 
 
 # ------------------------------------------------------------------ the formulas
@@ -65,8 +75,9 @@ def system_factor(preferred: float, seconds: float | None, alpha: float) -> floa
 
 def exploration_factor(selections: int, start: float = 0.9, decay: float = 0.98,
                        minimum: float = 0.2) -> float:
-    """eps of the ``selections``-th selection (1-based): max(start decay^(n-1), minimum)."""
-    return max(start * decay ** (selections - 1), minimum)
+    """eps of the ``selections``-th selection (1-based): max(start decay^n, minimum), the
+    reference code's eps <- max(eps decay, minimum) applied before each selection."""
+    return max(start * decay ** selections, minimum)
 
 
 def pacer_move(history: Sequence[float], window: int, selections: int) -> int:
@@ -95,16 +106,28 @@ def preferred_after_pacer(preferred: float, seconds: Sequence[float], move: int,
     return float(ordered[min(int(len(ordered) * q / 100.0), len(ordered) - 1)])
 
 
+def normalisation(pool: Sequence[float], clip_bound: float) -> tuple[float, float, float]:
+    """U_min x 0.999, max(U_max - that, 1e-4) and the clip (the ``clip_bound`` quantile,
+    sorted[min(int(n clip_bound), n - 1)]) of the rewards in ``pool`` that are > 0 (the
+    reference code's ``get_norm``); an empty pool gives (0, 1e-4, 0)."""
+    u = np.sort(np.asarray([r for r in pool if r > 0], dtype=np.float64))
+    if u.size == 0:
+        return 0.0, 1e-4, 0.0
+    low = float(u[0]) * 0.999
+    return low, max(float(u[-1]) - low, 1e-4), float(u[min(int(u.size * clip_bound),
+                                                           u.size - 1)])
+
+
 def oort_utilities(rewards: Sequence[float], last_rounds: Sequence[int],
                    seconds: Sequence[float | None], server_round: int, preferred: float,
-                   alpha: float, clip_bound: float) -> np.ndarray:
-    """Util(i) of explored clients (Alg. 1 lines 16-19; module docstring)."""
+                   alpha: float, clip_bound: float, *, pool: Sequence[float]) -> np.ndarray:
+    """Util(i) of explored clients (Alg. 1 lines 16-19; module docstring), normalised over
+    ``pool``: the rewards of every online, not blacklisted client (explored: U_i,
+    unexplored: n_i)."""
     u = np.asarray(rewards, dtype=np.float64)
     if u.size == 0:
         return u
-    clip = float(np.sort(u)[min(int(u.size * clip_bound), u.size - 1)])
-    low = float(u.min()) * 0.999
-    spread = max(float(u.max()) - low, 1e-4)
+    low, spread, clip = normalisation(pool, clip_bound)
     util = (np.minimum(u, clip) - low) / spread
     last = np.maximum(np.asarray(last_rounds, dtype=np.float64), 1.0)
     util += np.sqrt(0.1 * math.log(max(server_round, 1)) / last)
@@ -189,6 +212,8 @@ class OortSelection:
         self.blacklist_rounds, self.blacklist_max_len = int(blacklist_rounds), blacklist_max_len
         self.preferred = float(preferred_duration)  # 0: not set yet
         self.clients: dict[str, dict] = {}  # key -> reward, last-round, count, seconds
+        self.seen: set[str] = set()  # every client that was ever a candidate
+        self.exploration_over = False  # every client seen has been explored (eps = 0)
         self.selections = 0
         self.history: list[float] = []  # mean utility of the exploited clients, per round
         self.exploited: list[str] = []  # last round's exploited clients
@@ -208,20 +233,23 @@ class OortSelection:
         self.history.append(self.exploited_utility())
         move = pacer_move(self.history, self.pacer_window, self.selections)
         self.preferred = preferred_after_pacer(self.preferred, known, move, self.pacer_delta)
-        eps = exploration_factor(self.selections, *self.exploration)
+        self.seen.update(keys)
+        eps = 0.0 if self.exploration_over else \
+            exploration_factor(self.selections, *self.exploration)
         blacklist = self.blacklist()
         rng = np.random.default_rng([self.seed, server_round, OORT_TAG])
         explored = [k for k, key in enumerate(keys)
                     if self.clients.get(key, {}).get("count", 0) > 0 and key not in blacklist]
         unexplored = [k for k, key in enumerate(keys) if key not in self.clients
                       or self.clients[key].get("count", 0) == 0]
-        util = oort_utilities([self.clients[keys[k]]["reward"] for k in explored],
-                              [self.clients[keys[k]]["last-round"] for k in explored],
+        rewards = [self.clients[keys[k]]["reward"] for k in explored]
+        util = oort_utilities(rewards, [self.clients[keys[k]]["last-round"] for k in explored],
                               [seconds[k] for k in explored], server_round, self.preferred,
-                              self.alpha, self.clip_bound)
+                              self.alpha, self.clip_bound,
+                              pool=rewards + [float(candidates[k].num_examples or 0)
+                                              for k in unexplored])
         m = min(m, len(candidates))
-        n_exploit = min(int(m * (1.0 - eps)), len(explored)) if unexplored else \
-            min(m, len(explored))
+        n_exploit = min(int(m * (1.0 - eps)), len(explored))
         exploit = []
         if n_exploit > 0:
             order = np.argsort(-util, kind="stable")
@@ -238,6 +266,8 @@ class OortSelection:
         picked = _draw(rng, [int(i) for i in top], reward[top], n_explore)
         explore = [unexplored[i] for i in picked]
         score.update({unexplored[i]: float(reward[i]) for i in picked})
+        if not any(self.clients.get(key, {}).get("count", 0) == 0 for key in self.seen):
+            self.exploration_over = True  # from the next selection on, eps = 0
         chosen = exploit + explore
         taken = set(chosen)
         rest = [k for k in range(len(candidates)) if k not in taken and keys[k] not in blacklist]
@@ -281,20 +311,26 @@ class OortSelection:
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict:
-        """T, the selection count, the pacer's history and the per-client table."""
+        """T, the selection count, the pacer's history, the per-client table, the clients
+        seen and whether exploration is over."""
         return {"oort-state-version": STATE_VERSION, "preferred": self.preferred,
                 "selections": self.selections, "history": list(self.history),
                 "exploited": list(self.exploited), "exploited-round": self.exploited_round,
-                "clients": {k: dict(v) for k, v in self.clients.items()}}
+                "clients": {k: dict(v) for k, v in self.clients.items()},
+                "seen": sorted(self.seen), "exploration-over": self.exploration_over}
 
     def load_state_dict(self, state: Mapping) -> None:
-        """Restore :meth:`state_dict`."""
-        if state.get("oort-state-version") != STATE_VERSION:
+        """Restore :meth:`state_dict`; a version-1 state (before the clients seen were
+        kept) takes the explored clients as those seen and exploration as not over."""
+        version = state.get("oort-state-version")
+        if version not in (1, STATE_VERSION):
             raise ValueError(f"OortSelection: the checkpoint's selection state has version "
-                             f"{state.get('oort-state-version')!r}, not {STATE_VERSION}")
+                             f"{version!r}, not {STATE_VERSION} (or 1)")
         self.preferred = float(state["preferred"])
         self.selections = int(state["selections"])
         self.history = [float(v) for v in state["history"]]
         self.exploited = [str(k) for k in state["exploited"]]
         self.exploited_round = int(state["exploited-round"])
         self.clients = {str(k): dict(v) for k, v in state["clients"].items()}
+        self.seen = set(self.clients) | {str(k) for k in state.get("seen", ())}
+        self.exploration_over = bool(state.get("exploration-over", False))

@@ -9,6 +9,10 @@ loss on the global model; after the round it is told each accepted reply's
 :class:`Outcome` (reported training loss, n_k, clock time). Its cross-round state is
 plain dicts, lists, numbers and strings (``state_dict``), so a checkpoint resumes it bit
 for bit. Every draw comes from ``default_rng([seed, round, tag])``.
+
+A policy whose paper also fixes how the chosen clients are averaged says so in a
+``weighting`` attribute (Power-of-Choice: ``"uniform"``, Cho, Wang and Joshi 2022, Sec. 2);
+:func:`selection_weighting` is the round engine's rule for it.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from .. import contract as C
 from ..contract import Section, logged
 
 __all__ = ["Candidate", "Choice", "InformedSelection", "LossQuery", "Outcome",
-           "SELECTIONS", "reported_loss", "warn_no_loss"]
+           "SELECTIONS", "reported_loss", "selection_weighting", "warn_no_loss"]
 
 SELECTIONS = ("random", "power-of-choice", "oort", "tifl")
 
@@ -122,6 +126,27 @@ def reported_loss(metrics: Mapping[str, object], keys: Sequence[str] = (
                 and math.isfinite(value) and value >= 0:
             return float(value)
     return None
+
+
+def selection_weighting(owner: str, weighting: str, policy: object) -> str:
+    """The weighting the round engine averages with under selection ``policy``.
+
+    A policy with a ``weighting`` attribute (:class:`~strategies.selection.power_of_choice.
+    PowerOfChoice`: ``"uniform"``, the paper's (1/m) sum over the m chosen, or
+    ``"examples"``) decides when the engine's ``weighting`` is its default ``"examples"``
+    or the same as the policy's; any other engine weighting is refused (ValueError naming
+    both and the fix). A policy without one (random, Oort, TiFL) leaves ``weighting`` as
+    it is.
+    """
+    own = getattr(policy, "weighting", None)
+    if own is None or weighting in ("examples", own):
+        return own or weighting
+    name = type(policy).__name__
+    raise ValueError(
+        f"{owner}: weighting={weighting!r} with selection {name}(weighting={own!r}): the "
+        f"policy fixes how its chosen clients are averaged. Set it on the policy "
+        f"({name}(weighting='uniform' or 'examples')) and leave the strategy's weighting "
+        f"at 'examples'")
 
 
 def warn_no_loss(policy: str, key: str, warned: bool, fallback: str) -> bool:

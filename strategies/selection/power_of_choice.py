@@ -13,6 +13,14 @@ Per round:
 d = 2m by default (``candidates=0``); the paper studies several d >= m (d = m is random
 selection by data size). A candidate without a usable answer counts as having the lowest
 loss (it is taken only if fewer than m answered); the policy says so once.
+
+Averaging. The paper's server update (Sec. 2) averages the m selected clients' local
+models with equal weights, w^(t+1) = (1/m) sum_{k in S(t)} w_k^(t+1): the data sizes
+already entered through step 1's p_k = n_k / n, so weighting the average by n_k as well
+would count them twice. ``weighting="uniform"`` (the default) is that plain mean;
+``weighting="examples"`` (FedAvg's n_k / sum n_k over the chosen) is kept as an explicit
+option. The round engine reads the policy's ``weighting`` through
+:func:`strategies.selection.policy.selection_weighting`.
 """
 
 from __future__ import annotations
@@ -25,9 +33,10 @@ from flwr.common.logger import log
 
 from .policy import SelectionSection, Candidate, Choice, LossQuery, Outcome
 
-__all__ = ["PowerOfChoice", "candidate_set", "largest_losses"]
+__all__ = ["POC_WEIGHTINGS", "PowerOfChoice", "candidate_set", "largest_losses"]
 
 POC_TAG = 0x90C  # rng stream of the candidate draws
+POC_WEIGHTINGS = ("uniform", "examples")  # the paper's plain mean first (the default)
 
 
 def candidate_set(rng: np.random.Generator, sizes: Sequence[int | None], d: int) -> list[int]:
@@ -58,17 +67,27 @@ class PowerOfChoice:
         Candidate draws from ``default_rng([seed, round, POC_TAG])``.
     candidates : int
         d, the candidate set's size (0: 2m); at least m is used.
+    weighting : str
+        How the engine averages the m chosen clients' models: ``"uniform"`` 1/m, the
+        paper's update (Sec. 2; default), or ``"examples"`` n_k / sum n_k (FedAvg's, which
+        counts the data sizes a second time after the candidate draw by p_k).
     """
 
     name = "power-of-choice"
     needs_clock = False
     queries_losses = True
 
-    def __init__(self, seed: int = 0, candidates: int = 0) -> None:
+    def __init__(self, seed: int = 0, candidates: int = 0, *,
+                 weighting: str = "uniform") -> None:
         if isinstance(candidates, bool) or not isinstance(candidates, int) or candidates < 0:
             raise ValueError(f"PowerOfChoice: candidates (d) must be a whole number >= 0 "
                              f"(0: 2m), got {candidates!r}")
+        if weighting not in POC_WEIGHTINGS:
+            raise ValueError(f"PowerOfChoice: weighting={weighting!r} is not known; use "
+                             f"'uniform' (the paper's plain mean of the m chosen, the default) "
+                             f"or 'examples' (n_k / sum n_k)")
         self.seed, self.d = int(seed), int(candidates)
+        self.weighting = weighting
         self.warned = False
 
     def choose(self, server_round: int, candidates: Sequence[Candidate], m: int,

@@ -1,9 +1,13 @@
 """TiFL's tier-based selection (Chai et al., "TiFL: A Tier-based Federated Learning System",
 HPDC 2020, Sec. 4: profiling and tiering; Algorithm 2: adaptive tier selection).
 
-* Tiering: the clients sorted by their expected round time on the simulated clock (eq. 1
-  of :mod:`strategies.engine.clock`; the paper profiles response latencies) and cut into
-  ``tiers`` groups of ceil(K / tiers) (tier 0 the fastest).
+* Tiering (Sec. 4, profiling and tiering): the clients sorted by their expected round
+  time on the simulated clock (eq. 1 of :mod:`strategies.engine.clock`; the paper profiles
+  response latencies) and cut into ``tiers`` consecutive groups whose sizes differ by at
+  most one, tier 0 the fastest: with K = q tiers + r, the r fastest tiers hold q + 1
+  clients and the others q (10 clients in 3 tiers: 4/3/3). The paper groups clients of
+  similar latency into m tiers and publishes no code; chunks of ceil(K / tiers) would
+  leave the slowest tiers short or empty (10 in 3: 4/4/2; 7 in 5: 2/2/2/1/0).
 * Each tier starts with ``credits`` credits (ceil(R / tiers) for a run of R rounds) and
   probability 1 / tiers. Every ``interval`` rounds the probabilities are recomputed
   (Alg. 2, ChangeProbs): the n tiers with credits left, sorted by accuracy ascending,
@@ -28,17 +32,27 @@ import numpy as np
 
 from .policy import SelectionSection, Candidate, Choice, LossQuery, Outcome, warn_no_loss
 
-__all__ = ["TiFLSelection", "change_probabilities", "make_tiers"]
+__all__ = ["TiFLSelection", "change_probabilities", "make_tiers", "tier_sizes"]
 
 TIFL_TAG = 0x71F  # rng stream of the tier and client draws
 STATE_VERSION = 1
 
 
+def tier_sizes(clients: int, tiers: int) -> list[int]:
+    """Balanced tier sizes (module docstring): K = q tiers + r gives r tiers of q + 1, then
+    tiers - r of q (the faster tiers the larger)."""
+    q, r = divmod(clients, tiers)
+    return [q + 1] * r + [q] * (tiers - r)
+
+
 def make_tiers(seconds: Mapping[str, float], tiers: int) -> dict[str, int]:
-    """Client key -> tier: sorted by time (ties by key), chunks of ceil(K / tiers)."""
+    """Client key -> tier: sorted by time (ties by key), cut into :func:`tier_sizes`."""
     ordered = sorted(seconds, key=lambda k: (seconds[k], k))
-    size = max(math.ceil(len(ordered) / tiers), 1)
-    return {key: min(i // size, tiers - 1) for i, key in enumerate(ordered)}
+    tier_of, start = {}, 0
+    for tier, size in enumerate(tier_sizes(len(ordered), tiers)):
+        tier_of.update((key, tier) for key in ordered[start:start + size])
+        start += size
+    return tier_of
 
 
 def change_probabilities(accuracy: Sequence[float], credits: Sequence[int]) -> list[float]:
