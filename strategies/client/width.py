@@ -75,35 +75,31 @@ def sent_width(config: Mapping) -> float:
     return float(value)
 
 
-def sent_scaler(config: Mapping) -> bool:
-    """Whether HeteroFL's Scaler is on (``width-scaler``; False when absent).
+def sent_flag(config: Mapping, key: str) -> bool:
+    """A bool the server sends in the train config (False when absent).
 
     Raises
     ------
     ValueError
-        Unless the value is a bool.
+        Unless the value is a bool, naming ``key``.
     """
-    value = config.get(C.WIDTH_SCALER, False)
+    value = config.get(key, False)
     if not isinstance(value, bool):
-        raise ValueError(f"config {C.WIDTH_SCALER}={value!r} must be True or False; send a "
-                         f"bool from the server")
+        raise ValueError(f"config {key}={value!r} must be True or False; send a bool from "
+                         f"the server")
     return value
+
+
+def sent_scaler(config: Mapping) -> bool:
+    """Whether HeteroFL's Scaler is on (``width-scaler``; False when absent; a ValueError
+    unless a bool)."""
+    return sent_flag(config, C.WIDTH_SCALER)
 
 
 def sent_label_split(config: Mapping) -> bool:
     """Whether the server asks for HeteroFL's label split (``label-split``; False when
-    absent).
-
-    Raises
-    ------
-    ValueError
-        Unless the value is a bool.
-    """
-    value = config.get(C.LABEL_SPLIT, False)
-    if not isinstance(value, bool):
-        raise ValueError(f"config {C.LABEL_SPLIT}={value!r} must be True or False; send a "
-                         f"bool from the server")
-    return value
+    absent; a ValueError unless a bool)."""
+    return sent_flag(config, C.LABEL_SPLIT)
 
 
 def is_label_split_message(msg: Message) -> bool:
