@@ -43,8 +43,8 @@ from strategies.client import (
     load_width_state,
     local_sgd,
     sent_scaler,
+    packed_clients,
     sent_width,
-    virtual_clients,
 )
 from strategies.client.sides import TrainTask, client_sides, model_content, training_metrics
 from strategies.engine.registry import registered
@@ -62,7 +62,16 @@ DATA_DIR = "data-dir"  # absolute dataset folder on this node (default: the run 
 DATA_CACHE_DIR = "data-cache-dir"  # absolute folder of the on-disk data cache
 NUM_THREADS = "num-threads"  # torch intra-op threads of this node's ClientApp
 
-app = ClientApp(mods=[virtual_clients])  # packed mode: a share of virtual clients per call
+def vectorised_share(clients: list[tuple[int, Message, Context]]) -> dict:
+    """Packed mode's train share, trained together where ``vectorised-clients`` is on
+    (:func:`fedapp.vectorised_share.train_share`)."""
+    from .vectorised_share import train_share  # noqa: PLC0415 - torch, and it imports this module
+
+    return train_share(clients)
+
+
+# packed mode: a share of virtual clients per call, its train work vectorised where asked
+app = ClientApp(mods=[packed_clients(vectorised_share)])
 
 
 @functools.lru_cache(maxsize=8)
@@ -172,7 +181,7 @@ def clear_caches() -> None:
 
 
 @functools.lru_cache(maxsize=8)
-def _model(name: str, input_shape: tuple, num_classes: int, device: str, width: float = 1.0,
+def task_model(name: str, input_shape: tuple, num_classes: int, device: str, width: float = 1.0,
            scaler: bool = False) -> torch.nn.Module:
     """One model object per process and width; every call loads the received weights into
     it. On the CPU a convolutional model keeps channels-last weights
@@ -203,7 +212,7 @@ def received_model(msg: Message, cfg: RunConfig, part: Partition) -> torch.nn.Mo
     if is_width_message(msg):
         config = msg.content[C.CONFIG]
         width, scaler = sent_width(config), sent_scaler(config)
-    model = _model(cfg.model, part.input_shape, part.num_classes, model_device(cfg), width,
+    model = task_model(cfg.model, part.input_shape, part.num_classes, model_device(cfg), width,
                    scaler)
     state = received_state(msg.content[C.ARRAYS])
     if is_width_message(msg):
@@ -246,18 +255,8 @@ CLIENT_SIDE_MODULES = tuple(dict.fromkeys(
 def train(msg: Message, context: Context) -> Message:
     """Local training on this node's partition, as the message's strategy asks (module
     docstring); replies the model and the statistics."""
-    apply_threads(context)
-    x, y, part, cfg = local_data(context)
+    x, y, part, cfg, seed, partition_id = train_inputs(msg, context)
     model = received_model(msg, cfg, part)
-    config = msg.content[C.CONFIG]
-    partition_id, _ = partition_of(context)
-    server_round = int(config.get(C.SERVER_ROUND, 0))
-    # an asynchronous task draws its own batches: several may fall in one round
-    batches = int(config.get(C.ASYNC_TASK, server_round))
-    seed = client_seed(int(config.get(C.SEED, cfg.seed)), batches, partition_id)
-    apply_fault(int(config.get(C.SEED, cfg.seed)), server_round, partition_id,
-                cfg.fault_crash_prob, cfg.fault_late_prob,  # fault-*-prob (docs/reliability.md)
-                cfg.round_timeout, packed=bool(context.node_config.get(C.VIRTUAL_CLIENT)))
     if len(y) == 0:  # an empty partition: 0 examples; the server skips the reply (one log line)
         empty = MetricRecord({C.NUM_EXAMPLES: 0, C.PARTITION_ID: partition_id})
         content = RecordDict({C.ARRAYS: msg.content[C.ARRAYS], C.METRICS: empty})
@@ -284,6 +283,25 @@ def train(msg: Message, context: Context) -> Message:
     return Message(model_content(model, metrics), reply_to=msg)
 
 
+def train_inputs(msg: Message, context: Context
+                 ) -> tuple[torch.Tensor, torch.Tensor, Partition, RunConfig, int, int]:
+    """A train call's local data (x, y on the training device), partition, run config,
+    batch-order seed and partition id, after the injected fault, if any (``fault-*-prob``,
+    docs/reliability.md: it raises)."""
+    apply_threads(context)
+    x, y, part, cfg = local_data(context)
+    config = msg.content[C.CONFIG]
+    partition_id, _ = partition_of(context)
+    server_round = int(config.get(C.SERVER_ROUND, 0))
+    # an asynchronous task draws its own batches: several may fall in one round
+    batches = int(config.get(C.ASYNC_TASK, server_round))
+    seed = client_seed(int(config.get(C.SEED, cfg.seed)), batches, partition_id)
+    apply_fault(int(config.get(C.SEED, cfg.seed)), server_round, partition_id,
+                cfg.fault_crash_prob, cfg.fault_late_prob, cfg.round_timeout,
+                packed=bool(context.node_config.get(C.VIRTUAL_CLIENT)))
+    return x, y, part, cfg, seed, partition_id
+
+
 def train_task(msg: Message, context: Context, model: torch.nn.Module, x: torch.Tensor,
                y: torch.Tensor, part: Partition, cfg: RunConfig, seed: int,
                partition_id: int) -> TrainTask:
@@ -293,7 +311,7 @@ def train_task(msg: Message, context: Context, model: torch.nn.Module, x: torch.
     scaler, device = sent_scaler(config) if is_width_message(msg) else False, model_device(cfg)
 
     def build(width: float) -> torch.nn.Module:
-        return _model(cfg.model, part.input_shape, part.num_classes, device, width, scaler)
+        return task_model(cfg.model, part.input_shape, part.num_classes, device, width, scaler)
 
     return TrainTask(
         msg=msg, state=context.state, model=model, x=x, y=y,

@@ -94,6 +94,8 @@ STRATEGY_DOC = ("the algorithm, by name (`fedhetero strategies` lists each with 
                 "(strategies/fedavg.md#flowers-server-optimisers-by-name), [asynchronous FL]"
                 "(strategies/async.md), [model width](strategies/width.md)): ")
 
+VECTORISED_MODES = ("off", "on", "auto")  # vectorised-clients: fedapp.vectorised_share
+
 KEYS_OF_THE_APP: tuple[Key, ...] = (
     Key("num-server-rounds", 10, "federated rounds (T of the cosine lr-schedule)",
         (APP, ROUND, EVENTS), at_least(1)),
@@ -327,6 +329,15 @@ KEYS_OF_THE_APP: tuple[Key, ...] = (
         "share of a round one after another, model and data kept in memory; same models as N "
         "SuperNodes, bit for bit ([packed simulation](simulation.md#packed-simulation)); "
         "0 = one client per SuperNode", interval=at_least(0)),
+    Key("vectorised-clients", "off", "packed simulation: `on` trains the virtual clients of a "
+        "share together, one batched step (`torch.func.vmap`) for all of them at a time, where "
+        "their local work is plain local SGD (FedAvg and every strategy without a client side, "
+        "FedProx's term) on the same model and batch size: the models match one-by-one "
+        "training within float32 rounding, not bit for bit; `auto` does so only where one "
+        "measured batched step beats the per-client loop for that model on this device (on "
+        "CPUs convolutions usually do not), and logs what it measured; `off` = one by one "
+        "([vectorised packing](simulation.md#vectorised-packing))",
+        choices=VECTORISED_MODES),
     Key("partition-map", "", "absolute path of a partition map (`deploy run --auth` writes "
         "and passes its `keys/partitions.json`): a node whose registered key may not serve "
         "the partition it claims is refused and never selected "
@@ -376,6 +387,10 @@ RULES_OF_THE_APP: tuple[Rule, ...] = (
          "virtual-clients = 0 or partition-map = \"\" (a partition map checks the "
          "partition each SuperNode claims against its registered key; virtual clients have "
          "no keys)"),
+    Rule(("vectorised-clients", "virtual-clients"),
+         lambda v: v["vectorised-clients"] == "off" or v["virtual-clients"] > 0,
+         "vectorised-clients trains the virtual clients of packed mode together: it needs "
+         "virtual-clients > 0 (or vectorised-clients = \"off\")"),
     Rule(("round-deadline", "device-profiles"),
          lambda v: v["round-deadline"] == 0 or v["device-profiles"] != "none",
          "a round-deadline needs a simulated clock: device-profiles other than 'none'"),

@@ -19,20 +19,25 @@ from simulation.bench.scale import (
     table_row,
 )
 
-RESULT = SizeResult(clients=1000, ours=24.0, bare_flower=22.0, packed=3.3, bare_torch=2.2)
+RESULT = SizeResult(clients=1000, ours=24.0, bare_flower=22.0, packed=3.3, bare_torch=2.2,
+                    vectorised=2.97, batched_bound=2.7)
 
 
-def test_the_last_lines_are_the_three_ratios_at_the_largest_size():
+def test_the_last_lines_are_the_six_ratios_at_the_largest_size():
     assert ratio_lines(RESULT) == [
         "scale ratio at 1000 clients = 1.09   (target <= 1.1)",
         "packed/bare-Flower ratio at 1000 clients = 0.15   (target <= 0.25, stretch 0.15)",
         "packed/bare-torch ratio at 1000 clients = 1.50   (target <= 2)",
+        "vectorised/bare-torch ratio at 1000 clients = 1.35   (the per-client loop)",
+        "vectorised/batched-bound ratio at 1000 clients = 1.10   (target <= 1.5)",
+        "vectorised/packed ratio at 1000 clients = 0.90   (target <= 1: never slower)",
     ]
 
 
-def test_a_table_row_has_the_four_times_and_the_three_ratios():
+def test_a_table_row_has_the_six_times_and_the_five_ratios():
     cells = [cell.strip() for cell in table_row(RESULT).split("|")]
-    assert cells == ["1000", "24.000", "22.000", "1.09", "3.300", "2.200", "0.15", "1.50"]
+    assert cells == ["1000", "24.000", "22.000", "1.09", "3.300", "2.200", "0.15", "1.50",
+                     "2.970", "2.700", "1.35", "1.10"]
 
 
 def test_the_large_run_prints_its_warm_round_and_both_peaks():
@@ -43,7 +48,7 @@ def test_the_large_run_prints_its_warm_round_and_both_peaks():
                {"round": 2, "wall-seconds": 12.345, "server-max-rss-mb": 700.2},
                {"round": 3, "wall-seconds": 13.0}]
     lines = huge_lines(10_000, 2, records, sampler)
-    assert lines[0] == ("packed, 10000 virtual clients on 2 SuperNodes, 3 rounds: "
+    assert lines[0] == ("vectorised packed, 10000 virtual clients on 2 SuperNodes, 3 rounds: "
                         "warm round (round 2) 12.35 s")
     assert "5120 MB (2048 MB anonymous); the ServerApp's own peak 700 MB" in lines[1]
 
@@ -96,8 +101,10 @@ def test_the_bare_torch_limit_times_every_round_over_the_workers():
     from simulation.bench.common import bare_packed_round_seconds
 
     workload = {"model": "mlp-2nn", "dataset": "synthetic", "batch-size": 8, "local-steps": 1}
-    per_round = bare_packed_round_seconds(workload, 2, 2, threads=1, workers=1)
-    assert len(per_round) == 2 and all(seconds > 0 for seconds in per_round)
+    for batched in (False, True):  # the per-client loop, and the batched bound
+        per_round = bare_packed_round_seconds(workload, 2, 2, threads=1, workers=1,
+                                              batched=batched)
+        assert len(per_round) == 2 and all(seconds > 0 for seconds in per_round)
 
 
 @pytest.mark.usefixtures("processes")

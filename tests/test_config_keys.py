@@ -63,6 +63,7 @@ CONTEXT: dict[str, dict] = {
     "over-commitment": CLOCK,
     "selection": CLOCK,
     "dynamicfl-budget-seconds": {**CLOCK, "dynamicfl-budget-mode": "budget"},
+    "vectorised-clients": {"virtual-clients": 4},
     **{k.name: CLOCK for k in KEYS if k.name.startswith("device-") and k.used_by != (APP,)},
 }
 # what a strategy needs of the other keys (MOON: a model with a projection head)
@@ -77,6 +78,9 @@ RULE_CASES: dict[tuple[str, ...], tuple[list[dict], dict]] = {
     ("selection", "weighting", "poc-weighting"): (
         [{"selection": "power-of-choice", "weighting": "uniform", "poc-weighting": "examples"}],
         {"selection": "power-of-choice", "weighting": "examples", "poc-weighting": "examples"}),
+    ("vectorised-clients", "virtual-clients"): (
+        [{"vectorised-clients": "on"}, {"vectorised-clients": "auto"}],
+        {"vectorised-clients": "on", "virtual-clients": 4}),
     ("fedveca-tau-init", "fedveca-tau-max"): (
         [{"fedveca-tau-init": 30, "fedveca-tau-max": 25}, {"fedveca-tau-max": 10},
          {"strategy": "fedveca", "fedveca-tau-init": 51}],

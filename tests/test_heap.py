@@ -61,8 +61,8 @@ def test_the_clientapp_sets_the_thresholds_when_it_builds_its_training_model():
     from fedapp import client_app
 
     heap.keep_step_memory.cache_clear()
-    client_app._model.cache_clear()
-    client_app._model("mlp-2nn", (1, 28, 28), 10, "cpu")
+    client_app.task_model.cache_clear()
+    client_app.task_model("mlp-2nn", (1, 28, 28), 10, "cpu")
     assert heap.keep_step_memory.cache_info().currsize == 1
 
 

@@ -131,8 +131,8 @@ def test_local_sgd_in_the_training_layout_agrees_with_the_default_layout_to_floa
 
 def test_the_client_app_trains_its_model_in_the_training_layout():
     """The ClientApp's per-process model is the one :func:`training_layout` returns."""
-    from fedapp.client_app import _model
+    from fedapp.client_app import task_model
 
-    model = _model("cnn-small", (1, 28, 28), 10, "cpu")
+    model = task_model("cnn-small", (1, 28, 28), 10, "cpu")
     assert conv_weight(model).is_contiguous(memory_format=torch.channels_last)
     assert not conv_weight(model).is_contiguous()

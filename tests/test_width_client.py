@@ -388,11 +388,11 @@ def test_the_app_evaluates_a_sub_model_at_its_width(node):
 
 
 def test_the_app_keeps_one_model_per_width():
-    client_app._model.cache_clear()
-    full = client_app._model("cnn-small", MNIST, 10, "cpu", 1.0, False)
-    half = client_app._model("cnn-small", MNIST, 10, "cpu", 0.5, False)
-    assert half is not full and half is client_app._model("cnn-small", MNIST, 10, "cpu", 0.5,
+    client_app.task_model.cache_clear()
+    full = client_app.task_model("cnn-small", MNIST, 10, "cpu", 1.0, False)
+    half = client_app.task_model("cnn-small", MNIST, 10, "cpu", 0.5, False)
+    assert half is not full and half is client_app.task_model("cnn-small", MNIST, 10, "cpu", 0.5,
                                                           False)
     assert half.state_dict()["features.0.0.weight"].shape == (3, 1, 5, 5)
-    scaled = copy.deepcopy(client_app._model("cnn-small", MNIST, 10, "cpu", 0.5, True))
+    scaled = copy.deepcopy(client_app.task_model("cnn-small", MNIST, 10, "cpu", 0.5, True))
     assert any(type(m).__name__ == "Scaler" for m in scaled.modules())

@@ -58,7 +58,7 @@ def settled(device: torch.device) -> None:
 def bare_setup(workload: dict, num_clients: int, pids: list[int]):
     """(config, device, {pid: (x, y)}, start model, working model) of a bare-torch baseline,
     on the run's device (``device = "auto"``: CUDA when present)."""
-    keep_step_memory()  # as the ClientApp's process (fedapp.client_app._model)
+    keep_step_memory()  # as the ClientApp's process (fedapp.client_app.task_model)
     cfg = RunConfig.from_user_config(workload)
     device = resolve_device(cfg.device)
     dataset = load_dataset(cfg.dataset, cfg.data_dir)  # the folder the apps read
@@ -68,7 +68,7 @@ def bare_setup(workload: dict, num_clients: int, pids: list[int]):
     torch.manual_seed(cfg.seed)
     start_model = build_model(cfg.model, dataset.input_shape, dataset.num_classes).to(device)
     model = build_model(cfg.model, dataset.input_shape, dataset.num_classes).to(device)
-    # the ClientApp's layout (fedapp.client_app._model): the same local SGD, float for float
+    # the ClientApp's layout (fedapp.client_app.task_model): the same local SGD, float for float
     return cfg, device, parts, start_model, training_layout(model, dataset.input_shape)
 
 
@@ -322,16 +322,64 @@ def bare_packed_process_seconds(workload: dict, num_clients: int, rounds: int, t
         torch.set_num_threads(previous)
 
 
+def bare_batched_process_seconds(workload: dict, num_clients: int, rounds: int, threads: int,
+                                 clients: list[int], ready=None) -> list[float]:
+    """Per round 1..R: the wall seconds of one worker's share ``clients`` as one batched
+    computation in bare torch, the batched bound of vectorised packed mode: the global
+    weights stacked K times, per local step (the workload's ``local-steps``, the same for
+    every client) the K clients' minibatches stacked, one ``vmap(grad(loss))`` over them
+    and the SGD update of the stacked weights, then the K updates copied out, one transfer
+    per tensor. Same data, batch order and warm-up as :func:`bare_packed_process_seconds`."""
+    from torch.func import functional_call, grad, vmap  # noqa: PLC0415
+
+    from strategies.client import batch_indices  # noqa: PLC0415
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        cfg, device, parts, start_model, model = bare_setup(workload, num_clients, clients)
+        if cfg.local_steps < 1:
+            raise ValueError("the batched bound needs a fixed local-steps >= 1 in the workload")
+        model.load_state_dict(start_model.state_dict())
+        step = vmap(grad(lambda p, x, y: model.loss(functional_call(model, p, (x,)), y)))
+        global_state = dict(start_model.named_parameters())
+        shares = list(parts.items())
+        times = []
+        for server_round in range(0, rounds + 1):  # round 0: the warm-up, untimed
+            if ready is not None and server_round:
+                ready.wait()
+            settled(device)
+            start = time.perf_counter()
+            stacked = {n: p.detach().unsqueeze(0).repeat(len(shares), *([1] * p.dim()))
+                       for n, p in global_state.items()}
+            streams = [batch_indices(len(y), cfg.batch_size, torch.Generator().manual_seed(
+                client_seed(cfg.seed, server_round, pid))) for pid, (_, y) in shares]
+            for _ in range(cfg.local_steps):
+                idx = [next(stream).to(device) for stream in streams]
+                grads = step(stacked, torch.stack([x[i] for (_, (x, _)), i in zip(shares, idx)]),
+                             torch.stack([y[i] for (_, (_, y)), i in zip(shares, idx)]))
+                for n, g in grads.items():
+                    stacked[n].sub_(g, alpha=cfg.lr)
+            {n: t.cpu().numpy() for n, t in stacked.items()}  # the updates, copied out
+            settled(device)
+            if server_round:
+                times.append(time.perf_counter() - start)
+        return times
+    finally:
+        torch.set_num_threads(previous)
+
+
 def _bare_packed_worker(job: tuple) -> list[float]:
-    workload, num_clients, rounds, threads, clients = job
-    return bare_packed_process_seconds(workload, num_clients, rounds, threads, clients,
-                                       ready=_BARRIER)
+    workload, num_clients, rounds, threads, clients, batched = job
+    measure = bare_batched_process_seconds if batched else bare_packed_process_seconds
+    return measure(workload, num_clients, rounds, threads, clients, ready=_BARRIER)
 
 
 def bare_packed_round_seconds(workload: dict, num_clients: int, rounds: int, threads: int,
-                              workers: int) -> list[float]:
+                              workers: int, *, batched: bool = False) -> list[float]:
     """Per round 1..R: the wall seconds of packed mode's limit, the clients' work in bare
-    torch (:func:`bare_packed_process_seconds`) dealt round-robin over ``workers`` processes
+    torch (:func:`bare_packed_process_seconds`; ``batched``: vectorised packed mode's,
+    :func:`bare_batched_process_seconds`) dealt round-robin over ``workers`` processes
     started together (spawned, each with ``threads`` torch threads): a round takes as long
     as its slowest process."""
     import multiprocessing  # noqa: PLC0415
@@ -339,8 +387,8 @@ def bare_packed_round_seconds(workload: dict, num_clients: int, rounds: int, thr
     workers = max(1, min(workers, num_clients))
     context = multiprocessing.get_context("spawn")
     barrier = context.Barrier(workers)
-    jobs = [(workload, num_clients, rounds, threads, list(range(w, num_clients, workers)))
-            for w in range(workers)]
+    jobs = [(workload, num_clients, rounds, threads, list(range(w, num_clients, workers)),
+             batched) for w in range(workers)]
     with context.Pool(workers, initializer=_init_bare_worker, initargs=(barrier,)) as pool:
         per_process = pool.map(_bare_packed_worker, jobs)
     return [max(seconds) for seconds in zip(*per_process)]

@@ -14,14 +14,23 @@ round 1 starts the actors and reads the data) of four ways to run the same FedAv
 * **bare torch**: packed mode's limit, the same client work without Flower on the same cores:
   W processes started together, the clients dealt round-robin, torch threads =
   ``--cpus-per-client``; per client the global weights loaded into the model, the SGD step,
-  the update copied out; a round lasts as long as its slowest process.
+  the update copied out; a round lasts as long as its slowest process;
+* **vectorised**: packed mode with ``vectorised-clients`` = true: each worker trains its
+  share's clients together, one ``vmap`` step for all of them
+  (:mod:`fedapp.vectorised_share`);
+* **batched bound**: vectorised mode's limit, its work in bare torch on the same W
+  processes: the global weights stacked K times, one ``vmap(grad)`` step of the share's
+  stacked minibatches, the stacked update copied out
+  (:func:`.common.bare_batched_process_seconds`).
 
 The three Flower apps run with real ``flwr run`` on the simulation engine. With CUDA, every
 ClientApp gets a 1/W share of the GPU, so W packed workers share it; ours train on it
 (``device = "auto"``), as do the bare-torch processes; the bare Flower app's template
 ClientApp trains on the CPU wherever it runs. The ratios: ours / bare Flower, packed / bare Flower,
-packed / bare torch. Then one packed run of ``--huge`` virtual clients (default 10,000; W
-workers, 3 rounds): its warm round (round 2), the peak over time of the summed RSS of every
+packed / bare torch, vectorised / bare torch (the per-client loop) and vectorised / batched
+bound. Then one vectorised packed run of each ``--huge`` size of virtual clients (default
+10,000 and 100,000; W workers, 3 rounds): its warm round (round 2), the peak over time of
+the summed RSS of every
 process the bench started (flwr run, the SuperLink, the ServerApp, Ray and its actors;
 :mod:`.machine_sampler`) and the ServerApp's own peak (its run log); with ``nvidia-smi`` on
 PATH, the mean GPU utilisation during the packed runs. The last lines::
@@ -29,6 +38,9 @@ PATH, the mean GPU utilisation during the packed runs. The last lines::
     scale ratio at <largest> clients = X.XX   (target <= 1.1)
     packed/bare-Flower ratio at <largest> clients = X.XX   (target <= 0.25, stretch 0.15)
     packed/bare-torch ratio at <largest> clients = Y.YY   (target <= 2)
+    vectorised/bare-torch ratio at <largest> clients = X.XX   (the per-client loop)
+    vectorised/batched-bound ratio at <largest> clients = Y.YY   (target <= 1.5)
+    vectorised/packed ratio at <largest> clients = Z.ZZ   (target <= 1: never slower)
 """
 
 from __future__ import annotations
@@ -68,9 +80,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=at_least(1), default=None, metavar="W",
                    help="packed mode's SuperNodes and bare torch's processes (default: the "
                         "cores this process may use / --cpus-per-client)")
-    p.add_argument("--huge", type=at_least(0), default=10_000, metavar="N",
-                   help=f"virtual clients of the one large packed run ({HUGE_ROUNDS} rounds, "
-                        "W workers; its round time and peak memory); 0 skips it")
+    p.add_argument("--huge", type=at_least(0), nargs="+", default=[10_000, 100_000],
+                   metavar="N",
+                   help=f"virtual clients of the large vectorised packed runs, one run each "
+                        f"({HUGE_ROUNDS} rounds, W workers; its round time and peak memory); "
+                        "0 skips them")
     p.add_argument("--data-dir", default=DATA_DIR,
                    help="Fashion-MNIST IDX folder (every app and bare torch read it)")
 
@@ -86,9 +100,12 @@ def workload(num_clients: int, rounds: int, data_dir: str) -> dict:
     }
 
 
-def packed_workload(num_clients: int, rounds: int, data_dir: str) -> dict:
-    """:func:`workload` served as ``num_clients`` virtual clients (packed mode)."""
-    return {**workload(num_clients, rounds, data_dir), "virtual-clients": num_clients}
+def packed_workload(num_clients: int, rounds: int, data_dir: str,
+                    vectorised: bool = False) -> dict:
+    """:func:`workload` served as ``num_clients`` virtual clients (packed mode), trained
+    together with ``vectorised``."""
+    return {**workload(num_clients, rounds, data_dir), "virtual-clients": num_clients,
+            "vectorised-clients": vectorised}
 
 
 def default_workers(cpus_per_client: int) -> int:
@@ -129,10 +146,10 @@ def bare_round_seconds(num_clients: int, rounds: int, resources: dict,
 
 
 def packed_records(num_clients: int, rounds: int, workers: int, resources: dict, data_dir: str,
-                   observer=None) -> list[dict]:
+                   observer=None, vectorised: bool = False) -> list[dict]:
     """The run log's records of our app with ``num_clients`` virtual clients on ``workers``
-    SuperNodes."""
-    return simulation_round_seconds(packed_workload(num_clients, rounds, data_dir),
+    SuperNodes (``vectorised``: trained together)."""
+    return simulation_round_seconds(packed_workload(num_clients, rounds, data_dir, vectorised),
                                     min(workers, num_clients),
                                     resources["client-resources-num-cpus"], resources,
                                     keep_records=True, observer=observer)
@@ -145,13 +162,28 @@ def round_seconds(records: list[dict]) -> list[float]:
 
 @dataclass(frozen=True)
 class SizeResult:
-    """One size's warm seconds per round: ours, bare Flower, packed, bare torch."""
+    """One size's warm seconds per round: ours, bare Flower, packed, bare torch, vectorised,
+    batched bound."""
 
     clients: int
     ours: float
     bare_flower: float
     packed: float
     bare_torch: float
+    vectorised: float
+    batched_bound: float
+
+    @property
+    def vectorised_over_torch(self) -> float:
+        return self.vectorised / self.bare_torch
+
+    @property
+    def vectorised_over_bound(self) -> float:
+        return self.vectorised / self.batched_bound
+
+    @property
+    def vectorised_over_packed(self) -> float:
+        return self.vectorised / self.packed
 
     @property
     def ours_over_bare(self) -> float:
@@ -168,13 +200,17 @@ class SizeResult:
 
 HEADER = (f"{'clients':>8} | {'fedhetero s/round':>17} | {'bare Flower s/round':>19} | "
           f"{'ours/bare':>9} | {'packed s/round':>14} | {'bare torch s/round':>18} | "
-          f"{'packed/bare-Flower':>18} | {'packed/bare-torch':>17}")
+          f"{'packed/bare-Flower':>18} | {'packed/bare-torch':>17} | "
+          f"{'vectorised s/round':>18} | {'batched bound s/round':>21} | "
+          f"{'vectorised/bare-torch':>21} | {'vectorised/bound':>16}")
 
 
 def table_row(r: SizeResult) -> str:
     return (f"{r.clients:>8} | {r.ours:>17.3f} | {r.bare_flower:>19.3f} | "
             f"{r.ours_over_bare:>9.2f} | {r.packed:>14.3f} | {r.bare_torch:>18.3f} | "
-            f"{r.packed_over_flower:>18.2f} | {r.packed_over_torch:>17.2f}")
+            f"{r.packed_over_flower:>18.2f} | {r.packed_over_torch:>17.2f} | "
+            f"{r.vectorised:>18.3f} | {r.batched_bound:>21.3f} | "
+            f"{r.vectorised_over_torch:>21.2f} | {r.vectorised_over_bound:>16.2f}")
 
 
 def ratio_lines(r: SizeResult) -> list[str]:
@@ -183,7 +219,13 @@ def ratio_lines(r: SizeResult) -> list[str]:
             f"packed/bare-Flower ratio at {r.clients} clients = {r.packed_over_flower:.2f}   "
             f"(target <= 0.25, stretch 0.15)",
             f"packed/bare-torch ratio at {r.clients} clients = {r.packed_over_torch:.2f}   "
-            f"(target <= 2)"]
+            f"(target <= 2)",
+            f"vectorised/bare-torch ratio at {r.clients} clients = "
+            f"{r.vectorised_over_torch:.2f}   (the per-client loop)",
+            f"vectorised/batched-bound ratio at {r.clients} clients = "
+            f"{r.vectorised_over_bound:.2f}   (target <= 1.5)",
+            f"vectorised/packed ratio at {r.clients} clients = {r.vectorised_over_packed:.2f}   "
+            f"(target <= 1: never slower)"]
 
 
 def huge_lines(num_clients: int, workers: int, records: list[dict],
@@ -191,8 +233,8 @@ def huge_lines(num_clients: int, workers: int, records: list[dict],
     """The large packed run: its warm round, the peak summed RSS, the ServerApp's peak."""
     warm = next(r[C.LOG_WALL_SECONDS] for r in records if r[C.LOG_ROUND] == 2)
     server = max(r.get(C.LOG_SERVER_MAX_RSS_MB, 0.0) for r in records)
-    return [f"packed, {num_clients} virtual clients on {workers} SuperNodes, {HUGE_ROUNDS} rounds: "
-            f"warm round (round 2) {warm:.2f} s",
+    return [f"vectorised packed, {num_clients} virtual clients on {workers} SuperNodes, "
+            f"{HUGE_ROUNDS} rounds: warm round (round 2) {warm:.2f} s",
             f"    peak RSS, summed over every process the bench started (flwr run, SuperLink, "
             f"ServerApp, Ray and its actors): {sampler.peak_rss_mb:.0f} MB "
             f"({sampler.peak_anon_mb:.0f} MB anonymous); the ServerApp's own peak {server:.0f} MB"]
@@ -246,12 +288,22 @@ def measure_size(n: int, args, workers: int, resources: dict,
                                       args.cpus_per_client, workers)
     progress(n, "bare torch", limit, started)
     started = time.monotonic()
+    name = f"{n} clients, vectorised"
+    vectorised = round_seconds(packed_records(n, args.rounds, workers, resources, args.data_dir,
+                                              sampled_into(samplers, name), vectorised=True))
+    progress(n, "vectorised", vectorised, started, samplers.get(name))
+    started = time.monotonic()
+    bound = bare_packed_round_seconds(workload(n, args.rounds, args.data_dir), n, args.rounds,
+                                      args.cpus_per_client, workers, batched=True)
+    progress(n, "batched bound", bound, started)
+    started = time.monotonic()
     ours = ours_round_seconds(n, args.rounds, resources, args.data_dir)
     progress(n, "fedhetero", ours, started)
     started = time.monotonic()
     bare = bare_round_seconds(n, args.rounds, resources, args.data_dir)
     progress(n, "bare Flower", bare, started)
-    return SizeResult(n, warm_mean(ours), warm_mean(bare), warm_mean(packed), warm_mean(limit))
+    return SizeResult(n, warm_mean(ours), warm_mean(bare), warm_mean(packed), warm_mean(limit),
+                      warm_mean(vectorised), warm_mean(bound))
 
 
 def run(args) -> None:
@@ -271,11 +323,11 @@ def run(args) -> None:
     for n in args.clients:
         results.append(measure_size(n, args, workers, resources, samplers))
         print(table_row(results[-1]), flush=True)
-    if args.huge:
-        name = f"{args.huge} clients (the large run)"
-        records = packed_records(args.huge, HUGE_ROUNDS, workers, resources, args.data_dir,
-                                 sampled_into(samplers, name))
-        print("\n".join(huge_lines(args.huge, min(workers, args.huge), records, samplers[name])),
+    for huge in (n for n in args.huge if n):
+        name = f"{huge} clients (a large run)"
+        records = packed_records(huge, HUGE_ROUNDS, workers, resources, args.data_dir,
+                                 sampled_into(samplers, name), vectorised=True)
+        print("\n".join(huge_lines(huge, min(workers, huge), records, samplers[name])),
               flush=True)
     print(gpu_line(samplers))
     largest = max(results, key=lambda r: r.clients)

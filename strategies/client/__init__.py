@@ -24,7 +24,9 @@ FjORD              ordered dropout steps                             ``ordered_d
 client state       named arrays in ``Context.state`` across rounds   ``save_arrays``,
                                                                      ``load_arrays``
 packed mode        ``ClientApp(mods=[virtual_clients])``: one call   ``virtual_clients``
-                   serves a share of virtual clients
+                   serves a share of virtual clients; with           ``packed_clients``,
+                   ``packed_clients(train_share)`` the share's       ``vectorised_sgd``
+                   train work in one batched computation
 restorable state   state the server can restore (SCAFFOLD's c_i,     ``resolve_state``,
                    FedDyn's linear term, MOON's previous model):     ``save_state``
                    resume, lost replies, restarts
@@ -61,7 +63,7 @@ from .fedveca import fedveca_train, is_fedveca_round
 from .info import client_info_reply, is_client_info_query, label_counts
 from .moon import (MissingRepresentation, MoonClient, contrastive_loss, has_representation,
                    is_moon_message)
-from .packing import NoReply, is_packed, virtual_clients
+from .packing import NoReply, is_packed, packed_clients, virtual_clients
 from .scaffold import ScaffoldClient, is_scaffold_message
 from .sgd_loop import LocalResult, local_sgd, sgd_steps
 from .width import (is_width_message, load_width_state, ordered_dropout_sgd, sent_levels,
@@ -75,7 +77,7 @@ __all__ = [
     "clear_arrays", "client_info_reply", "client_seed", "contrastive_loss", "fedveca_train",
     "has_representation", "is_client_info_query", "is_dynamicfl_chunk", "is_feddyn_message",
     "is_fedprox_message", "is_fedveca_round", "is_moon_message", "is_scaffold_message",
-    "NoReply", "is_packed", "label_counts", "load_arrays", "load_meta", "loader_steps", "local_sgd",
+    "NoReply", "is_packed", "packed_clients", "label_counts", "load_arrays", "load_meta", "loader_steps", "local_sgd",
     "report_local_steps", "resolve_state", "save_arrays", "save_state", "sgd_steps",
     "train_chunk", "virtual_clients", "is_width_message", "load_width_state",
     "ordered_dropout_sgd", "sent_levels", "sent_scaler", "sent_width", "width_model",

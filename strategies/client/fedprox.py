@@ -25,6 +25,15 @@ from .optimizer_hooks import StepHooks
 from .sides import ClientSide, TrainTask, register_client_side
 
 
+def add_proximal_term(grads: Any, params: Any, anchors: Any, mu: float) -> None:
+    """``g += mu (w - w^t)`` for each (gradient, weight, anchor) triple, in place: the
+    gradient of FedProx's (mu / 2) ||w - w^t||^2 (Li et al. 2020, Eq. 2). Any shapes that
+    broadcast: one client's tensors in the loop, K stacked clients' in the vectorised one
+    (:func:`strategies.client.vectorised_sgd.vectorised_sgd`)."""
+    for g, p, p0 in zip(grads, params, anchors):
+        g.add_(p - p0, alpha=mu)
+
+
 def is_fedprox_message(msg: Message) -> bool:
     """True when a train message's config carries ``proximal-mu`` (a FedProx server)."""
     return C.PROXIMAL_MU in (sent_config(msg.content) or {})
@@ -58,9 +67,10 @@ class ProximalTerm:
         if self.mu == 0:
             return
         with torch.no_grad():
-            for p, p0 in zip(self.model.parameters(), self.anchor):
-                if p.grad is not None:
-                    p.grad.add_(p - p0, alpha=self.mu)
+            pairs = [(p, p0) for p, p0 in zip(self.model.parameters(), self.anchor)
+                     if p.grad is not None]
+            add_proximal_term([p.grad for p, _ in pairs], [p for p, _ in pairs],
+                              [p0 for _, p0 in pairs], self.mu)
 
     def wrap(self, optimizer: Any, model: Any = None) -> Any:
         """Apply the term before every ``optimizer.step()``; returns ``optimizer``

@@ -24,7 +24,7 @@ from flwr.app import Message, MetricRecord, RecordDict
 from .. import contract as C
 from ..engine.records import to_record
 
-__all__ = ["ClientSide", "LoopHook", "TrainTask", "client_sides", "model_content",
+__all__ = ["ClientSide", "LoopHook", "TrainTask", "arrays_content", "client_sides", "model_content",
            "register_client_side", "training_metrics"]
 
 
@@ -118,6 +118,12 @@ def training_metrics(result: Any, partition_id: int) -> dict[str, object]:
 def model_content(model: Any, metrics: Mapping[str, object]) -> RecordDict:
     """A train reply's content: the trained model's state_dict (its own keys and shapes)
     and ``metrics``."""
-    arrays = to_record({k: v.detach().cpu().numpy() for k, v in model.state_dict().items()})
-    return RecordDict({C.ARRAYS: arrays, C.METRICS: MetricRecord(dict(metrics))})
+    return arrays_content({k: v.detach().cpu().numpy() for k, v in model.state_dict().items()},
+                          metrics)
+
+
+def arrays_content(arrays: Mapping[str, Any], metrics: Mapping[str, object]) -> RecordDict:
+    """A train reply's content from the trained weights as numpy arrays (a state_dict's
+    keys and shapes) and ``metrics``."""
+    return RecordDict({C.ARRAYS: to_record(dict(arrays)), C.METRICS: MetricRecord(dict(metrics))})
 
