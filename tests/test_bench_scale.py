@@ -20,10 +20,10 @@ from simulation.bench.scale import (
 )
 
 RESULT = SizeResult(clients=1000, ours=24.0, bare_flower=22.0, packed=3.3, bare_torch=2.2,
-                    vectorised=2.97, batched_bound=2.7)
+                    vectorised=2.97, batched_bound=2.7, forced=4.05)
 
 
-def test_the_last_lines_are_the_six_ratios_at_the_largest_size():
+def test_the_last_lines_are_the_ratios_at_the_largest_size():
     assert ratio_lines(RESULT) == [
         "scale ratio at 1000 clients = 1.09   (target <= 1.1)",
         "packed/bare-Flower ratio at 1000 clients = 0.15   (target <= 0.25, stretch 0.15)",
@@ -31,13 +31,15 @@ def test_the_last_lines_are_the_six_ratios_at_the_largest_size():
         "vectorised/bare-torch ratio at 1000 clients = 1.35   (the per-client loop)",
         "vectorised/batched-bound ratio at 1000 clients = 1.10   (target <= 1.5)",
         "vectorised/packed ratio at 1000 clients = 0.90   (target <= 1: never slower)",
+        "forced (vectorised-clients on)/batched-bound ratio at 1000 clients = 1.50; "
+        "forced/packed = 1.23",
     ]
 
 
-def test_a_table_row_has_the_six_times_and_the_five_ratios():
+def test_a_table_row_has_the_seven_times_and_the_five_ratios():
     cells = [cell.strip() for cell in table_row(RESULT).split("|")]
     assert cells == ["1000", "24.000", "22.000", "1.09", "3.300", "2.200", "0.15", "1.50",
-                     "2.970", "2.700", "1.35", "1.10"]
+                     "2.970", "2.700", "1.35", "1.10", "4.050"]
 
 
 def test_the_large_run_prints_its_warm_round_and_both_peaks():

@@ -15,9 +15,10 @@ round 1 starts the actors and reads the data) of four ways to run the same FedAv
   W processes started together, the clients dealt round-robin, torch threads =
   ``--cpus-per-client``; per client the global weights loaded into the model, the SGD step,
   the update copied out; a round lasts as long as its slowest process;
-* **vectorised**: packed mode with ``vectorised-clients`` = true: each worker trains its
-  share's clients together, one ``vmap`` step for all of them
-  (:mod:`fedapp.vectorised_share`);
+* **vectorised**: packed mode with ``vectorised-clients`` = ``"auto"``: each worker trains
+  its share's clients together, one ``vmap`` step for all of them, where one measured
+  batched step beats the per-client loop, else one by one (:mod:`fedapp.vectorised_share`);
+  and **forced**, the same with ``"on"`` (always together);
 * **batched bound**: vectorised mode's limit, its work in bare torch on the same W
   processes: the global weights stacked K times, one ``vmap(grad)`` step of the share's
   stacked minibatches, the stacked update copied out
@@ -41,6 +42,7 @@ PATH, the mean GPU utilisation during the packed runs. The last lines::
     vectorised/bare-torch ratio at <largest> clients = X.XX   (the per-client loop)
     vectorised/batched-bound ratio at <largest> clients = Y.YY   (target <= 1.5)
     vectorised/packed ratio at <largest> clients = Z.ZZ   (target <= 1: never slower)
+    forced (vectorised-clients on)/batched-bound ratio at <largest> clients = ...
 """
 
 from __future__ import annotations
@@ -101,9 +103,9 @@ def workload(num_clients: int, rounds: int, data_dir: str) -> dict:
 
 
 def packed_workload(num_clients: int, rounds: int, data_dir: str,
-                    vectorised: bool = False) -> dict:
-    """:func:`workload` served as ``num_clients`` virtual clients (packed mode), trained
-    together with ``vectorised``."""
+                    vectorised: str = "off") -> dict:
+    """:func:`workload` served as ``num_clients`` virtual clients (packed mode),
+    ``vectorised-clients`` = ``vectorised``."""
     return {**workload(num_clients, rounds, data_dir), "virtual-clients": num_clients,
             "vectorised-clients": vectorised}
 
@@ -146,9 +148,9 @@ def bare_round_seconds(num_clients: int, rounds: int, resources: dict,
 
 
 def packed_records(num_clients: int, rounds: int, workers: int, resources: dict, data_dir: str,
-                   observer=None, vectorised: bool = False) -> list[dict]:
+                   observer=None, vectorised: str = "off") -> list[dict]:
     """The run log's records of our app with ``num_clients`` virtual clients on ``workers``
-    SuperNodes (``vectorised``: trained together)."""
+    SuperNodes (``vectorised``: its ``vectorised-clients``)."""
     return simulation_round_seconds(packed_workload(num_clients, rounds, data_dir, vectorised),
                                     min(workers, num_clients),
                                     resources["client-resources-num-cpus"], resources,
@@ -172,6 +174,7 @@ class SizeResult:
     bare_torch: float
     vectorised: float
     batched_bound: float
+    forced: float
 
     @property
     def vectorised_over_torch(self) -> float:
@@ -202,7 +205,8 @@ HEADER = (f"{'clients':>8} | {'fedhetero s/round':>17} | {'bare Flower s/round':
           f"{'ours/bare':>9} | {'packed s/round':>14} | {'bare torch s/round':>18} | "
           f"{'packed/bare-Flower':>18} | {'packed/bare-torch':>17} | "
           f"{'vectorised s/round':>18} | {'batched bound s/round':>21} | "
-          f"{'vectorised/bare-torch':>21} | {'vectorised/bound':>16}")
+          f"{'vectorised/bare-torch':>21} | {'vectorised/bound':>16} | "
+          f"{'forced s/round':>14}")
 
 
 def table_row(r: SizeResult) -> str:
@@ -210,7 +214,8 @@ def table_row(r: SizeResult) -> str:
             f"{r.ours_over_bare:>9.2f} | {r.packed:>14.3f} | {r.bare_torch:>18.3f} | "
             f"{r.packed_over_flower:>18.2f} | {r.packed_over_torch:>17.2f} | "
             f"{r.vectorised:>18.3f} | {r.batched_bound:>21.3f} | "
-            f"{r.vectorised_over_torch:>21.2f} | {r.vectorised_over_bound:>16.2f}")
+            f"{r.vectorised_over_torch:>21.2f} | {r.vectorised_over_bound:>16.2f} | "
+            f"{r.forced:>14.3f}")
 
 
 def ratio_lines(r: SizeResult) -> list[str]:
@@ -225,7 +230,9 @@ def ratio_lines(r: SizeResult) -> list[str]:
             f"vectorised/batched-bound ratio at {r.clients} clients = "
             f"{r.vectorised_over_bound:.2f}   (target <= 1.5)",
             f"vectorised/packed ratio at {r.clients} clients = {r.vectorised_over_packed:.2f}   "
-            f"(target <= 1: never slower)"]
+            f"(target <= 1: never slower)",
+            f"forced (vectorised-clients on)/batched-bound ratio at {r.clients} clients = "
+            f"{r.forced / r.batched_bound:.2f}; forced/packed = {r.forced / r.packed:.2f}"]
 
 
 def huge_lines(num_clients: int, workers: int, records: list[dict],
@@ -290,8 +297,13 @@ def measure_size(n: int, args, workers: int, resources: dict,
     started = time.monotonic()
     name = f"{n} clients, vectorised"
     vectorised = round_seconds(packed_records(n, args.rounds, workers, resources, args.data_dir,
-                                              sampled_into(samplers, name), vectorised=True))
-    progress(n, "vectorised", vectorised, started, samplers.get(name))
+                                              sampled_into(samplers, name), vectorised="auto"))
+    progress(n, "vectorised (auto)", vectorised, started, samplers.get(name))
+    started = time.monotonic()
+    name = f"{n} clients, forced"
+    forced = round_seconds(packed_records(n, args.rounds, workers, resources, args.data_dir,
+                                          sampled_into(samplers, name), vectorised="on"))
+    progress(n, "forced (on)", forced, started, samplers.get(name))
     started = time.monotonic()
     bound = bare_packed_round_seconds(workload(n, args.rounds, args.data_dir), n, args.rounds,
                                       args.cpus_per_client, workers, batched=True)
@@ -303,7 +315,7 @@ def measure_size(n: int, args, workers: int, resources: dict,
     bare = bare_round_seconds(n, args.rounds, resources, args.data_dir)
     progress(n, "bare Flower", bare, started)
     return SizeResult(n, warm_mean(ours), warm_mean(bare), warm_mean(packed), warm_mean(limit),
-                      warm_mean(vectorised), warm_mean(bound))
+                      warm_mean(vectorised), warm_mean(bound), warm_mean(forced))
 
 
 def run(args) -> None:
@@ -326,7 +338,7 @@ def run(args) -> None:
     for huge in (n for n in args.huge if n):
         name = f"{huge} clients (a large run)"
         records = packed_records(huge, HUGE_ROUNDS, workers, resources, args.data_dir,
-                                 sampled_into(samplers, name), vectorised=True)
+                                 sampled_into(samplers, name), vectorised="auto")
         print("\n".join(huge_lines(huge, min(workers, huge), records, samplers[name])),
               flush=True)
     print(gpu_line(samplers))
