@@ -17,7 +17,7 @@ the first time the process meets a model, width, device and batch size, it times
 batched step of up to :data:`PROBE_CLIENTS` clients against the same steps one client at a
 time (:func:`batched_is_faster`, on copies: nothing is trained; the fastest of three
 repeats), keeps the answer and logs both times; once it says "one by one", the shares of
-that model go straight to the handler. On this project's 2-core CPU a batched step of cnn-small (B = 32) cost 4.3-6.4 ms a
+that model go straight to the handler. On this project's 2-core CPU a batched step of cnn-small (B = 32) cost 4.1-6.4 ms a
 client against 2.9-3.5 ms in the loop, of mlp-2nn 0.81 against 1.31 ms.
 
 Same data, seeds, batch order, fault injection and reply as the handler; the models match

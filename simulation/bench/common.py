@@ -360,7 +360,7 @@ def bare_batched_process_seconds(workload: dict, num_clients: int, rounds: int, 
                              torch.stack([y[i] for (_, (_, y)), i in zip(shares, idx)]))
                 for n, g in grads.items():
                     stacked[n].sub_(g, alpha=cfg.lr)
-            {n: t.cpu().numpy() for n, t in stacked.items()}  # the updates, copied out
+            _ = {n: t.cpu().numpy() for n, t in stacked.items()}  # the updates, copied out
             settled(device)
             if server_round:
                 times.append(time.perf_counter() - start)
