@@ -106,3 +106,43 @@ def percent_over_seeds(row: dict, name: str) -> str:
     ran (``row["seeds"]``): "87.87 ± 0.12"; one seed has no spread to print: "87.87"."""
     mean = f"{100 * row[f'{name}-mean']:.2f}"
     return mean if int(row["seeds"]) < 2 else f"{mean} ± {100 * row[f'{name}-std']:.2f}"
+
+
+# ------------------------------------------------------------------ the comparison protocol
+LAST_EVALUATIONS = 10  # the one accuracy metric of a protocol page: mean of the last 10
+BUDGETS = ("sim-seconds", "client-updates", "bytes", "rounds")  # axes a claim compares on
+
+
+def budget_axis(records: list[dict], budget: str) -> np.ndarray:
+    """The budget spent by each evaluated round (:func:`evaluated`): simulated seconds, client
+    updates aggregated, bytes up + down, or rounds."""
+    scored = [i for i, r in enumerate(records) if r.get(C.LOG_ACCURACY) is not None]
+    if budget == "sim-seconds":
+        return sim_elapsed(records)[scored]
+    if budget == "client-updates":
+        return cumulative_updates(records)[scored]
+    if budget == "bytes":
+        return cumulative_bytes(records)[scored]
+    if budget == "rounds":
+        return np.array([float(records[i][C.LOG_ROUND]) for i in scored])
+    raise ValueError(f"budget {budget!r} is not one of {', '.join(BUDGETS)}")
+
+
+def budget_to_target(records: list[dict], budget: str, target: float) -> float | None:
+    """The budget spent until the best-so-far accuracy reaches ``target`` (interpolated, as
+    :func:`crossing`); None if the run never reaches it."""
+    return crossing(budget_axis(records, budget),
+                    [r[C.LOG_ACCURACY] for r in evaluated(records)], target)
+
+
+def last_mean(records: list[dict], budget: str = "rounds", limit: float | None = None,
+              count: int = LAST_EVALUATIONS) -> float:
+    """Mean accuracy of the last ``count`` evaluations spent within ``limit`` of ``budget``
+    (None: the whole run); fewer when fewer were made."""
+    scored = evaluated(records)
+    if limit is not None:
+        spent = budget_axis(records, budget)
+        scored = [r for r, b in zip(scored, spent) if b <= limit + 1e-9 * max(1.0, abs(limit))]
+    if not scored:
+        raise ValueError(f"no evaluation within a budget of {limit:g} {budget}")
+    return float(np.mean([r[C.LOG_ACCURACY] for r in scored[-count:]]))

@@ -52,12 +52,16 @@ from fedapp.run_outputs import ACCURACY_AXIS, accuracy_percent, time_unit
 from strategies import contract as C
 
 from .metrics import (bytes_to_target, cumulative_bytes, evaluated, evaluated_bytes, has_clock,
-                      percent_over_seeds, rounds_to_target, sim_elapsed, sim_seconds_to_target,
-                      updates_to_target)
+                      last_mean, percent_over_seeds, rounds_to_target, sim_elapsed,
+                      sim_seconds_to_target, updates_to_target)
+from .protocol import Claim, claims_of
 from .report_async import ROUND_MARK, caveat, mixes_async, round_axis
 from .report_labels import variant_configs, variant_labels
 from .report_partitions import write_pictures
+from .report_protocol import protocol_section
 from .runtime import fraction
+from .stats import mean_interval
+from .tuning import read_chosen
 
 SWEEP_COPY = "sweep.toml"  # a sweep folder's copy of its sweep file (simulation.sweep)
 DEFAULT_TARGETS = [0.6, 0.7]
@@ -179,6 +183,8 @@ def table_rows(runs: dict[str, list[tuple[Path, list[dict]]]], targets: list[flo
                                     for r in records])
         row = {"variant": variant, "seeds": len(records), "rounds": len(records[0]) - 1,
                "final-mean": final_m, "final-std": final_s, "best-mean": best_m, "best-std": best_s}
+        last = mean_interval([last_mean(r) for r in records])
+        row.update({"last10-mean": last.mean, "last10-low": last.low, "last10-high": last.high})
         for target in targets:
             reached = [rounds_to_target(r, target) for r in records]
             got = [x for x in reached if x is not None]
@@ -206,14 +212,16 @@ def label(row: dict) -> str:
 
 
 def markdown(rows: list[dict], targets: list[float], sim: tuple[float, str] = (1.0, "s"),
-             round_mark: str = "") -> str:
-    """The main table: accuracy in %, rounds (``round_mark`` on their header where an
-    asynchronous round is a server update), MB and simulated time (``sim``: divisor of
-    seconds, unit) to each target."""
+             round_mark: str = "", protocol: bool = False) -> str:
+    """The main table: accuracy in % (final and best; under the comparison ``protocol`` the
+    one metric, the mean of the last 10 evaluations with its 95 % interval), rounds
+    (``round_mark`` on their header where an asynchronous round is a server update), MB and
+    simulated time (``sim``: divisor of seconds, unit) to each target."""
     clock = bool(rows) and any(k.startswith("sim-seconds-to-") for k in rows[0])
     divisor, unit = sim
-    head = "| variant | seeds | final accuracy (%) | best accuracy (%) |"
-    rule = "|---|---|---|---|"
+    head = ("| variant | seeds | last-10 mean accuracy (%) |" if protocol else
+            "| variant | seeds | final accuracy (%) | best accuracy (%) |")
+    rule = "|---|---|---|" if protocol else "|---|---|---|---|"
     for target in targets:
         head += (f" rounds{round_mark} to {accuracy_percent(target):g}% | MB to "
                  f"{accuracy_percent(target):g}% |")
@@ -224,6 +232,7 @@ def markdown(rows: list[dict], targets: list[float], sim: tuple[float, str] = (1
     lines = [head, rule]
     for row in rows:
         line = (
+            f"| {label(row)} | {row['seeds']} | {interval_cell(row)} |" if protocol else
             f"| {label(row)} | {row['seeds']} | {percent_over_seeds(row, 'final')} "
             f"| {percent_over_seeds(row, 'best')} |"
         )
@@ -243,6 +252,12 @@ def markdown(rows: list[dict], targets: list[float], sim: tuple[float, str] = (1
                 line += f" {seconds / divisor:.4g} |" if seconds is not None else " - |"
         lines.append(line)
     return "\n".join(lines)
+
+
+def interval_cell(row: dict) -> str:
+    """A row's last-10 mean in % with its 95 % interval ("83.12 [82.40, 83.84]")."""
+    mean, low, high = (100 * row[f"last10-{k}"] for k in ("mean", "low", "high"))
+    return f"{mean:.2f}" if int(row["seeds"]) < 2 else f"{mean:.2f} [{low:.2f}, {high:.2f}]"
 
 
 def baseline_of(variant: str, baselines: dict[str, str]) -> str | None:
@@ -505,19 +520,21 @@ def build_report(
     published: dict[str, float] | None = None,
     published_source: str = "",
     tolerance: float = 0.015,
+    claims: list[Claim] | None = None,
 ) -> str:
     """Write report.csv, report.md and plots for the sweep in ``folder``; returns the tables.
 
     Variants appear in ``order`` (e.g. the sweep file's), then any others by name. With
     ``published`` (variant -> accuracy from ``published_source``), a verdict per variant
-    (:func:`compare_published`)."""
+    (:func:`compare_published`); with ``claims``, the protocol section
+    (:mod:`simulation.report_protocol`, with the folder's tuning choices)."""
     runs = collect(folder)
     if not runs:
         raise SystemExit(
             f"no finished runs under {folder} (expected <variant>/seed<k>/<run>/rounds.jsonl)"
         )
     return write_report(runs, out, targets, baselines, header, order, published,
-                        published_source, tolerance)
+                        published_source, tolerance, claims, read_chosen(folder))
 
 
 def write_report(
@@ -530,6 +547,8 @@ def write_report(
     published: dict[str, float] | None = None,
     published_source: str = "",
     tolerance: float = 0.015,
+    claims: list[Claim] | None = None,
+    chosen: dict | None = None,
 ) -> str:
     """:func:`build_report` of runs already collected (label -> runs, not empty)."""
     rank = {name: i for i, name in enumerate(order or [])}
@@ -545,7 +564,9 @@ def write_report(
         writer.writerows(rows)
     mixed = mixes_async(configs)
     table = caveat(configs, any_clock(runs)) + markdown(
-        rows, targets, target_time_unit(rows), ROUND_MARK if mixed else "")
+        rows, targets, target_time_unit(rows), ROUND_MARK if mixed else "", bool(claims))
+    if claims:
+        table = protocol_section(claims, runs, labels, out, chosen) + table
     if published:
         table = (f"Against the published numbers ({published_source or 'published'}; final "
                  f"accuracy, mean over seeds; agreement means within {100 * tolerance:g} "
@@ -612,7 +633,9 @@ def build_report_for(paths: list[Path], out: Path | None,
     return write_report(runs, out, targets, spec.get("baselines"), header,
                         order=list(spec.get("variants", {})), published=spec.get("published"),
                         published_source=spec.get("published-source", ""),
-                        tolerance=float(spec.get("tolerance", 0.015)))
+                        tolerance=float(spec.get("tolerance", 0.015)),
+                        claims=claims_of(spec) or None,
+                        chosen=read_chosen(sweeps[0]) if spec else None)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

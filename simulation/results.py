@@ -10,6 +10,7 @@ from pathlib import Path
 
 from .experiments import EXPERIMENTS_DIR
 from .experiments import fedveca
+from .protocol import claims_of
 from .report import build_report
 
 
@@ -30,7 +31,8 @@ def rebuild_results(experiments: Path, runs: Path, out: Path, names: list[str]) 
                      spec.get("baselines"), experiment_header(spec),
                      order=list(spec.get("variants", {})), published=spec.get("published"),
                      published_source=spec.get("published-source", ""),
-                     tolerance=float(spec.get("tolerance", 0.015)))
+                     tolerance=float(spec.get("tolerance", 0.015)),
+                     claims=claims_of(spec, path) or None)
         built.append(path.stem)
     return built
 

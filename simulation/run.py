@@ -26,6 +26,7 @@ from pathlib import Path
 
 from .preflight import RUN_CONFIG_CHECK, refuse_bad_run_configs, refuse_unstartable
 from .progress import RunProgress
+from .provenance import record as record_provenance
 from .quick import QUICK_SUPERNODES, quick_overrides
 from .runtime import (NOTHING_RAN, PROJECT_ROOT, client_resources, interrupt_once, option_type,
                       parse_overrides, refuse_unfittable, run_app, unused_gpus_note)
@@ -131,8 +132,12 @@ def launch(args: argparse.Namespace, watch: RunWatch) -> int:
     watch.resumed_from = str(overrides.get("resume-from") or "") or None
     with RunProgress(planned_rounds(overrides)) as progress:
         watch.forward = progress
-        return run_app(overrides or None, federation, flwr_home=args.flwr_home,
+        code = run_app(overrides or None, federation, flwr_home=args.flwr_home,
                        ray_address=args.ray_address, on_line=watch).returncode
+    if watch.run_dir is not None and Path(watch.run_dir).is_dir():  # commit, dirty, seeds
+        record_provenance(Path(watch.run_dir), {**app_config(), **overrides},
+                          "resumed" if watch.resumed_from else "ran")
+    return code
 
 
 def planned_rounds(overrides: dict[str, object]) -> int:

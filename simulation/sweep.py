@@ -39,9 +39,14 @@ from strategies import contract as C
 from .metrics import evaluated, percent_over_seeds
 from .preflight import refuse_bad_run_configs
 from .progress import SweepProgress
+from .protocol import check_protocol, variant_config
+from .provenance import git_state
+from .provenance import record as record_provenance
+from .run import app_config
 from .runtime import (FederationConfigError, federation_value, refuse_unfittable, run_app,
                       unused_gpus_note)
 from .runtime.ray_cluster import ray_address
+from .tuning import choose, tuning_config, tuning_of, tuning_runs
 
 
 # sweep-file key -> (the federation option it sets: flwr run --federation-config, default;
@@ -53,7 +58,7 @@ FEDERATION_KEYS = {"num-supernodes": ("num-supernodes", 10),
 # shows (simulation/results.py)
 SWEEP_KEYS = ("seeds", "base", "variants", *FEDERATION_KEYS, "timeout-seconds",
               "title", "claim", "runtime", "targets", "baselines", "published",
-              "published-source", "tolerance")
+              "published-source", "tolerance", "claims", "tuning")
 # a variant name is one folder of the results: letters, digits, . _ + = - (no leading dot)
 VARIANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=-]{0,127}")
 SWEEP_COPY = "sweep.toml"  # the sweep file, kept in its results folder
@@ -83,11 +88,13 @@ def load_sweep(path: Path) -> dict:
             raise ValueError(f"{path}: missing '{key}' (see simulation/experiments/*.toml)")
     for name, overrides in spec["variants"].items():
         check_variant_name(name, path)
-        nested = [k for k, v in overrides.items() if isinstance(v, dict)]
+        nested = [k for k, v in overrides.items() if isinstance(v, dict) and k != "tune"]
         if nested:
             raise ValueError(f"{path}: variant {name!r} has nested tables {nested}; a variant name "
                              f"with a dot must be quoted: [variants.\"{name}.{nested[0]}\"]")
     federation(spec, path)
+    check_protocol(spec, path)
+    tuning_of(spec, path)
     return spec
 
 
@@ -125,10 +132,12 @@ def federation(spec: dict, path: Path | str = "sweep file") -> dict:
 
 
 def plan(spec: dict, out: Path, seeds: list[int] | None = None,
-         variants: list[str] | None = None) -> list[SweepRun]:
+         variants: list[str] | None = None, chosen: dict | None = None) -> list[SweepRun]:
     """Every (variant, seed) run with its full run config, in file order; with ``seeds``,
     only the runs of those seeds (e.g. one seed of every variant first); with ``variants``
-    (shell-style patterns such as ``dir0.5-*``), only the variants matching one of them."""
+    (shell-style patterns such as ``dir0.5-*``), only the variants matching one of them;
+    with ``chosen`` (:func:`simulation.tuning.choose`), a tuned file's variants with their
+    tuned values (a variant not tuned yet is left out)."""
     base = dict(spec.get("base", {}))
     runs = []
     for name, overrides in spec["variants"].items():
@@ -136,6 +145,11 @@ def plan(spec: dict, out: Path, seeds: list[int] | None = None,
             continue
         check_variant_name(name)
         overrides = dict(overrides)
+        overrides.pop("tune", None)
+        if "tuning" in spec:
+            if chosen is None or name not in chosen:
+                continue
+            overrides.update(chosen[name]["values"])
         for seed in overrides.pop("seeds", spec["seeds"]):  # a variant may name its own seeds
             if seeds is not None and seed not in seeds:
                 continue
@@ -202,10 +216,23 @@ def execute(
     variants: list[str] | None = None,
 ) -> list[tuple[SweepRun, Path]]:
     """Run what is not finished yet (from its last checkpoint where there is one); return
-    (run, run directory) for all finished runs. Every run's config is checked first
-    (SystemExit naming the variant and seed: :mod:`.preflight`)."""
-    runs = plan(spec, out, seeds, variants)
+    (run, run directory) for all finished runs. A file with ``[tuning]`` runs its tuning
+    runs first (:mod:`simulation.tuning`) and each variant's seeds once its tuning is done.
+    Every run's config is checked first (SystemExit naming the variant and seed:
+    :mod:`.preflight`)."""
     federation_config = federation(spec)
+    code = git_state()  # the commit every run of this sweep records (provenance.json)
+    chosen = None
+    if "tuning" in spec:
+        chosen = tune(spec, out, federation_config, ray_address, variants, code)
+    runs = plan(spec, out, seeds, variants, chosen)
+    return run_all(runs, spec, out, federation_config, ray_address, code)
+
+
+def run_all(runs: list[SweepRun], spec: dict, out: Path, federation_config: dict,
+            ray_address: str | None, code: dict) -> list[tuple[SweepRun, Path]]:
+    """Check every run's config, then run each one not finished yet; (run, run directory)
+    of the finished ones (``code``: :func:`simulation.provenance.git_state`)."""
     refuse_bad_run_configs(((f"variant {run.variant!r}, seed {run.seed}", run.run_config)
                             for run in runs), federation_config, fix_as=sweep_file_fix)
     done = []
@@ -215,7 +242,7 @@ def execute(
             existing = finished_run_dir(run)
             if existing is None:
                 existing = execute_one(run, label, spec, out, federation_config, ray_address,
-                                       progress)
+                                       progress, code)
                 if existing is None:
                     continue
             else:
@@ -225,13 +252,38 @@ def execute(
     return done
 
 
+def tune(spec: dict, out: Path, federation_config: dict, ray_address: str | None,
+         variants: list[str] | None, code: dict) -> dict:
+    """Run the tuning runs of the selected variants and choose each variant's values
+    (:func:`simulation.tuning.choose`); variant -> choice, for the variants whose tuning
+    runs all finished (the others are named)."""
+    names = [name for name in spec["variants"] if variants is None
+             or any(fnmatch.fnmatchcase(name, p) for p in variants)]
+    planned = tuning_runs(spec, out, names)
+    seed = spec["tuning"]["seed"]
+    runs = [SweepRun(f"{t.variant} (tuning {t.point})", seed,
+                     tuning_config(variant_config(spec, t.variant), t, seed), t.directory)
+            for t in planned]
+    done = {run.directory: directory
+            for run, directory in run_all(runs, spec, out, federation_config, ray_address, code)}
+    chosen = choose(planned, {t: done[t.directory] for t in planned if t.directory in done}, out)
+    for name in names:
+        if name in chosen:
+            print(f"{name}: tuned to {chosen[name]['point']} (validation score "
+                  f"{chosen[name]['scores'][chosen[name]['point']]:.4f})", flush=True)
+        else:
+            print(f"{name}: its tuning runs did not all finish; its seeds wait", flush=True)
+    return chosen
+
+
 def rounds_of(run: SweepRun) -> int:
     """The run's num-server-rounds."""
     return int(run.run_config.get("num-server-rounds", 10))
 
 
 def execute_one(run: SweepRun, label: str, spec: dict, out: Path, federation: dict,
-                ray_address: str | None, progress: SweepProgress) -> Path | None:
+                ray_address: str | None, progress: SweepProgress,
+                code: dict | None = None) -> Path | None:
     """One ``flwr run`` of the sweep (from its last checkpoint where there is one); its run
     directory, or None if it failed."""
     start = time.monotonic()
@@ -262,6 +314,8 @@ def execute_one(run: SweepRun, label: str, spec: dict, out: Path, federation: di
         print(f"{label}: FAILED ({result.status}); last output:\n{result.output[-2000:]}",
               flush=True)
         return None
+    record_provenance(existing, {**app_config(), **run.run_config},
+                      "resumed" if partial is not None else "ran", code)
     records = read_rounds(existing)
     print(f"{label}: done in {time.monotonic() - start:.0f} s, final accuracy "
           f"{records[-1]['accuracy']:.4f}", flush=True)
@@ -396,7 +450,8 @@ def run(args: argparse.Namespace) -> int:
     if note:
         print(note, file=sys.stderr, flush=True)
     out = (args.out or Path("runs") / args.file.stem).resolve()
-    selected = plan(spec, out, args.seeds, args.variants)
+    every = {name: {"values": {}} for name in spec["variants"]} if "tuning" in spec else None
+    selected = plan(spec, out, args.seeds, args.variants, every)  # tuned or not
     if not selected:
         raise SystemExit(nothing_selected(args.file, spec, args.seeds, args.variants))
     out.mkdir(parents=True, exist_ok=True)

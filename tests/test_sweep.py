@@ -25,6 +25,12 @@ from simulation.experiments import EXPERIMENTS_DIR, sweep_files
 
 SHIPPED = EXPERIMENTS_DIR / "fedprox_stragglers.toml"
 
+
+@pytest.fixture(autouse=True)
+def known_commit(monkeypatch):
+    """The sweep records the git state once per sweep (a process): a fixed one here."""
+    monkeypatch.setattr(sweep, "git_state", lambda: {"git-commit": "abc", "git-dirty": False})
+
 SWEEP_TOML = """
 title = "tiny sweep"
 claim = "b beats a"

@@ -7,8 +7,16 @@ import argparse
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 from simulation import sweep
 from tests.test_sweep import SWEEP_TOML, fake_run_dir, write
+
+
+@pytest.fixture(autouse=True)
+def known_commit(monkeypatch):
+    """The sweep records the git state once per sweep (a process): a fixed one here."""
+    monkeypatch.setattr(sweep, "git_state", lambda: {"git-commit": "abc", "git-dirty": False})
 
 
 def fake_run_app(run_config, federation, **kwargs):
