@@ -21,6 +21,8 @@ COMMANDS = {
     "sweep": ("simulation.sweep", "variants x seeds from a TOML sweep file, resumable"),
     "report": ("simulation.report", "tables and plots of run directories and sweep folders"),
     "results": ("simulation.results", "rebuild docs/results/* from runs/*"),
+    "archive-logs": ("simulation.archive_logs",
+                     "a sweep's finished runs, xz-compressed, into docs/results/run-logs/"),
     "bench": ("simulation.bench", "benchmarks (their own sub-commands)"),
     "strategies": ("simulation.list_strategies",
                    "the strategies the app runs (run-config `strategy`), each with its paper"),
