@@ -143,7 +143,8 @@ def model_sha256(arrays: ArrayRecord) -> str:
 
 
 class DamagedLogError(ValueError):
-    """A compressed run-log file that does not decompress (damaged, or cut short in copying)."""
+    """A run-log file that cannot be read whole: a compressed file that does not decompress
+    (damaged, or cut short in copying), or a round log with a bad line before its last."""
 
 
 def log_path(directory: Path, name: str) -> Path:
@@ -201,9 +202,9 @@ def read_rounds(directory: Path) -> list[dict]:
     """All round records of a run directory's ``rounds.jsonl`` (or ``rounds.jsonl.xz``).
 
     A last line that is not a whole JSON object (a run killed while appending it) is skipped
-    with a warning naming the file and the line; a bad line before the last raises
-    ValueError naming them (the file was damaged, not cut short), as a compressed log that
-    does not decompress does (:class:`DamagedLogError`)."""
+    with a warning naming the file and the line; a bad line before the last (the file was
+    damaged, not cut short) and a compressed log that does not decompress raise
+    :class:`DamagedLogError` (a ValueError) naming the file."""
     path = log_path(directory, ROUNDS_LOG)
     lines = read_log_text(path).splitlines()
     numbered = [(number, line) for number, line in enumerate(lines, 1) if line.strip()]
@@ -222,17 +223,17 @@ def read_rounds(directory: Path) -> list[dict]:
                           "writing it (the rounds before it are read)", RuntimeWarning,
                           stacklevel=2)
         else:
-            raise ValueError(f"{path}, line {number}: {why}; only the last line of a run log "
-                             "may be cut short, so the file was damaged. Restore it, or move "
-                             "the run directory aside")
+            raise DamagedLogError(f"{path}, line {number}: {why}; only the last line of a run "
+                                  "log may be cut short, so the file was damaged. Restore it, "
+                                  "or move the run directory aside")
     return records
 
 
 def run_finished(directory: Path) -> bool:
     """Whether the run in ``directory`` ended: its ``final_model.pt`` is there, or (a copy
     kept without model files, as ``docs/results/run-logs``) its log's last record is the
-    evaluated round ``num-server-rounds`` of its ``config.json``. A compressed log or config
-    that does not decompress counts as not finished, with a warning naming the file."""
+    evaluated round ``num-server-rounds`` of its ``config.json``. A damaged log or config
+    (:class:`DamagedLogError`) counts as not finished, with a warning naming the file."""
     directory = Path(directory)
     if (directory / MODEL_NAME).is_file():
         return True

@@ -13,8 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from fedapp.run_log import (DamagedLogError, read_json, read_rounds, run_directories,
-                            run_finished)
+from fedapp.run_log import DamagedLogError, read_json, read_rounds, run_directories, run_finished
 from fedapp.run_outputs import read_config
 from simulation import sweep
 from simulation.__main__ import main
@@ -175,6 +174,17 @@ def test_the_report_and_the_sweep_pass_over_a_damaged_archive_with_its_name(tmp_
     assert sweep.finished_run_dir(damaged) is None
     printed = capsys.readouterr().out
     assert f"a seed 0: not counted as done: {log}: not a whole xz file" in printed
+
+
+def test_a_report_of_a_damaged_run_directory_stops_with_the_file_named(tmp_path):
+    run = archived_run(tmp_path)
+    log = run / "rounds.jsonl.xz"
+    log.write_bytes(log.read_bytes()[:-30])
+    with pytest.raises(SystemExit) as info:
+        main(["report", str(run)])
+    assert str(info.value).startswith(f"{log}: not a whole xz file")
+    with pytest.warns(RuntimeWarning, match=str(log)), pytest.raises(SystemExit, match="no fin"):
+        main(["report", str(tmp_path)])  # the sweep folder: the run is passed over, with why
 
 
 # ---------------------------------------------------------------- archive-logs
