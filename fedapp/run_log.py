@@ -13,12 +13,22 @@ A run directory is never reused: when the name exists (two runs started in the s
 with the same run id, as the in-process tools' fixed run id gives), the new run gets the
 name with ``-2``, ``-3``, ... appended. :func:`read_rounds` skips a truncated last line of
 ``rounds.jsonl`` (a run killed while appending) with a warning naming the file and line.
+
+An archived run (``python -m simulation archive-logs``: ``docs/results/run-logs``) keeps its
+JSON files xz-compressed (``rounds.jsonl.xz``, ``config.json.xz``, ``partitions.json.xz``);
+:func:`read_rounds`, :func:`read_json`, :func:`run_finished` and :func:`run_directories` read
+and find either form, so every tool reads an archive as it is. xz (LZMA), not gzip: on the
+archived sweeps' JSON it is 16 % smaller (width_fmnist: 493 KiB against 588 KiB with gzip -9,
+from 3.5 MB), which keeps the largest experiment's logs and page within 1 MiB; it is in the
+standard library and checks each file with a CRC-64, so a damaged archive is told, never
+misread.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import lzma
 import os
 import time
 import warnings
@@ -31,6 +41,9 @@ from strategies import contract as C
 from .model_file import MODEL_NAME, write_model
 from .tracking import Trackers
 
+ROUNDS_LOG = "rounds.jsonl"
+CONFIG_FILE = "config.json"
+COMPRESSED = ".xz"  # an archived run's JSON files: rounds.jsonl.xz, config.json.xz, ...
 MAX_SAME_NAME = 1000  # run directories of one name and second: -2 .. -1000
 
 # (run-log key, column title, format) of the per-round table
@@ -60,7 +73,7 @@ class RunLog:
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
-        self.rounds_path = directory / "rounds.jsonl"
+        self.rounds_path = directory / ROUNDS_LOG
         self.trackers = Trackers([])  # run-config `tracking`: every round record as scalars
 
     @classmethod
@@ -71,7 +84,7 @@ class RunLog:
         directory = new_run_directory(Path(output_dir),
                                       f"{time.strftime('%Y%m%d-%H%M%S')}-{strategy}-run{run_id}")
         log = cls(directory)
-        (directory / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         log.rounds_path.open("x").close()
         (directory / SERVER_PID).write_text(f"{os.getpid()}\n")  # Ctrl-C waits for this process
         log.trackers = Trackers.open(tracking, directory, tracking_dir,
@@ -129,14 +142,71 @@ def model_sha256(arrays: ArrayRecord) -> str:
     return digest.hexdigest()
 
 
+class DamagedLogError(ValueError):
+    """A run-log file that cannot be read whole: a compressed file that does not decompress
+    (damaged, or cut short in copying), or a round log with a bad line before its last."""
+
+
+def log_path(directory: Path, name: str) -> Path:
+    """``directory/name``, or its compressed form ``name.xz`` where only that is there (an
+    archived run); the plain path when neither is (reading it names the file missing)."""
+    plain = Path(directory) / name
+    compressed = plain.with_name(name + COMPRESSED)
+    return compressed if not plain.is_file() and compressed.is_file() else plain
+
+
+def read_log_text(path: Path) -> str:
+    """The text of a plain or an ``.xz`` run-log file (undecodable bytes replaced).
+
+    A compressed file that does not decompress raises :class:`DamagedLogError` naming it."""
+    path = Path(path)
+    if path.suffix != COMPRESSED:
+        return path.read_text(errors="replace")
+    try:
+        data = lzma.decompress(path.read_bytes(), format=lzma.FORMAT_XZ)
+    except lzma.LZMAError as exc:
+        raise DamagedLogError(
+            f"{path}: not a whole xz file ({exc}); it was damaged or cut short in copying. "
+            "Restore it (git checkout -- FILE, or copy it again), or move the run directory "
+            "aside") from None
+    return data.decode(errors="replace")
+
+
+def read_json(directory: Path, name: str) -> object:
+    """The JSON file ``name`` (e.g. ``config.json``) of a run directory, plain or compressed;
+    OSError when it is missing, ValueError naming it when it is not JSON."""
+    path = log_path(directory, name)
+    text = read_log_text(path)
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"{path}: not JSON ({exc}); restore it, or move the run directory "
+                         "aside") from None
+
+
+def has_round_log(directory: Path) -> bool:
+    """Whether ``directory`` is a run directory: it has ``rounds.jsonl`` or
+    ``rounds.jsonl.xz``."""
+    return log_path(directory, ROUNDS_LOG).is_file()
+
+
+def run_directories(folder: Path, pattern: str = "*") -> list[Path]:
+    """The run directories (those with a round log, plain or compressed) that match the glob
+    ``pattern`` under ``folder``, sorted: ``*`` the run directories in an output-dir,
+    ``*/seed*/*`` those of a sweep folder (``<variant>/seed<k>/<run>/``)."""
+    return sorted({log.parent for name in (ROUNDS_LOG, ROUNDS_LOG + COMPRESSED)
+                   for log in Path(folder).glob(f"{pattern}/{name}")})
+
+
 def read_rounds(directory: Path) -> list[dict]:
-    """All round records of a run directory's ``rounds.jsonl``.
+    """All round records of a run directory's ``rounds.jsonl`` (or ``rounds.jsonl.xz``).
 
     A last line that is not a whole JSON object (a run killed while appending it) is skipped
-    with a warning naming the file and the line; a bad line before the last raises
-    ValueError naming them (the file was damaged, not cut short)."""
-    path = Path(directory) / "rounds.jsonl"
-    lines = path.read_text(errors="replace").splitlines()
+    with a warning naming the file and the line; a bad line before the last (the file was
+    damaged, not cut short) and a compressed log that does not decompress raise
+    :class:`DamagedLogError` (a ValueError) naming the file."""
+    path = log_path(directory, ROUNDS_LOG)
+    lines = read_log_text(path).splitlines()
     numbered = [(number, line) for number, line in enumerate(lines, 1) if line.strip()]
     records = []
     for index, (number, line) in enumerate(numbered):
@@ -153,23 +223,26 @@ def read_rounds(directory: Path) -> list[dict]:
                           "writing it (the rounds before it are read)", RuntimeWarning,
                           stacklevel=2)
         else:
-            raise ValueError(f"{path}, line {number}: {why}; only the last line of a run log "
-                             "may be cut short, so the file was damaged. Restore it, or move "
-                             "the run directory aside")
+            raise DamagedLogError(f"{path}, line {number}: {why}; only the last line of a run "
+                                  "log may be cut short, so the file was damaged. Restore it, "
+                                  "or move the run directory aside")
     return records
 
 
 def run_finished(directory: Path) -> bool:
     """Whether the run in ``directory`` ended: its ``final_model.pt`` is there, or (a copy
     kept without model files, as ``docs/results/run-logs``) its log's last record is the
-    evaluated round ``num-server-rounds`` of its ``config.json``."""
+    evaluated round ``num-server-rounds`` of its ``config.json``. A damaged log or config
+    (:class:`DamagedLogError`) counts as not finished, with a warning naming the file."""
     directory = Path(directory)
     if (directory / MODEL_NAME).is_file():
         return True
     try:
-        rounds = json.loads((directory / "config.json").read_text())["run-config"][
-            "num-server-rounds"]
+        rounds = read_json(directory, CONFIG_FILE)["run-config"]["num-server-rounds"]
         records = read_rounds(directory)
+    except DamagedLogError as exc:
+        warnings.warn(f"{exc}; the run is not counted as finished", RuntimeWarning, stacklevel=2)
+        return False
     except (OSError, ValueError, KeyError, TypeError):
         return False
     return bool(records) and records[-1].get(C.LOG_ROUND) == rounds and \

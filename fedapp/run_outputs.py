@@ -35,7 +35,7 @@ from strategies import contract as C
 
 from .atomic_file import write_bytes_atomically
 from .divergence import DivergenceWatch
-from .run_log import read_rounds
+from .run_log import CONFIG_FILE, read_json, read_rounds
 
 METRICS_CSV = "metrics.csv"
 SUMMARY_JSON = "summary.json"
@@ -206,9 +206,9 @@ def valid_records(records: list) -> list[dict]:
 
 
 def read_config(directory: Path) -> dict:
-    """config.json of the run, or {} when it is missing or not JSON."""
+    """config.json (or config.json.xz) of the run, or {} when it is missing or not JSON."""
     try:
-        config = json.loads((directory / "config.json").read_text())
+        config = read_json(directory, CONFIG_FILE)
     except (OSError, ValueError):
         return {}
     return config if isinstance(config, dict) else {}

@@ -21,6 +21,8 @@ COMMANDS = {
     "sweep": ("simulation.sweep", "variants x seeds from a TOML sweep file, resumable"),
     "report": ("simulation.report", "tables and plots of run directories and sweep folders"),
     "results": ("simulation.results", "rebuild docs/results/* from runs/*"),
+    "archive-logs": ("simulation.archive_logs",
+                     "a sweep's finished runs, xz-compressed, into docs/results/run-logs/"),
     "bench": ("simulation.bench", "benchmarks (their own sub-commands)"),
     "strategies": ("simulation.list_strategies",
                    "the strategies the app runs (run-config `strategy`), each with its paper"),
@@ -82,13 +84,25 @@ def main(argv: list[str] | None = None) -> int:
 def run_tool(args) -> int:
     """The chosen tool's ``run(args)``; ``kill PID`` stops what it started, as Ctrl-C does,
     and what ``run_app`` refuses before anything starts (a federation no ClientApp fits
-    here, another FLWR_HOME's SuperLink on the local port) stops it with that message."""
+    here, another FLWR_HOME's SuperLink on the local port) stops it with that message, as
+    a damaged run log that a tool was given to read does (naming the file)."""
     with stop_on_sigterm():
         try:
             return args.tool.run(args)
         except (FederationConfigError, ForeignSuperLinkError) as exc:
             what = "federation: " if isinstance(exc, FederationConfigError) else ""
             raise SystemExit(f"{what}{exc}\n{NOTHING_RAN}") from None
+        except ValueError as exc:
+            if not is_damaged_log(exc):
+                raise
+            raise SystemExit(str(exc)) from None
+
+
+def is_damaged_log(exc: BaseException) -> bool:
+    """Whether ``exc`` is :class:`fedapp.run_log.DamagedLogError` (fedapp is imported only by
+    the tools that read run logs, so it is looked up, not imported, here)."""
+    run_log = sys.modules.get("fedapp.run_log")
+    return run_log is not None and isinstance(exc, run_log.DamagedLogError)
 
 
 if __name__ == "__main__":

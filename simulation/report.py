@@ -47,7 +47,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedapp.run_log import read_rounds, run_finished
+from fedapp.run_log import has_round_log, read_rounds, run_directories, run_finished
 from fedapp.run_outputs import ACCURACY_AXIS, accuracy_percent, time_unit
 from strategies import contract as C
 
@@ -74,21 +74,21 @@ Runs = dict[str, list[tuple[Path, list[dict]]]]
 def collect(folder: Path) -> dict[str, list[tuple[Path, list[dict]]]]:
     """variant -> [(run directory, round records)] for every finished run under folder."""
     runs: dict[str, list[tuple[Path, list[dict]]]] = {}
-    for path in sorted(folder.glob("*/seed*/*/rounds.jsonl")):
-        variant = path.parent.parent.parent.name
-        if run_finished(path.parent):
-            runs.setdefault(variant, []).append((path.parent, read_rounds(path.parent)))
+    for run_dir in run_directories(folder, "*/seed*/*"):  # rounds.jsonl or rounds.jsonl.xz
+        variant = run_dir.parent.parent.name
+        if run_finished(run_dir):
+            runs.setdefault(variant, []).append((run_dir, read_rounds(run_dir)))
     return runs
 
 
 def is_run_dir(path: Path) -> bool:
     """Whether ``path`` is one run directory (it has a round log)."""
-    return (path / "rounds.jsonl").is_file()
+    return has_round_log(path)
 
 
 def is_sweep_folder(path: Path) -> bool:
     """Whether ``path`` holds runs in a sweep's ``<variant>/seed<k>/<run>/`` layout."""
-    return any(path.glob("*/seed*/*/rounds.jsonl"))
+    return bool(run_directories(path, "*/seed*/*"))
 
 
 def run_label(run_dir: Path) -> str:
@@ -129,8 +129,7 @@ def collect_paths(paths: list[Path]) -> tuple[Runs, list[dict]]:
             found = [(f"{prefix}{variant}", run_dir, records)
                      for variant, items in collect(path).items() for run_dir, records in items]
         else:
-            named = [path] if is_run_dir(path) else sorted(
-                p.parent for p in path.glob("*/rounds.jsonl"))
+            named = [path] if is_run_dir(path) else run_directories(path)
             if not named:
                 raise SystemExit(f"{path}: neither a run directory (rounds.jsonl), a folder of "
                                  "run directories, nor a sweep folder (<variant>/seed<k>/<run>/)")

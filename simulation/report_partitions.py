@@ -10,13 +10,14 @@ has an unknown setting: its seed folder (``seed<k>``) or its directory name stan
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
+
+from fedapp.run_log import read_json
 
 from .preflight import SCHEME_KEYS
 from .report_labels import SHORT_NAMES, Runs, in_sweep_layout, run_config, value_text
@@ -26,9 +27,10 @@ PICTURE = "label_distribution.png"
 
 
 def label_counts(run_dir: Path) -> np.ndarray | None:
-    """The (clients, classes) label counts of a run's partitions.json; None without one."""
+    """The (clients, classes) label counts of a run's partitions.json (or partitions.json.xz);
+    None without one."""
     try:
-        counts = json.loads((run_dir / PARTITIONS).read_text())
+        counts = read_json(run_dir, PARTITIONS)
         rows = [counts[k] for k in sorted(counts, key=int)]
         return np.asarray(rows, dtype=np.int64) if rows else None
     except (OSError, ValueError, TypeError, AttributeError):

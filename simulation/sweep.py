@@ -33,7 +33,7 @@ from pathlib import Path
 
 from fedapp.checkpoint import CHECKPOINT_NAME, LEGACY_NAME, config_digest, load_checkpoint
 from fedapp.config import ConfigError, RunConfig, toml_value
-from fedapp.run_log import read_rounds, run_finished
+from fedapp.run_log import read_rounds, run_directories, run_finished
 from strategies import contract as C
 
 from .metrics import evaluated, percent_over_seeds
@@ -163,14 +163,14 @@ def finished_run_dir(run: SweepRun) -> Path | None:
     """The run directory of a completed run, if there is one (a run log damaged before its
     last line is passed over, with the reason)."""
     rounds = int(run.run_config.get("num-server-rounds", 10))
-    for candidate in sorted(run.directory.glob("*/rounds.jsonl")):
+    for candidate in run_directories(run.directory):  # archived runs: rounds.jsonl.xz
         try:
-            records = read_rounds(candidate.parent)
+            records = read_rounds(candidate)
         except (OSError, ValueError) as exc:
             print(f"{run.variant} seed {run.seed}: not counted as done: {exc}", flush=True)
             continue
-        if len(records) == rounds + 1 and run_finished(candidate.parent):
-            return candidate.parent
+        if len(records) == rounds + 1 and run_finished(candidate):
+            return candidate
     return None
 
 

@@ -13,7 +13,7 @@ import argparse
 import statistics
 from pathlib import Path
 
-from fedapp.run_log import read_rounds
+from fedapp.run_log import read_rounds, run_directories
 from strategies import contract as C
 
 LATE = 10  # evaluations averaged for the late accuracy
@@ -29,8 +29,8 @@ def variant_row(runs: Path, variant: str, at_sim_seconds: float | None) -> str |
     """The Markdown row of one variant (None: no finished run)."""
     final, best, late, per_round, at_time = [], [], [], [], []
     widths: dict[str, list[float]] = {}
-    for log in sorted(runs.glob(f"{variant}/seed*/*/rounds.jsonl")):
-        rounds = read_rounds(log.parent)
+    for run_dir in run_directories(runs, f"{variant}/seed*/*"):
+        rounds = read_rounds(run_dir)
         evaluated = [r for r in rounds if r.get(C.LOG_ACCURACY) is not None and r[C.LOG_ROUND]]
         if not evaluated:
             continue

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from fedapp.run_log import RunLog, format_table, read_rounds
+from fedapp.run_log import RunLog, format_table, has_round_log, read_rounds
 from strategies import contract as C
 from task.data import PartitionSpec, client_data, load_dataset
 from task.evaluate import evaluate
@@ -221,7 +221,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Train and evaluate; prints the run directory and step count as JSON."""
     if args.from_fedveca is not None:
-        if not (args.from_fedveca / "rounds.jsonl").is_file():
+        if not has_round_log(args.from_fedveca):
             raise SystemExit(
                 f"--from-fedveca {args.from_fedveca}: no rounds.jsonl there; give a FedVeca run "
                 "directory (fedveca-fig3 writes them to <out>/fedveca/seed<k>/<run>/)"

@@ -13,11 +13,11 @@ Pure functions, no Flower: the driver is ``simulation.experiments.fedveca.fig3``
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from fedapp.run_log import log_path, read_json
 from strategies import contract as C
 from strategies.contract import steps_for_epochs
 
@@ -81,11 +81,11 @@ def budget(records: Sequence[dict], sizes: Sequence[int], batch_size: int) -> Fe
 
 
 def partition_sizes(run_dir: Path) -> list[int] | None:
-    """D_i by partition id from the ``partitions.json`` (label counts) a run wrote, if any."""
-    path = Path(run_dir) / "partitions.json"
-    if not path.is_file():
+    """D_i by partition id from the ``partitions.json`` (label counts, or its archived
+    ``partitions.json.xz``) a run wrote, if any."""
+    if not log_path(run_dir, "partitions.json").is_file():
         return None
-    counts = json.loads(path.read_text())
+    counts = read_json(run_dir, "partitions.json")
     return [int(sum(counts[key])) for key in sorted(counts, key=int)]
 
 

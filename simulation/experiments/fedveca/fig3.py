@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from types import ModuleType
 
-from fedapp.run_log import read_rounds
+from fedapp.run_log import CONFIG_FILE, read_json, read_rounds
 
 from simulation.preflight import refuse_bad_run_configs
 from simulation.progress import RoundProgress
@@ -117,7 +117,7 @@ def centralized(args, out: Path, seed: int, points: list[int], label: str) -> Pa
     run = SweepRun("centralized", seed, {"num-server-rounds": len(points)}, directory)
     existing = finished_run_dir(run)
     if existing is not None:
-        stored = json.loads((existing / "config.json").read_text()).get("checkpoints")
+        stored = read_json(existing, CONFIG_FILE).get("checkpoints")
         if stored == points:
             print(f"{label}: already done ({existing})", flush=True)
             return existing

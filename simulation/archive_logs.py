@@ -1,0 +1,204 @@
+"""``python -m simulation archive-logs RUNS_FOLDER``: a sweep's finished runs, small enough
+for git.
+
+Copies every finished run (:func:`fedapp.run_log.run_finished`) of a sweep folder
+(``<variant>/seed<k>/<run>/``) into ``--to`` (default ``docs/results/run-logs/<folder
+name>``), in the same layout, each JSON file xz-compressed (``rounds.jsonl.xz``,
+``config.json.xz``, ``partitions.json.xz``: :mod:`fedapp.run_log` reads them as they are,
+so ``report``, ``results`` and ``sweep`` use the archive directly). Left out
+(:data:`LEFT_OUT`): models and checkpoints, tracking files, what the run outputs rebuild
+from the round log (``metrics.csv``, ``summary.json``, plots), the console output
+(``server.log``) and ``server.pid``; any other file of a run is copied as it is.
+
+An experiment adds at most 1 MiB to the repository (:data:`EXPERIMENT_LIMIT`): its archive
+plus its page (``docs/results/<name>/`` and ``docs/results/<name>.md``, ``--pages``). The
+command prints these sizes and, when they would exceed the limit, writes nothing and names
+the largest variants to leave out (``--variants`` / ``--seeds`` choose what is archived).
+An archived run already in ``--to`` is replaced; other runs there are kept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import lzma
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fedapp.atomic_file import write_bytes_atomically
+from fedapp.run_log import COMPRESSED, run_directories, run_finished
+
+EXPERIMENT_LIMIT = 1024 * 1024  # bytes one experiment may add: its run logs and its page
+XZ_PRESET = 6 | lzma.PRESET_EXTREME  # as small as preset 9 on these logs, an 8 MiB dictionary
+COMPRESSED_KINDS = (".json", ".jsonl")  # what is stored as <name>.xz
+LEFT_OUT = {  # file-name pattern -> why a run's file is not archived
+    "*.pt": "a model",
+    "checkpoint*": "a checkpoint",
+    "events.out.tfevents.*": "tracking (rebuilt from the round log)",
+    "mlflow.db": "tracking (rebuilt from the round log)",
+    "metrics.csv": "rebuilt from the round log",
+    "summary.json": "rebuilt from the round log",
+    "*.png": "a plot (rebuilt from the logs)",
+    "server.log": "console output",
+    "server.pid": "process state",
+}
+DEFAULT_ARCHIVE = Path("docs/results/run-logs")
+DEFAULT_PAGES = Path("docs/results")
+
+
+@dataclass
+class ArchivedRun:
+    """One finished run as it will be stored: its place in the archive and its files."""
+
+    variant: str
+    relative: Path  # <variant>/seed<k>/<run>
+    files: dict[str, bytes] = field(default_factory=dict)  # stored name -> content
+    source_bytes: int = 0
+
+    @property
+    def size(self) -> int:
+        return sum(len(content) for content in self.files.values())
+
+
+def left_out_why(name: str) -> str | None:
+    """Why the run file ``name`` is not archived (None: it is)."""
+    return next((why for pattern, why in LEFT_OUT.items() if fnmatch.fnmatchcase(name, pattern)),
+                None)
+
+
+def archived_files(run_dir: Path) -> tuple[dict[str, bytes], int]:
+    """The files of ``run_dir`` to archive (stored name -> content, JSON xz-compressed) and
+    the bytes they take uncompressed; folders in a run directory (tracking) are left out."""
+    files, source_bytes = {}, 0
+    for path in sorted(run_dir.iterdir()):
+        if not path.is_file() or left_out_why(path.name) is not None:
+            continue
+        content = path.read_bytes()
+        source_bytes += len(content)
+        if path.suffix in COMPRESSED_KINDS:
+            files[path.name + COMPRESSED] = lzma.compress(content, format=lzma.FORMAT_XZ,
+                                                          preset=XZ_PRESET)
+        else:
+            files[path.name] = content
+    return files, source_bytes
+
+
+def select_runs(folder: Path, variants: list[str] | None = None,
+                seeds: list[int] | None = None) -> tuple[list[ArchivedRun], list[Path]]:
+    """The finished runs of sweep folder ``folder`` (of the variants matching one of the
+    shell-style ``variants`` patterns and of ``seeds``, where given), read and compressed,
+    and the run directories passed over as not finished."""
+    runs, unfinished = [], []
+    for run_dir in run_directories(folder, "*/seed*/*"):
+        variant, seed_folder = run_dir.parent.parent.name, run_dir.parent.name
+        if variants is not None and not any(fnmatch.fnmatchcase(variant, p) for p in variants):
+            continue
+        if seeds is not None and seed_folder not in {f"seed{s}" for s in seeds}:
+            continue
+        if not run_finished(run_dir):
+            unfinished.append(run_dir)
+            continue
+        files, source_bytes = archived_files(run_dir)
+        runs.append(ArchivedRun(variant, run_dir.relative_to(folder), files, source_bytes))
+    return runs, unfinished
+
+
+def tree_size(path: Path, skip: set[Path] = frozenset()) -> int:
+    """Bytes of the files under ``path`` (a file: its size), those under ``skip`` not counted."""
+    if path.is_file():
+        return path.stat().st_size
+    if not path.is_dir():
+        return 0
+    return sum(f.stat().st_size for f in path.rglob("*")
+               if f.is_file() and not any(f.is_relative_to(s) for s in skip))
+
+
+def page_size(pages: Path, name: str) -> int:
+    """Bytes of experiment ``name``'s page: ``pages/<name>/`` and ``pages/<name>.md``."""
+    return tree_size(pages / name) + tree_size(pages / f"{name}.md")
+
+
+def kib(size: int) -> str:
+    return f"{size / 1024:.0f} KiB"
+
+
+def what_to_drop(runs: list[ArchivedRun], excess: int) -> str:
+    """The largest variants (their archived size and runs), enough of them to free
+    ``excess`` bytes, as a sentence."""
+    by_variant: dict[str, list[ArchivedRun]] = {}
+    for run in runs:
+        by_variant.setdefault(run.variant, []).append(run)
+    ranked = sorted(by_variant.items(), key=lambda item: -sum(r.size for r in item[1]))
+    named, freed = [], 0
+    for variant, items in ranked:
+        size = sum(r.size for r in items)
+        named.append(f"{variant} ({kib(size)}, {len(items)} runs)")
+        freed += size
+        if freed >= excess:
+            break
+    return ("leave out runs worth at least " + kib(excess) + ", e.g. the largest variants: "
+            + ", ".join(named) + "; choose what is archived with --variants PATTERN ... or "
+            "--seeds K ..., or make the page smaller")
+
+
+def archive(folder: Path, to: Path, pages: Path = DEFAULT_PAGES,
+            variants: list[str] | None = None, seeds: list[int] | None = None,
+            limit: int = EXPERIMENT_LIMIT) -> str:
+    """Archive the finished runs of ``folder`` into ``to`` (module docstring); the size line.
+
+    Raises SystemExit, having written nothing, when there is no finished run, or when the
+    archive and the page of experiment ``to.name`` would exceed ``limit`` bytes."""
+    if not folder.is_dir():
+        raise SystemExit(f"archive-logs: {folder} is not a folder; give a sweep's results "
+                         "folder (<variant>/seed<k>/<run>/)")
+    runs, unfinished = select_runs(folder, variants, seeds)
+    for run_dir in unfinished:
+        print(f"note: {run_dir} is not finished; not archived")
+    if not runs:
+        raise SystemExit(f"archive-logs: no finished runs under {folder} (expected "
+                         "<variant>/seed<k>/<run>/ with a complete rounds.jsonl); nothing "
+                         "written")
+    replaced = {to / run.relative for run in runs}
+    kept = tree_size(to, replaced)
+    logs = kept + sum(run.size for run in runs)
+    page = page_size(pages, to.name)
+    line = (f"{to.name}: {len(runs)} runs, {kib(sum(r.source_bytes for r in runs))} of logs "
+            f"-> {kib(sum(r.size for r in runs))} compressed"
+            + (f", {kib(kept)} already archived" if kept else "")
+            + f"; with the page ({kib(page)}) {kib(logs + page)} of the {kib(limit)} an "
+            "experiment may add")
+    if logs + page > limit:
+        raise SystemExit(f"archive-logs: {line}: over the limit, nothing written; "
+                         + what_to_drop(runs, logs + page - limit))
+    for run in runs:
+        target = to / run.relative
+        if target.exists():
+            shutil.rmtree(target)
+        target.mkdir(parents=True)
+        for name, content in run.files.items():
+            write_bytes_atomically(target / name, content)
+    return line
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The archive-logs options."""
+    parser.add_argument("folder", type=Path, metavar="RUNS_FOLDER",
+                        help="a sweep's results folder (<variant>/seed<k>/<run>/)")
+    parser.add_argument("--to", type=Path, default=None,
+                        help=f"the experiment's archive (default: {DEFAULT_ARCHIVE}/<RUNS_FOLDER "
+                             "name>); its name is the experiment's")
+    parser.add_argument("--pages", type=Path, default=DEFAULT_PAGES,
+                        help="the folder of the experiment pages (<name>/ and <name>.md), "
+                             "counted in the experiment's size")
+    parser.add_argument("--variants", nargs="+", default=None, metavar="PATTERN",
+                        help="archive only the variants matching one of these shell patterns")
+    parser.add_argument("--seeds", nargs="+", type=int, default=None, metavar="K",
+                        help="archive only these seeds")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Archive and print the size line."""
+    to = args.to if args.to is not None else DEFAULT_ARCHIVE / args.folder.resolve().name
+    print(archive(args.folder, to, args.pages, args.variants, args.seeds))
+    return 0
