@@ -14,6 +14,8 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from fedapp.run_log import log_path, read_log_text
+
 PROVENANCE = "provenance.json"
 SOURCE_ROOT = Path(__file__).resolve().parents[1]  # the checkout this tool runs from
 UNKNOWN = "unknown"
@@ -58,13 +60,14 @@ def record(run_dir: Path, run_config: Mapping[str, object], action: str,
 
 
 def read(run_dir: Path, keep_bad: bool = False) -> list[dict]:
-    """The launches recorded in ``run_dir`` ([] when there is no file; a damaged one is named
-    on stdout and, with ``keep_bad``, renamed to ``provenance.json.bad``)."""
-    path = Path(run_dir) / PROVENANCE
+    """The launches recorded in ``run_dir`` (``provenance.json``, or ``.xz`` in an archived
+    run; [] when there is none; a damaged one is named on stdout and, with ``keep_bad``,
+    renamed to ``provenance.json.bad``)."""
+    path = log_path(Path(run_dir), PROVENANCE)  # plain, or compressed by archive-logs
     if not path.is_file():
         return []
     try:
-        entries = json.loads(path.read_text())
+        entries = json.loads(read_log_text(path))
         if not (isinstance(entries, list) and all(isinstance(e, dict) for e in entries)):
             raise ValueError("not a list of objects")
         return entries

@@ -277,6 +277,7 @@ def test_a_sweep_continued_from_archived_runs_skips_them(tmp_path, monkeypatch, 
         return SimpleNamespace(returncode=0, status="ok", output="")
 
     monkeypatch.setattr(sweep, "run_app", run_the_missing_cell)
+    monkeypatch.setattr(sweep, "git_state", lambda: {"git-commit": "abc", "git-dirty": False})
     done = sweep.execute(spec, out)
     assert ran == [("b", "seed1")]
     assert [(r.variant, r.seed) for r, _ in done] == [("a", 0), ("a", 1), ("b", 0), ("b", 1)]
