@@ -243,3 +243,33 @@ def test_the_logged_accuracy_is_the_models_on_the_held_out_examples(tmp_path):
     partitions = json.loads((run_dir / "partitions.json").read_text())
     assert sum(map(sum, partitions.values())) == len(full.y_train) - len(held)
 
+
+# ----------------------------------------------------------------- the report
+def tuning_run(folder, variant: str, split: str | None) -> None:
+    """A finished fake run whose config.json has ``evaluation-split`` = ``split`` (None: a
+    run from before the key)."""
+    run = folder / variant / "seed0" / f"2026-{variant}"
+    run.mkdir(parents=True)
+    records = [{"round": 0, "accuracy": 0.1, "loss": 2.0}, {"round": 1, "accuracy": 0.8,
+                                                           "loss": 1.0}]
+    (run / "rounds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (run / "final_model.pt").write_bytes(b"x")
+    run_config = {"strategy": "fedavg", "num-server-rounds": 1}
+    if split is not None:
+        run_config["evaluation-split"] = split
+    (run / "config.json").write_text(json.dumps({"run-config": run_config}))
+
+
+def test_a_report_marks_validation_accuracies_and_refuses_them_as_published(tmp_path):
+    from simulation.report import build_report  # noqa: PLC0415 - matplotlib
+
+    tuning_run(tmp_path / "runs", "lr-0.1", "validation")
+    tuning_run(tmp_path / "runs", "old", None)
+    tuning_run(tmp_path / "runs", "final", "test")
+    table = build_report(tmp_path / "runs", tmp_path / "out", [0.6])
+    assert table.startswith("Validation accuracy: lr-0.1 was evaluated on the validation split")
+    assert "old" not in table.splitlines()[0] and "final" not in table.splitlines()[0]
+    with pytest.raises(SystemExit, match=r"lr-0.1: evaluated on the validation split .* Fix: "
+                                         r"run it with evaluation-split = \"test\""):
+        build_report(tmp_path / "runs", tmp_path / "out", [0.6], published={"lr-0.1": 0.8})
+    build_report(tmp_path / "runs", tmp_path / "out", [0.6], published={"final": 0.8})
