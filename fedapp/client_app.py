@@ -48,7 +48,7 @@ from strategies.client import (
 )
 from strategies.client.sides import TrainTask, client_sides, model_content, training_metrics
 from strategies.engine.registry import registered
-from task.data import DataSource, PartitionSpec
+from task.data import PartitionSpec
 from task.node_data import PARTITIONS_KEPT, Partition, load_partition
 
 from .config import ConfigError, RunConfig
@@ -147,9 +147,7 @@ def node_partition(context: Context) -> tuple[Partition, RunConfig]:
     """This node's partition (numpy, from the node's data cache) and the run config."""
     cfg = run_config(context)
     partition_id, num_partitions = partition_of(context)
-    source = DataSource(cfg.dataset, node_folder(context, DATA_DIR, cfg.data_dir),
-                        cfg.allow_download, cfg.synthetic_alpha, cfg.synthetic_beta,
-                        cfg.normalize)
+    source = cfg.data_source(node_folder(context, DATA_DIR, cfg.data_dir))  # less validation
     spec = PartitionSpec(
         scheme=cfg.partition, seed=cfg.partition_data_seed, alpha=cfg.dirichlet_alpha,
         min_size=cfg.min_partition_size, classes_per_partition=cfg.classes_per_partition,

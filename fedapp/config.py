@@ -16,6 +16,8 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from task.data import DataSource
+
 from .config_keys import BY_NAME, INT64_MAX, KEYS, RULES, Rule, Value
 
 INT64 = (-(2**63), INT64_MAX)
@@ -113,6 +115,17 @@ class _RunConfigMethods:
         """The seed of the partition: ``partition-seed``, or the run's ``seed`` at -1 (so a
         sweep can keep one partition across seeds, as NIID-Bench's tables did)."""
         return self.seed if self.partition_seed == -1 else self.partition_seed
+
+    @property
+    def held_out_fraction(self) -> float:
+        """The share of the training set held out for validation: ``validation-fraction``
+        with ``evaluation-split = "validation"``, else 0.0 (nothing held out)."""
+        return self.validation_fraction if self.evaluation_split == "validation" else 0.0
+
+    def data_source(self, data_dir: str) -> DataSource:
+        """The data a ClientApp (or the ServerApp) of this run reads, from ``data_dir``."""
+        return DataSource(self.dataset, data_dir, self.allow_download, self.synthetic_alpha,
+                          self.synthetic_beta, self.normalize, self.held_out_fraction)
 
     def resolved_output_dir(self) -> Path:
         """output-dir, or $XDG_DATA_HOME/fedhetero/runs (default ~/.local/share/fedhetero/runs)."""

@@ -34,7 +34,8 @@ from strategies.engine.registry import ENGINES, Registration, registered
 from strategies.engine.schedules import DECAYING, SCHEDULES
 from strategies.engine.submodels import parse_levels as width_levels
 from strategies.selection.power_of_choice import POC_WEIGHTINGS
-from task.data import DATASET_NAMES, check_dataset_name
+from task.data import (DATASET_NAMES, EVALUATION_SPLITS, MAX_VALIDATION_FRACTION,
+                       check_dataset_name)
 from task.model_names import MODEL_NAMES, REPRESENTATION_MODELS, WIDTH_MODELS
 from task.partition import PARTITION_NAMES
 
@@ -113,8 +114,8 @@ KEYS_OF_THE_APP: tuple[Key, ...] = (
         only=(Only((ASYNC_ENGINE,), (1.0,), ASYNC_WHY),)),
     Key("fraction-evaluate", 0.0,
         "fraction of clients asked to evaluate the global model on their own data (0 = off; "
-        "the server always evaluates on the test set). The constructors' default is Flower's "
-        "1.0; the app's is 0.0 because it evaluates on the server", ENGINES, UNIT,
+        "the server always evaluates on its `evaluation-split`). The constructors' default is "
+        "Flower's 1.0; the app's is 0.0 because it evaluates on the server", ENGINES, UNIT,
         arg="fraction_evaluate"),
     Key("min-available-nodes", 2, "wait for this many connected nodes before sampling",
         ENGINES, at_least(1), arg="min_available_nodes"),
@@ -243,6 +244,16 @@ KEYS_OF_THE_APP: tuple[Key, ...] = (
         "pixels in [0, 1] (torchvision's `ToTensor()`, NIID-Bench's preprocessing)"),
     Key("synthetic-alpha", 1.0, "α of Synthetic(α, β)", interval=at_least(0.0)),
     Key("synthetic-beta", 1.0, "β of Synthetic(α, β)", interval=at_least(0.0)),
+    Key("evaluation-split", "test",
+        "what the server evaluates the global model on (`accuracy`, `loss`): `test`, the "
+        "dataset's test split; `validation`, a fixed label-stratified `validation-fraction` of "
+        "the training split, held out before partitioning (no client trains on it) and the "
+        "same for every seed and method: tune on `validation`, report on `test` "
+        "([validation split](simulation.md#tuning-on-a-validation-split))",
+        choices=EVALUATION_SPLITS),
+    Key("validation-fraction", 0.1, "`evaluation-split = \"validation\"`: the share of the "
+        "training examples held out (per label, rounded; at least 100 in all)",
+        interval=Interval(0.0, MAX_VALIDATION_FRACTION, open_low=True)),
     Key("partition", "dirichlet",
         "`iid`; `dirichlet` (label skew, Dir(α)); `dirichlet-niid-bench` (the same rule drawn "
         "as NIID-Bench's code draws it, numpy's legacy `RandomState`); `classes` (#C = k labels "
@@ -305,8 +316,8 @@ KEYS_OF_THE_APP: tuple[Key, ...] = (
     Key("eval-batch-size", 128, "batch size of evaluation (server test set, client "
         "`@app.evaluate`); 128 is 1.4–2.5× faster than 1000 for the conv models on CPU",
         interval=at_least(1)),
-    Key("eval-every", 1, "the server evaluates the global model on the test set after rounds "
-        "0, k, 2k, … and always after the last round; other rounds' records have no "
+    Key("eval-every", 1, "the server evaluates the global model (on `evaluation-split`) after "
+        "rounds 0, k, 2k, … and always after the last round; other rounds' records have no "
         "`accuracy`, `loss`, `eval-seconds`", interval=at_least(1)),
     Key("eval-overlap", True,
         "evaluate round r's model (in the ServerApp's evaluation process, on one torch thread "

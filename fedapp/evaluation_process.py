@@ -1,12 +1,13 @@
-"""The ServerApp's torch side, in a process of its own: initial model, test-set evaluation,
-final model file.
+"""The ServerApp's torch side, in a process of its own: initial model, evaluation on the test
+split (or the validation split held out of the training split), final model file.
 
 The ServerApp aggregates with numpy only (the strategies need flwr + numpy) and so does not
 import torch, whose import alone is about 500 MB resident: this child process, started once
 per run, builds the seeded initial model, evaluates each evaluated round's model on the test
-split and writes ``final_model.pt``. It also runs the evaluation beside the next round's
-training without sharing the ServerApp's interpreter (docs/results/benchmark.md, "ServerApp
-memory").
+split (with ``validation_fraction`` > 0: on the validation split, :mod:`task.data`; the test
+split is then never evaluated) and writes ``final_model.pt``. It also runs the evaluation
+beside the next round's training without sharing the ServerApp's interpreter
+(docs/results/benchmark.md, "ServerApp memory").
 
 The child is ``python -m fedapp.evaluation_process FD`` with the ServerApp's ``sys.path``;
 requests and replies are pickled over a socket pair (``multiprocessing.connection``). It
@@ -56,13 +57,14 @@ class EvaluationSpec:
     reference_gflops: float | None  # the simulated clock's, when the strategy has one
     width_levels: tuple[float, ...] = ()  # a width strategy's levels: each width evaluated too
     model_width: float = 1.0  # the run's model-width: the model built at this width
+    validation_fraction: float = 0.0  # > 0: evaluate on this share held out of the train split
 
 
 @dataclass(frozen=True)
 class EvaluationResult:
-    """One evaluation: test loss and accuracy, its seconds, the child's peak memory so far;
-    with width levels, the accuracy of each width's static sub-model (the first ceil(r K)
-    units of every hidden layer) by width."""
+    """One evaluation: loss and accuracy on the evaluated split, its seconds, the child's peak
+    memory so far; with width levels, the accuracy of each width's static sub-model (the first
+    ceil(r K) units of every hidden layer) by width."""
 
     loss: float
     accuracy: float
@@ -77,7 +79,8 @@ class EvaluationProcess:
     ``info`` holds what the child reported once started: ``arrays`` (the seeded initial
     model, key -> numpy array, the state dict's order), ``input-shape``, ``num-classes``,
     ``source`` (where the data came from), ``device``, ``torch`` (its version) and
-    ``seconds-per-example`` (the simulated clock's cost, when ``reference_gflops`` is set);
+    ``seconds-per-example`` (the simulated clock's cost, when ``reference_gflops`` is set),
+    ``evaluation-examples`` (the size of the evaluated split);
     with ``width_levels``, ``width-spec`` (``task.models.width_spec``'s plain tuples) and
     ``width-compute`` (per level, the width-r model's training FLOPs over the full model's).
     """
@@ -109,9 +112,9 @@ class EvaluationProcess:
         return not self.connection.closed and self.process.poll() is None
 
     def evaluate(self, arrays: dict[str, np.ndarray], background: bool = False) -> EvaluationResult:
-        """Loss and accuracy of ``arrays`` on the test set. ``background``: on one torch thread
-        at nice 19 (it runs while clients train: :func:`background_evaluation_thread`); else
-        on all torch threads."""
+        """Loss and accuracy of ``arrays`` on the evaluated split. ``background``: on one torch
+        thread at nice 19 (it runs while clients train: :func:`background_evaluation_thread`);
+        else on all torch threads."""
         return EvaluationResult(**self._request(("evaluate", arrays, background)))
 
     def save_model(self, arrays: dict[str, np.ndarray], path: Path) -> Path:
@@ -160,7 +163,7 @@ class EvaluationProcess:
         raise RuntimeError(f"the ServerApp's evaluation process failed: {kind}: {message}\n{trace}")
 
 
-KEEP_SPECS = 2  # children kept for later runs (each holds torch, a model and the test set)
+KEEP_SPECS = 2  # children kept for later runs (each holds torch, a model and its data)
 _KEPT: dict[EvaluationSpec, EvaluationProcess] = {}  # least recently used first
 
 
@@ -212,7 +215,8 @@ def background_evaluation_thread() -> None:
 
 
 class Evaluator:
-    """The child's state: the model, the test split on the device, the background thread."""
+    """The child's state: the model, the evaluated split on the device (the test split, or
+    the validation split), the background thread."""
 
     def __init__(self, spec: EvaluationSpec) -> None:
         import torch  # noqa: PLC0415 - the child's side only
@@ -227,7 +231,10 @@ class Evaluator:
         keep_step_memory()  # each evaluation batch reuses the last one's memory
         dataset = load_dataset(spec.dataset, spec.data_dir, spec.allow_download,
                                spec.synthetic_alpha, spec.synthetic_beta, spec.normalize,
-                               with_train=False)  # the server evaluates on the test split only
+                               with_train=False,  # the server evaluates only
+                               validation_fraction=spec.validation_fraction)
+        x_eval, y_eval = ((dataset.x_validation, dataset.y_validation)
+                          if spec.validation_fraction else (dataset.x_test, dataset.y_test))
         torch.manual_seed(spec.seed)
         model = build_model(spec.model, dataset.input_shape, dataset.num_classes,
                             width=spec.model_width)
@@ -238,6 +245,7 @@ class Evaluator:
             "input-shape": tuple(int(n) for n in dataset.input_shape),
             "num-classes": int(dataset.num_classes),
             "source": str(dataset.source),
+            "evaluation-examples": int(len(y_eval)),
             "device": str(device),
             "torch": str(torch.__version__),  # not torch's TorchVersion
             "seconds-per-example": (None if spec.reference_gflops is None else
@@ -257,10 +265,10 @@ class Evaluator:
             self.info["width-compute"] = {
                 float(r): (1.0 if r == 1.0 else training_flops_per_example(built[r], shape) / full)
                 for r in spec.width_levels}
-            self.width_models = {r: inference_layout(m.to(device), dataset.x_test[:1].to(device))[0]
+            self.width_models = {r: inference_layout(m.to(device), x_eval[:1].to(device))[0]
                                  for r, m in built.items()}
-        self.model, self.x_test = inference_layout(model.to(device), dataset.x_test.to(device))
-        self.y_test = dataset.y_test.to(device)
+        self.model, self.x_eval = inference_layout(model.to(device), x_eval.to(device))
+        self.y_eval = y_eval.to(device)
         self.batch_size = spec.batch_size
         self.background = ThreadPoolExecutor(1, thread_name_prefix="fedhetero-eval",
                                               initializer=background_evaluation_thread)
@@ -278,14 +286,14 @@ class Evaluator:
 
         began = time.perf_counter()
         self.load(arrays)
-        result = evaluate(self.model, self.x_test, self.y_test, self.batch_size)
+        result = evaluate(self.model, self.x_eval, self.y_eval, self.batch_size)
         widths = None
         if self.width_models:
             widths = {1.0: float(result.accuracy)}
             for r, model in self.width_models.items():
                 load_prefix(model, arrays)
                 widths[float(r)] = float(
-                    evaluate(model, self.x_test, self.y_test, self.batch_size).accuracy)
+                    evaluate(model, self.x_eval, self.y_eval, self.batch_size).accuracy)
         return {"loss": float(result.loss), "accuracy": float(result.accuracy),
                 "seconds": time.perf_counter() - began, "peak_rss_mb": peak_rss_mb(),
                 "width_accuracy": widths}

@@ -155,9 +155,11 @@ def first_reaching(records: Sequence[Mapping[str, object]], target: float) -> di
 
 def summarize(records: Sequence[Mapping[str, object]], config: Mapping[str, object],
               name: str = "") -> dict:
-    """summary.json of a run: its config's strategy and seed, rounds done, final and best
-    test accuracy, MB up / down, simulated and wall seconds, the first round reaching each
-    of :data:`TARGETS`, and the divergence warning if the loss diverged (else None)."""
+    """summary.json of a run: its config's strategy and seed, the split its accuracy was
+    measured on (``evaluation-split``: ``test``, or ``validation`` for a tuning run; runs
+    from before the key are ``test``), rounds done, final and best accuracy, MB up / down,
+    simulated and wall seconds, the first round reaching each of :data:`TARGETS`, and the
+    divergence warning if the loss diverged (else None)."""
     run_config = config.get("run-config", {}) if isinstance(config, Mapping) else {}
     scored = [r for r in records if number(r, C.LOG_ACCURACY) is not None]
     final = scored[-1] if scored else {}
@@ -170,6 +172,7 @@ def summarize(records: Sequence[Mapping[str, object]], config: Mapping[str, obje
         "run": name,
         "strategy": run_config.get("strategy"),
         "seed": run_config.get("seed"),
+        "evaluation-split": run_config.get("evaluation-split", "test"),
         "rounds-planned": run_config.get("num-server-rounds"),
         "rounds-done": records[-1].get(C.LOG_ROUND) if records else None,
         "final-round": final.get(C.LOG_ROUND),

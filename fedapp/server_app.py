@@ -50,16 +50,17 @@ SERVER_DATA_NOTE = (" (the ServerApp evaluates every round's global model on the
 
 
 class ServerEvaluator:
-    """``evaluate_fn`` for ``Strategy.start``: test-set evaluation and one run-log record per
-    round.
+    """``evaluate_fn`` for ``Strategy.start``: evaluation on the run's ``evaluation-split``
+    (the test split, or the validation split held out of the training split) and one run-log
+    record per round.
 
     Flower calls it once round r's update is aggregated (round 0: before training). Round
     r's record holds the strategy's round report (``round_log``), the timings and, on the rounds that are
-    evaluated (``eval_every`` k: rounds 0, k, 2k, ... and always the last), the test
-    accuracy and loss; a record of a round that is not evaluated has no accuracy, loss or
-    eval-seconds. The evaluations run in the ServerApp's evaluation process
-    (fedapp.evaluation_process), which holds the model and the test split. With ``overlap``
-    round r's model is evaluated there on one torch thread at nice 19 while round r + 1
+    evaluated (``eval_every`` k: rounds 0, k, 2k, ... and always the last), the
+    accuracy and loss on that split; a record of a round that is not evaluated has no
+    accuracy, loss or eval-seconds. The evaluations run in the ServerApp's evaluation process
+    (fedapp.evaluation_process), which holds the model and the evaluated split. With
+    ``overlap`` round r's model is evaluated there on one torch thread at nice 19 while round r + 1
     trains (Ray runs the ClientApps at nice 15, so on a machine whose cores all train it
     takes its CPU from theirs: its latency is hidden, its CPU is not): the end of round
     r + 1 waits for it, so the records (and checkpoints) stay in round order, and the last
@@ -128,7 +129,7 @@ class ServerEvaluator:
                 MetricRecord({C.LOG_ACCURACY: result.accuracy, C.LOG_LOSS: result.loss}))
 
     def evaluate(self, arrays: ArrayRecord, background: bool = False) -> EvaluationResult:
-        """Loss and accuracy of ``arrays`` on the test set, by the evaluation process; the
+        """Loss and accuracy of ``arrays`` on the evaluated split, by the evaluation process; the
         last evaluated model is the final one (the last round is always evaluated)."""
         self.last_evaluated = arrays
         # to_numpy reads the .npy headers through the trust gate's cache, not np.load's
@@ -254,6 +255,19 @@ def clock_facts(participation: Participation | None, cost: float | None,
             "deadline": timer.deadline}
 
 
+def evaluation_facts(cfg: RunConfig, info: dict) -> dict:
+    """What the run's accuracy and loss are measured on, for config.json (and a log line):
+    the split's name, its examples and, for ``validation``, the share held out of the
+    training split (a report can then tell tuning numbers from test numbers)."""
+    facts = {"split": cfg.evaluation_split, "examples": info["evaluation-examples"]}
+    if cfg.evaluation_split == "validation":
+        facts["validation-fraction"] = cfg.validation_fraction
+        log(INFO, "Evaluating on the validation split: %d examples held out of the training "
+            "split (validation-fraction=%g), which no client trains on; the test split is not "
+            "used in this run", facts["examples"], cfg.validation_fraction)
+    return facts
+
+
 def model_facts(info: dict) -> ModelFacts:
     """What the evaluation process measured of the model, as the registry takes it."""
     return ModelFacts(info.get("seconds-per-example"), info.get("width-spec"),
@@ -271,7 +285,7 @@ def evaluation_spec(cfg: RunConfig, built: Built) -> EvaluationSpec:
         dataset=cfg.dataset, data_dir=cfg.data_dir, allow_download=cfg.allow_download,
         synthetic_alpha=cfg.synthetic_alpha, synthetic_beta=cfg.synthetic_beta,
         normalize=cfg.normalize, model=cfg.model, seed=cfg.seed, device=cfg.device,
-        batch_size=cfg.eval_batch_size,
+        batch_size=cfg.eval_batch_size, validation_fraction=cfg.held_out_fraction,
         reference_gflops=cfg.device_reference_gflops if clocked else None,
         width_levels=tuple(submodels.rule.levels) if submodels is not None else (),
         model_width=cfg.model_width)
@@ -339,6 +353,7 @@ def run(cfg: RunConfig, grid: Grid, context: Context, built: Built, checkpoint: 
         "run-id": context.run_id,
         "train-config": train_config,
         "dataset-source": info["source"],
+        "evaluation": evaluation_facts(cfg, info),
         "resumed-from": ({"run-dir": cfg.resume_from, "round": checkpoint["round"]}
                          if checkpoint else None),
         "device": info["device"],

@@ -149,8 +149,7 @@ def quietly_built(cfg: RunConfig):
 # ----------------------------------------------------------------- the data
 def data_source(cfg: RunConfig, data_dir: str) -> DataSource:
     """The data a ClientApp (or the ServerApp) of ``cfg`` reads, from ``data_dir``."""
-    return DataSource(cfg.dataset, data_dir, cfg.allow_download, cfg.synthetic_alpha,
-                      cfg.synthetic_beta, cfg.normalize)
+    return cfg.data_source(data_dir)
 
 
 def setting(key: str, value: str) -> str:

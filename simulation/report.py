@@ -59,6 +59,7 @@ from .report_async import ROUND_MARK, caveat, mixes_async, round_axis
 from .report_labels import variant_configs, variant_labels
 from .report_partitions import write_pictures
 from .report_protocol import protocol_section
+from .report_splits import refuse_published, split_note
 from .runtime import fraction
 from .stats import mean_interval
 from .tuning import read_chosen
@@ -556,13 +557,14 @@ def write_report(
     configs, labels = variant_configs(runs), variant_labels(runs)
     rows = table_rows(runs, targets, labels)
     if published:
+        refuse_published(runs, published)  # never a tuning run's accuracy against a paper's
         compare_published(rows, published, tolerance)
     with (out / "report.csv").open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
     mixed = mixes_async(configs)
-    table = caveat(configs, any_clock(runs)) + markdown(
+    table = split_note(runs) + caveat(configs, any_clock(runs)) + markdown(
         rows, targets, target_time_unit(rows), ROUND_MARK if mixed else "", bool(claims))
     if claims:
         table = protocol_section(claims, runs, labels, out, chosen) + table

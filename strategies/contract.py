@@ -140,8 +140,11 @@ MOON_CONTRASTIVE_LOSS = "moon-contrastive-loss"
 # --- written by the ServerApp every round (fedapp/server_app.py) ------------------
 LOG_ROUND = "round"  # int, the server round (1-based)
 # accuracy, loss and eval-seconds are absent from the rounds the server does not evaluate
-LOG_ACCURACY = "accuracy"  # float, centralised test accuracy of the round's global model
-LOG_LOSS = "loss"  # float, centralised test loss of the round's global model
+# accuracy and loss are on the run-config's evaluation-split: the test split, or for a tuning
+# run the validation split held out of the training split (config.json "evaluation",
+# summary.json "evaluation-split")
+LOG_ACCURACY = "accuracy"  # float, centralised accuracy of the round's global model
+LOG_LOSS = "loss"  # float, centralised loss of the round's global model
 LOG_WALL_SECONDS = "wall-seconds"  # float, the round's seconds on the server's critical path
 LOG_ELAPSED_SECONDS = "elapsed-seconds"  # float, seconds since the run started
 LOG_EVAL_SECONDS = "eval-seconds"  # float, seconds of the centralised evaluation

@@ -19,6 +19,16 @@ per-channel mean and std (``normalize=False``: pixels / 255 in [0, 1], as torchv
 from the training images' pixel histogram (:func:`channel_stats`), so every process gets
 the same ones whatever its thread count, and a server that evaluates on the test split
 (``with_train=False``) never holds the training set as floats.
+
+Validation split (``validation_fraction`` > 0, run-config ``evaluation-split =
+"validation"``): a fixed, label-stratified share of the *training* examples
+(:func:`validation_indices`) is held out before anything partitions the training set; it
+becomes ``x_validation`` / ``y_validation``, and ``x_train`` / ``y_train`` (and the natural
+groups) are the rest, so hyper-parameters are tuned on data that neither the clients train
+on nor the test split holds. The held-out examples depend on the labels and the fraction
+alone, never on a run's seed: every tuning run of every method and seed validates on the
+same examples. Pixels are standardised with the statistics of the whole training split, as
+without a carve-out (a preprocessing constant; no label or model sees those examples).
 """
 
 from __future__ import annotations
@@ -64,6 +74,9 @@ class TensorDataset:
     num_classes: int
     natural_ids: np.ndarray | None = field(default=None)
     source: str = ""
+    # the training examples held out for tuning (validation_fraction > 0), else None
+    x_validation: torch.Tensor | None = field(default=None)
+    y_validation: torch.Tensor | None = field(default=None)
 
     @property
     def input_shape(self) -> tuple[int, int, int]:
@@ -93,11 +106,14 @@ class DataSource:
     synthetic_alpha: float = 1.0
     synthetic_beta: float = 1.0
     normalize: bool = True
+    validation_fraction: float = 0.0  # > 0: this share of the training set is held out
 
     def load(self) -> TensorDataset:
-        """The whole dataset as tensors (once per process)."""
+        """The whole dataset as tensors (once per process), the validation split held out of
+        the training split when ``validation_fraction`` > 0."""
         return load_dataset(self.name, self.data_dir, self.allow_download,
-                            self.synthetic_alpha, self.synthetic_beta, self.normalize)
+                            self.synthetic_alpha, self.synthetic_beta, self.normalize,
+                            validation_fraction=self.validation_fraction)
 
 
 # torchvision's folder of each dataset's files below its root
@@ -134,13 +150,21 @@ def train_labels(source: DataSource) -> tuple[np.ndarray, np.ndarray | None] | N
     the files :func:`load_dataset` would read (Fashion-MNIST, MNIST), Synthetic's numpy
     generator. None where the labels come only with the images (CIFAR's pickles, ``hf:``)
     or the files are not on this machine. What :func:`split_labels` needs to give every
-    partition's size before anything loads the data."""
+    partition's size before anything loads the data. With ``validation_fraction`` > 0, those
+    of the examples the clients train on (:func:`training_rows`), as ``y_train`` then is."""
     if source.name == "synthetic":
         arrays = synthetic_arrays(source.synthetic_alpha, source.synthetic_beta)
-        return arrays["y_train"].astype(np.int64), arrays["natural_ids"]
-    files = source_files(source) or []
-    labels = next((f for f in files if f.name.split(".")[0] == IDX_FILES["y_train"]), None)
-    return None if labels is None else (read_idx(labels).astype(np.int64), None)
+        labels, natural_ids = arrays["y_train"].astype(np.int64), arrays["natural_ids"]
+    else:
+        files = source_files(source) or []
+        found = next((f for f in files if f.name.split(".")[0] == IDX_FILES["y_train"]), None)
+        if found is None:
+            return None
+        labels, natural_ids = read_idx(found).astype(np.int64), None
+    if not source.validation_fraction:
+        return labels, natural_ids
+    rows = training_rows(labels, source.validation_fraction, source.name)
+    return labels[rows], None if natural_ids is None else natural_ids[rows]
 
 
 def missing_idx_files(folder: Path) -> list[str]:
@@ -212,6 +236,7 @@ def load_dataset(
     synthetic_beta: float = 1.0,
     normalize: bool = True,
     with_train: bool = True,
+    validation_fraction: float = 0.0,
 ) -> TensorDataset:
     """Load (once per process) a dataset as tensors.
 
@@ -219,18 +244,105 @@ def load_dataset(
     (no effect on ``synthetic``, whose features are not pixels). ``with_train=False``:
     the test split only (what a server evaluating the global model needs), normalised
     exactly as with the training split; ``x_train`` / ``y_train`` are then empty tensors
-    that still give ``input_shape``.
+    that still give ``input_shape``. ``validation_fraction`` > 0: that share of the
+    training examples is held out as ``x_validation`` / ``y_validation`` and ``x_train`` /
+    ``y_train`` are the rest (:func:`with_validation`; kept with ``with_train=False``).
     """
     check_dataset_name(name)
+    decode_train = with_train or validation_fraction > 0
     if name == "fashion-mnist":
-        data = _fashion_mnist(data_dir, allow_download, normalize, with_train)
+        data = _fashion_mnist(data_dir, allow_download, normalize, decode_train)
     elif name in ("mnist", "cifar10", "cifar100"):
-        data = _torchvision(name, data_dir, allow_download, normalize, with_train)
+        data = _torchvision(name, data_dir, allow_download, normalize, decode_train)
     elif name == "synthetic":
         data = synthetic_dataset(synthetic_alpha, synthetic_beta)
     else:
-        data = _hub(name[3:], normalize, with_train)
+        data = _hub(name[3:], normalize, decode_train)
+    if validation_fraction:
+        data = with_validation(data, validation_fraction)
     return data if with_train or len(data.y_train) == 0 else without_train(data)
+
+
+# ----------------------------------------------------------------- validation split
+EVALUATION_SPLITS = ("test", "validation")  # what the server evaluates on (evaluation-split)
+MAX_VALIDATION_FRACTION = 0.5  # at least half of the training set stays for the clients
+MIN_VALIDATION_EXAMPLES = 100  # a held-out accuracy in steps of at most 1 %
+# the held-out examples' own random stream: not the run's seed nor the partition's, so that
+# every run (method, seed, partition) of one dataset and fraction holds out the same ones
+VALIDATION_SEED = int.from_bytes(b"validation", "big")
+
+
+def validation_indices(labels: np.ndarray, fraction: float, dataset: str = "") -> np.ndarray:
+    """The sorted int64 rows of a training set with ``labels`` that are held out for
+    validation: per label with n_c examples, round(fraction · n_c) of them (at most
+    n_c − 1, so every label keeps a training example), drawn without replacement on
+    :data:`VALIDATION_SEED`'s stream, labels in increasing order (stratified: the held-out
+    label mix is the training set's). A pure function of ``labels`` and ``fraction``.
+
+    ValueError, naming the run-config keys, the value and the fix, for a ``fraction``
+    outside (0, :data:`MAX_VALIDATION_FRACTION`] or a training set too small to hold out
+    :data:`MIN_VALIDATION_EXAMPLES` examples at this fraction (``dataset`` names it)."""
+    labels = np.asarray(labels)
+    fix = (f"Fix: set validation-fraction in (0, {MAX_VALIDATION_FRACTION:g}] so that at least "
+           f"{MIN_VALIDATION_EXAMPLES} examples are held out, or evaluation-split='test'")
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float, np.floating)) \
+            or not 0 < fraction <= MAX_VALIDATION_FRACTION:
+        raise ValueError(f"evaluation-split='validation' with validation-fraction={fraction!r}: "
+                         f"the fraction must be in (0, {MAX_VALIDATION_FRACTION:g}]. {fix}")
+    rng = np.random.default_rng(VALIDATION_SEED)
+    held = []
+    for label in np.unique(labels):
+        members = np.flatnonzero(labels == label)
+        held.append(rng.choice(members, size=held_per_label(fraction, len(members)),
+                               replace=False))
+    rows = np.sort(np.concatenate(held)).astype(np.int64) if held else np.zeros(0, np.int64)
+    if len(rows) < MIN_VALIDATION_EXAMPLES:
+        counts = np.unique(labels, return_counts=True)[1]
+        grid = [step / 100 for step in range(1, int(100 * MAX_VALIDATION_FRACTION) + 1)]
+        enough = next((f for f in grid if sum(held_per_label(f, int(n)) for n in counts)
+                       >= MIN_VALIDATION_EXAMPLES), None)
+        fix = ("Fix: evaluation-split='test' (this training split is too small to hold out "
+               f"{MIN_VALIDATION_EXAMPLES} examples)" if enough is None else
+               f"Fix: validation-fraction={enough:g} (or more, at most "
+               f"{MAX_VALIDATION_FRACTION:g}), or evaluation-split='test'")
+        raise ValueError(
+            f"evaluation-split='validation' with validation-fraction={fraction!r} holds out "
+            f"{len(rows)} of the {len(labels)} training examples of "
+            f"{f'dataset={dataset!r}' if dataset else 'the dataset'}: too few for a validation "
+            f"accuracy (at least {MIN_VALIDATION_EXAMPLES}). {fix}")
+    return rows
+
+
+def held_per_label(fraction: float, examples: int) -> int:
+    """How many of a label's ``examples`` are held out: round(fraction · n), at most n − 1."""
+    return min(int(np.floor(fraction * examples + 0.5)), examples - 1)
+
+
+def rows_without(n: int, rows: np.ndarray) -> np.ndarray:
+    """The sorted int64 rows of ``range(n)`` that are not in ``rows``."""
+    keep = np.ones(n, dtype=bool)
+    keep[rows] = False
+    return np.flatnonzero(keep).astype(np.int64)
+
+
+def training_rows(labels: np.ndarray, fraction: float, dataset: str = "") -> np.ndarray:
+    """The sorted int64 rows the clients train on: all but :func:`validation_indices`."""
+    return rows_without(len(labels), validation_indices(labels, fraction, dataset))
+
+
+def with_validation(data: TensorDataset, fraction: float) -> TensorDataset:
+    """``data`` with :func:`validation_indices` of its training split moved into
+    ``x_validation`` / ``y_validation`` (the natural groups of the rest kept)."""
+    import torch  # noqa: PLC0415
+
+    held = validation_indices(data.y_train.numpy(), fraction, data.name)
+    kept = rows_without(len(data.y_train), held)
+    ids = None if data.natural_ids is None else np.asarray(data.natural_ids)[kept]
+    held_rows, kept_rows = torch.from_numpy(held), torch.from_numpy(kept)
+    return TensorDataset(**{**data.__dict__, "x_train": data.x_train[kept_rows],
+                            "y_train": data.y_train[kept_rows], "natural_ids": ids,
+                            "x_validation": data.x_train[held_rows],
+                            "y_validation": data.y_train[held_rows]})
 
 
 def without_train(data: TensorDataset) -> TensorDataset:

@@ -15,6 +15,11 @@ client-info query needs neither. The first process on a machine builds the entri
 on one machine share them. The arrays are the bytes the in-memory path gives (the same
 functions compute them), so a run is bit-identical with or without the cache.
 
+With a validation split (``DataSource.validation_fraction`` > 0) the dataset entry still
+holds the whole training split; the partition entry (keyed by the fraction too) splits the
+training rows :func:`task.data.training_rows` keeps and holds those rows' numbers, so a
+client's examples are the ones :func:`task.data.client_data` gives from the reduced set.
+
 Where: the node config's ``data-cache-dir``, else :func:`task.cache.default_root`.
 ``hf:`` datasets are not cached on disk (their files are not ours to name).
 """
@@ -30,7 +35,8 @@ from pathlib import Path
 import numpy as np
 
 from .cache import LOGGER, ArrayCache, Entry, default_root
-from .data import DataNotFoundError, DataSource, PartitionSpec, source_files, split_labels
+from .data import (DataNotFoundError, DataSource, PartitionSpec, source_files, split_labels,
+                   training_rows)
 
 # the modules whose code computes the cached arrays: their bytes are part of every key
 COMPUTED_BY = ("data.py", "partition.py")
@@ -98,25 +104,31 @@ def cached_entries(cache: ArrayCache, source: DataSource, files: list[Path],
     label = f"{source.name}{'' if source.normalize else ', normalize=false'}"
 
     def decode() -> tuple[dict, dict]:
-        dataset = source.load()
+        dataset = dataclasses.replace(source, validation_fraction=0.0).load()  # all of it
         arrays = {"x_train": dataset.x_train.numpy(), "y_train": dataset.y_train.numpy()}
         if dataset.natural_ids is not None:
             arrays["natural_ids"] = np.asarray(dataset.natural_ids)
         return arrays, {"num-classes": dataset.num_classes, "source": dataset.source}
 
     data = cache.load(dataset_request, identity, decode, what=label)
+    fraction = source.validation_fraction
     index_request = {"kind": "partitions", "dataset": dataset_request,
-                     "partition": dataclasses.asdict(spec), "num-partitions": num_partitions}
+                     "partition": dataclasses.asdict(spec), "num-partitions": num_partitions,
+                     **({"validation-fraction": fraction} if fraction else {})}
 
     def split() -> tuple[dict, dict]:
-        parts = split_labels(data.arrays["y_train"], spec, num_partitions,
-                             data.arrays.get("natural_ids"))
+        labels, natural_ids = data.arrays["y_train"], data.arrays.get("natural_ids")
+        rows = (training_rows(labels, fraction, source.name) if fraction else
+                np.arange(len(labels), dtype=np.int64))  # what the clients train on
+        parts = split_labels(labels[rows], spec, num_partitions,
+                             None if natural_ids is None else natural_ids[rows])
         offsets = np.cumsum([0, *(len(p) for p in parts)]).astype(np.int64)
-        indices = np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
-        return {"indices": indices, "offsets": offsets}, {}
+        indices = rows[np.concatenate(parts)] if parts else np.zeros(0, np.int64)
+        return {"indices": indices.astype(np.int64), "offsets": offsets}, {}
 
+    held_out = f", validation-fraction={fraction:g} held out" if fraction else ""
     index = cache.load(index_request, identity, split,
-                       what=f"{label}, {spec.scheme} into {num_partitions}")
+                       what=f"{label}, {spec.scheme} into {num_partitions}{held_out}")
     return data, index
 
 
