@@ -347,6 +347,7 @@ def test_the_sweep_runs_tuning_first_then_the_seeds_with_the_choice(tmp_path, mo
         run = Path(run_config["output-dir"]) / "20260101-000000-fedavg-run1"
         run.mkdir(parents=True)
         (run / "rounds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (run / "final_model.pt").write_bytes(b"")  # the run ended
         return SimpleNamespace(returncode=0, status="ok", output="")
 
     monkeypatch.setattr(sweep, "run_app", fake_run_app)
