@@ -13,7 +13,10 @@ it passes over any other. Variant names are single safe folder names (checked be
 run). At the end, ``summary.md`` and ``summary.csv`` hold final and best accuracy (mean ±
 std over seeds). The sweep file is kept as ``<out>/sweep.toml`` (its title, targets and
 baselines are what ``python -m simulation report <out>`` uses), and each run's streamed
-ServerApp output as ``server.log`` in its run directory.
+ServerApp output as ``server.log`` in its run directory. Every finished run gets
+``provenance.json`` (:mod:`simulation.provenance`: commit, dirty flag, seeds). A file that
+makes ``[[claims]]`` is held to the comparison protocol (:mod:`simulation.protocol`); with
+``[tuning]`` its tuning runs come first (:mod:`simulation.tuning`).
 """
 
 from __future__ import annotations
