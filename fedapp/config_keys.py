@@ -26,7 +26,10 @@ from pathlib import Path
 
 import strategies  # noqa: F401 - importing the algorithms registers them
 from strategies import SELECTIONS, STRAGGLER_POLICIES, STRAGGLER_UNITS, WEIGHTINGS
+from strategies.algorithms.dynamicfl import DROPOUT_WHY as DYNAMICFL_DROPOUT_WHY
+from strategies.engine.async_engine import DROPOUT_WHY as ASYNC_DROPOUT_WHY
 from strategies.engine.devices import FLEETS
+from strategies.engine.flash_fleet import FLASH
 from strategies.engine.robust import ROBUST_RULES
 from strategies.engine.keys import (APP, BELOW_ONE, FRACTION, UNIT, Interval, Key, Only, Rule,
                                     Value, above, at_least)
@@ -61,7 +64,7 @@ def _device(name: str) -> None:
 
 
 def _device_profiles(value: str) -> None:
-    if value == "none" or value in FLEETS:
+    if value in ("none", FLASH) or value in FLEETS:
         return
     if not (Path(value).is_absolute() and Path(value).suffix.lower() in (".csv", ".json")):
         raise ValueError("neither a fleet nor the absolute path of a .csv / .json trace")
@@ -200,10 +203,12 @@ KEYS_OF_THE_APP: tuple[Key, ...] = (
     Key("device-profiles", "none",
         "the simulated clock's fleet, per partition: `none` (no clock), `homogeneous`, "
         "`lognormal`, `two-tier` (DynamicFL's rich / poor), `tiers` (`device-tiers` compute "
-        "tiers 1, 1/2, 1/4, ...), or the absolute path of a `.csv` / "
-        "`.json` device trace ([format](clock.md#trace-format)); logs `sim-seconds` and "
-        "`sim-elapsed` per round", (ROUND, EVENTS, ASYNC_ENGINE), check=_device_profiles,
-        note=f"none, {', '.join(FLEETS)}, or the absolute path of a .csv / .json device trace",
+        "tiers 1, 1/2, 1/4, ...), `flash` (measured smartphones and networks, per-round "
+        "variation: [the FLASH fleet](clock.md#the-flash-fleet)), or the absolute path of a "
+        "`.csv` / `.json` device trace ([format](clock.md#trace-format)); logs `sim-seconds` "
+        "and `sim-elapsed` per round", (ROUND, EVENTS, ASYNC_ENGINE), check=_device_profiles,
+        note=f"none, {', '.join(FLEETS)}, {FLASH}, or the absolute path of a .csv / .json "
+        "device trace",
         only=(Only((FLOWER_ENGINE,), ("none",), FLOWER_WHY),)),
     Key("device-downlink-mbps", 20.0, "the reference (median) downlink bandwidth, Mbit/s",
         (ROUND, EVENTS, ASYNC_ENGINE), above(0.0)),
@@ -221,6 +226,20 @@ KEYS_OF_THE_APP: tuple[Key, ...] = (
         "1/2, 1/4, 1/8, 1/16), the reference bandwidths", (ROUND, EVENTS, ASYNC_ENGINE), at_least(1)),
     Key("device-availability", 1.0, "probability that a generated device is online in a round "
         "(offline devices are not sampled)", (ROUND, EVENTS, ASYNC_ENGINE), UNIT),
+    Key("device-speed-noise", 0.1,
+        "`flash`: σ of the per-round log-normal factor exp(σ·z) on a device's speed (0 = "
+        "every round at its benchmark speed)", (ROUND, EVENTS, ASYNC_ENGINE), at_least(0.0)),
+    Key("device-partition-correlation", 0.0,
+        "`flash`: c between a partition's size (the examples its client reports) and its "
+        "phone's speed, a Gaussian copula over the size ranks: 0 = independent, 1 = the "
+        "larger the partition, the faster its phone", (ROUND, EVENTS, ASYNC_ENGINE), UNIT),
+    Key("device-dropout", 0.0,
+        "probability that a client sent work drops out before replying (needs "
+        "`device-profiles`): its reply is discarded, logged as `clients-dropped-out` and "
+        "`dropped-out`, and the round's clock counts it until it dropped, at a uniform "
+        "fraction of its time", (ROUND, EVENTS, ASYNC_ENGINE), BELOW_ONE,
+        only=(Only((EVENTS,), (0.0,), DYNAMICFL_DROPOUT_WHY),
+              Only((ASYNC_ENGINE,), (0.0,), ASYNC_DROPOUT_WHY))),
     Key("device-reference-gflops", 1.0,
         "training speed of the speed-1 device, GFLOP/s: the seconds per example are the "
         "model's training FLOPs (3 × 2 × forward MACs) / this", interval=above(0.0)),
@@ -405,6 +424,14 @@ RULES_OF_THE_APP: tuple[Rule, ...] = (
     Rule(("round-deadline", "device-profiles"),
          lambda v: v["round-deadline"] == 0 or v["device-profiles"] != "none",
          "a round-deadline needs a simulated clock: device-profiles other than 'none'"),
+    Rule(("device-dropout", "device-profiles"),
+         lambda v: v["device-dropout"] == 0 or v["device-profiles"] != "none",
+         "device-dropout drops clients on the simulated clock: it needs device-profiles other "
+         "than 'none'"),
+    Rule(("device-partition-correlation", "device-profiles"),
+         lambda v: v["device-partition-correlation"] == 0 or v["device-profiles"] == FLASH,
+         f"device-partition-correlation places the phones of the '{FLASH}' fleet: it needs "
+         f"device-profiles = '{FLASH}' (or a correlation of 0)"),
     Rule(("model-width", "model"),
          lambda v: v["model-width"] == 1 or v["model"] in WIDTH_MODELS,
          f"model-width < 1 needs a model that scales in width: {', '.join(WIDTH_MODELS)}"),

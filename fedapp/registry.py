@@ -27,6 +27,7 @@ from strategies import SELECTIONS, OortSelection, PowerOfChoice, TiFLSelection
 from strategies import contract as C
 from strategies.engine.clock import SimClock
 from strategies.engine.devices import FLEETS, GeneratedFleet, load_trace
+from strategies.engine.flash_fleet import FLASH, FlashFleet
 from strategies.engine.participation import Participation
 from strategies.engine.robust import RobustRule, robust_rule
 from strategies.engine.registry import Registration
@@ -86,25 +87,33 @@ def lr_schedule(cfg: RunConfig) -> LRSchedule:
 
 
 def device_clock(cfg: RunConfig, cost: float | None = None) -> SimClock | None:
-    """The simulated clock of ``device-profiles`` (None for ``none``), calibrated with the
-    model's training seconds per example ``cost`` when the ServerApp measured it. A trace
+    """The simulated clock of ``device-profiles`` (None for ``none``) with ``device-dropout``,
+    calibrated with the model's training seconds per example ``cost`` when the ServerApp
+    measured it; ``flash`` reads ``device-speed-noise`` and ``device-partition-correlation``
+    (:class:`~strategies.engine.flash_fleet.FlashFleet`). A trace
     that does not load is a ConfigError naming ``device-profiles``."""
     kind = cfg.device_profiles
     if kind == "none":
         return None
+    dropout, noise = cfg.device_dropout, cfg.device_speed_noise
+    correlation = cfg.device_partition_correlation
+    if kind == FLASH:
+        return SimClock(FlashFleet(seed=cfg.seed, speed_noise=noise, correlation=correlation,
+                                   availability=cfg.device_availability), cost, dropout)
     if kind in FLEETS:
         return SimClock(GeneratedFleet(
             kind, seed=cfg.seed, downlink_mbps=cfg.device_downlink_mbps,
             uplink_mbps=cfg.device_uplink_mbps, sigma=cfg.device_sigma,
             rich_fraction=cfg.device_rich_fraction, poor_factor=cfg.device_poor_factor,
-            availability=cfg.device_availability, tiers=cfg.device_tiers), cost)
+            availability=cfg.device_availability, tiers=cfg.device_tiers), cost, dropout)
     try:
-        return SimClock(load_trace(kind), cost)
+        trace = load_trace(kind)
     except (OSError, ValueError) as exc:
         raise ConfigError(f"run config: device-profiles={kind!r}: the device trace does not "
                           f"load ({exc}). Set it with: "
                           f"{flwr_run_fix({'device-profiles': default('device-profiles')})}"
                           ) from exc
+    return SimClock(trace, cost, dropout)
 
 
 def selection_policy(cfg: RunConfig, rounds: int | None) -> object | None:

@@ -15,7 +15,8 @@ policies for any strategy's participation model: :class:`RandomSelection` (defau
 :class:`OortSelection`, :class:`PowerOfChoice`, :class:`TiFLSelection`, with the
 :class:`FleetGuard` that bounds what clients report about themselves; the simulated clock
 that Oort, TiFL, deadlines and FedBuff's arrival order use: :class:`SimClock` over a
-:class:`GeneratedFleet` or a :class:`TraceFleet` of :class:`DeviceProfile`. Byzantine-robust
+:class:`GeneratedFleet`, a :class:`FlashFleet` (FLASH's measured smartphones and networks)
+or a :class:`TraceFleet` of :class:`DeviceProfile`. Byzantine-robust
 aggregation for the FedAvg family and FedBuff (``robust=``): :class:`Median`,
 :class:`TrimmedMean` (Yin et al. 2018, :mod:`strategies.engine.robust`).
 """
@@ -24,6 +25,7 @@ from .algorithms import *  # noqa: F403 - every algorithm's strategy (algorithms
 from .algorithms import __all__ as ALGORITHMS
 from .engine.clock import SimClock
 from .engine.devices import DeviceProfile, GeneratedFleet, TraceFleet
+from .engine.flash_fleet import FlashFleet
 from .engine.participation import STRAGGLER_POLICIES, STRAGGLER_UNITS, RandomSelection
 from .engine.records import ClientContractError
 from .engine.robust import ROBUST_RULES, Median, RobustRule, TrimmedMean
@@ -34,7 +36,8 @@ from .selection.policy import SELECTIONS
 from .selection.power_of_choice import PowerOfChoice
 from .selection.tifl import TiFLSelection
 
-__all__ = [*ALGORITHMS, "ClientContractError", "DeviceProfile", "FleetGuard", "GeneratedFleet",
+__all__ = [*ALGORITHMS, "ClientContractError", "DeviceProfile", "FlashFleet", "FleetGuard",
+           "GeneratedFleet",
            "Median", "SimClock", "TraceFleet", "OortSelection", "PowerOfChoice",
            "ROBUST_RULES", "RandomSelection", "RobustRule", "SELECTIONS", "STRAGGLER_POLICIES",
            "STRAGGLER_UNITS", "TiFLSelection", "TrimmedMean", "WEIGHTINGS"]

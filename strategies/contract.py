@@ -303,6 +303,10 @@ LOG_SIM_SECONDS = "sim-seconds"  # float, simulated seconds of the round (strate
 LOG_SIM_ELAPSED = "sim-elapsed"  # float, simulated seconds since the start, this round included
 LOG_SIM_WAIT_SECONDS = "sim-wait-seconds"  # float, part of sim-seconds waiting for a device window
 LOG_CLIENTS_UNAVAILABLE = "clients-unavailable"  # int, connected clients offline this round
+# logged with a clock whose dropout is > 0 (device-dropout; synchronous strategies): the
+# clients sent work that dropped out before replying (their replies discarded; also failed)
+LOG_CLIENTS_DROPPED_OUT = "clients-dropped-out"  # int, clients that dropped out this round
+LOG_DROPPED_OUT = "dropped-out"  # list[str], their client keys (partition ids), in order
 LOG_SIM_SECONDS_PER_EVENT = "sim-seconds-per-event"  # float, DynamicFL: sim-seconds / sync events
 
 # --- width-heterogeneous sub-models (strategies/engine/submodels.py) -----------------------

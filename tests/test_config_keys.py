@@ -29,13 +29,14 @@ ROOT = Path(__file__).resolve().parents[1]
 TOML = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
 TRACE = str(ROOT / "examples" / "device-traces" / "fleet.csv")
 CLOCK = {"device-profiles": "lognormal"}
+FLASH = {"device-profiles": "flash"}
 ABSOLUTE_OR_EMPTY = (["", "/abs/dir"], ["dir", "~/dir", "./dir"])
 
 # keys a parser checks (``check``): values taken, values refused
 PARSED: dict[str, tuple[list, list]] = {
     "width-levels": (["1,0.5,0.25,0.125,0.0625", "1", "0.5, 1", "0.3"],
                      ["", "0", "1,2", "1;0.5", "a", "1,,0.5", "-0.5"]),
-    "device-profiles": (["none", "homogeneous", "lognormal", "two-tier", "tiers", TRACE,
+    "device-profiles": (["none", "homogeneous", "lognormal", "two-tier", "tiers", "flash", TRACE,
                          TRACE.replace(".csv", ".json")],
                         ["fast", "", "fleet.csv", "/abs/fleet.txt"]),
     "fedveca-beta-mode": (["same-batch", "literal", "same_batch"], ["full", ""]),
@@ -65,6 +66,8 @@ CONTEXT: dict[str, dict] = {
     "dynamicfl-budget-seconds": {**CLOCK, "dynamicfl-budget-mode": "budget"},
     "vectorised-clients": {"virtual-clients": 4},
     **{k.name: CLOCK for k in KEYS if k.name.startswith("device-") and k.used_by != (APP,)},
+    "device-speed-noise": FLASH,  # read by the flash fleet only
+    "device-partition-correlation": FLASH,
 }
 # what a strategy needs of the other keys (MOON: a model with a projection head)
 NEEDS: dict[str, dict] = {"moon": {"model": "cnn-small-moon"}}
@@ -98,6 +101,11 @@ RULE_CASES: dict[tuple[str, ...], tuple[list[dict], dict]] = {
         {"virtual-clients": 6}),
     ("round-deadline", "device-profiles"): ([{"round-deadline": 5.0}],
                                             {**CLOCK, "round-deadline": 5.0}),
+    ("device-dropout", "device-profiles"): ([{"device-dropout": 0.2}],
+                                            {**CLOCK, "device-dropout": 0.2}),
+    ("device-partition-correlation", "device-profiles"): (
+        [{"device-partition-correlation": 1.0}, {**CLOCK, "device-partition-correlation": 0.5}],
+        {**FLASH, "device-partition-correlation": 1.0}),
     ("model-width", "model"): (
         [{"model-width": 0.5, "model": "lenet-gn"}], {"model-width": 0.5, "model": "resnet18-gn"}),
     ("width-rule", "round-deadline"): (

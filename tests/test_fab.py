@@ -27,3 +27,8 @@ def test_the_fab_builds_small_and_holds_the_code_not_the_docs(monkeypatch):
     assert not [n for n in names if n.startswith("docs/")]
     for package in ("fedapp/", "strategies/", "task/", "simulation/"):
         assert any(n.startswith(package) for n in names), package
+    # the flash fleet's measured data, with its licence (strategies.engine.flash_fleet)
+    data = "strategies/engine/flash_data/"
+    assert {n for n in names if n.startswith(data)} == {
+        f"{data}{f}" for f in ("real2benchmark.json", "benchmark2score.json",
+                               "speed_distri.json", "LICENSE.md", "README.md")}

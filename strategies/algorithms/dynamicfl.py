@@ -41,7 +41,7 @@ from ..engine import flower_args, records, rounds, schedules, trust_gate
 from ..engine.clock import SimClock, byte_budget
 from ..engine.event_loop import GridEventLoop
 from ..engine.keys import UNIT, Key, Rule, at_least
-from ..engine.participation import Participation, check_fraction, check_whole
+from ..engine.participation import Participation, check_fraction, check_whole, refuse_dropout
 from ..engine.records import to_numpy, to_record
 from ..engine.registry import register
 from ..engine.round_report import (
@@ -57,6 +57,8 @@ from . import dynamicfl_schedule as ds
 STATE_VERSION = 1  # of state_dict()
 DEFAULT_TIMEOUT = 3600.0  # seconds, Flower's Strategy.start default
 CHUNK_HELPER = "strategies.client.train_chunk"
+DROPOUT_WHY = ("DynamicFL's sync events wait for every active client of a group; a client "
+               "leaving mid-round is not modelled there")
 
 
 @dataclass(frozen=True)
@@ -196,6 +198,7 @@ participation
                              f"(select(...), e.g. RandomSelection), not "
                              f"{type(participation.selection).__name__}: DynaComm's groups "
                              f"come from the active set it is given (Le et al., Alg. 1)")
+        refuse_dropout("DynamicFL", participation, DROPOUT_WHY)
         self.participation = participation
         self.contract_evidence = records.ContractEvidence()  # one bad client ends no run
         query_client_info, clock = participation.query_client_info, participation.timer

@@ -45,13 +45,16 @@ from .async_tasks import ARRIVAL_ORDERS, AsyncTask, AsyncTasks
 from .clock import SimClock
 from .event_loop import GridEventLoop
 from .keys import Key, at_least
-from .participation import Participation, SelectionPolicy, check_fraction, check_whole
+from .participation import (Participation, SelectionPolicy, check_fraction, check_whole,
+                            refuse_dropout)
 from .round_report import Aggregation, AsyncUpdate, ClockTime, ParticipationSection, RoundReport
 from .work import LocalWork
 
 __all__ = ["ASYNC_KEYS", "Applied", "AsyncAlgorithm", "AsyncEngine", "ClientUpdate", "ServerStep"]
 
 STATE_VERSION = 2
+DROPOUT_WHY = ("an asynchronous strategy waits for no round, and a task that does not come back "
+               "is a failed task whose client sits out a while")
 MAX_FAILURES_PER_TASK = 5  # failed tasks per concurrency slot before a round gives up
 
 ASYNC_KEYS = (
@@ -203,6 +206,7 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
             raise ValueError(f"{name} waits for no round: give it a Participation without "
                              f"round_deadline and straggler_fraction (slow clients are simply "
                              f"stale)")
+        refuse_dropout(name, participation, DROPOUT_WHY)
         super().__init__(**flower_args.flower_base_args(
             participation, fraction_evaluate, min_evaluate_nodes, train_metrics_aggr_fn,
             evaluate_metrics_aggr_fn))

@@ -19,6 +19,13 @@ last reply, or the deadline D when it dropped a client that could not finish by 
 (:func:`round_seconds`). A client that cannot finish by D does the part that fits,
 floor((D - transfers) / (b_i c / speed_i)) steps (:func:`steps_within`).
 
+A fleet may vary per round (:meth:`strategies.engine.devices.Fleet.round_profile`): a round's
+times use the profiles of that round, the selection policies' expected times the mean
+profiles. With ``dropout`` p a client sent work drops out before replying with probability
+p, and at a uniform fraction of its t_i, both drawn from ``default_rng([seed, round, p,
+DROPOUT_TAG])`` (:meth:`RoundTimer.dropout_point`): the server notices at that time (a lost
+connection), so a dropped client counts in the round's time with the fraction of its t_i.
+
 DynamicFL's round is a sequence of synchronisation events (Le et al., Alg. 1 lines
 12-20): :func:`sync_event_times` applies eq. (1) chunk by chunk. Its per-node byte budgets
 (Eq. 5, tau_m) can come from bandwidth: :func:`byte_budget`.
@@ -33,7 +40,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+
+import numpy as np
 
 from . import devices
 from .sampling import num_to_sample
@@ -160,11 +169,16 @@ class SimClock:
     seconds_per_example : float, optional
         c of eq. (1): training seconds per example (forward and backward) on the reference
         device, > 0. Calibrated once per model; a strategy refuses to train without it.
+    dropout : float
+        Probability in [0, 1) that a client sent work drops out before replying
+        (:meth:`RoundTimer.dropout_point`); 0 = never.
     """
 
     fleet: Fleet
     seconds_per_example: float | None = None
+    dropout: float = 0.0
     _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    _round_cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.fleet, Fleet):
@@ -172,10 +186,14 @@ class SimClock:
         c = self.seconds_per_example
         if c is not None and not (_is_number(c) and math.isfinite(c) and c > 0):
             raise ValueError(f"seconds_per_example must be a finite number > 0, got {c!r}")
+        p = self.dropout
+        if not (_is_number(p) and 0.0 <= p < 1.0):
+            raise ValueError(f"dropout (probability that a client drops out before replying) "
+                             f"must be a number in [0, 1), got {p!r}")
 
     def calibrated(self, seconds_per_example: float) -> SimClock:
-        """The same fleet with the model's cost c."""
-        return SimClock(self.fleet, seconds_per_example)
+        """The same fleet (and dropout) with the model's cost c."""
+        return replace(self, seconds_per_example=seconds_per_example)
 
     def cost(self) -> float:
         """c, or a ValueError saying how to give it."""
@@ -191,6 +209,19 @@ class SimClock:
         if pid not in self._cache:
             self._cache[pid] = self.fleet.profile(pid)
         return self._cache[pid]
+
+    def round_profile(self, partition_id: int, server_round: int) -> DeviceProfile:
+        """Partition ``partition_id``'s profile in round ``server_round``
+        (:meth:`~strategies.engine.devices.Fleet.round_profile`; cached for the latest round),
+        :meth:`profile` for a fleet that does not vary per round."""
+        if type(self.fleet).round_profile is Fleet.round_profile:
+            return self.profile(partition_id)
+        key = (int(server_round), int(partition_id))
+        if key not in self._round_cache:
+            if any(r != key[0] for r, _ in self._round_cache):
+                self._round_cache.clear()
+            self._round_cache[key] = self.fleet.round_profile(key[1], key[0])
+        return self._round_cache[key]
 
 
 class RoundTimer:
@@ -221,6 +252,7 @@ class RoundTimer:
         self.seed = int(seed)
         self.deadline = None if deadline is None else float(deadline)
         self.elapsed = 0.0  # simulated seconds of the finished rounds
+        self.server_round: int | None = None  # the round started last (None: none yet)
         self.wait = 0.0  # this round's wait for a device window
         self.delay = 0.0  # this round's work before its clients start (a loss query)
 
@@ -230,11 +262,43 @@ class RoundTimer:
 
     def start_round(self, server_round: int, partition_ids: Sequence[int]) -> list[bool]:
         """Which of ``partition_ids`` are online for the round; waits (in simulated time)
-        until some device's window opens (:func:`strategies.engine.devices.online_mask`)."""
+        until some device's window opens (:func:`strategies.engine.devices.online_mask`).
+        The round's profiles are those of ``server_round`` from here on (:meth:`profile`)."""
+        self.server_round = int(server_round)
         profiles = [self.clock.profile(p) for p in partition_ids]
         self.wait = devices.wait_for_window(profiles, self.elapsed)
         return devices.online_mask(profiles, partition_ids, self.seed, server_round,
                                    self.elapsed + self.wait)
+
+    def profile(self, partition_id: int, expected: bool = False) -> DeviceProfile:
+        """Partition ``partition_id``'s profile in the round started last
+        (:meth:`SimClock.round_profile`); its mean profile with ``expected`` or before any
+        round started (the asynchronous engine)."""
+        if expected or self.server_round is None:
+            return self.clock.profile(partition_id)
+        return self.clock.round_profile(partition_id, self.server_round)
+
+    def bind_sizes(self, sizes: Mapping[int, int]) -> None:
+        """Give a fleet whose profiles depend on the partitions' sizes (``needs_sizes``:
+        :class:`~strategies.engine.flash_fleet.FlashFleet` with a correlation) the sizes the
+        clients reported, partition id -> examples; nothing for any other fleet or when they
+        did not change."""
+        fleet = self.clock.fleet
+        if not getattr(fleet, "needs_sizes", False) or fleet.sizes == dict(sizes):
+            return
+        self.clock = replace(self.clock, fleet=fleet.with_sizes(sizes))
+
+    def dropout_point(self, partition_id: int) -> float | None:
+        """Whether partition ``partition_id`` drops out of the round started last: None (it
+        does not), or the fraction in [0, 1) of its time t_i at which it drops; drawn from
+        ``default_rng([seed, round, p, DROPOUT_TAG])`` (no draw at dropout 0)."""
+        p = self.clock.dropout
+        if p <= 0 or self.server_round is None:
+            return None
+        rng = np.random.default_rng([self.seed, self.server_round, int(partition_id),
+                                     devices.DROPOUT_TAG])
+        drops, fraction = rng.random(2)
+        return float(fraction) if drops < p else None
 
     def online_nodes(self, server_round: int, nodes: Sequence[int],
                      partition_ids: Sequence[int], fraction: float) -> tuple[list[int], int]:
@@ -246,17 +310,18 @@ class RoundTimer:
 
     def client_seconds(self, partition_id: int, steps: int, examples_per_step: int,
                        bytes_down: float, bytes_up: float, extra_examples: int = 0,
-                       compute: float = 1.0) -> float:
-        """Eq. (1) for partition ``partition_id``; ``compute`` scales c (a client training a
-        sub-model: its training FLOPs over the full model's)."""
-        return client_seconds(self.clock.profile(partition_id), steps, examples_per_step,
+                       compute: float = 1.0, expected: bool = False) -> float:
+        """Eq. (1) for partition ``partition_id`` in the round (its mean profile with
+        ``expected``: what a selection policy can know beforehand); ``compute`` scales c (a
+        client training a sub-model: its training FLOPs over the full model's)."""
+        return client_seconds(self.profile(partition_id, expected), steps, examples_per_step,
                               self.clock.cost() * compute, bytes_down, bytes_up,
                               extra_examples)
 
     def evaluation_seconds(self, partition_id: int, num_examples: int,
                            bytes_down: float) -> float:
         """:func:`evaluation_seconds` for partition ``partition_id``."""
-        return evaluation_seconds(self.clock.profile(partition_id), num_examples,
+        return evaluation_seconds(self.profile(partition_id), num_examples,
                                   self.clock.cost(), bytes_down)
 
     def delay_start(self, seconds: float) -> None:
@@ -271,7 +336,7 @@ class RoundTimer:
         ``compute`` as in :meth:`client_seconds`."""
         if self.deadline is None:
             return None
-        return steps_within(self.deadline, self.clock.profile(partition_id), examples_per_step,
+        return steps_within(self.deadline, self.profile(partition_id), examples_per_step,
                             self.clock.cost() * compute, bytes_down, bytes_up, extra_examples)
 
     def event_times(self, events: Sequence[Sequence[tuple[int, int]]],
@@ -281,7 +346,7 @@ class RoundTimer:
         moving ``bytes_down`` and ``bytes_up``; times from the round's start."""
         members = {p for event in events for p, _ in event}
         c = self.clock.cost()
-        profiles = {p: self.clock.profile(p) for p in members}
+        profiles = {p: self.profile(p) for p in members}
         steps = {p: step_seconds(profiles[p], examples_per_step[p], c) for p in members}
         down = {p: transfer_seconds(bytes_down, profiles[p].downlink_mbps) for p in members}
         up = {p: transfer_seconds(bytes_up, profiles[p].uplink_mbps) for p in members}

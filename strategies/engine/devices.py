@@ -20,6 +20,9 @@ clock:
   studies such as HeteroFL's, Diao et al. ICLR 2021, levels 1 .. 1/16): partition p computes
   at 2^-(p mod T) of the reference speed, with the reference bandwidths. Partition p's profile is drawn from
   ``default_rng([seed, p, FLEET_TAG])``, so it does not depend on the number of partitions;
+* measured phones and networks (:class:`strategies.engine.flash_fleet.FlashFleet`,
+  ``flash``: FLASH's smartphone data, with a speed and bandwidths drawn per round,
+  :meth:`Fleet.round_profile`);
 * a measured trace (:func:`load_trace`, CSV or JSON, :data:`TRACE_COLUMNS`);
   :func:`write_trace` writes any fleet in that format (the run directory's
   ``device_profiles.csv``).
@@ -44,6 +47,7 @@ DAY = 86400.0  # seconds; availability windows repeat every simulated day
 FLEETS = ("homogeneous", "lognormal", "two-tier", "tiers")
 FLEET_TAG = 0xDE7  # rng stream of the generated profiles
 ONLINE_TAG = 0xA7A  # rng stream of the per-round availability draws
+DROPOUT_TAG = 0xD07  # rng stream of the per-round mid-round dropout draws (clock.RoundTimer)
 TRACE_COLUMNS = ("partition-id", "speed", "downlink-mbps", "uplink-mbps", "availability",
                  "windows")
 """Trace format, one device per row (CSV) or object (JSON list, or ``{"devices": [...]}``):
@@ -141,6 +145,11 @@ class Fleet:
 
     def profile(self, partition_id: int) -> DeviceProfile:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def round_profile(self, partition_id: int, server_round: int) -> DeviceProfile:
+        """The profile in round ``server_round``: :meth:`profile`, unless the fleet varies
+        per round (:class:`strategies.engine.flash_fleet.FlashFleet`)."""
+        return self.profile(partition_id)
 
     def profiles(self, partition_ids: Sequence[int]) -> dict[int, DeviceProfile]:
         """{partition id: profile} of the given partitions."""

@@ -19,8 +19,12 @@ Per round (:meth:`Participation.plan_round`):
    stragglers, random ones (Li et al. 2020, FedProx, Sec. 5.2) or those whose work does
    not fit the round's deadline on the clock (:func:`strategies.engine.clock.steps_within`);
    ``straggler_policy`` "drop" sends them nothing (FedAvg), "partial" their reduced work;
-5. after the round, its simulated seconds (:meth:`Participation.round_time`, eq. 1 of
-   :mod:`strategies.engine.clock`).
+5. with a clock whose ``dropout`` is > 0, which of the clients sent work drop out before
+   replying (:meth:`strategies.engine.clock.RoundTimer.dropout_point`): the engine discards
+   their replies (``RoundPlan.dropped_out``);
+6. after the round, its simulated seconds (:meth:`Participation.round_time`, eq. 1 of
+   :mod:`strategies.engine.clock`), a dropped client's at the fraction of its t_i where it
+   dropped.
 
 The engine describes each client's work through :class:`ClientWork`
 (:class:`strategies.engine.work.LocalWork`) and the plan is a typed
@@ -237,7 +241,11 @@ class Participation:
             return nodes
         # the clock keys profiles by partition id: nodes whose answer was refused, or that
         # the query did not reach (asked again next round), sit out
-        return self.timed_nodes(records.usable_nodes(nodes, self.clients))
+        timed = self.timed_nodes(records.usable_nodes(nodes, self.clients))
+        self.timer.bind_sizes({info.partition_id: info.num_examples
+                               for info in self.clients.values()
+                               if info.partition_id is not None and info.num_examples})
+        return timed
 
     def timed_nodes(self, nodes: list[int]) -> list[int]:
         """The ``nodes`` the clock can time: those with a partition id. The others (their
@@ -316,10 +324,20 @@ class Participation:
             straggler_work=reduced,
             unavailable=len(nodes) - len(online) if self.timer is not None else None,
             deadline_dropped=len(draws) - len(sent) if self.timer is not None else 0,
-            bytes_down=down, bytes_up=up, close_after=close_after)
+            bytes_down=down, bytes_up=up, close_after=close_after,
+            dropped_out=self.dropouts(tasks))
         if section is not None:
             plan.report.add(section)
         return plan
+
+    def dropouts(self, tasks: Mapping[int, ClientTask]) -> dict[int, float] | None:
+        """The clients of ``tasks`` that drop out of the round -> the fraction of their t_i
+        at which they drop (:meth:`strategies.engine.clock.RoundTimer.dropout_point`); None
+        without a clock or with dropout 0."""
+        if self.timer is None or self.timer.clock.dropout <= 0:
+            return None
+        points = {n: self.timer.dropout_point(self.partition_of(n)) for n in tasks}
+        return {n: f for n, f in points.items() if f is not None}
 
     # ------------------------------------------------------------------ selection
     def select_among(self, server_round: int, grid: Grid, online: list[int], m: int | None,
@@ -374,7 +392,7 @@ class Participation:
             seconds = self.timer.client_seconds(
                 self.partition_of(node), work.full_local_steps(node, config),
                 work.examples_per_step(node, config), share.bytes_down, share.bytes_up,
-                work.extra_examples(node, config), share.compute)
+                work.extra_examples(node, config), share.compute, expected=True)
         return Candidate(self.client_key(node), self.info(node).num_examples, seconds)
 
     def query_losses(self, server_round: int, grid: Grid, nodes: list[int],
@@ -547,14 +565,15 @@ class Participation:
         tasks = plan.tasks
         if plan.close_after is not None and len(accepted) >= plan.close_after:
             tasks = {node: tasks[node] for node in replies}  # closed at the m-th reply
-        times = [self.client_time(plan, task, replies.get(node), work)
+        dropped = plan.dropped_out or {}
+        times = [self.client_time(plan, task, replies.get(node), work) * dropped.get(node, 1.0)
                  for node, task in tasks.items()]
         wait = self.timer.wait
         seconds = self.timer.finish_round(times, waited_for_deadline=plan.deadline_dropped > 0)
         log(INFO, "Simulated clock: round %d took %.4g s (%d client(s) cut by the deadline, "
-            "%d not sent work), %.4g s in all", plan.server_round, seconds,
+            "%d not sent work, %d dropped out), %.4g s in all", plan.server_round, seconds,
             plan.stragglers if self.timer.deadline is not None else 0, plan.deadline_dropped,
-            self.timer.elapsed)
+            len(dropped), self.timer.elapsed)
         return ClockTime(seconds, self.timer.elapsed, wait if wait > 0 else None)
 
     def client_time(self, plan: RoundPlan, task: ClientTask, reply: Message | None,
@@ -617,6 +636,16 @@ class Participation:
             self.selection.load_state_dict(saved)
             if "selection-guard" in state:  # checkpoints before the guard start it afresh
                 self.guard.load_state_dict(state["selection-guard"])
+
+
+def refuse_dropout(owner: str, participation: Participation, why: str) -> None:
+    """A ValueError naming ``owner`` when its participation's clock drops clients out
+    (``dropout`` > 0), which the strategy does not model (``why``)."""
+    timer = participation.timer
+    if timer is not None and timer.clock.dropout > 0:
+        raise ValueError(f"{owner}: the simulated clock's dropout={timer.clock.dropout} is not "
+                         f"modelled here ({why}); pass SimClock(..., dropout=0) (run config: "
+                         f"device-dropout = 0)")
 
 
 def reduced_config(config: ConfigRecord, reduced: int | None, in_epochs: bool) -> ConfigRecord:

@@ -61,7 +61,8 @@ from .participation import (
     check_whole,
 )
 from .round_plan import RoundPlan
-from .round_report import Aggregation, OverCommitment, ParticipationSection, RoundReport
+from .round_report import (Aggregation, DropOut, OverCommitment, ParticipationSection,
+                           RoundReport)
 from .submodels import SubModels
 from .work import LocalWork, WorkRules
 from ..selection.policy import selection_weighting
@@ -336,7 +337,7 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
         replies = list(replies)
         self.participation.record_silent(plan.server_round, plan.tasks,
                                          [r.metadata.src_node_id for r in replies])
-        checked = self.checked_replies(plan, replies)
+        checked = self.checked_replies(plan, self.without_dropped_out(plan, replies))
         global_arrays = records.to_numpy(plan.arrays)
         models = [(k, records.to_numpy(r.content[C.ARRAYS])) for k, r in enumerate(checked)]
         update = RoundUpdate(None, [])
@@ -468,6 +469,19 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
         first, late = self.participation.first_replies(plan, usable, self.work)
         plan.report.add(OverCommitment(late))
         return first
+
+    def without_dropped_out(self, plan: RoundPlan, replies: list[Message]) -> list[Message]:
+        """``replies`` less those of the clients that dropped out before replying (the
+        clock's ``dropout``, ``plan.dropped_out``): one log line, the round's
+        :class:`~strategies.engine.round_report.DropOut` section."""
+        if plan.dropped_out is None:
+            return replies
+        keys = [plan.client_key(n) for n in plan.tasks if n in plan.dropped_out]
+        plan.report.add(DropOut(len(keys), keys))
+        if keys:
+            log(INFO, "Round %d: %d client(s) dropped out before replying, their replies "
+                "discarded: %s", plan.server_round, len(keys), ", ".join(keys))
+        return [r for r in replies if r.metadata.src_node_id not in plan.dropped_out]
 
     def contract_gap(self, plan: RoundPlan, reply: Message) -> str | None:
         """What a reply without a client error lacks of the contract: the sub-model's shapes,

@@ -53,7 +53,9 @@ class RoundPlan:
     work because nothing of it fits the round's deadline; ``close_after`` the m replies
     an over-committed round closes at (None: it waits for all); ``sub_models`` the
     (indices, arrays) of the sub-model each node was sent, in a round of sub-models
-    (:mod:`strategies.engine.submodels`).
+    (:mod:`strategies.engine.submodels`); ``dropped_out`` the clients sent work that drop
+    out before replying -> the fraction of their time at which they drop (None: the clock
+    drops nobody; :meth:`strategies.engine.participation.Participation.dropouts`).
     """
 
     server_round: int
@@ -70,6 +72,7 @@ class RoundPlan:
     close_after: int | None = None
     report: RoundReport = field(default=None)  # type: ignore[assignment]
     sub_models: Mapping[int, tuple[Mapping, Mapping[str, np.ndarray]]] | None = None
+    dropped_out: Mapping[int, float] | None = None
 
     def __post_init__(self) -> None:
         if self.report is None:

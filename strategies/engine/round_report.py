@@ -19,7 +19,7 @@ from .. import contract as C
 from ..contract import Section, logged
 
 __all__ = ["Aggregation", "AsyncUpdate", "ClientStateSection", "ClockTime", "Drift",
-           "OverCommitment", "ParticipationSection", "RoundReport"]
+           "DropOut", "OverCommitment", "ParticipationSection", "RoundReport"]
 
 
 @dataclass(frozen=True)
@@ -82,6 +82,15 @@ class OverCommitment(Section):
     """A round closed at its first m replies (:mod:`strategies.engine.participation`)."""
 
     late: int = logged(C.LOG_CLIENTS_LATE, default=0)
+
+
+@dataclass(frozen=True)
+class DropOut(Section):
+    """The clients that dropped out before replying (the clock's ``dropout``): their replies
+    are discarded (:mod:`strategies.engine.round_engine`)."""
+
+    dropped_out: int = logged(C.LOG_CLIENTS_DROPPED_OUT, default=0)
+    clients: list[str] = logged(C.LOG_DROPPED_OUT, default=())
 
 
 @dataclass(frozen=True)
