@@ -22,7 +22,7 @@ import numpy as np
 
 from .. import contract as C
 from ..engine import averaging as agg
-from ..engine import trust_gate
+from ..engine import flower_args, trust_gate
 from ..engine.algorithm import Algorithm, RoundInput, RoundUpdate
 from ..engine.registry import register
 from ..engine.round_engine import RoundEngine
@@ -135,14 +135,25 @@ class FedAvg(RoundEngine):
     Flower's PyTorch template sends.
     """
 
-    def __init__(self, *flower_args, server_momentum: float = 0.0, **kwargs) -> None:
+    def __init__(
+        self, fraction_train: float = 1.0, fraction_evaluate: float = 1.0,
+        min_train_nodes: int = 1, min_evaluate_nodes: int = 1, min_available_nodes: int = 2,
+        weighted_by_key: str = C.NUM_EXAMPLES, arrayrecord_key: str = C.ARRAYS,
+        configrecord_key: str = C.CONFIG,
+        train_metrics_aggr_fn: flower_args.MetricsAggregation | None = None,
+        evaluate_metrics_aggr_fn: flower_args.MetricsAggregation | None = None, *,
+        server_momentum: float = 0.0, **engine_options,
+    ) -> None:
         beta = checked_server_momentum(server_momentum, type(self).__name__)
         if beta > 0:
-            if kwargs.get("algorithm") is not None:
+            if engine_options.get("algorithm") is not None:
                 raise TypeError(f"{type(self).__name__} got both algorithm= and "
                                 f"server_momentum={server_momentum!r}; give one")
-            kwargs["algorithm"] = ServerMomentum(beta)
-        super().__init__(*flower_args, **kwargs)
+            engine_options["algorithm"] = ServerMomentum(beta)
+        super().__init__(fraction_train, fraction_evaluate, min_train_nodes, min_evaluate_nodes,
+                         min_available_nodes, weighted_by_key, arrayrecord_key,
+                         configrecord_key, train_metrics_aggr_fn, evaluate_metrics_aggr_fn,
+                         **engine_options)
 
 
 register("fedavg", FedAvg, "Federated Averaging (McMahan et al. 2017, Alg. 1), with weighting, "
