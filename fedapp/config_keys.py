@@ -77,8 +77,8 @@ ASYNC_WHY = ("an asynchronous strategy keeps async-concurrency clients training 
              "no round: no per-round sampling, stragglers, deadline or lr schedule")
 FLOWER_SELECTION_WHY = "Flower's own class samples clients uniformly (its ClientManager)"
 ROBUST_FLOWER_WHY = ("Flower's own class averages by num-examples inside Flower's code; robust "
-                     "aggregation composes with `fedavg`'s server-lr and `fedbuff`'s "
-                     "server-momentum")
+                     "aggregation composes with `fedavg`'s server-lr and server-momentum and "
+                     "`fedbuff`'s server-momentum")
 ROBUST_EVENTS_WHY = "DynamicFL's sync events average the models of each event, not a round"
 ROBUST_OWN_UPDATE_WHY = ("its server update does more with every client's reply than the "
                          "average a robust rule replaces (its own state or step), which the "
@@ -129,8 +129,11 @@ KEYS_OF_THE_APP: tuple[Key, ...] = (
         "right (Flower's defaults: 0.1, 0.01, 0.1; a warning says so)",
         (ROUND,), above(0.0), arg="server_lr"),
     Key("server-momentum", 0.0,
-        "FedNova's optional server momentum, FedBuff's (m ← β·m + Δ̄, x ← x + η_g·m), and "
-        "FedAvgM's momentum", (), BELOW_ONE),
+        "β of server momentum: `fedavg`'s is FedAvgM on the round engine (Hsu et al. 2019: "
+        "v ← β·v + Δ_t, w ← w − η_g·v, Δ_t = w_t − the weighted average; with the clock, "
+        "deadline, over-commitment, selection and weightings; 0 = FedAvg bit for bit), "
+        "`fedavgm`'s is Flower's own class's; FedNova's optional server momentum, FedBuff's "
+        "(m ← β·m + Δ̄, x ← x + η_g·m)", (), BELOW_ONE),
     Key("straggler-fraction", 0.0,
         "simulated system heterogeneity: each round ⌊f·m⌋ of the m sampled clients (seeded) "
         "are stragglers that do only part of their local work, uniform in 1..τ_i steps "

@@ -18,7 +18,9 @@ CLOCKED = {"num-server-rounds": 4, "fault-crash-prob": 0.2, "seed": 1, "checkpoi
 
 @pytest.mark.parametrize("strategy, extra", [("fedprox", {"round-deadline": 0.9}),
                                              ("fedveca", {"round-deadline": 1.6}),
-                                             ("dynamicfl", {})])
+                                             ("dynamicfl", {}),
+                                             ("fedavg", {"round-deadline": 1.6,
+                                                         "server-momentum": 0.9})])
 def test_resumed_clock_equals_uninterrupted(strategy, extra, tmp_path):
     _, _, full_rounds, full_model = run(strategy, tmp_path / "full", 3, **CLOCKED, **extra)
     assert all(r[C.LOG_SIM_SECONDS] > 0 for r in full_rounds[1:])

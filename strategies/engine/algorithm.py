@@ -108,7 +108,8 @@ class RoundInput:
     engine's copy of each replying client's state (None without client state, an entry None
     for the initial state), and ``average``: the engine's weighted average of those models
     (the configured weighting, sub-models and server step eta_g = ``server_lr``;
-    ``average()`` -> (the new model or None, the indices used); replies with NaN / Inf are
+    ``average()`` -> (the new model or None, the indices used); ``average(server_lr=1.0)``
+    the plain average, for an algorithm that takes its own step; replies with NaN / Inf are
     left out with one log line each, as ``reject(k, key)`` does); ``weights(used)`` is the
     weighting's c_k over the replies ``used`` (None with sub-models)."""
 
@@ -150,6 +151,10 @@ class Algorithm:
 
     name: ClassVar[str] = "FedAvg"
     contract: ClassVar[Contract] = Contract()
+    steps_from_average: ClassVar[bool] = False
+    """True when an overriding :meth:`update` is the engine's average followed by a server
+    step from that average alone (FedAvgM's momentum), so a robust rule may replace the
+    average (:func:`strategies.engine.round_engine.robust_for`)."""
 
     def send(self, plan: RoundPlan) -> Outgoing:
         """What the round's messages carry beside the model and the round's config."""

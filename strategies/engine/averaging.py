@@ -462,10 +462,17 @@ def fednova_norm_proximal(tau: float, lr: float, mu: float) -> float:
 
 
 def apply_server_momentum(
-    global_arrays: Mapping[str, np.ndarray], new: NDArrays, buffer: NDArrays | None, gamma: float
+    global_arrays: Mapping[str, np.ndarray], new: NDArrays, buffer: NDArrays | None, gamma: float,
+    server_lr: float = 1.0,
 ) -> tuple[NDArrays, NDArrays | None]:
-    """v <- gamma v + (w - w_new); w <- w - v (floating arrays; gamma = 0 returns ``new``)."""
-    if gamma <= 0:
+    """v <- gamma v + (w - w_new); w <- w - eta_g v, in float64, each floating array back in
+    its dtype (integer arrays: ``new``'s). No buffer (v = 0) in the first round; gamma = 0
+    with eta_g = 1 returns ``new`` and no buffer.
+
+    FedNova passes its stepped model (eta_g inside v, eta_g = 1 here); FedAvgM (Hsu et al.
+    2019, Sec. 3) the plain average, so Delta_t = w - w_new and w <- w - eta_g v.
+    """
+    if gamma <= 0 and server_lr == 1.0:
         return new, None
     out: NDArrays = dict(new)
     new_buffer: NDArrays = {}
@@ -476,8 +483,9 @@ def apply_server_momentum(
         if buffer and key in buffer:
             step = gamma * buffer[key] + step
         new_buffer[key] = step
-        out[key] = np.asarray(current.astype(np.float64) - step).astype(current.dtype)
-    return out, new_buffer
+        moved = step if server_lr == 1.0 else server_lr * step
+        out[key] = np.asarray(current.astype(np.float64) - moved).astype(current.dtype)
+    return out, (new_buffer if gamma > 0 else None)
 
 
 # ----------------------------------------------------------------- client drift

@@ -346,7 +346,8 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
                       self.client_states.copies(checked, self.participation.client_key))
             update = self.algorithm.update(RoundInput(
                 plan, global_arrays, checked, models,
-                average=lambda: self.average(plan, global_arrays, checked, models),
+                average=lambda server_lr=self.server_lr: self.average(
+                    plan, global_arrays, checked, models, server_lr),
                 reject=rejecter(checked), states=states, server_lr=self.server_lr,
                 weights=None if self.submodels is not None else lambda used: round_coefficients(
                     self.weighting, plan, checked, self.participation).values(used)))
@@ -361,24 +362,28 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
         return self.train_result(plan, update.model if accepted else None, accepted)
 
     def average(self, plan: RoundPlan, global_arrays: agg.NDArrays, replies: list[Message],
-                models: list[tuple[int, agg.NDArrays]]) -> tuple[agg.NDArrays | None, list[int]]:
+                models: list[tuple[int, agg.NDArrays]], server_lr: float | None = None
+                ) -> tuple[agg.NDArrays | None, list[int]]:
         """The engine's weighted average of the replies' models (each sub-model over its
         holders) with the server step: w + eta_g sum_k c_k (w_k - w); with a robust rule
-        w + eta_g R(w_k - w) instead (:meth:`robust_average`)."""
+        w + eta_g R(w_k - w) instead (:meth:`robust_average`). eta_g is ``server_lr``
+        (None: the engine's; 1.0: the plain average, for an algorithm's own step)."""
+        server_lr = self.server_lr if server_lr is None else server_lr
         if self.robust is not None:
-            return self.robust_average(plan, global_arrays, replies, models)
+            return self.robust_average(plan, global_arrays, replies, models, server_lr)
         if self.submodels is not None:
             weights = ([float(r.content[C.METRICS][C.NUM_EXAMPLES]) for r in replies]
                        if self.weighting == "examples" else None)
             return self.submodels.average(plan, global_arrays, replies, models, weights,
-                                          self.server_lr)
+                                          server_lr)
         coefficients = round_coefficients(self.weighting, plan, replies, self.participation)
-        new, used, _ = agg.streamed_update(global_arrays, models, coefficients, self.server_lr,
+        new, used, _ = agg.streamed_update(global_arrays, models, coefficients, server_lr,
                                            on_reject=rejecter(replies))
         return new, used
 
     def robust_average(self, plan: RoundPlan, global_arrays: agg.NDArrays,
-                       replies: list[Message], models: list[tuple[int, agg.NDArrays]]
+                       replies: list[Message], models: list[tuple[int, agg.NDArrays]],
+                       server_lr: float | None = None
                        ) -> tuple[agg.NDArrays | None, list[int]]:
         """w + eta_g R(w_k - w) over the replies whose arrays are finite (one log line per
         other), R the robust rule, each sub-model over the entries it holds
@@ -397,7 +402,8 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
             return None, []
         plan.report.add(robust_aggregation.section(self.robust, len(used),
                                                    plan.server_round, type(self).__name__))
-        new = robust_aggregation.robust_update(global_arrays, deltas, self.robust, self.server_lr)
+        new = robust_aggregation.robust_update(
+            global_arrays, deltas, self.robust, self.server_lr if server_lr is None else server_lr)
         return new, used
 
     def report_aggregation(self, plan: RoundPlan, accepted: list[Message],
@@ -600,7 +606,7 @@ def robust_for(owner: str, value: robust_aggregation.RobustRule | str | None,
     rule = robust_aggregation.as_robust(value)
     if rule is None:
         return None
-    if type(algorithm).update is not Algorithm.update:
+    if type(algorithm).update is not Algorithm.update and not algorithm.steps_from_average:
         raise ValueError(
             f"{owner}: robust={rule.name!r} replaces the engine's weighted average, but "
             f"{algorithm.name}'s update does more with the replies (its own server state or "
