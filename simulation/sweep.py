@@ -224,18 +224,17 @@ def execute(
     Every run's config is checked first (SystemExit naming the variant and seed:
     :mod:`.preflight`)."""
     federation_config = federation(spec)
-    code = git_state()  # the commit every run of this sweep records (provenance.json)
     chosen = None
     if "tuning" in spec:
-        chosen = tune(spec, out, federation_config, ray_address, variants, code)
+        chosen = tune(spec, out, federation_config, ray_address, variants)
     runs = plan(spec, out, seeds, variants, chosen)
-    return run_all(runs, spec, out, federation_config, ray_address, code)
+    return run_all(runs, spec, out, federation_config, ray_address)
 
 
 def run_all(runs: list[SweepRun], spec: dict, out: Path, federation_config: dict,
-            ray_address: str | None, code: dict) -> list[tuple[SweepRun, Path]]:
+            ray_address: str | None) -> list[tuple[SweepRun, Path]]:
     """Check every run's config, then run each one not finished yet; (run, run directory)
-    of the finished ones (``code``: :func:`simulation.provenance.git_state`)."""
+    of the finished ones."""
     refuse_bad_run_configs(((f"variant {run.variant!r}, seed {run.seed}", run.run_config)
                             for run in runs), federation_config, fix_as=sweep_file_fix)
     done = []
@@ -245,7 +244,7 @@ def run_all(runs: list[SweepRun], spec: dict, out: Path, federation_config: dict
             existing = finished_run_dir(run)
             if existing is None:
                 existing = execute_one(run, label, spec, out, federation_config, ray_address,
-                                       progress, code)
+                                       progress)
                 if existing is None:
                     continue
             else:
@@ -256,7 +255,7 @@ def run_all(runs: list[SweepRun], spec: dict, out: Path, federation_config: dict
 
 
 def tune(spec: dict, out: Path, federation_config: dict, ray_address: str | None,
-         variants: list[str] | None, code: dict) -> dict:
+         variants: list[str] | None) -> dict:
     """Run the tuning runs of the selected variants and choose each variant's values
     (:func:`simulation.tuning.choose`); variant -> choice, for the variants whose tuning
     runs all finished (the others are named)."""
@@ -268,7 +267,7 @@ def tune(spec: dict, out: Path, federation_config: dict, ray_address: str | None
                      tuning_config(variant_config(spec, t.variant), t, seed), t.directory)
             for t in planned]
     done = {run.directory: directory
-            for run, directory in run_all(runs, spec, out, federation_config, ray_address, code)}
+            for run, directory in run_all(runs, spec, out, federation_config, ray_address)}
     chosen = choose(planned, {t: done[t.directory] for t in planned if t.directory in done}, out)
     for name in names:
         if name in chosen:
@@ -285,8 +284,7 @@ def rounds_of(run: SweepRun) -> int:
 
 
 def execute_one(run: SweepRun, label: str, spec: dict, out: Path, federation: dict,
-                ray_address: str | None, progress: SweepProgress,
-                code: dict | None = None) -> Path | None:
+                ray_address: str | None, progress: SweepProgress) -> Path | None:
     """One ``flwr run`` of the sweep (from its last checkpoint where there is one); its run
     directory, or None if it failed."""
     start = time.monotonic()
@@ -298,6 +296,7 @@ def execute_one(run: SweepRun, label: str, spec: dict, out: Path, federation: di
     else:
         print(f"{label}: running ...", flush=True)
     before = run_dirs(run.directory)
+    code = git_state()  # the code this run's FAB is built from (provenance.json)
     try:
         result = run_app(
             run_config,

@@ -20,7 +20,7 @@ from strategies import contract as C
 
 @pytest.fixture(autouse=True)
 def known_commit(monkeypatch):
-    """The sweep records the git state once per sweep (a process): a fixed one here."""
+    """The sweep asks git for the code's state before each run (a process): fixed here."""
     monkeypatch.setattr(sweep, "git_state", lambda: {"git-commit": "abc", "git-dirty": False})
 
 INFO = "\x1b[92mINFO \x1b[0m:      "  # how flwr run --stream shows a ServerApp log line

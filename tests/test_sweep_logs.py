@@ -15,7 +15,7 @@ from tests.test_sweep import SWEEP_TOML, fake_run_dir, write
 
 @pytest.fixture(autouse=True)
 def known_commit(monkeypatch):
-    """The sweep records the git state once per sweep (a process): a fixed one here."""
+    """The sweep asks git for the code's state before each run (a process): fixed here."""
     monkeypatch.setattr(sweep, "git_state", lambda: {"git-commit": "abc", "git-dirty": False})
 
 
