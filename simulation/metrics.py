@@ -138,11 +138,14 @@ def budget_to_target(records: list[dict], budget: str, target: float) -> float |
 def last_mean(records: list[dict], budget: str = "rounds", limit: float | None = None,
               count: int = LAST_EVALUATIONS) -> float:
     """Mean accuracy of the last ``count`` evaluations spent within ``limit`` of ``budget``
-    (None: the whole run); fewer when fewer were made."""
+    (None: the whole run); fewer when fewer were made. Round 0's evaluation (the initial
+    model, before any training) counts only in a run that made no other."""
     scored = evaluated(records)
     if limit is not None:
         spent = budget_axis(records, budget)
         scored = [r for r, b in zip(scored, spent) if b <= limit + 1e-9 * max(1.0, abs(limit))]
+    trained = [r for r in scored if r.get(C.LOG_ROUND) != 0]
+    scored = trained or scored
     if not scored:
         raise ValueError(f"no evaluation within a budget of {limit:g} {budget}")
     return float(np.mean([r[C.LOG_ACCURACY] for r in scored[-count:]]))

@@ -301,8 +301,8 @@ def verdict(claim: Claim, effects: list[float], candidate_bounds: int = 0,
         if candidate_bounds:
             return (INCONCLUSIVE, f"the candidate missed the target in {candidate_bounds} "
                     "seeds (its effect there is an upper bound)", interval)
-        return REPRODUCED, "mean meets the claim and the interval excludes the other side", \
-            interval
+        return REPRODUCED, ("the mean meets the claim and the interval lies above 0" if theta > 0
+                            else "the interval lies at or above the claimed margin"), interval
     if interval.high < theta:
         if baseline_bounds:
             return (INCONCLUSIVE, f"the baseline missed the target in {baseline_bounds} seeds "

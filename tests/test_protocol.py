@@ -400,3 +400,9 @@ def test_a_damaged_provenance_file_is_kept_aside_not_lost(tmp_path, capsys):
     assert (tmp_path / "provenance.json.bad").read_text() == "{not json"
     assert len(provenance.read(tmp_path)) == 1
     assert "unreadable provenance" in capsys.readouterr().out
+
+
+def test_the_initial_models_evaluation_is_not_a_result():
+    rows = records([1.0, 2.0], [0.5, 0.7])  # round 0 is logged at 0.1
+    assert last_mean(rows) == pytest.approx(0.6)
+    assert last_mean(rows[:1]) == pytest.approx(0.1)  # nothing trained: the only one there is
