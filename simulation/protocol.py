@@ -51,6 +51,7 @@ from pathlib import Path
 
 from .metrics import BUDGETS, LAST_EVALUATIONS, budget_axis, budget_to_target, last_mean
 from .stats import CONFIDENCE, MeanInterval, mean_interval, paired_t_pvalue
+from .tuning import points
 
 CLAIM_KEYS = ("name", "statement", "paper", "kind", "measure", "budget", "target", "effect",
               "candidate", "baselines", "equal")
@@ -188,6 +189,15 @@ def variant_config(spec: Mapping, name: str) -> dict:
     return {**spec.get("base", {}), **overrides}
 
 
+def tuned_configs(spec: Mapping, name: str) -> list[dict]:
+    """The run configs a variant may run with: one per tuning point (its values from
+    ``[tuning] grid`` and its ``tune``) in a tuned file, else its one config."""
+    config = variant_config(spec, name)
+    if "tuning" not in spec:
+        return [config]
+    return [{**config, **point} for point in points(spec, name)]
+
+
 def num_clients(config: Mapping, spec: Mapping) -> int:
     """K, the clients a round samples from before availability: the virtual clients of
     packed simulation, else the federation's SuperNodes."""
@@ -225,16 +235,17 @@ def check_protocol(spec: Mapping, path: Path | str = "sweep file") -> list[Claim
                              f"{', '.join(variants)})")
         if claim.candidate in claim.baselines:
             raise ValueError(f"{where}: the candidate {claim.candidate!r} is among its baselines")
-        configs = {v: variant_config(spec, v) for v in named}
+        configs = {v: tuned_configs(spec, v) for v in named}  # every point it may be tuned to
         if claim.kind in ("async", "selection", "width"):
             lacking = [f"{what}: {doc}" for what, (listed, doc) in STRONGEST.items()
-                       if not any(listed(configs[b]) for b in claim.baselines)]
+                       if not any(all(map(listed, configs[b])) for b in claim.baselines)]
             if lacking:
                 raise ValueError(f"{where}: a claim about {claim.kind} must list the strongest "
                                  "synchronous baselines; its baselines lack " + "; ".join(lacking)
                                  + ". Add such variants to the file and to the claim's baselines")
         if "clients-in-flight" in claim.equal:
-            flight = {v: clients_in_flight(configs[v], spec) for v in named}
+            flight = {v: "/".join(sorted({str(clients_in_flight(c, spec)) for c in configs[v]}))
+                      for v in named}
             if len(set(flight.values())) > 1:
                 raise ValueError(
                     f"{where}: resources are not equal: clients in flight "

@@ -406,3 +406,13 @@ def test_the_initial_models_evaluation_is_not_a_result():
     rows = records([1.0, 2.0], [0.5, 0.7])  # round 0 is logged at 0.1
     assert last_mean(rows) == pytest.approx(0.6)
     assert last_mean(rows[:1]) == pytest.approx(0.1)  # nothing trained: the only one there is
+
+
+def test_a_baseline_is_judged_at_every_point_it_may_be_tuned_to(tmp_path):
+    text = TUNED.replace("server-momentum = 0.9\n", "tune = { lr = [0.02, 0.05], "
+                         "server-momentum = [0.5, 0.9] }\n") + CLAIM
+    text = text.replace("grid = { lr = [0.02, 0.05, 0.1] }",
+                        "grid = { lr = [0.02, 0.05, 0.1, 0.2] }")
+    assert P.check_protocol(load(tmp_path, text))  # FedAvgM at each of its 4 points
+    with pytest.raises(ValueError, match="lack FedAvgM"):  # one point without momentum
+        load(tmp_path, text.replace("server-momentum = [0.5, 0.9]", "server-momentum = [0.0, 0.9]"))

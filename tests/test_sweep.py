@@ -21,6 +21,8 @@ from fedapp.checkpoint import make_payload, save_checkpoint
 from fedapp.config import RunConfig
 from fedapp.registry import build_strategy
 from simulation import sweep
+from simulation.protocol import variant_config
+from simulation.tuning import tuning_config, tuning_runs
 from simulation.experiments import EXPERIMENTS_DIR, sweep_files
 
 SHIPPED = EXPERIMENTS_DIR / "fedprox_stragglers.toml"
@@ -316,10 +318,16 @@ def test_every_shipped_experiment_is_a_valid_sweep(path, tmp_path):
     spec = sweep.load_sweep(path)
     for key in ("title", "claim", "runtime", "targets"):
         assert spec.get(key), f"{path.name}: no '{key}'"
-    runs = sweep.plan(spec, tmp_path)
-    assert runs
-    for run in runs:
-        RunConfig.from_user_config(run.run_config)  # raises ConfigError naming the bad key
+    configs = [run.run_config for run in sweep.plan(spec, tmp_path)]
+    if "tuning" in spec:  # every tuning run, and the seeds at each point they may be tuned to
+        for t in tuning_runs(spec, tmp_path):
+            configs.append(tuning_config(variant_config(spec, t.variant), t,
+                                         spec["tuning"]["seed"]))
+            configs += [run.run_config for run in sweep.plan(
+                spec, tmp_path, variants=[t.variant], chosen={t.variant: {"values": t.values}})]
+    assert configs
+    for config in configs:
+        RunConfig.from_user_config(config)  # raises ConfigError naming the bad key
     for prefix, baseline in spec.get("baselines", {}).items():
         assert baseline.startswith(prefix) and baseline in spec["variants"], (
             path.name,
