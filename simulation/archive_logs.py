@@ -8,7 +8,11 @@ name>``), in the same layout, each JSON file xz-compressed (``rounds.jsonl.xz``,
 so ``report``, ``results`` and ``sweep`` use the archive directly). Left out
 (:data:`LEFT_OUT`): models and checkpoints, tracking files, what the run outputs rebuild
 from the round log (``metrics.csv``, ``summary.json``, plots), the console output
-(``server.log``) and ``server.pid``; any other file of a run is copied as it is.
+(``server.log``) and ``server.pid``; any other file of a run is copied as it is (CSV
+files, e.g. ``device_profiles.csv``, xz-compressed too). A tuned sweep's tuning runs
+(``tuning/<variant>/<point>/seed<k>/<run>/``, :mod:`simulation.tuning`) are archived the
+same way, with ``tuning/chosen.json`` and the kept sweep file, so that a sweep continued from
+the archive neither tunes nor runs again what is there.
 
 An experiment adds at most 1 MiB to the repository (:data:`EXPERIMENT_LIMIT`): its archive
 plus its page (``docs/results/<name>/`` and ``docs/results/<name>.md``, ``--pages``). The
@@ -29,9 +33,12 @@ from pathlib import Path
 from fedapp.atomic_file import write_bytes_atomically
 from fedapp.run_log import COMPRESSED, run_directories, run_finished
 
+from .sweep import SWEEP_COPY
+from .tuning import CHOSEN, TUNING_FOLDER
+
 EXPERIMENT_LIMIT = 1024 * 1024  # bytes one experiment may add: its run logs and its page
 XZ_PRESET = 6 | lzma.PRESET_EXTREME  # as small as preset 9 on these logs, an 8 MiB dictionary
-COMPRESSED_KINDS = (".json", ".jsonl")  # what is stored as <name>.xz
+COMPRESSED_KINDS = (".json", ".jsonl", ".csv")  # what is stored as <name>.xz
 LEFT_OUT = {  # file-name pattern -> why a run's file is not archived
     "*.pt": "a model",
     "checkpoint*": "a checkpoint",
@@ -90,11 +97,14 @@ def select_runs(folder: Path, variants: list[str] | None = None,
     shell-style ``variants`` patterns and of ``seeds``, where given), read and compressed,
     and the run directories passed over as not finished."""
     runs, unfinished = [], []
-    for run_dir in run_directories(folder, "*/seed*/*"):
-        variant, seed_folder = run_dir.parent.parent.name, run_dir.parent.name
+    tuned = run_directories(folder, f"{TUNING_FOLDER}/*/*/seed*/*")  # <variant>/<point>/...
+    for run_dir in run_directories(folder, "*/seed*/*") + tuned:
+        tuning = run_dir in tuned
+        variant = (run_dir.parent.parent.parent if tuning else run_dir.parent.parent).name
+        seed_folder = run_dir.parent.name
         if variants is not None and not any(fnmatch.fnmatchcase(variant, p) for p in variants):
             continue
-        if seeds is not None and seed_folder not in {f"seed{s}" for s in seeds}:
+        if seeds is not None and not tuning and seed_folder not in {f"seed{s}" for s in seeds}:
             continue
         if not run_finished(run_dir):
             unfinished.append(run_dir)
@@ -178,6 +188,10 @@ def archive(folder: Path, to: Path, pages: Path = DEFAULT_PAGES,
         target.mkdir(parents=True)
         for name, content in run.files.items():
             write_bytes_atomically(target / name, content)
+    for kept_file in (Path(SWEEP_COPY), Path(TUNING_FOLDER) / CHOSEN):  # small, read as they are
+        if (folder / kept_file).is_file():
+            (to / kept_file).parent.mkdir(parents=True, exist_ok=True)
+            write_bytes_atomically(to / kept_file, (folder / kept_file).read_bytes())
     return line
 
 

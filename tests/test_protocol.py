@@ -416,3 +416,34 @@ def test_a_baseline_is_judged_at_every_point_it_may_be_tuned_to(tmp_path):
     assert P.check_protocol(load(tmp_path, text))  # FedAvgM at each of its 4 points
     with pytest.raises(ValueError, match="lack FedAvgM"):  # one point without momentum
         load(tmp_path, text.replace("server-momentum = [0.5, 0.9]", "server-momentum = [0.0, 0.9]"))
+
+
+def test_an_archived_tuned_sweep_continues_without_tuning_again(tmp_path, monkeypatch):
+    from simulation.archive_logs import archive
+
+    spec = load(tmp_path, TUNED.replace("[variants.over]", "[variants.over]\nseeds = [0]"))
+    out, archived = tmp_path / "out", tmp_path / "archive" / "exp"
+    calls = []
+
+    def fake_run_app(run_config, federation, **kwargs):
+        calls.append(run_config)
+        rows = records([1.0] * 20, [0.9 if run_config["lr"] == 0.05 else 0.5] * 20)
+        run = Path(run_config["output-dir"]) / "20260101-000000-fedavg-run1"
+        run.mkdir(parents=True)
+        (run / "rounds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (run / "config.json").write_text(json.dumps({"run-config": run_config}))
+        (run / "device_profiles.csv").write_text("partition-id,speed\n0,1.0\n")
+        (run / "final_model.pt").write_bytes(b"")
+        return SimpleNamespace(returncode=0, status="ok", output="")
+
+    monkeypatch.setattr(sweep, "run_app", fake_run_app)
+    monkeypatch.setattr(sweep, "git_state", lambda: {"git-commit": "abc", "git-dirty": False})
+    first = sweep.execute(spec, out, variants=["over"])
+    assert len(calls) == 4 and len(first) == 1  # 3 tuning runs, one seed
+    archive(out, archived, pages=tmp_path / "pages")
+    assert tuning.read_chosen(archived)["over"]["point"] == "lr=0.05"
+    [tuned] = list((archived / "tuning/over/lr=0.05/seed100").iterdir())
+    assert sorted(p.name for p in tuned.iterdir()) == [
+        "config.json.xz", "device_profiles.csv.xz", "provenance.json.xz", "rounds.jsonl.xz"]
+    calls.clear()
+    assert len(sweep.execute(spec, archived, variants=["over"])) == 1 and calls == []
