@@ -8,8 +8,8 @@ name>``), in the same layout, each JSON file xz-compressed (``rounds.jsonl.xz``,
 so ``report``, ``results`` and ``sweep`` use the archive directly). Left out
 (:data:`LEFT_OUT`): models and checkpoints, tracking files, what the run outputs rebuild
 from the round log (``metrics.csv``, ``summary.json``, plots), the console output
-(``server.log``) and ``server.pid``; any other file of a run is copied as it is (CSV
-files, e.g. ``device_profiles.csv``, xz-compressed too). A tuned sweep's tuning runs
+(``server.log``), ``server.pid`` and the fleet's ``device_profiles.csv``; any other file of
+a run is copied as it is (CSV files xz-compressed too). A tuned sweep's tuning runs
 (``tuning/<variant>/<point>/seed<k>/<run>/``, :mod:`simulation.tuning`) are archived the
 same way, with ``tuning/chosen.json`` and the kept sweep file, so that a sweep continued from
 the archive neither tunes nor runs again what is there.
@@ -49,6 +49,8 @@ LEFT_OUT = {  # file-name pattern -> why a run's file is not archived
     "*.png": "a plot (rebuilt from the logs)",
     "server.log": "console output",
     "server.pid": "process state",
+    "device_profiles.csv": "rebuilt from the run config (a generated fleet is a function of "
+                           "its seed; a trace fleet is its own file)",
 }
 DEFAULT_ARCHIVE = Path("docs/results/run-logs")
 DEFAULT_PAGES = Path("docs/results")

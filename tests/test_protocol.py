@@ -444,6 +444,6 @@ def test_an_archived_tuned_sweep_continues_without_tuning_again(tmp_path, monkey
     assert tuning.read_chosen(archived)["over"]["point"] == "lr=0.05"
     [tuned] = list((archived / "tuning/over/lr=0.05/seed100").iterdir())
     assert sorted(p.name for p in tuned.iterdir()) == [
-        "config.json.xz", "device_profiles.csv.xz", "provenance.json.xz", "rounds.jsonl.xz"]
+        "config.json.xz", "provenance.json.xz", "rounds.jsonl.xz"]
     calls.clear()
     assert len(sweep.execute(spec, archived, variants=["over"])) == 1 and calls == []
