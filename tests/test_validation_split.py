@@ -20,22 +20,14 @@ from simulation.preflight import PreflightError, data_source, partition_sizes
 from strategies import contract as C
 from task.cache import ArrayCache
 from task.data import (MIN_VALIDATION_EXAMPLES, DataSource, PartitionSpec, client_data,
-                       load_dataset, partition_for, source_files, train_labels, training_rows,
+                       load_dataset, source_files, train_labels, training_rows,
                        validation_indices)
 from task.models import build_model
-from task.node_data import cached_entries, load_partition
+from task.node_data import cached_entries
 from tests.test_data import write_tiny_fashion_mnist
+from tests.test_data_cache import fresh_caches  # noqa: F401 - autouse: empty caches per test
 
 N_TRAIN = 1000  # tiny Fashion-MNIST: labels 0..9 in turn, 100 each
-
-
-@pytest.fixture(autouse=True)
-def fresh_caches():
-    for cached in (load_dataset, partition_for, client_data, load_partition):
-        cached.cache_clear()
-    yield
-    for cached in (load_dataset, partition_for, client_data, load_partition):
-        cached.cache_clear()
 
 
 @pytest.fixture
