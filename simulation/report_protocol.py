@@ -106,7 +106,8 @@ def protocol_section(claims: list[Claim], runs: Runs, labels: dict[str, str], ou
         comparisons = compare(claim, seeds)
         parts += ["", claim_markdown(claim, comparisons, labels)]
         for c in comparisons:
-            rows.append({"claim": claim.name, "candidate": claim.candidate,
+            rows.append({"claim": claim.name, "statement": claim.statement,
+                         "paper": claim.paper, "candidate": claim.candidate,
                          "baseline": c.baseline, "measure": claim.measure,
                          "budget": claim.budget, "claimed": claim.effect,
                          "seeds": " ".join(map(str, c.seeds)),

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from .experiments import EXPERIMENTS_DIR
 from .experiments import fedveca
+from .claims_index import write_claims_index
 from .protocol import claims_of
 from .report import build_report
 
@@ -63,4 +64,6 @@ def run(args: argparse.Namespace) -> int:
     for name in built:
         report = "report.md" if "/" not in name else "tables.md"
         print(f"{args.out / name / report}")
+    if write_claims_index(out / "README.md", out):
+        print(f"{args.out / 'README.md'} (the protocol experiments' verdicts)")
     return 0

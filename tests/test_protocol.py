@@ -447,3 +447,24 @@ def test_an_archived_tuned_sweep_continues_without_tuning_again(tmp_path, monkey
         "config.json.xz", "provenance.json.xz", "rounds.jsonl.xz"]
     calls.clear()
     assert len(sweep.execute(spec, archived, variants=["over"])) == 1 and calls == []
+
+
+def test_the_results_readme_lists_every_claims_verdict_from_its_csv(tmp_path):
+    from simulation.claims_index import BEGIN, END, write_claims_index
+
+    folder, out = tmp_path / "runs", tmp_path / "results" / "exp"
+    runs = {"cand": [], "base": []}
+    for seed in range(5):
+        for variant, factor in {"cand": 2.0 + 0.05 * seed, "base": 1.0}.items():
+            rows = records([10.0 * i / factor for i in range(1, 21)],
+                           [min(0.9, 0.5 + 0.02 * i) for i in range(1, 21)])
+            runs[variant].append((write_run(folder, variant, seed, rows), rows))
+    write_report(runs, out, [0.75], claims=[claim()])
+    readme = tmp_path / "results" / "README.md"
+    readme.write_text(f"# Results\n\n{BEGIN}\nold\n{END}\n\nafter\n")
+    assert write_claims_index(readme, tmp_path / "results")
+    text = readme.read_text()
+    assert "old" not in text and text.endswith(f"{END}\n\nafter\n")
+    [row] = [line for line in text.splitlines() if line.startswith("| [exp]")]
+    assert "| **reproduced** |" in row and "base: 2.10× [2.00×, 2.20×]" in row and "p = " in row
+    assert not write_claims_index(tmp_path / "nothing.md", tmp_path / "results")
