@@ -9,7 +9,9 @@ so ``report``, ``results`` and ``sweep`` use the archive directly). Left out
 (:data:`LEFT_OUT`): models and checkpoints, tracking files, what the run outputs rebuild
 from the round log (``metrics.csv``, ``summary.json``, plots), the console output
 (``server.log``), ``server.pid`` and the fleet's ``device_profiles.csv``; any other file of
-a run is copied as it is (CSV files xz-compressed too). A tuned sweep's tuning runs
+a run is copied as it is (CSV files xz-compressed too). The round log keeps every record and
+field a rerun reproduces; the machine's timings and memory (``LOG_TIMING_KEYS``) are left
+out unless ``--timings`` (a third of an 80-round log). A tuned sweep's tuning runs
 (``tuning/<variant>/<point>/seed<k>/<run>/``, :mod:`simulation.tuning`) are archived the
 same way, with ``tuning/chosen.json`` and the kept sweep file, so that a sweep continued from
 the archive neither tunes nor runs again what is there.
@@ -25,13 +27,15 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import json
 import lzma
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from fedapp.atomic_file import write_bytes_atomically
-from fedapp.run_log import COMPRESSED, run_directories, run_finished
+from fedapp.run_log import COMPRESSED, ROUNDS_LOG, run_directories, run_finished
+from strategies import contract as C
 
 from .sweep import SWEEP_COPY
 from .tuning import CHOSEN, TUNING_FOLDER
@@ -76,15 +80,36 @@ def left_out_why(name: str) -> str | None:
                 None)
 
 
-def archived_files(run_dir: Path) -> tuple[dict[str, bytes], int]:
+def without_timings(log: bytes) -> bytes:
+    """A round log without the fields that measure the machine (time, memory:
+    ``strategies.contract.LOG_TIMING_KEYS``), which a rerun of the same seed does not
+    reproduce; each record as the ServerApp writes it (sorted keys), a line that is no JSON
+    object kept as it is."""
+    lines = []
+    for line in log.decode("utf-8", errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            record = None
+        if isinstance(record, dict):
+            line = json.dumps({k: v for k, v in record.items() if k not in C.LOG_TIMING_KEYS},
+                              sort_keys=True)
+        lines.append(line)
+    return ("\n".join(lines) + "\n").encode() if lines else log
+
+
+def archived_files(run_dir: Path, timings: bool = False) -> tuple[dict[str, bytes], int]:
     """The files of ``run_dir`` to archive (stored name -> content, JSON xz-compressed) and
-    the bytes they take uncompressed; folders in a run directory (tracking) are left out."""
+    the bytes they take uncompressed; folders in a run directory (tracking) are left out, and
+    the round log's machine timings unless ``timings`` (:func:`without_timings`)."""
     files, source_bytes = {}, 0
     for path in sorted(run_dir.iterdir()):
         if not path.is_file() or left_out_why(path.name) is not None:
             continue
         content = path.read_bytes()
         source_bytes += len(content)
+        if path.name == ROUNDS_LOG and not timings:
+            content = without_timings(content)
         if path.suffix in COMPRESSED_KINDS:
             files[path.name + COMPRESSED] = lzma.compress(content, format=lzma.FORMAT_XZ,
                                                           preset=XZ_PRESET)
@@ -94,7 +119,8 @@ def archived_files(run_dir: Path) -> tuple[dict[str, bytes], int]:
 
 
 def select_runs(folder: Path, variants: list[str] | None = None,
-                seeds: list[int] | None = None) -> tuple[list[ArchivedRun], list[Path]]:
+                seeds: list[int] | None = None, timings: bool = False
+                ) -> tuple[list[ArchivedRun], list[Path]]:
     """The finished runs of sweep folder ``folder`` (of the variants matching one of the
     shell-style ``variants`` patterns and of ``seeds``, where given), read and compressed,
     and the run directories passed over as not finished."""
@@ -111,7 +137,7 @@ def select_runs(folder: Path, variants: list[str] | None = None,
         if not run_finished(run_dir):
             unfinished.append(run_dir)
             continue
-        files, source_bytes = archived_files(run_dir)
+        files, source_bytes = archived_files(run_dir, timings)
         runs.append(ArchivedRun(variant, run_dir.relative_to(folder), files, source_bytes))
     return runs, unfinished
 
@@ -156,7 +182,7 @@ def what_to_drop(runs: list[ArchivedRun], excess: int) -> str:
 
 def archive(folder: Path, to: Path, pages: Path = DEFAULT_PAGES,
             variants: list[str] | None = None, seeds: list[int] | None = None,
-            limit: int = EXPERIMENT_LIMIT) -> str:
+            limit: int = EXPERIMENT_LIMIT, timings: bool = False) -> str:
     """Archive the finished runs of ``folder`` into ``to`` (module docstring); the size line.
 
     Raises SystemExit, having written nothing, when there is no finished run, or when the
@@ -164,7 +190,7 @@ def archive(folder: Path, to: Path, pages: Path = DEFAULT_PAGES,
     if not folder.is_dir():
         raise SystemExit(f"archive-logs: {folder} is not a folder; give a sweep's results "
                          "folder (<variant>/seed<k>/<run>/)")
-    runs, unfinished = select_runs(folder, variants, seeds)
+    runs, unfinished = select_runs(folder, variants, seeds, timings)
     for run_dir in unfinished:
         print(f"note: {run_dir} is not finished; not archived")
     if not runs:
@@ -211,10 +237,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="archive only the variants matching one of these shell patterns")
     parser.add_argument("--seeds", nargs="+", type=int, default=None, metavar="K",
                         help="archive only these seeds")
+    parser.add_argument("--timings", action="store_true",
+                        help="keep the round logs' machine timings and memory (left out by "
+                             "default: a rerun does not reproduce them)")
 
 
 def run(args: argparse.Namespace) -> int:
     """Archive and print the size line."""
     to = args.to if args.to is not None else DEFAULT_ARCHIVE / args.folder.resolve().name
-    print(archive(args.folder, to, args.pages, args.variants, args.seeds))
+    print(archive(args.folder, to, args.pages, args.variants, args.seeds,
+                  timings=args.timings))
     return 0

@@ -35,7 +35,8 @@ lr = 0.2
 
 
 def records(accuracies: list[float]) -> list[dict]:
-    return [{"round": r, "accuracy": a, "loss": 1.0 - a, "bytes-up": 100 * r}
+    return [{"round": r, "accuracy": a, "loss": 1.0 - a, "bytes-up": 100 * r,
+             "wall-seconds": 0.5 + r}  # a machine timing: left out of the archive
             for r, a in enumerate(accuracies)]
 
 
@@ -46,7 +47,8 @@ def write_run(parent: Path, name: str, accuracies: list[float], rounds: int = RO
     run.mkdir(parents=True)
     (run / "config.json").write_text(json.dumps(
         {"run-config": {"num-server-rounds": rounds, "strategy": "fedavg", "lr": 0.1}}))
-    (run / "rounds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records(accuracies)))
+    (run / "rounds.jsonl").write_text("".join(json.dumps(r, sort_keys=True) + "\n"
+                                              for r in records(accuracies)))
     (run / "partitions.json").write_text(json.dumps({"0": [5, 1], "1": [0, 7]}))
     (run / "device_profiles.csv").write_text("device,speed\n0,1.0\n")
     for left_out in ("server.log", "server.pid", "metrics.csv", "summary.json",
@@ -202,10 +204,13 @@ def test_archive_logs_copies_finished_runs_compressed_and_leaves_the_rest_out(tm
         copy = to / source.relative_to(folder)
         assert sorted(p.name for p in copy.iterdir()) == [
             "config.json.xz", "partitions.json.xz", "rounds.jsonl.xz"]  # no device profiles
-        for name in ("config.json", "rounds.jsonl", "partitions.json"):
+        for name in ("config.json", "partitions.json"):
             assert lzma.decompress((copy / f"{name}.xz").read_bytes()) == \
                 (source / name).read_bytes()
-        assert read_rounds(copy) == read_rounds(source) and run_finished(copy)
+        timed = read_rounds(source)
+        assert read_rounds(copy) == [{k: v for k, v in r.items() if k != "wall-seconds"}
+                                     for r in timed] and run_finished(copy)
+        assert all("wall-seconds" in r for r in timed)
 
 
 def test_archive_logs_refuses_over_the_limit_writing_nothing_and_names_what_to_drop(tmp_path):
@@ -282,3 +287,13 @@ def test_a_sweep_continued_from_archived_runs_skips_them(tmp_path, monkeypatch, 
     assert ran == [("b", "seed1")]
     assert [(r.variant, r.seed) for r, _ in done] == [("a", 0), ("a", 1), ("b", 0), ("b", 1)]
     assert capsys.readouterr().out.count("already done") == 3
+
+
+def test_archive_logs_keeps_the_machine_timings_only_when_asked(tmp_path):
+    folder = sweep_folder(tmp_path)
+    kept = tmp_path / "kept" / "tiny_experiment"
+    archive(folder, kept, pages=tmp_path / "pages", timings=True)
+    [source, *_] = run_directories(folder, "*/seed*/*")
+    copy = kept / source.relative_to(folder)
+    assert lzma.decompress((copy / "rounds.jsonl.xz").read_bytes()) == \
+        (source / "rounds.jsonl").read_bytes()
