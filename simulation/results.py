@@ -12,7 +12,7 @@ from .experiments import EXPERIMENTS_DIR
 from .experiments import fedveca
 from .claims_index import write_claims_index
 from .protocol import claims_of
-from .report import build_report
+from .report import build_report, collect
 
 
 def experiment_header(spec: dict) -> str:
@@ -26,6 +26,10 @@ def rebuild_results(experiments: Path, runs: Path, out: Path, names: list[str]) 
     built = []
     for path in sorted(experiments.glob("*.toml")):
         if (names and path.stem not in names) or not (runs / path.stem).is_dir():
+            continue
+        if not collect(runs / path.stem):  # e.g. a tuned sweep with only its tuning runs
+            print(f"note: {path.stem}: no finished seeded run in {runs / path.stem} yet; "
+                  "its report waits")
             continue
         spec = tomllib.loads(path.read_text())
         build_report(runs / path.stem, out / path.stem, list(spec.get("targets", [0.6, 0.7])),

@@ -468,3 +468,14 @@ def test_the_results_readme_lists_every_claims_verdict_from_its_csv(tmp_path):
     [row] = [line for line in text.splitlines() if line.startswith("| [exp]")]
     assert "| **reproduced** |" in row and "base: 2.10× [2.00×, 2.20×]" in row and "p = " in row
     assert not write_claims_index(tmp_path / "nothing.md", tmp_path / "results")
+
+
+def test_results_waits_for_an_experiment_with_only_tuning_runs(tmp_path, capsys):
+    from simulation.results import rebuild_results
+
+    experiments, runs, out = tmp_path / "exp", tmp_path / "runs", tmp_path / "out"
+    experiments.mkdir()
+    (experiments / "tuned.toml").write_text(TUNED)
+    write_run(runs / "tuned" / "tuning" / "over", "lr=0.02", 100, records([1.0], [0.5]))
+    assert rebuild_results(experiments, runs, out, []) == []
+    assert "no finished seeded run" in capsys.readouterr().out
