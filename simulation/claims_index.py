@@ -43,7 +43,7 @@ def claims_table(results: Path) -> str:
         for row in rows:
             by_claim.setdefault(row["claim"], []).append(row)
         experiment = path.parent.name
-        for claim, items in by_claim.items():
+        for items in by_claim.values():
             against = "; ".join(f"{r['baseline']}: {comparison_text(r)}, {r['verdict']}"
                                 for r in items)
             lines.append(f"| [{experiment}]({experiment}/report.md) | {items[0]['statement']} "

@@ -94,7 +94,7 @@ def points(spec: Mapping, variant: str, path: Path | str = "sweep file") -> list
                       f"{path}: variant {variant!r} tune"))
     if not grid:
         raise ValueError(f"{path}: [tuning] has no grid and variant {variant!r} no `tune`: "
-                         "nothing to tune (e.g. grid = {{ lr = [0.02, 0.05, 0.1] }})")
+                         "nothing to tune (e.g. grid = { lr = [0.02, 0.05, 0.1] })")
     keys = list(grid)
     return [dict(zip(keys, combo)) for combo in itertools.product(*(grid[k] for k in keys))]
 

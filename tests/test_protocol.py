@@ -479,3 +479,9 @@ def test_results_waits_for_an_experiment_with_only_tuning_runs(tmp_path, capsys)
     write_run(runs / "tuned" / "tuning" / "over", "lr=0.02", 100, records([1.0], [0.5]))
     assert rebuild_results(experiments, runs, out, []) == []
     assert "no finished seeded run" in capsys.readouterr().out
+
+
+def test_a_tuned_variant_with_nothing_to_tune_is_refused_with_an_example(tmp_path):
+    text = TUNED.replace("grid = { lr = [0.02, 0.05, 0.1] }\n", "")
+    with pytest.raises(ValueError, match=r"nothing to tune \(e.g. grid = \{ lr = "):
+        load(tmp_path, text)
