@@ -62,8 +62,9 @@ def run(args: argparse.Namespace) -> int:
     if not args.names or fedveca.NAME in args.names:
         built += fedveca.rebuild_results(runs, out)
     if not built:
-        print(f"no experiment under {args.experiments} has runs in {args.runs}; run "
-              "python -m simulation sweep simulation/experiments/<name>.toml first")
+        print(f"no experiment under {args.experiments} has finished seeded runs in "
+              f"{args.runs}; run python -m simulation sweep "
+              "simulation/experiments/<name>.toml first")
         return 1
     for name in built:
         report = "report.md" if "/" not in name else "tables.md"
