@@ -67,7 +67,7 @@ class ServerMomentum(Algorithm):
 
     def state_dict(self) -> dict:
         """The momentum buffer v (None before the first aggregated round), copied."""
-        return {"momentum-buffer": copied(self.momentum_buffer)}
+        return {"momentum-buffer": agg.copied(self.momentum_buffer)}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore what :meth:`state_dict` returned; a buffer that is not a mapping of names to
@@ -84,7 +84,7 @@ class ServerMomentum(Algorithm):
             if bad is not None:
                 raise ValueError(f"the checkpoint's FedAvgM momentum buffer has NaN or Inf in "
                                  f"{bad!r}; start the run afresh (resume-from = \"\")")
-        self.momentum_buffer = copied(buffer)
+        self.momentum_buffer = agg.copied(buffer)
 
 
 def check_buffer_fits(buffer: agg.NDArrays | None,
@@ -102,11 +102,6 @@ def check_buffer_fits(buffer: agg.NDArrays | None,
             raise ValueError(f"FedAvgM's momentum buffer does not fit the model: {key!r} has "
                              f"{shape}, the model's is {list(value.shape)}; a checkpoint of "
                              f"another model? Start the run afresh (resume-from = \"\")")
-
-
-def copied(arrays: Mapping[str, np.ndarray] | None) -> dict[str, np.ndarray] | None:
-    """A copy of each array (None stays None)."""
-    return None if arrays is None else {k: np.array(v, copy=True) for k, v in arrays.items()}
 
 
 class FedAvg(RoundEngine):

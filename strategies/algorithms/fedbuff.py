@@ -23,11 +23,10 @@ from ..engine.async_engine import (
     ClientUpdate,
     ServerStep,
 )
-from ..engine.averaging import NDArrays, WeightedModelSum
+from ..engine.averaging import NDArrays, WeightedModelSum, copied
 from ..engine.keys import Key, at_least
 from ..engine.participation import check_whole
 from ..engine.registry import register
-from .fednova import copied
 from .staleness import STALENESS_KEY, Staleness, add_update, fedbuff_step
 
 __all__ = ["BufferedAsync", "FedBuff"]

@@ -26,7 +26,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from logging import WARNING
 
-import numpy as np
 from flwr.app import Message
 from flwr.common.logger import log
 
@@ -38,7 +37,7 @@ from ..engine.algorithm import Algorithm, Contract, Outgoing, RoundInput, RoundU
 from ..engine.registry import register
 from ..engine.round_engine import RoundEngine
 
-__all__ = ["FedNova", "Normalised", "REPORT_STEPS_HELPER", "a_norm", "copied",
+__all__ = ["FedNova", "Normalised", "REPORT_STEPS_HELPER", "a_norm",
            "no_step_problem", "stock_loop_steps"]
 
 REPORT_STEPS_HELPER = "strategies.client.report_local_steps"
@@ -100,11 +99,11 @@ class Normalised(Algorithm):
 
     def state_dict(self) -> dict:
         """The server momentum buffer v (None without momentum), copied."""
-        return {"momentum-buffer": copied(self.momentum_buffer)}
+        return {"momentum-buffer": agg.copied(self.momentum_buffer)}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore what :meth:`state_dict` returned."""
-        self.momentum_buffer = copied(state.get("momentum-buffer"))
+        self.momentum_buffer = agg.copied(state.get("momentum-buffer"))
 
 
 def no_step_problem(reply: Message, sent: Mapping[str, object], fednova: Normalised
@@ -211,11 +210,6 @@ def stock_loop_words(metrics: Mapping[str, object], sent: Mapping[str, object],
     batch = fednova.batch_size if fednova.batch_size is not None else sent.get(C.BATCH_SIZE)
     return (f"a stock DataLoader loop over n_i = {metrics.get(C.NUM_EXAMPLES)!r} examples with "
             f"E = {epochs!r}, B = {batch!r}, drop_last={fednova.drop_last}")
-
-
-def copied(arrays: Mapping[str, np.ndarray] | None) -> dict[str, np.ndarray] | None:
-    """A copy of each array (None stays None)."""
-    return None if arrays is None else {k: np.array(v, copy=True) for k, v in arrays.items()}
 
 
 class FedNova(RoundEngine):

@@ -31,7 +31,7 @@ from ..engine.registry import register
 from ..engine.round_engine import RoundEngine
 from ..engine.round_plan import RoundPlan
 from . import fedveca_math as vm
-from .fednova import FedNovaSection, copied
+from .fednova import FedNovaSection
 
 __all__ = ["AdaptiveSteps", "FedVeca", "FedVecaWork"]
 
@@ -174,7 +174,7 @@ class AdaptiveSteps(Algorithm):
         """The cross-round state: tau table, L, previous global gradient and model."""
         return {"taus": dict(self.taus), "smoothness-max": self.smoothness_max,
                 "smoothness-pending": self.smoothness_pending, "gnorm2-prev": self.gnorm2_prev,
-                "prev-model": copied(self.prev_model), "prev-grad": copied(self.prev_grad)}
+                "prev-model": agg.copied(self.prev_model), "prev-grad": agg.copied(self.prev_grad)}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore what :meth:`state_dict` returned (taus within [2, tau_max])."""
@@ -187,8 +187,8 @@ class AdaptiveSteps(Algorithm):
         self.smoothness_max = state["smoothness-max"]
         self.smoothness_pending = state["smoothness-pending"]
         self.gnorm2_prev = state["gnorm2-prev"]
-        self.prev_model = copied(state["prev-model"])
-        self.prev_grad = copied(state["prev-grad"])
+        self.prev_model = agg.copied(state["prev-model"])
+        self.prev_grad = agg.copied(state["prev-grad"])
 
 
 def estimates_wanted(gnorm2_prev: float | None) -> bool:

@@ -461,6 +461,11 @@ def fednova_norm_proximal(tau: float, lr: float, mu: float) -> float:
     return (1 - (1 - alpha) ** tau) / alpha
 
 
+def copied(arrays: Mapping[str, np.ndarray] | None) -> dict[str, np.ndarray] | None:
+    """A copy of each array (None stays None): a server momentum buffer as state."""
+    return None if arrays is None else {k: np.array(v, copy=True) for k, v in arrays.items()}
+
+
 def apply_server_momentum(
     global_arrays: Mapping[str, np.ndarray], new: NDArrays, buffer: NDArrays | None, gamma: float,
     server_lr: float = 1.0,
