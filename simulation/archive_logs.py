@@ -11,7 +11,10 @@ from the round log (``metrics.csv``, ``summary.json``, plots), the console outpu
 (``server.log``), ``server.pid`` and the fleet's ``device_profiles.csv``; any other file of
 a run is copied as it is (CSV files xz-compressed too). The round log keeps every record and
 field a rerun reproduces; the machine's timings and memory (``LOG_TIMING_KEYS``) are left
-out unless ``--timings`` (a third of an 80-round log). A tuned sweep's tuning runs
+out unless ``--timings`` (a third of an 80-round log), and so are the selection's values per
+candidate client (``LOG_PER_CANDIDATE_KEYS``: Oort's utilities, Power-of-Choice's losses,
+which no report reads) unless ``--candidates`` (half to two thirds of a selection run's
+archived log). A tuned sweep's tuning runs
 (``tuning/<variant>/<point>/seed<k>/<run>/``, :mod:`simulation.tuning`) are archived the
 same way, with ``tuning/chosen.json`` and the kept sweep file, so that a sweep continued from
 the archive neither tunes nor runs again what is there.
@@ -80,11 +83,17 @@ def left_out_why(name: str) -> str | None:
                 None)
 
 
-def without_timings(log: bytes) -> bytes:
-    """A round log without the fields that measure the machine (time, memory:
-    ``strategies.contract.LOG_TIMING_KEYS``), which a rerun of the same seed does not
-    reproduce; each record as the ServerApp writes it (sorted keys), a line that is no JSON
-    object kept as it is."""
+def left_out_keys(timings: bool = False, candidates: bool = False) -> frozenset[str]:
+    """The round-log keys not archived: the machine's timings (``LOG_TIMING_KEYS``, which a
+    rerun of the same seed does not reproduce) unless ``timings``, the values per candidate
+    client (``LOG_PER_CANDIDATE_KEYS``) unless ``candidates``."""
+    return ((frozenset() if timings else C.LOG_TIMING_KEYS)
+            | (frozenset() if candidates else C.LOG_PER_CANDIDATE_KEYS))
+
+
+def without_keys(log: bytes, keys: frozenset[str]) -> bytes:
+    """A round log without the fields ``keys`` (:func:`left_out_keys`); each record as the
+    ServerApp writes it (sorted keys), a line that is no JSON object kept as it is."""
     lines = []
     for line in log.decode("utf-8", errors="replace").splitlines():
         try:
@@ -92,24 +101,25 @@ def without_timings(log: bytes) -> bytes:
         except ValueError:
             record = None
         if isinstance(record, dict):
-            line = json.dumps({k: v for k, v in record.items() if k not in C.LOG_TIMING_KEYS},
+            line = json.dumps({k: v for k, v in record.items() if k not in keys},
                               sort_keys=True)
         lines.append(line)
     return ("\n".join(lines) + "\n").encode() if lines else log
 
 
-def archived_files(run_dir: Path, timings: bool = False) -> tuple[dict[str, bytes], int]:
+def archived_files(run_dir: Path, left_out: frozenset[str] = C.LOG_TIMING_KEYS
+                   ) -> tuple[dict[str, bytes], int]:
     """The files of ``run_dir`` to archive (stored name -> content, JSON xz-compressed) and
     the bytes they take uncompressed; folders in a run directory (tracking) are left out, and
-    the round log's machine timings unless ``timings`` (:func:`without_timings`)."""
+    the round log's keys ``left_out`` (:func:`left_out_keys`)."""
     files, source_bytes = {}, 0
     for path in sorted(run_dir.iterdir()):
         if not path.is_file() or left_out_why(path.name) is not None:
             continue
         content = path.read_bytes()
         source_bytes += len(content)
-        if path.name == ROUNDS_LOG and not timings:
-            content = without_timings(content)
+        if path.name == ROUNDS_LOG and left_out:
+            content = without_keys(content, left_out)
         if path.suffix in COMPRESSED_KINDS:
             files[path.name + COMPRESSED] = lzma.compress(content, format=lzma.FORMAT_XZ,
                                                           preset=XZ_PRESET)
@@ -119,7 +129,8 @@ def archived_files(run_dir: Path, timings: bool = False) -> tuple[dict[str, byte
 
 
 def select_runs(folder: Path, variants: list[str] | None = None,
-                seeds: list[int] | None = None, timings: bool = False
+                seeds: list[int] | None = None,
+                left_out: frozenset[str] = C.LOG_TIMING_KEYS
                 ) -> tuple[list[ArchivedRun], list[Path]]:
     """The finished runs of sweep folder ``folder`` (of the variants matching one of the
     shell-style ``variants`` patterns and of ``seeds``, where given), read and compressed,
@@ -137,7 +148,7 @@ def select_runs(folder: Path, variants: list[str] | None = None,
         if not run_finished(run_dir):
             unfinished.append(run_dir)
             continue
-        files, source_bytes = archived_files(run_dir, timings)
+        files, source_bytes = archived_files(run_dir, left_out)
         runs.append(ArchivedRun(variant, run_dir.relative_to(folder), files, source_bytes))
     return runs, unfinished
 
@@ -182,7 +193,8 @@ def what_to_drop(runs: list[ArchivedRun], excess: int) -> str:
 
 def archive(folder: Path, to: Path, pages: Path = DEFAULT_PAGES,
             variants: list[str] | None = None, seeds: list[int] | None = None,
-            limit: int = EXPERIMENT_LIMIT, timings: bool = False) -> str:
+            limit: int = EXPERIMENT_LIMIT, timings: bool = False, candidates: bool = False
+            ) -> str:
     """Archive the finished runs of ``folder`` into ``to`` (module docstring); the size line.
 
     Raises SystemExit, having written nothing, when there is no finished run, or when the
@@ -190,7 +202,7 @@ def archive(folder: Path, to: Path, pages: Path = DEFAULT_PAGES,
     if not folder.is_dir():
         raise SystemExit(f"archive-logs: {folder} is not a folder; give a sweep's results "
                          "folder (<variant>/seed<k>/<run>/)")
-    runs, unfinished = select_runs(folder, variants, seeds, timings)
+    runs, unfinished = select_runs(folder, variants, seeds, left_out_keys(timings, candidates))
     for run_dir in unfinished:
         print(f"note: {run_dir} is not finished; not archived")
     if not runs:
@@ -240,11 +252,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timings", action="store_true",
                         help="keep the round logs' machine timings and memory (left out by "
                              "default: a rerun does not reproduce them)")
+    parser.add_argument("--candidates", action="store_true",
+                        help="keep the round logs' values per candidate client (Oort's "
+                             "selection-scores, Power-of-Choice's poc-losses; left out by "
+                             "default: no report reads them)")
 
 
 def run(args: argparse.Namespace) -> int:
     """Archive and print the size line."""
     to = args.to if args.to is not None else DEFAULT_ARCHIVE / args.folder.resolve().name
     print(archive(args.folder, to, args.pages, args.variants, args.seeds,
-                  timings=args.timings))
+                  timings=args.timings, candidates=args.candidates))
     return 0

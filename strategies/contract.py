@@ -321,6 +321,10 @@ LOG_TIMING_KEYS = frozenset({LOG_WALL_SECONDS, LOG_ELAPSED_SECONDS, LOG_EVAL_SEC
                              LOG_SERVER_MAX_RSS_MB, LOG_EVAL_MAX_RSS_MB,
                              LOG_SECONDS_PER_EVENT})
 
+# Keys with one value per candidate client of a round (the selection's working: Oort's
+# utilities, Power-of-Choice's d losses): most of a selection run's log, read by no report.
+LOG_PER_CANDIDATE_KEYS = frozenset({LOG_SELECTION_SCORES, LOG_POC_LOSSES})
+
 
 # Run-log records: a round's report is made of Sections whose fields name their LOG_* key.
 

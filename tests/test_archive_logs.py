@@ -297,3 +297,23 @@ def test_archive_logs_keeps_the_machine_timings_only_when_asked(tmp_path):
     copy = kept / source.relative_to(folder)
     assert lzma.decompress((copy / "rounds.jsonl.xz").read_bytes()) == \
         (source / "rounds.jsonl").read_bytes()
+
+
+def test_archive_logs_leaves_out_the_values_per_candidate_client_unless_asked(tmp_path):
+    folder = sweep_folder(tmp_path)
+    [source, *_] = run_directories(folder, "*/seed*/*")
+    scored = [{**r, "selection-scores": {"3": 0.5, "7": 0.25}, "poc-losses": {"3": 1.5}}
+              for r in read_rounds(source)]
+    (source / "rounds.jsonl").write_text("".join(json.dumps(r, sort_keys=True) + "\n"
+                                                 for r in scored))
+    plain, kept = tmp_path / "plain" / "tiny_experiment", tmp_path / "kept" / "tiny_experiment"
+    archive(folder, plain, pages=tmp_path / "pages")
+    archive(folder, kept, pages=tmp_path / "pages", candidates=True)
+    relative = source.relative_to(folder)
+    without = read_rounds(plain / relative)
+    assert [r["accuracy"] for r in without] == [r["accuracy"] for r in scored]
+    assert not any({"selection-scores", "poc-losses", "wall-seconds"} & set(r) for r in without)
+    with_candidates = read_rounds(kept / relative)
+    assert [r["selection-scores"] for r in with_candidates] == \
+        [r["selection-scores"] for r in scored]
+    assert all("wall-seconds" not in r for r in with_candidates)
