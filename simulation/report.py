@@ -50,6 +50,7 @@ import numpy as np
 from fedapp.run_log import has_round_log, read_rounds, run_directories, run_finished
 from fedapp.run_outputs import ACCURACY_AXIS, accuracy_percent, time_unit
 from strategies import contract as C
+from task.figure_png import save_png
 
 from .metrics import (bytes_to_target, cumulative_bytes, evaluated, evaluated_bytes, has_clock,
                       last_mean, percent_over_seeds, rounds_to_target, sim_elapsed,
@@ -495,7 +496,7 @@ def plot_curves(
         fig.suptitle(textwrap.fill(round_label[1], 85 * len(groups)), fontsize="medium")
     fig.tight_layout()
     legends = [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]
-    fig.savefig(path, dpi=100, bbox_inches="tight", bbox_extra_artists=legends)  # a legend
+    save_png(fig, path, dpi=100, bbox_inches="tight", bbox_extra_artists=legends)  # a legend
     # below its panel included
 
 

@@ -42,6 +42,8 @@ from typing import Any
 
 import numpy as np
 
+from .figure_png import save_png
+
 PARTITION_NAMES: tuple[str, ...] = (
     "iid",
     "dirichlet",
@@ -184,12 +186,7 @@ def plot_label_histogram(hist: np.ndarray, path: str | os.PathLike, title: str =
         ncol=1 if num_classes <= 20 else 2,
     )
     fig.tight_layout()
-    path = os.fspath(path)
-    parent = os.path.dirname(path)
-    if parent:
-        os.makedirs(parent, exist_ok=True)
-    fig.savefig(path, format="png", dpi=100)
-    return path
+    return save_png(fig, path, dpi=100)
 
 
 # --------------------------------------------------------------------------- #

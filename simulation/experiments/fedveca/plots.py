@@ -27,6 +27,7 @@ import numpy as np
 from simulation.metrics import evaluated
 from simulation.report import collect
 from strategies import contract as C
+from task.figure_png import save_png
 
 from .fairness import first_reach
 
@@ -233,7 +234,7 @@ def plot_curves(seeds: dict[str, dict[str, list[dict]]], path: Path, title: str 
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    save_png(fig, path, dpi=100)
 
 
 def plot_tau(records: list[dict], path: Path, title: str = "") -> bool:
@@ -285,7 +286,7 @@ def plot_tau(records: list[dict], path: Path, title: str = "") -> bool:
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    save_png(fig, path, dpi=100)
     return True
 
 
