@@ -14,7 +14,10 @@ field a rerun reproduces; the machine's timings and memory (``LOG_TIMING_KEYS``)
 out unless ``--timings`` (a third of an 80-round log), and so are the selection's values per
 candidate client (``LOG_PER_CANDIDATE_KEYS``: Oort's utilities, Power-of-Choice's losses,
 which no report reads) unless ``--candidates`` (half to two thirds of a selection run's
-archived log). A tuned sweep's tuning runs
+archived log). A file that
+many runs have alike (:data:`SHARED_NAMES`: ``partitions.json``, one per partition setting,
+3.7 KB each) is stored once, as ``shared/<sha256>.xz`` at the archive's top, each run keeping
+``partitions.json.sha256`` (:mod:`fedapp.run_log` follows it). A tuned sweep's tuning runs
 (``tuning/<variant>/<point>/seed<k>/<run>/``, :mod:`simulation.tuning`) are archived the
 same way, with ``tuning/chosen.json`` and the kept sweep file, so that a sweep continued from
 the archive neither tunes nor runs again what is there.
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import hashlib
 import json
 import lzma
 import shutil
@@ -37,7 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fedapp.atomic_file import write_bytes_atomically
-from fedapp.run_log import COMPRESSED, ROUNDS_LOG, run_directories, run_finished
+from fedapp.run_log import (COMPRESSED, ROUNDS_LOG, SHARED_FOLDER, SHARED_REFERENCE,
+                            run_directories, run_finished)
 from strategies import contract as C
 
 from .sweep import SWEEP_COPY
@@ -46,6 +51,7 @@ from .tuning import CHOSEN, TUNING_FOLDER
 EXPERIMENT_LIMIT = 1024 * 1024  # bytes one experiment may add: its run logs and its page
 XZ_PRESET = 6 | lzma.PRESET_EXTREME  # as small as preset 9 on these logs, an 8 MiB dictionary
 COMPRESSED_KINDS = (".json", ".jsonl", ".csv")  # what is stored as <name>.xz
+SHARED_NAMES = ("partitions.json",)  # stored once per content: shared/<sha256>.xz
 LEFT_OUT = {  # file-name pattern -> why a run's file is not archived
     "*.pt": "a model",
     "checkpoint*": "a checkpoint",
@@ -71,9 +77,11 @@ class ArchivedRun:
     relative: Path  # <variant>/seed<k>/<run>
     files: dict[str, bytes] = field(default_factory=dict)  # stored name -> content
     source_bytes: int = 0
+    shared: dict[str, bytes] = field(default_factory=dict)  # sha256 -> compressed content
 
     @property
     def size(self) -> int:
+        """Bytes of the run's own files (its shared ones are counted once, by the archive)."""
         return sum(len(content) for content in self.files.values())
 
 
@@ -107,12 +115,18 @@ def without_keys(log: bytes, keys: frozenset[str]) -> bytes:
     return ("\n".join(lines) + "\n").encode() if lines else log
 
 
+def compressed(content: bytes) -> bytes:
+    return lzma.compress(content, format=lzma.FORMAT_XZ, preset=XZ_PRESET)
+
+
 def archived_files(run_dir: Path, left_out: frozenset[str] = C.LOG_TIMING_KEYS
-                   ) -> tuple[dict[str, bytes], int]:
-    """The files of ``run_dir`` to archive (stored name -> content, JSON xz-compressed) and
-    the bytes they take uncompressed; folders in a run directory (tracking) are left out, and
-    the round log's keys ``left_out`` (:func:`left_out_keys`)."""
-    files, source_bytes = {}, 0
+                   ) -> tuple[dict[str, bytes], int, dict[str, bytes]]:
+    """The files of ``run_dir`` to archive (stored name -> content, JSON xz-compressed), the
+    bytes they take uncompressed and its shared files (sha256 -> compressed content: a
+    :data:`SHARED_NAMES` file is stored as ``<name>.sha256``, its digest); folders in a run
+    directory (tracking) are left out, and the round log's keys ``left_out``
+    (:func:`left_out_keys`)."""
+    files, source_bytes, shared = {}, 0, {}
     for path in sorted(run_dir.iterdir()):
         if not path.is_file() or left_out_why(path.name) is not None:
             continue
@@ -120,12 +134,15 @@ def archived_files(run_dir: Path, left_out: frozenset[str] = C.LOG_TIMING_KEYS
         source_bytes += len(content)
         if path.name == ROUNDS_LOG and left_out:
             content = without_keys(content, left_out)
-        if path.suffix in COMPRESSED_KINDS:
-            files[path.name + COMPRESSED] = lzma.compress(content, format=lzma.FORMAT_XZ,
-                                                          preset=XZ_PRESET)
+        if path.name in SHARED_NAMES:
+            digest = hashlib.sha256(content).hexdigest()
+            files[path.name + SHARED_REFERENCE] = (digest + "\n").encode()
+            shared[digest] = compressed(content)
+        elif path.suffix in COMPRESSED_KINDS:
+            files[path.name + COMPRESSED] = compressed(content)
         else:
             files[path.name] = content
-    return files, source_bytes
+    return files, source_bytes, shared
 
 
 def select_runs(folder: Path, variants: list[str] | None = None,
@@ -148,8 +165,9 @@ def select_runs(folder: Path, variants: list[str] | None = None,
         if not run_finished(run_dir):
             unfinished.append(run_dir)
             continue
-        files, source_bytes = archived_files(run_dir, left_out)
-        runs.append(ArchivedRun(variant, run_dir.relative_to(folder), files, source_bytes))
+        files, source_bytes, shared = archived_files(run_dir, left_out)
+        runs.append(ArchivedRun(variant, run_dir.relative_to(folder), files, source_bytes,
+                                shared))
     return runs, unfinished
 
 
@@ -211,10 +229,13 @@ def archive(folder: Path, to: Path, pages: Path = DEFAULT_PAGES,
                          "written")
     replaced = {to / run.relative for run in runs}
     kept = tree_size(to, replaced)
-    logs = kept + sum(run.size for run in runs)
+    shared = {digest: content for run in runs for digest, content in run.shared.items()
+              if not (to / SHARED_FOLDER / (digest + COMPRESSED)).is_file()}
+    added = sum(run.size for run in runs) + sum(len(c) for c in shared.values())
+    logs = kept + added
     page = page_size(pages, to.name)
     line = (f"{to.name}: {len(runs)} runs, {kib(sum(r.source_bytes for r in runs))} of logs "
-            f"-> {kib(sum(r.size for r in runs))} compressed"
+            f"-> {kib(added)} compressed"
             + (f", {kib(kept)} already archived" if kept else "")
             + f"; with the page ({kib(page)}) {kib(logs + page)} of the {kib(limit)} an "
             "experiment may add")
@@ -228,6 +249,9 @@ def archive(folder: Path, to: Path, pages: Path = DEFAULT_PAGES,
         target.mkdir(parents=True)
         for name, content in run.files.items():
             write_bytes_atomically(target / name, content)
+    for digest, content in shared.items():
+        (to / SHARED_FOLDER).mkdir(parents=True, exist_ok=True)
+        write_bytes_atomically(to / SHARED_FOLDER / (digest + COMPRESSED), content)
     for kept_file in (Path(SWEEP_COPY), Path(TUNING_FOLDER) / CHOSEN):  # small, read as they are
         if (folder / kept_file).is_file():
             (to / kept_file).parent.mkdir(parents=True, exist_ok=True)

@@ -5,6 +5,7 @@ continued from archived runs skips them."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import lzma
 import shutil
@@ -203,14 +204,18 @@ def test_archive_logs_copies_finished_runs_compressed_and_leaves_the_rest_out(tm
     for source in run_directories(folder, "*/seed*/*")[:3]:
         copy = to / source.relative_to(folder)
         assert sorted(p.name for p in copy.iterdir()) == [
-            "config.json.xz", "partitions.json.xz", "rounds.jsonl.xz"]  # no device profiles
-        for name in ("config.json", "partitions.json"):
-            assert lzma.decompress((copy / f"{name}.xz").read_bytes()) == \
-                (source / name).read_bytes()
+            "config.json.xz", "partitions.json.sha256", "rounds.jsonl.xz"]  # no device profiles
+        assert lzma.decompress((copy / "config.json.xz").read_bytes()) == \
+            (source / "config.json").read_bytes()
+        assert read_json(copy, "partitions.json") == json.loads(
+            (source / "partitions.json").read_text())
         timed = read_rounds(source)
         assert read_rounds(copy) == [{k: v for k, v in r.items() if k != "wall-seconds"}
                                      for r in timed] and run_finished(copy)
         assert all("wall-seconds" in r for r in timed)
+    shared = (to / "shared").iterdir()  # the runs' partitions are alike: stored once
+    assert [p.name for p in shared] == [
+        hashlib.sha256((source / "partitions.json").read_bytes()).hexdigest() + ".xz"]
 
 
 def test_archive_logs_refuses_over_the_limit_writing_nothing_and_names_what_to_drop(tmp_path):
@@ -317,3 +322,53 @@ def test_archive_logs_leaves_out_the_values_per_candidate_client_unless_asked(tm
     assert [r["selection-scores"] for r in with_candidates] == \
         [r["selection-scores"] for r in scored]
     assert all("wall-seconds" not in r for r in with_candidates)
+
+
+# ---------------------------------------------------------------- files archived once
+def shared_archive(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """An archive of the tiny sweep, one of its runs, and that run's shared partitions file."""
+    folder = sweep_folder(tmp_path)
+    to = tmp_path / "archive" / "tiny_experiment"
+    archive(folder, to, pages=tmp_path / "pages")
+    run = run_directories(to, "*/seed*/*")[0]
+    digest = (run / "partitions.json.sha256").read_text().strip()
+    return to, run, to / "shared" / f"{digest}.xz"
+
+
+def test_runs_with_other_partitions_keep_their_own_shared_copy(tmp_path):
+    folder = sweep_folder(tmp_path)
+    [first, second, *_] = run_directories(folder, "*/seed*/*")
+    (second / "partitions.json").write_text(json.dumps({"0": [1, 1], "1": [2, 2]}))
+    to = tmp_path / "archive" / "tiny_experiment"
+    archive(folder, to, pages=tmp_path / "pages")
+    assert len(list((to / "shared").iterdir())) == 2
+    assert label_counts(to / second.relative_to(folder)).tolist() == [[1, 1], [2, 2]]
+    assert label_counts(to / first.relative_to(folder)).tolist() == [[5, 1], [0, 7]]
+
+
+def test_a_tuning_run_five_folders_deep_finds_the_shared_copy(tmp_path):
+    to, run, copy = shared_archive(tmp_path)
+    deep = to / "tuning" / "a" / "lr=0.1" / "seed100" / run.name
+    shutil.copytree(run, deep)
+    assert label_counts(deep).tolist() == [[5, 1], [0, 7]]
+
+
+@pytest.mark.parametrize("reference, expected", [
+    ("../../../../etc/passwd", "not the sha256 digest"),
+    ("0" * 64, "is in none of the 6 folders above the run"),
+])
+def test_a_bad_reference_is_an_error_naming_it(tmp_path, reference, expected):
+    _, run, _ = shared_archive(tmp_path)
+    (run / "partitions.json.sha256").write_text(reference + "\n")
+    with pytest.raises(DamagedLogError, match=expected) as info:
+        read_json(run, "partitions.json")
+    assert str(run / "partitions.json.sha256") in str(info.value)
+    assert label_counts(run) is None  # the report draws no picture from it, and goes on
+
+
+def test_a_shared_copy_with_other_content_is_an_error_naming_it(tmp_path):
+    _, run, copy = shared_archive(tmp_path)
+    copy.write_bytes(lzma.compress(b'{"0": [9, 9]}', format=lzma.FORMAT_XZ))
+    with pytest.raises(DamagedLogError, match="does not have the sha256 digest") as info:
+        read_json(run, "partitions.json")
+    assert str(copy) in str(info.value)
