@@ -74,15 +74,46 @@ def claim_markdown(claim: Claim, comparisons: list[Comparison], labels: dict[str
     return "\n".join(lines)
 
 
+def point_values(point: str) -> dict[str, str]:
+    """``lr=0.05+proximal-mu=0.01`` (:func:`simulation.tuning.point_name`) -> its values."""
+    return dict(part.split("=", 1) for part in point.split("+") if "=" in part)
+
+
+def grid_edges(choice: dict) -> list[str]:
+    """The knobs the chosen point sets to the smallest or largest number tried, where more
+    than one was: "lr at the largest tried" (a better value may lie beyond the grid)."""
+    tried: dict[str, set[float]] = {}
+    for point in choice.get("scores", {}):
+        for key, text in point_values(point).items():
+            try:
+                tried.setdefault(key, set()).add(float(text))
+            except ValueError:
+                continue
+    edges = []
+    for key, text in point_values(str(choice.get("point", ""))).items():
+        values = tried.get(key, set())
+        try:
+            value = float(text)
+        except ValueError:
+            continue
+        if len(values) > 1 and value in (min(values), max(values)):
+            edges.append(f"{key} at the {'largest' if value == max(values) else 'smallest'} "
+                         "tried")
+    return edges
+
+
 def tuning_markdown(chosen: dict, labels: dict[str, str]) -> str:
-    """The tuned values and every point's validation score."""
+    """The tuned values and every point's validation score; a choice at the grid's edge is
+    said so (:func:`grid_edges`)."""
     if not chosen:
         return ""
     lines = ["| variant | chosen | validation scores (last-10 mean, %) |", "|---|---|---|"]
     for variant, choice in chosen.items():
         scores = ", ".join(f"{point}: {100 * score:.2f}"
                            for point, score in choice.get("scores", {}).items())
-        lines.append(f"| {labels.get(variant, variant)} | {choice.get('point', '?')} | {scores} |")
+        edges = grid_edges(choice)
+        point = str(choice.get("point", "?")) + (f" ({'; '.join(edges)})" if edges else "")
+        lines.append(f"| {labels.get(variant, variant)} | {point} | {scores} |")
     return "\n".join(lines)
 
 

@@ -21,6 +21,7 @@ from simulation import protocol as P
 from simulation import provenance, stats, sweep, tuning
 from simulation.metrics import budget_to_target, last_mean
 from simulation.report import write_report
+from simulation.report_protocol import tuning_markdown
 
 # Student's t quantiles t_{0.975, df} from the published tables (e.g. NIST/SEMATECH
 # e-Handbook, Table 1.3.6.7.2), and P(T <= 2) with 4 degrees of freedom = 0.94194
@@ -485,3 +486,20 @@ def test_a_tuned_variant_with_nothing_to_tune_is_refused_with_an_example(tmp_pat
     text = TUNED.replace("grid = { lr = [0.02, 0.05, 0.1] }\n", "")
     with pytest.raises(ValueError, match=r"nothing to tune \(e.g. grid = \{ lr = "):
         load(tmp_path, text)
+
+
+def test_the_tuning_table_says_when_the_choice_is_at_the_grids_edge():
+    chosen = {
+        "top": {"point": "lr=0.4", "scores": {"lr=0.1": 0.80, "lr=0.2": 0.81, "lr=0.4": 0.82}},
+        "inside": {"point": "lr=0.2", "scores": {"lr=0.1": 0.80, "lr=0.2": 0.83, "lr=0.4": 0.82}},
+        "two-knobs": {"point": "lr=0.1+proximal-mu=0.01",
+                      "scores": {"lr=0.1+proximal-mu=0.001": 0.8, "lr=0.1+proximal-mu=0.01": 0.81,
+                                 "lr=0.2+proximal-mu=0.001": 0.7, "lr=0.2+proximal-mu=0.01": 0.7}},
+        "one-value": {"point": "lr=0.1", "scores": {"lr=0.1": 0.8}},
+    }
+    rows = tuning_markdown(chosen, {}).splitlines()[2:]
+    assert rows[0].startswith("| top | lr=0.4 (lr at the largest tried) |")
+    assert rows[1].startswith("| inside | lr=0.2 |")
+    assert rows[2].startswith("| two-knobs | lr=0.1+proximal-mu=0.01 (lr at the smallest tried; "
+                              "proximal-mu at the largest tried) |")
+    assert rows[3].startswith("| one-value | lr=0.1 |")
