@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import gc
 import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
@@ -40,9 +42,21 @@ class InProcessGrid(FaultGrid):
         return self.deliver(msg, timeout=None)
 
 
+@contextmanager
+def young_heap() -> Iterator[None]:
+    """Inside the block, gc.collect() scans only the objects made in it (gc.freeze leaves the
+    test session's heap out): EchoGrid's collection at every push stays cheap late in a long
+    test run (1.6 s for 8 collections alone, several times that after thousands of tests)."""
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 class EchoGrid:
     """Two nodes that echo the arrays they got; at each push, how many of the replies pulled
-    so far are still alive."""
+    so far are still alive (use it inside :func:`young_heap`)."""
 
     def __init__(self) -> None:
         self.pulled, self.alive_at_push, self.pending = [], [], {}

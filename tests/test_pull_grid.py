@@ -15,7 +15,7 @@ from flwr.supercore.task_identity import TaskIdentity
 from fedapp.grid import ServerAppGrid
 from strategies.engine import event_loop
 from strategies.engine.event_loop import FIRST_PULL_DELAY, PULL_INTERVAL, pull_delay
-from tests.inprocess import EchoGrid, InProcessGrid
+from tests.inprocess import EchoGrid, InProcessGrid, young_heap
 
 
 class Clock:
@@ -119,6 +119,7 @@ def test_flowers_loop_holds_no_reply_of_an_earlier_exchange():
     # next push, and 4 (train and evaluate) from round 2 on
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1  # as a ServerApp's
     inner = EchoGrid()
-    FedAvg(min_available_nodes=2).start(grid=ServerAppGrid(inner), num_rounds=3,
-                                        initial_arrays=ArrayRecord([np.zeros(3)]))
+    with young_heap():
+        FedAvg(min_available_nodes=2).start(grid=ServerAppGrid(inner), num_rounds=3,
+                                            initial_arrays=ArrayRecord([np.zeros(3)]))
     assert inner.alive_at_push == [0] * 6  # train and evaluate, 3 rounds

@@ -23,7 +23,7 @@ from strategies.engine.round_report import (
     RoundReport,
 )
 from strategies.engine.rounds import round_log, run_rounds
-from tests.inprocess import EchoGrid, InProcessGrid, adding_app
+from tests.inprocess import EchoGrid, InProcessGrid, adding_app, young_heap
 from tests.messages import numpy_of, record
 
 
@@ -212,8 +212,9 @@ def test_resuming_at_round_r_gives_the_uninterrupted_models(cls):
 
 def test_the_round_loop_holds_no_reply_of_an_earlier_exchange():
     inner = EchoGrid()
-    FedAvg(min_available_nodes=2).start(grid=inner, num_rounds=3,
-                                        initial_arrays=ArrayRecord([np.zeros(3)]))
+    with young_heap():
+        FedAvg(min_available_nodes=2).start(grid=inner, num_rounds=3,
+                                            initial_arrays=ArrayRecord([np.zeros(3)]))
     assert inner.alive_at_push == [0] * 6  # train and evaluate, 3 rounds
 
 

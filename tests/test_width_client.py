@@ -273,14 +273,14 @@ def test_the_draws_follow_the_documented_stream_and_are_uniform():
         model.register_forward_hook(lambda *_: seen.append(p))
         return model
 
-    levels, steps, seed = (0.25, 0.5, 1.0), 600, 123
+    levels, steps, seed = (0.25, 0.5, 1.0), 150, 123
     model = recorded(cnn(1.0), 1.0)
     ordered_dropout_sgd(model, lambda p: recorded(cnn(p), p), x, y, [1.0, 0.5, 0.25, 0.5],
                         batch_size=1, steps=steps, seed=seed, lr=0.01)
     draws = np.random.default_rng([seed, 0x0D]).integers(3, size=steps)
     assert seen == [levels[i] for i in draws]
     counts = [seen.count(p) for p in levels]
-    assert sum(counts) == steps and all(150 <= c <= 250 for c in counts), counts
+    assert sum(counts) == steps and all(30 <= c <= 70 for c in counts), counts  # 50 +- 3.5 sd
 
 
 def test_ordered_dropout_edge_cases():
