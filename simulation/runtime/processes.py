@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import os
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,48 +69,65 @@ def is_alive(pid: int) -> bool:
         return False
 
 
+REDELIVERY_SECONDS = 0.1  # a signal dropped in a finaliser comes again this much later
+
+
 @contextlib.contextmanager
-def stop_on_sigterm() -> Iterator[None]:
+def first_signal_raises(signum: int, error: Callable[[], BaseException]) -> Iterator[None]:
+    """Within it, the first ``signum`` raises ``error()`` in the main thread, and later ones
+    are ignored so that the ``finally`` blocks it unwinds (stopping what was started, by
+    PID) finish. A signal that lands while a finaliser or a weakref callback runs would have
+    its exception dropped by Python ("Exception ignored in ...") and the process would go on
+    deaf to that signal: the exception is recognised in ``sys.unraisablehook`` and the
+    signal delivered again from a timer thread (``_thread.interrupt_main``) after
+    :data:`REDELIVERY_SECONDS`, once the hook has returned (raised inside the hook, it would
+    be dropped for good), to be raised where it unwinds. The
+    previous handler and hook are back afterwards; main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    raised: list[BaseException] = []
+
+    def handler(_signum: int, _frame) -> None:
+        if raised:
+            return  # the clean-up it started is running
+        raised.append(error())
+        raise raised[0]
+
+    def dropped(unraisable) -> None:
+        if raised and unraisable.exc_value is raised[0]:
+            raised.clear()
+            again = threading.Timer(REDELIVERY_SECONDS, _thread.interrupt_main, (signum,))
+            again.daemon = True
+            again.start()
+        else:
+            previous_hook(unraisable)
+
+    previous_hook = sys.unraisablehook
+    previous = signal.signal(signum, handler)
+    sys.unraisablehook = dropped
+    try:
+        yield
+    finally:
+        signal.signal(signum, previous)
+        sys.unraisablehook = previous_hook
+
+
+def stop_on_sigterm() -> contextlib.AbstractContextManager[None]:
     """Within it, SIGTERM (``kill PID``, ``timeout``, a batch scheduler) ends this process
     the way Ctrl-C does: a ``SystemExit(143)`` unwinds the ``finally`` blocks that stop
     what it started (the SuperLink, SuperNodes, Ray), by PID, instead of leaving them
-    running. Later SIGTERMs are ignored so that the clean-up finishes; the previous handler
-    is back afterwards. Main thread only (Python runs signal handlers there); the tools'
+    running; later SIGTERMs wait for that clean-up (:func:`first_signal_raises`). The tools'
     entry points hold it around the tool."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def terminate(signum: int, _frame) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        raise SystemExit(128 + signum)
-
-    previous = signal.signal(signal.SIGTERM, terminate)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    return first_signal_raises(signal.SIGTERM, lambda: SystemExit(128 + signal.SIGTERM))
 
 
-@contextlib.contextmanager
-def interrupt_once() -> Iterator[None]:
+def interrupt_once() -> contextlib.AbstractContextManager[None]:
     """Within it, the first Ctrl-C (SIGINT) raises KeyboardInterrupt as always, and later
     ones are ignored, so that the ``finally`` blocks that stop what was started (the
     SuperLink, its processes, Ray), by PID, finish instead of being cut short by a second
-    Ctrl-C. The previous handler is back afterwards; main thread only."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(_signum: int, _frame) -> None:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGINT, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    Ctrl-C (:func:`first_signal_raises`)."""
+    return first_signal_raises(signal.SIGINT, KeyboardInterrupt)
 
 
 def is_flower_process(pid: int) -> bool:
