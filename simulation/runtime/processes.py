@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import _thread
 import contextlib
 import os
 import signal
@@ -79,7 +78,7 @@ def first_signal_raises(signum: int, error: Callable[[], BaseException]) -> Iter
     PID) finish. A signal that lands while a finaliser or a weakref callback runs would have
     its exception dropped by Python ("Exception ignored in ...") and the process would go on
     deaf to that signal: the exception is recognised in ``sys.unraisablehook`` and the
-    signal delivered again from a timer thread (``_thread.interrupt_main``) after
+    signal sent again to the main thread from a timer thread (``signal.pthread_kill``) after
     :data:`REDELIVERY_SECONDS`, once the hook has returned (raised inside the hook, it would
     be dropped for good), to be raised where it unwinds. The
     previous handler and hook are back afterwards; main thread only."""
@@ -97,7 +96,8 @@ def first_signal_raises(signum: int, error: Callable[[], BaseException]) -> Iter
     def dropped(unraisable) -> None:
         if raised and unraisable.exc_value is raised[0]:
             raised.clear()
-            again = threading.Timer(REDELIVERY_SECONDS, _thread.interrupt_main, (signum,))
+            again = threading.Timer(REDELIVERY_SECONDS, signal.pthread_kill,
+                                    (threading.main_thread().ident, signum))
             again.daemon = True
             again.start()
         else:
