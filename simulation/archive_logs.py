@@ -14,7 +14,9 @@ field a rerun reproduces; the machine's timings and memory (``LOG_TIMING_KEYS``)
 out unless ``--timings`` (a third of an 80-round log), and so are the selection's values per
 candidate client (``LOG_PER_CANDIDATE_KEYS``: Oort's utilities, Power-of-Choice's losses,
 which no report reads) unless ``--candidates`` (half to two thirds of a selection run's
-archived log). A file that
+archived log). The model digest of every round (``model-sha256``) is kept as its first
+:data:`DIGEST_HEX` hex digits, 64 bits: enough to tell whether a rerun trained the same
+model, at a third of the room (the full digests were a third of a 10 KB archived log). A file that
 many runs have alike (:data:`SHARED_NAMES`: ``partitions.json``, one per partition setting,
 3.7 KB each) is stored once, as ``shared/<sha256>.xz`` at the archive's top, each run keeping
 ``partitions.json.sha256`` (:mod:`fedapp.run_log` follows it). A tuned sweep's tuning runs
@@ -52,6 +54,7 @@ EXPERIMENT_LIMIT = 1024 * 1024  # bytes one experiment may add: its run logs and
 XZ_PRESET = 6 | lzma.PRESET_EXTREME  # as small as preset 9 on these logs, an 8 MiB dictionary
 COMPRESSED_KINDS = (".json", ".jsonl", ".csv")  # what is stored as <name>.xz
 SHARED_NAMES = ("partitions.json",)  # stored once per content: shared/<sha256>.xz
+DIGEST_HEX = 16  # model-sha256 archived as its first 16 hex digits (64 bits)
 LEFT_OUT = {  # file-name pattern -> why a run's file is not archived
     "*.pt": "a model",
     "checkpoint*": "a checkpoint",
@@ -99,9 +102,18 @@ def left_out_keys(timings: bool = False, candidates: bool = False) -> frozenset[
             | (frozenset() if candidates else C.LOG_PER_CANDIDATE_KEYS))
 
 
+def archived_record(record: dict, keys: frozenset[str]) -> dict:
+    """A round record as archived: without the fields ``keys`` (:func:`left_out_keys`), its
+    model digest cut to :data:`DIGEST_HEX` hex digits."""
+    kept = {k: v for k, v in record.items() if k not in keys}
+    if isinstance(kept.get(C.LOG_MODEL_SHA256), str):
+        kept[C.LOG_MODEL_SHA256] = kept[C.LOG_MODEL_SHA256][:DIGEST_HEX]
+    return kept
+
+
 def without_keys(log: bytes, keys: frozenset[str]) -> bytes:
-    """A round log without the fields ``keys`` (:func:`left_out_keys`); each record as the
-    ServerApp writes it (sorted keys), a line that is no JSON object kept as it is."""
+    """A round log as archived (:func:`archived_record`); each record as the ServerApp
+    writes it (sorted keys), a line that is no JSON object kept as it is."""
     lines = []
     for line in log.decode("utf-8", errors="replace").splitlines():
         try:
@@ -109,8 +121,7 @@ def without_keys(log: bytes, keys: frozenset[str]) -> bytes:
         except ValueError:
             record = None
         if isinstance(record, dict):
-            line = json.dumps({k: v for k, v in record.items() if k not in keys},
-                              sort_keys=True)
+            line = json.dumps(archived_record(record, keys), sort_keys=True)
         lines.append(line)
     return ("\n".join(lines) + "\n").encode() if lines else log
 
@@ -132,7 +143,7 @@ def archived_files(run_dir: Path, left_out: frozenset[str] = C.LOG_TIMING_KEYS
             continue
         content = path.read_bytes()
         source_bytes += len(content)
-        if path.name == ROUNDS_LOG and left_out:
+        if path.name == ROUNDS_LOG:
             content = without_keys(content, left_out)
         if path.name in SHARED_NAMES:
             digest = hashlib.sha256(content).hexdigest()

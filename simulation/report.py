@@ -555,7 +555,10 @@ def write_report(
     rank = {name: i for i, name in enumerate(order or [])}
     runs = dict(sorted(runs.items(), key=lambda item: (rank.get(item[0], len(rank)), item[0])))
     out.mkdir(parents=True, exist_ok=True)
-    configs, labels = variant_configs(runs), variant_labels(runs)
+    configs = variant_configs(runs)
+    # a protocol page names each variant as its sweep file and claims do; elsewhere the label
+    # is what sets a variant apart (simulation.report_labels)
+    labels = {v: v for v in runs} if claims else variant_labels(runs)
     rows = table_rows(runs, targets, labels)
     if published:
         refuse_published(runs, published)  # never a tuning run's accuracy against a paper's

@@ -372,3 +372,16 @@ def test_a_shared_copy_with_other_content_is_an_error_naming_it(tmp_path):
     with pytest.raises(DamagedLogError, match="does not have the sha256 digest") as info:
         read_json(run, "partitions.json")
     assert str(copy) in str(info.value)
+
+
+def test_the_archived_model_digest_is_its_first_16_hex_digits(tmp_path):
+    folder = sweep_folder(tmp_path)
+    [source, *_] = run_directories(folder, "*/seed*/*")
+    digests = [f"{r:064x}" for r in range(ROUNDS + 1)]
+    hashed = [{**r, "model-sha256": d} for r, d in zip(read_rounds(source), digests)]
+    (source / "rounds.jsonl").write_text("".join(json.dumps(r, sort_keys=True) + "\n"
+                                                 for r in hashed))
+    to = tmp_path / "archive" / "tiny_experiment"
+    archive(folder, to, pages=tmp_path / "pages")
+    kept = [r["model-sha256"] for r in read_rounds(to / source.relative_to(folder))]
+    assert kept == [d[:16] for d in digests] and all(len(k) == 16 for k in kept)
