@@ -50,6 +50,7 @@ CONFIG_FILE = "config.json"
 COMPRESSED = ".xz"  # an archived run's JSON files: rounds.jsonl.xz, config.json.xz, ...
 SHARED_REFERENCE = ".sha256"  # an archived run's file kept once for the experiment: its digest
 SHARED_FOLDER = "shared"  # <archive>/shared/<sha256>.xz: the files archived once
+REFERENCE_BYTES = 128  # what is read of a .sha256 reference (a digest is 64 hex digits)
 SHARED_DEPTH = 6  # folders above a run searched for shared/: <variant>/seed<k>/<run> is 3 deep,
 # tuning/<variant>/<point>/seed<k>/<run> 5
 MAX_SAME_NAME = 1000  # run directories of one name and second: -2 .. -1000
@@ -171,7 +172,8 @@ def shared_copy(reference: Path) -> tuple[Path, str]:
     """The shared file (``shared/<sha256>.xz`` in a folder above the run) that the reference
     ``reference`` (``<name>.sha256``) names, and its digest; DamagedLogError naming the
     reference when it holds no sha256 digest or no folder above has the copy."""
-    digest = reference.read_text(errors="replace").strip()
+    with open(reference, "rb") as handle:  # a digest and a newline; more is not one
+        digest = handle.read(REFERENCE_BYTES).decode(errors="replace").strip()
     if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
         raise DamagedLogError(f"{reference}: holds {digest[:80]!r}, not the sha256 digest (64 "
                               "hex digits) of a shared file; restore it (git checkout -- FILE)")

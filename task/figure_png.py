@@ -28,14 +28,11 @@ def png_bytes(fig, **savefig_kwargs) -> bytes:
 
 def save_png(fig, path: str | os.PathLike, **savefig_kwargs) -> str:
     """Write ``fig`` to ``path`` as a palette PNG (:func:`png_bytes`), its folder made if
-    missing, through a temporary file beside it (no half-written picture); the path."""
+    missing; the path."""
     path = os.fspath(path)
     parent = os.path.dirname(path)
     if parent:
         os.makedirs(parent, exist_ok=True)
-    content = png_bytes(fig, **savefig_kwargs)
-    partial = f"{path}.partial"
-    with open(partial, "wb") as out:
-        out.write(content)
-    os.replace(partial, path)
+    with open(path, "wb") as out:
+        out.write(png_bytes(fig, **savefig_kwargs))
     return path

@@ -356,6 +356,7 @@ def test_a_tuning_run_five_folders_deep_finds_the_shared_copy(tmp_path):
 @pytest.mark.parametrize("reference, expected", [
     ("../../../../etc/passwd", "not the sha256 digest"),
     ("0" * 64, "is in none of the 6 folders above the run"),
+    ("f" * 64 + "0" * 10_000_000, "not the sha256 digest"),  # a planted 10 MB file: 128 bytes read
 ])
 def test_a_bad_reference_is_an_error_naming_it(tmp_path, reference, expected):
     _, run, _ = shared_archive(tmp_path)

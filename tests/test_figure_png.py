@@ -1,5 +1,5 @@
 """Committed figures are palette PNGs (task.figure_png): the same picture as matplotlib's
-RGBA file, a fraction of its size, written whole."""
+RGBA file, a fraction of its size."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def test_a_palette_png_looks_the_same_at_under_half_the_size():
     assert difference.mean() < 1.0 and np.mean(difference <= 24) > 0.995 and difference.max() < 80
 
 
-def test_save_png_makes_the_folder_and_leaves_no_partial_file(tmp_path):
+def test_save_png_makes_the_folder_and_writes_only_the_picture(tmp_path):
     path = tmp_path / "a" / "b" / "plot.png"
     assert save_png(line_plot(), path, dpi=50) == str(path)
     assert [p.name for p in path.parent.iterdir()] == ["plot.png"]
