@@ -145,11 +145,16 @@ def test_the_bare_baseline_warms_up_with_two_untimed_steps_then_times_every_roun
     assert len(per_round) == 2 and all(seconds > 0 for seconds in per_round)
 
 
-def test_the_layout_bench_times_both_layouts_and_prints_what_training_layout_picks(capsys):
+def test_the_layout_bench_times_both_layouts_and_prints_what_training_layout_picks(
+        capsys, monkeypatch):
     torch = pytest.importorskip("torch")
     import argparse
 
     from simulation.bench import add_arguments, run
+
+    # git is a process: the provenance line's own test is below
+    monkeypatch.setattr("simulation.bench.git_state",
+                        lambda: {"git-commit": "0" * 40, "git-dirty": False})
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
@@ -183,3 +188,13 @@ def test_the_import_bench_compares_both_sides_with_their_bytecode_cached(tmp_pat
     subprocess.run([sys.executable, "-c", "import strategies.contract"], check=True, env=env,
                    timeout=60)
     assert list(tmp_path.rglob("strategies/contract.*.pyc"))  # the prefix mirrors the sources
+
+
+def test_every_bench_begins_with_the_commit_the_tree_the_cores_and_the_load():
+    from simulation.bench import provenance_line  # noqa: PLC0415
+
+    line = provenance_line({"git-commit": "46b5777d0123456789", "git-dirty": False})
+    assert line.startswith("fedhetero bench at commit 46b5777d0123 (clean tree), 20")
+    assert " cores, load average " in line and "; torch " in line and ", flwr 1.4" in line
+    assert "(uncommitted changes)" in provenance_line({"git-commit": "abc", "git-dirty": True})
+    assert "(no git)" in provenance_line({"git-commit": "unknown", "git-dirty": None})

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -24,16 +25,30 @@ RESULT = SizeResult(clients=1000, ours=24.0, bare_flower=22.0, packed=3.3, bare_
 
 
 def test_the_last_lines_are_the_ratios_at_the_largest_size():
-    assert ratio_lines(RESULT) == [
+    assert ratio_lines([RESULT]) == [
         "scale ratio at 1000 clients = 1.09   (target <= 1.1)",
         "packed/bare-Flower ratio at 1000 clients = 0.15   (target <= 0.25, stretch 0.15)",
         "packed/bare-torch ratio at 1000 clients = 1.50   (target <= 2)",
         "vectorised/bare-torch ratio at 1000 clients = 1.35   (the per-client loop)",
         "vectorised/batched-bound ratio at 1000 clients = 1.10   (target <= 1.5)",
         "vectorised/packed ratio at 1000 clients = 0.90   (target <= 1: never slower)",
-        "forced (vectorised-clients on)/batched-bound ratio at 1000 clients = 1.50; "
-        "forced/packed = 1.23",
+        "forced (vectorised-clients on)/batched-bound ratio at 1000 clients = 1.50",
+        "forced/packed ratio at 1000 clients = 1.23",
     ]
+
+
+def test_over_repeats_each_ratio_is_the_median_of_the_repeats_ratios_with_its_range():
+    slower = replace(RESULT, packed=4.4)  # packed/bare-Flower 0.20, packed/bare-torch 2.00
+    faster = replace(RESULT, packed=2.2, bare_torch=2.0)  # 0.10 and 1.10
+    lines = ratio_lines([slower, RESULT, faster])
+    assert lines[1] == ("packed/bare-Flower ratio at 1000 clients = 0.15   (target <= 0.25, "
+                        "stretch 0.15); median of 3 repeats, range 0.10-0.20")
+    assert lines[2] == ("packed/bare-torch ratio at 1000 clients = 1.50   (target <= 2); "
+                        "median of 3 repeats, range 1.10-2.00")
+    # the median of the repeats' ratios (3, 0.5, 3), not the ratio of the medians (3 / 2)
+    runs = [replace(RESULT, packed=p, bare_torch=t) for p, t in ((6.0, 2.0), (2.0, 4.0), (3.0, 1.0))]
+    assert ratio_lines(runs)[2].startswith("packed/bare-torch ratio at 1000 clients = 3.00")
+    assert lines[7] == "forced/packed ratio at 1000 clients = 1.23; median of 3 repeats, range 0.92-1.84"
 
 
 def test_a_table_row_has_the_seven_times_and_the_five_ratios():

@@ -74,7 +74,8 @@ def test_the_heap_bench_compares_both_settings_in_fresh_processes(capsys):
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     run(parser.parse_args(["heap", "--model", "cnn-small", "--steps", "3", "--repeats", "1"]))
-    lines = capsys.readouterr().out.splitlines()
+    provenance, *lines = capsys.readouterr().out.splitlines()
+    assert provenance.startswith("fedhetero bench at commit ")
     assert lines[0].startswith("cnn-small, B = 32, 3 SGD steps, CPU, 1 thread, 1 fresh")
     assert "glibc's thresholds" in lines[1] and "keep_step_memory" in lines[2]
     assert lines[-1].startswith("median speed-up with fixed thresholds = ")

@@ -28,7 +28,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import time
+from importlib import metadata
 
+from ..provenance import git_state
 from ..runtime import HelpFormatter
 
 # bench name -> module (each has HELP, add_arguments(parser), run(args)); full names, so
@@ -66,8 +70,33 @@ def add_arguments(parser: argparse.ArgumentParser, benches: dict[str, str] = BEN
         module.add_arguments(p)
 
 
+def provenance_line(state: dict[str, object] | None = None) -> str:
+    """What a figure needs beside it to be compared: the commit measured (and whether the
+    tree had uncommitted changes), when, on how many cores, how loaded the machine was as the
+    bench began (an idle machine reads near 0), and the torch and flwr versions."""
+    state = git_state() if state is None else state
+    commit = str(state["git-commit"])[:12]
+    tree = {True: "uncommitted changes", False: "clean tree"}.get(state["git-dirty"], "no git")
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    versions = ", ".join(f"{name} {version(name)}" for name in ("torch", "flwr"))
+    return (f"fedhetero bench at commit {commit} ({tree}), "
+            f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {cores} cores, load "
+            f"average {load:.2f} over the last minute as it began; {versions}")
+
+
+def version(package: str) -> str:
+    """``package``'s installed version, or "not installed"."""
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
 def run(args: argparse.Namespace, benches: dict[str, str] = BENCHES) -> int:
-    """One benchmark of ``benches``, or the standard figures (a), (b), (c) in one run."""
+    """One benchmark of ``benches``, or the standard figures (a), (b), (c) in one run; the
+    first line says what was measured where (:func:`provenance_line`)."""
+    print(provenance_line(), flush=True)
     if args.bench is not None:
         bench_module(args.bench, benches).run(args)
         return 0

@@ -34,7 +34,9 @@ bound. Then one vectorised packed run of each ``--huge`` size of virtual clients
 the summed RSS of every
 process the bench started (flwr run, the SuperLink, the ServerApp, Ray and its actors;
 :mod:`.machine_sampler`) and the ServerApp's own peak (its run log); with ``nvidia-smi`` on
-PATH, the mean GPU utilisation during the packed runs. The last lines::
+PATH, the mean GPU utilisation during the packed runs. ``--repeats N`` measures every
+size N times, one row each, and the last lines give each ratio's median over the N repeats
+with its range. The last lines::
 
     scale ratio at <largest> clients = X.XX   (target <= 1.1)
     packed/bare-Flower ratio at <largest> clients = X.XX   (target <= 0.25, stretch 0.15)
@@ -43,6 +45,7 @@ PATH, the mean GPU utilisation during the packed runs. The last lines::
     vectorised/batched-bound ratio at <largest> clients = Y.YY   (target <= 1.5)
     vectorised/packed ratio at <largest> clients = Z.ZZ   (target <= 1: never slower)
     forced (vectorised-clients on)/batched-bound ratio at <largest> clients = ...
+    forced/packed ratio at <largest> clients = ...
 """
 
 from __future__ import annotations
@@ -87,6 +90,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"virtual clients of the large vectorised packed runs, one run each "
                         f"({HUGE_ROUNDS} rounds, W workers; its round time and peak memory); "
                         "0 skips them")
+    p.add_argument("--repeats", type=at_least(1), default=1, metavar="N",
+                   help="measure every size N times, one repeat after the other, each a row "
+                        "of the table; the last lines give each ratio's median and range")
     p.add_argument("--data-dir", default=DATA_DIR,
                    help="Fashion-MNIST IDX folder (every app and bare torch read it)")
 
@@ -218,21 +224,35 @@ def table_row(r: SizeResult) -> str:
             f"{r.forced:>14.3f}")
 
 
-def ratio_lines(r: SizeResult) -> list[str]:
-    """The bench's last three lines, at size ``r``."""
-    return [f"scale ratio at {r.clients} clients = {r.ours_over_bare:.2f}   (target <= 1.1)",
-            f"packed/bare-Flower ratio at {r.clients} clients = {r.packed_over_flower:.2f}   "
-            f"(target <= 0.25, stretch 0.15)",
-            f"packed/bare-torch ratio at {r.clients} clients = {r.packed_over_torch:.2f}   "
-            f"(target <= 2)",
-            f"vectorised/bare-torch ratio at {r.clients} clients = "
-            f"{r.vectorised_over_torch:.2f}   (the per-client loop)",
-            f"vectorised/batched-bound ratio at {r.clients} clients = "
-            f"{r.vectorised_over_bound:.2f}   (target <= 1.5)",
-            f"vectorised/packed ratio at {r.clients} clients = {r.vectorised_over_packed:.2f}   "
-            f"(target <= 1: never slower)",
-            f"forced (vectorised-clients on)/batched-bound ratio at {r.clients} clients = "
-            f"{r.forced / r.batched_bound:.2f}; forced/packed = {r.forced / r.packed:.2f}"]
+# the bench's last lines: (name, the ratio of one size's result, its target)
+RATIOS = (
+    ("scale ratio", lambda r: r.ours_over_bare, "(target <= 1.1)"),
+    ("packed/bare-Flower ratio", lambda r: r.packed_over_flower, "(target <= 0.25, stretch 0.15)"),
+    ("packed/bare-torch ratio", lambda r: r.packed_over_torch, "(target <= 2)"),
+    ("vectorised/bare-torch ratio", lambda r: r.vectorised_over_torch, "(the per-client loop)"),
+    ("vectorised/batched-bound ratio", lambda r: r.vectorised_over_bound, "(target <= 1.5)"),
+    ("vectorised/packed ratio", lambda r: r.vectorised_over_packed,
+     "(target <= 1: never slower)"),
+    ("forced (vectorised-clients on)/batched-bound ratio", lambda r: r.forced / r.batched_bound,
+     ""),
+    ("forced/packed ratio", lambda r: r.forced / r.packed, ""),
+)
+
+
+def ratio_lines(repeats: list[SizeResult]) -> list[str]:
+    """The bench's last lines at one size: each ratio, and over several repeats of that size
+    (``--repeats``) the median of the repeats' ratios with their range."""
+    lines = []
+    for name, ratio, target in RATIOS:
+        values = [ratio(r) for r in repeats]
+        line = f"{name} at {repeats[0].clients} clients = {statistics.median(values):.2f}"
+        if target:
+            line += f"   {target}"
+        if len(values) > 1:
+            line += (f"; median of {len(values)} repeats, range "
+                     f"{min(values):.2f}-{max(values):.2f}")
+        lines.append(line)
+    return lines
 
 
 def huge_lines(num_clients: int, workers: int, records: list[dict],
@@ -282,11 +302,12 @@ def progress(n: int, way: str, seconds: list[float], started: float,
 
 
 def measure_size(n: int, args, workers: int, resources: dict,
-                 samplers: dict[str, MachineSampler]) -> SizeResult:
-    """The four ways at ``n`` clients, packed and its limit first; the packed run's sampler
-    goes into ``samplers``."""
+                 samplers: dict[str, MachineSampler], repeat: int = 1) -> SizeResult:
+    """The ways at ``n`` clients, packed and its limit first; each packed run's sampler goes
+    into ``samplers`` (named with ``repeat`` after the first)."""
+    again = f" (repeat {repeat})" if repeat > 1 else ""
     started = time.monotonic()
-    name = f"{n} clients"
+    name = f"{n} clients{again}"
     packed = round_seconds(packed_records(n, args.rounds, workers, resources, args.data_dir,
                                           sampled_into(samplers, name)))
     progress(n, "packed", packed, started, samplers.get(name))
@@ -295,12 +316,12 @@ def measure_size(n: int, args, workers: int, resources: dict,
                                       args.cpus_per_client, workers)
     progress(n, "bare torch", limit, started)
     started = time.monotonic()
-    name = f"{n} clients, vectorised"
+    name = f"{n} clients, vectorised{again}"
     vectorised = round_seconds(packed_records(n, args.rounds, workers, resources, args.data_dir,
                                               sampled_into(samplers, name), vectorised="auto"))
     progress(n, "vectorised (auto)", vectorised, started, samplers.get(name))
     started = time.monotonic()
-    name = f"{n} clients, forced"
+    name = f"{n} clients, forced{again}"
     forced = round_seconds(packed_records(n, args.rounds, workers, resources, args.data_dir,
                                           sampled_into(samplers, name), vectorised="on"))
     progress(n, "forced (on)", forced, started, samplers.get(name))
@@ -331,10 +352,12 @@ def run(args) -> None:
                                   ", no GPU"), flush=True)
     print(HEADER, flush=True)
     samplers: dict[str, MachineSampler] = {}
-    results = []
+    results: dict[int, list[SizeResult]] = {}
     for n in args.clients:
-        results.append(measure_size(n, args, workers, resources, samplers))
-        print(table_row(results[-1]), flush=True)
+        for k in range(1, args.repeats + 1):
+            results.setdefault(n, []).append(
+                measure_size(n, args, workers, resources, samplers, repeat=k))
+            print(table_row(results[n][-1]), flush=True)
     for huge in (n for n in args.huge if n):
         name = f"{huge} clients (a large run)"
         records = packed_records(huge, HUGE_ROUNDS, workers, resources, args.data_dir,
@@ -342,5 +365,4 @@ def run(args) -> None:
         print("\n".join(huge_lines(huge, min(workers, huge), records, samplers[name])),
               flush=True)
     print(gpu_line(samplers))
-    largest = max(results, key=lambda r: r.clients)
-    print("\n".join(ratio_lines(largest)))
+    print("\n".join(ratio_lines(results[max(results)])))
