@@ -337,9 +337,13 @@ def test_clients_without_a_loss_are_explored_and_said_once(caplog):
     assert all(strategy.round_log(r)[C.LOG_CLIENTS_SAMPLED] == 3 for r in (1, 2, 3))
 
 
-def test_selection_bench_prints_each_policys_cost_per_round(capsys):
+def test_selection_bench_prints_each_policys_cost_per_round(capsys, monkeypatch):
     """The pure-policy part of ``bench selection`` (no flwr run with --round-clients 0)."""
     from simulation.__main__ import main
+
+    # its first line asks git for the commit, a process (tests/test_bench_figures.py)
+    monkeypatch.setattr("simulation.bench.git_state",
+                        lambda: {"git-commit": "0" * 40, "git-dirty": False})
 
     main(["bench", "selection", "--clients", "200", "--rounds", "3", "--round-clients", "0"])
     out = capsys.readouterr().out
