@@ -163,18 +163,29 @@ def batched_calls(monkeypatch) -> list[int]:
     return calls
 
 
+# FedAdam's first steps are near sign steps, eta * m / (sqrt(v) + tau) (Reddi et al. 2021,
+# Alg. 2): with Flower's tau = 0.001 and eta = 1 a coordinate whose pseudo-gradient is near
+# 0 turns float32 rounding into a step of up to eta (here 4e-3 apart after 3 rounds on an
+# AVX-512 CPU, where the two ways round differently). A larger tau and a smaller eta keep the
+# comparison about the clients' training, which is what vectorising changes.
+SERVER = {"fedadam": {"server-tau": 0.1, "server-lr": 0.1}}
+
+
 @pytest.mark.parametrize("strategy", ["fedavg", "fedprox", "fednova", "fedadam"])
 def test_a_vectorised_packed_run_matches_the_sequential_one(strategy, tmp_path, processes,
                                                            batched_calls):
-    _, _, seq, seq_model = run(strategy, tmp_path / "seq", 2, **FAULTY)
+    config = {**FAULTY, **SERVER.get(strategy, {})}
+    _, _, seq, seq_model = run(strategy, tmp_path / "seq", 2, **config)
     assert batched_calls == []
-    _, _, vec, vec_model = run(strategy, tmp_path / "vec", 2, **FAULTY,
+    _, _, vec, vec_model = run(strategy, tmp_path / "vec", 2, **config,
                                **{"vectorised-clients": "on"})
     assert batched_calls and max(batched_calls) >= 2  # clients were trained together
     assert close(vec_model, seq_model)
     for s, v in zip(without_timings(seq), without_timings(vec)):
         assert set(s) == set(v)
         for key, value in s.items():  # counts equal; losses and accuracies within rounding
+            if key == C.LOG_MODEL_SHA256:  # the exact bits: equal only where both round alike
+                continue
             if isinstance(value, float):
                 assert v[key] == pytest.approx(value, rel=1e-4, abs=1e-5), key
             else:
