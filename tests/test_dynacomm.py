@@ -51,18 +51,18 @@ def test_global_distribution_sums_all_clients():
         dc.global_label_distribution([[0, 0], [0, 0]])
 
 
-# ---------------------------------------------------------------- DynaComm by hand
-# Four clients, three classes, global q uniform:
-#   c0 [10, 0, 0], c1 [0, 10, 0], c2 [0, 0, 10], c3 [6, 6, 0]
-# {0,1,2}: [10,10,10] -> KL 0 (the only zero)
-# {2,3}:   [6,6,10]/22 -> ln 3 - H(3/11, 3/11, 5/11) = 0.0315227698... (best of size <= 2)
-# {3}:     (1/2, 1/2, 0) -> ln 3 - ln 2 = ln 1.5 = 0.405465108 (best singleton)
 def seeded_dynacomm(*args, **kwargs):
     """DynaComm with fixed orderings: over random ones its 10 orderings can all miss the
     optimum (the hand example below: 5 of 2,000 seeds find (0, 1, 2, 3), not (0, 1, 2))."""
     return dc.dynacomm(*args, rng=0, **kwargs)
 
 
+# ---------------------------------------------------------------- DynaComm by hand
+# Four clients, three classes, global q uniform:
+#   c0 [10, 0, 0], c1 [0, 10, 0], c2 [0, 0, 10], c3 [6, 6, 0]
+# {0,1,2}: [10,10,10] -> KL 0 (the only zero)
+# {2,3}:   [6,6,10]/22 -> ln 3 - H(3/11, 3/11, 5/11) = 0.0315227698... (best of size <= 2)
+# {3}:     (1/2, 1/2, 0) -> ln 3 - ln 2 = ln 1.5 = 0.405465108 (best singleton)
 HAND = np.array([[10, 0, 0], [0, 10, 0], [0, 0, 10], [6, 6, 0]])
 Q3 = np.full(3, 1 / 3)
 KL_23 = math.log(3) + 2 * (3 / 11) * math.log(3 / 11) + (5 / 11) * math.log(5 / 11)

@@ -77,12 +77,19 @@ def provenance_line(state: dict[str, object] | None = None) -> str:
     state = git_state() if state is None else state
     commit = str(state["git-commit"])[:12]
     tree = {True: "uncommitted changes", False: "clean tree"}.get(state["git-dirty"], "no git")
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = usable_cores()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     versions = ", ".join(f"{name} {version(name)}" for name in ("torch", "flwr"))
     return (f"fedhetero bench at commit {commit} ({tree}), "
             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {cores} cores, load "
             f"average {load:.2f} over the last minute as it began; {versions}")
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask, else the machine's count)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def version(package: str) -> str:

@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import shutil
 import statistics
 import sys
@@ -64,6 +63,7 @@ import torch
 from strategies import contract as C
 
 from ..runtime import at_least, option_type
+from . import usable_cores
 from .common import DATA_DIR, bare_packed_round_seconds, run_bare_app, simulation_round_seconds
 from .machine_sampler import MachineSampler
 
@@ -118,8 +118,7 @@ def packed_workload(num_clients: int, rounds: int, data_dir: str,
 
 def default_workers(cpus_per_client: int) -> int:
     """Packed workers that fit the cores this process may use."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, (cores or 1) // cpus_per_client)
+    return max(1, usable_cores() // cpus_per_client)
 
 
 def gpu_share(workers: int) -> float:
