@@ -2,7 +2,8 @@
 
 Written from ``rounds.jsonl`` and ``config.json`` after every round (:class:`LiveOutputs`:
 metrics.csv and summary.json each round, the plots when redrawing them costs at most a
-fifth of the time since they were last drawn) and when a run ends, also with an error;
+twentieth of the time since they were last drawn: they are drawn between rounds, so that
+time adds to the run's) and when a run ends, also with an error;
 so Ctrl-C, a crash or SIGKILL loses at most the round in flight. docs/outputs.md says what
 each file holds.
 
@@ -39,7 +40,7 @@ from .run_log import CONFIG_FILE, read_json, read_rounds
 
 METRICS_CSV = "metrics.csv"
 SUMMARY_JSON = "summary.json"
-PLOT_SHARE = 0.2  # at most this share of a run's time goes into redrawing its plots
+PLOT_SHARE = 0.05  # at most this share of a run's time goes into redrawing its plots
 TARGETS = (0.7, 0.75, 0.8)  # summary.json: the first round reaching each test accuracy
 FIRST_COLUMNS = (C.LOG_ROUND, C.LOG_ACCURACY, C.LOG_LOSS)
 
