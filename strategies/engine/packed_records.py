@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from flwr.app import Array, ArrayRecord, ConfigRecord, Error, MetricRecord, RecordDict
 
 from .. import contract as C
+from .records import array_record
 
 __all__ = ["ReplyWriter", "error_of", "error_record", "put", "read_reply", "take"]
 
@@ -207,7 +208,7 @@ def read_reply(pack: RecordDict) -> RecordDict:
                                      f"{offset + size} of {len(data)}, or a repeated key")
                 record[key] = Array(dtype, tuple(itertools.islice(dims, ndim)), stype,
                                     data[offset:offset + size])
-            out[name] = ArrayRecord(record)
+            out[name] = array_record(record)
         elif name in serialized:
             kind, block, offset, size = serialized[name]
             data = block_bytes(blocks, block, name)

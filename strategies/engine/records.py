@@ -116,9 +116,19 @@ def sent_arrays(content: RecordDict, key: str) -> ArrayRecord | None:
     return record_of(content, key, ArrayRecord)
 
 
+def array_record(arrays: Mapping[str, Array]) -> ArrayRecord:
+    """An ArrayRecord holding the ``arrays`` themselves, in their order: ``ArrayRecord(dict)``
+    builds a copy of each ``Array`` (the bytes shared), which costs as much again as making
+    them (a packed round of 1000 clients makes 10,000 on the server)."""
+    record = ArrayRecord()
+    for key, array in arrays.items():
+        record[key] = array
+    return record
+
+
 def to_record(arrays: Mapping[str, np.ndarray]) -> ArrayRecord:
     """{key: numpy array} -> ArrayRecord (:func:`array_of`)."""
-    return ArrayRecord({key: array_of(value) for key, value in arrays.items()})
+    return array_record({key: array_of(value) for key, value in arrays.items()})
 
 
 def array_bytes(content: RecordDict) -> int:
