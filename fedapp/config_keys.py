@@ -27,7 +27,6 @@ from pathlib import Path
 import strategies  # noqa: F401 - importing the algorithms registers them
 from strategies import SELECTIONS, STRAGGLER_POLICIES, STRAGGLER_UNITS, WEIGHTINGS
 from strategies.algorithms.dynamicfl import DROPOUT_WHY as DYNAMICFL_DROPOUT_WHY
-from strategies.engine.async_engine import DROPOUT_WHY as ASYNC_DROPOUT_WHY
 from strategies.engine.devices import FLEETS
 from strategies.engine.flash_fleet import FLASH
 from strategies.engine.robust import ROBUST_RULES
@@ -241,8 +240,7 @@ KEYS_OF_THE_APP: tuple[Key, ...] = (
         "`device-profiles`): its reply is discarded, logged as `clients-dropped-out` and "
         "`dropped-out`, and the round's clock counts it until it dropped, at a uniform "
         "fraction of its time", (ROUND, EVENTS, ASYNC_ENGINE), BELOW_ONE,
-        only=(Only((EVENTS,), (0.0,), DYNAMICFL_DROPOUT_WHY),
-              Only((ASYNC_ENGINE,), (0.0,), ASYNC_DROPOUT_WHY))),
+        only=(Only((EVENTS,), (0.0,), DYNAMICFL_DROPOUT_WHY),)),
     Key("device-reference-gflops", 1.0,
         "training speed of the speed-1 device, GFLOP/s: the seconds per example are the "
         "model's training FLOPs (3 × 2 × forward MACs) / this", interval=above(0.0)),

@@ -131,23 +131,27 @@ def test_fedasync_mixes_each_update_with_its_staleness():
     assert strategy.round_log(1)[C.LOG_STALENESS] == [0, 1]
 
 
-def clocked(**kwargs) -> Participation:
+def clocked(dropout: float = 0.0, **kwargs) -> Participation:
     fleet = GeneratedFleet("lognormal", seed=3, sigma=1.0)
-    return participation(clock=SimClock(fleet, seconds_per_example=0.01), seed=5, **kwargs)
+    return participation(clock=SimClock(fleet, seconds_per_example=0.01, dropout=dropout),
+                         seed=5, **kwargs)
 
 
-def run_fedbuff(grid, rounds: int = 4, strategy=None, first_round: int = 1, arrays=None):
+def run_fedbuff(grid, rounds: int = 4, strategy=None, first_round: int = 1, arrays=None,
+                dropout: float = 0.0):
     strategy = strategy or FedBuff(buffer_size=3, concurrency=4, fraction_evaluate=0.0,
-                                   participation=clocked())
+                                   participation=clocked(dropout))
     result = run_rounds(strategy, grid, arrays or record({"w": np.zeros(3, np.float32)}),
                         num_rounds=rounds, train_config=ConfigRecord({C.LOCAL_STEPS: 2}),
                         first_round=first_round)
     return strategy, result
 
 
-def test_simulated_order_gives_the_same_bits_whatever_order_replies_arrive_in():
-    runs = [run_fedbuff(InProcessGrid(adding_app(), 7, {}))]
-    runs += [run_fedbuff(ShuffledGrid(adding_app(), 7, {}, shuffle_seed=s)) for s in (1, 2)]
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
+def test_simulated_order_gives_the_same_bits_whatever_order_replies_arrive_in(dropout):
+    runs = [run_fedbuff(InProcessGrid(adding_app(), 7, {}), dropout=dropout)]
+    runs += [run_fedbuff(ShuffledGrid(adding_app(), 7, {}, shuffle_seed=s), dropout=dropout)
+             for s in (1, 2)]
     models = {numpy_of(result.arrays)["w"].tobytes() for _, result in runs}
     assert len(models) == 1
     logs = [[s.round_log(r) for r in range(1, 5)] for s, _ in runs]
@@ -155,22 +159,30 @@ def test_simulated_order_gives_the_same_bits_whatever_order_replies_arrive_in():
     assert all(r[C.LOG_SIM_ELAPSED] > 0 for r in logs[0])
     elapsed = [r[C.LOG_SIM_ELAPSED] for r in logs[0]]
     assert elapsed == sorted(elapsed)
+    assert (sum(r.get(C.LOG_CLIENTS_DROPPED_OUT, 0) for r in logs[0]) > 0) == (dropout > 0)
 
 
-def test_resume_mid_flight_gives_the_uninterrupted_model():
-    full, full_result = run_fedbuff(InProcessGrid(adding_app(), 7, {}))
-    first, first_result = run_fedbuff(InProcessGrid(adding_app(), 7, {}), rounds=2)
+@pytest.mark.parametrize("dropout, split", [(0.0, 2), (0.3, 1)])
+def test_resume_mid_flight_gives_the_uninterrupted_model(dropout, split):
+    full, full_result = run_fedbuff(InProcessGrid(adding_app(), 7, {}), dropout=dropout)
+    first, first_result = run_fedbuff(InProcessGrid(adding_app(), 7, {}), rounds=split,
+                                      dropout=dropout)
     state = first.state_dict()
-    assert state["tasks"]["tasks"], "tasks in flight at the end of round 2"
+    assert state["tasks"]["tasks"], f"tasks in flight at the end of round {split}"
     resumed = FedBuff(buffer_size=3, concurrency=4, fraction_evaluate=0.0,
-                      participation=clocked())
+                      participation=clocked(dropout))
     resumed.load_state_dict(state)
     # other node ids: the in-flight tasks follow their partitions
     grid = ShuffledGrid(adding_app(), 7, {}, node_ids=[5 + 11 * i for i in range(7)],
                         shuffle_seed=9)
-    _, result = run_fedbuff(grid, strategy=resumed, first_round=3, arrays=first_result.arrays)
+    _, result = run_fedbuff(grid, strategy=resumed, first_round=split + 1,
+                            arrays=first_result.arrays)
     assert numpy_of(result.arrays)["w"].tobytes() == numpy_of(full_result.arrays)["w"].tobytes()
-    assert resumed.round_log(4) == full.round_log(4)
+    assert resumed.round_log(4) == full.round_log(4)  # round split + 1 counts the re-sends
+    if dropout:  # a task of the checkpoint drops out after the resume, as it did before
+        assert any(t["dropped-out"] for t in state["tasks"]["tasks"])
+        assert [resumed.round_log(r)[C.LOG_DROPPED_OUT] for r in range(split + 1, 5)] == \
+            [full.round_log(r)[C.LOG_DROPPED_OUT] for r in range(split + 1, 5)]
 
 
 def test_real_time_order_runs_and_says_it_is_not_reproducible(caplog):

@@ -18,6 +18,7 @@ from fedapp.registry import check_run_config, device_clock
 from strategies import DynamicFL, FedAvg, FedBuff, FlashFleet
 from strategies import contract as C
 from strategies.engine import flash_fleet
+from strategies.engine.async_tasks import AsyncTasks
 from strategies.engine.clock import RoundTimer, SimClock, client_seconds
 from strategies.engine.devices import DROPOUT_TAG, GeneratedFleet
 from strategies.engine.flash_fleet import (FLASH_DATA, FLASH_ROUND_TAG, bandwidth_draw,
@@ -221,14 +222,41 @@ def test_the_engine_times_the_flash_fleets_round_profiles_and_binds_sizes():
         assert strategy.round_log(t)[C.LOG_SIM_SECONDS] == pytest.approx(max(times))
 
 
-@pytest.mark.parametrize("make", [
-    lambda clock: DynamicFL(query_client_info=True, clock=clock),
-    lambda clock: FedBuff(query_client_info=True, clock=clock),
-], ids=["dynamicfl", "fedbuff"])
-def test_strategies_without_a_round_to_drop_out_of_refuse_dropout(make):
+def test_dynamicfl_whose_sync_events_wait_for_every_client_refuses_dropout():
     with pytest.raises(ValueError, match=r"dropout=0\.2 is not modelled here.*dropout=0"):
-        make(SimClock(FLEET, dropout=0.2))
-    make(SimClock(FLEET))
+        DynamicFL(query_client_info=True, clock=SimClock(FLEET, dropout=0.2))
+    DynamicFL(query_client_info=True, clock=SimClock(FLEET))
+
+
+def test_an_async_task_drops_out_by_its_own_draw_and_counts_until_it_dropped(monkeypatch):
+    seed, p = 0, 0.5
+    strategy = FedBuff(buffer_size=2, concurrency=2, **KW, seed=seed,
+                       clock=SimClock(FLEET, C_EX, dropout=p))
+    tasks = {}
+    new_task = AsyncTasks.new_task
+
+    def recording(self, *args, **kwargs):
+        task = new_task(self, *args, **kwargs)
+        tasks[task.number] = task
+        return task
+
+    monkeypatch.setattr(AsyncTasks, "new_task", recording)
+    run(strategy, rounds=5)
+    compute = {pid: STEPS * B * C_EX / FLEET.profile(pid).speed for pid in range(3)}
+    for task in tasks.values():  # task n's draw: default_rng([seed, n, p, DROPOUT_TAG])
+        drops, fraction = np.random.default_rng(
+            [seed, task.number + 1, task.partition_id, DROPOUT_TAG]).random(2)
+        assert task.dropped_out == (drops < p)
+        took = (2 * T + compute[task.partition_id]) * (fraction if drops < p else 1.0)
+        assert task.done_at - task.sent_at == pytest.approx(took)
+    handled = [t for n, t in tasks.items() if n not in strategy.tasks.in_flight]
+    logs = [strategy.round_log(t) for t in range(1, 6)]
+    logged = [key for log in logs for key in log[C.LOG_DROPPED_OUT]]
+    assert sorted(logged) == sorted(str(t.partition_id) for t in handled if t.dropped_out)
+    assert sum(log[C.LOG_CLIENTS_DROPPED_OUT] for log in logs) == len(logged) > 0
+    assert sum(log[C.LOG_CLIENTS_FAILED] for log in logs) == len(logged)
+    assert sum(log[C.LOG_CLIENTS_RECEIVED] for log in logs) == len(handled) - len(logged)
+    assert all(log[C.LOG_BUFFER_FILL] == 2 for log in logs)  # dropped replies never fill it
 
 
 # ----------------------------------------------------------------- bad input
@@ -256,8 +284,6 @@ def test_a_bad_dropout_is_refused(dropout):
      ["device-partition-correlation=0.5", "device-profiles='lognormal'"]),
     ({"device-profiles": "flash", "device-dropout": 1.0}, ["device-dropout=1.0", "[0, 1)"]),
     ({"device-profiles": "flash", "device-speed-noise": -1.0}, ["device-speed-noise=-1.0"]),
-    ({"device-profiles": "flash", "device-dropout": 0.1, "strategy": "fedbuff"},
-     ["device-dropout=0.1", "strategy='fedbuff'"]),
     ({"device-profiles": "flash", "device-dropout": 0.1, "strategy": "dynamicfl"},
      ["device-dropout=0.1", "strategy='dynamicfl'"]),
 ])
@@ -348,3 +374,16 @@ def test_the_app_runs_the_flash_fleet_logs_dropouts_and_resumes_to_the_same_cloc
     _, _, resumed, _ = run_app("fedavg", tmp_path / "resumed", 4, **FLASH_RUN,
                                **{"resume-from": str(killed_dir)})
     assert without_timings(resumed) == without_timings(rounds)
+
+
+@pytest.mark.usefixtures("processes")
+def test_the_app_runs_fedbuff_on_the_flash_fleet_with_dropout(tmp_path):
+    from tests.reliability_common import run as run_app  # noqa: PLC0415
+
+    run = {**FLASH_RUN, "async-concurrency": 3, "fedbuff-buffer-size": 2,
+           "num-server-rounds": 6}
+    check_run_config({**run, "strategy": "fedbuff"})  # FedBuff takes the fleet's dropout
+    _, _, rounds, _ = run_app("fedbuff", tmp_path, 4, **run)
+    logged = [key for r in rounds[1:] for key in r[C.LOG_DROPPED_OUT]]
+    assert 0 < len(logged) == sum(r[C.LOG_CLIENTS_DROPPED_OUT] for r in rounds[1:])
+    assert all(r[C.LOG_BUFFER_FILL] == 2 and r[C.LOG_SIM_SECONDS] > 0 for r in rounds[1:])

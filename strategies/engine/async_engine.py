@@ -11,7 +11,9 @@ next one. Evaluation is Flower's FedAvg's, on the replies the trust gate accepts
 
 Each reply passes the trust gate against the model version its task was sent
 (:func:`strategies.engine.trust_gate.train_reply_problem`) and must be finite; a refused reply
-frees its client and counts as failed. It shares the participation model, the Grid event
+frees its client and counts as failed. With the clock's ``dropout``, a task whose client drops out
+mid-task (:mod:`strategies.engine.async_tasks`) counts as failed at its drop time and its
+client is logged in the round's ``dropped-out``, as in a synchronous round. It shares the participation model, the Grid event
 loop, the trust gate and the round report with the synchronous engine.
 
 Given a robust rule (:mod:`strategies.engine.robust`), a buffered algorithm's updates are held
@@ -45,16 +47,14 @@ from .async_tasks import ARRIVAL_ORDERS, AsyncTask, AsyncTasks
 from .clock import SimClock
 from .event_loop import GridEventLoop
 from .keys import Key, at_least
-from .participation import (Participation, SelectionPolicy, check_fraction, check_whole,
-                            refuse_dropout)
-from .round_report import Aggregation, AsyncUpdate, ClockTime, ParticipationSection, RoundReport
+from .participation import Participation, SelectionPolicy, check_fraction, check_whole
+from .round_report import (Aggregation, AsyncUpdate, ClockTime, DropOut, ParticipationSection,
+                           RoundReport)
 from .work import LocalWork
 
 __all__ = ["ASYNC_KEYS", "Applied", "AsyncAlgorithm", "AsyncEngine", "ClientUpdate", "ServerStep"]
 
 STATE_VERSION = 2
-DROPOUT_WHY = ("an asynchronous strategy waits for no round, and a task that does not come back "
-               "is a failed task whose client sits out a while")
 MAX_FAILURES_PER_TASK = 5  # failed tasks per concurrency slot before a round gives up
 
 ASYNC_KEYS = (
@@ -136,7 +136,8 @@ class RoundUpdates:
 
     staleness: list[int] = field(default_factory=list)
     metrics: list[MetricRecord] = field(default_factory=list)  # of the accepted replies
-    failed: int = 0
+    failed: int = 0  # refused, lost and dropped-out tasks
+    dropped_out: list[str] = field(default_factory=list)  # their clients' keys
     bytes_up: int = 0
     ready: bool = False
 
@@ -206,7 +207,6 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
             raise ValueError(f"{name} waits for no round: give it a Participation without "
                              f"round_deadline and straggler_fraction (slow clients are simply "
                              f"stale)")
-        refuse_dropout(name, participation, DROPOUT_WHY)
         super().__init__(**flower_args.flower_base_args(
             participation, fraction_evaluate, min_evaluate_nodes, train_metrics_aggr_fn,
             evaluate_metrics_aggr_fn))
@@ -302,8 +302,14 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
         def on_lost(task: AsyncTask) -> None:
             updates.failed += 1
 
+        def on_dropped(task: AsyncTask) -> None:
+            updates.failed += 1
+            updates.dropped_out.append(records.client_key(self.participation.clients,
+                                                          task.node_id))
+
         self.tasks.run(grid, lambda: (self.version, current["model"]), config, self.work,
-                       on_reply, on_lost, lambda: self.round_over(updates), timeout)
+                       on_reply, on_lost, lambda: self.round_over(updates), timeout,
+                       on_dropped)
         held = self.release_robust(records.to_numpy(current["model"]), updates.ready, report)
         step = self.algorithm.step(records.to_numpy(current["model"]), updates.ready)
         fill = held if held is not None else (
@@ -333,6 +339,12 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
         if self.tasks.selections:
             report.add(merged_selections(self.tasks.selections))
         timer = self.participation.timer
+        if timer is not None and timer.clock.dropout > 0:
+            report.add(DropOut(len(updates.dropped_out), list(updates.dropped_out)))
+            if updates.dropped_out:
+                log(INFO, "Round %d: %d client(s) dropped out before replying, their replies "
+                    "discarded: %s", server_round, len(updates.dropped_out),
+                    ", ".join(updates.dropped_out))
         if timer is not None:
             timer.elapsed = self.tasks.now
             report.add(ClockTime(self.tasks.now - start, self.tasks.now))

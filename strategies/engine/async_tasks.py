@@ -17,6 +17,12 @@ Arrival orders:
   a clock every task takes the same time: first sent, first applied.
 * ``"real-time"``: replies are applied as they arrive (for real fleets; not reproducible).
 
+With the clock's ``dropout`` p, task n's client drops out with probability p at a uniform
+fraction f of its t_i (:meth:`strategies.engine.clock.RoundTimer.dropout_point`, task number n
+in place of the round): the task completes at t + f t_i, where the server notices the lost
+connection, and its reply is discarded (``on_dropped``). The client is not told to sit out: a
+drop is the fleet's chance, not the client's failure.
+
 A task's config carries ``server-round`` (the round being made) and ``async-task`` = its
 task number (1, 2, ...): fedhetero's clients seed their batches by the task number, so each
 task draws its own batches and a re-sent task the same ones.
@@ -57,7 +63,8 @@ IDLE_STEP = 60.0  # simulated seconds between two such re-draws
 class AsyncTask:
     """One client task: sent to ``node_id`` (serving ``partition_id``) at simulated time
     ``sent_at`` with model version ``version``; completes at ``done_at`` (without a clock,
-    the task number: first sent, first done)."""
+    the task number: first sent, first done); ``dropped_out``: its client drops out before
+    replying, at ``done_at``."""
 
     number: int
     node_id: int
@@ -66,6 +73,7 @@ class AsyncTask:
     config: ConfigRecord
     sent_at: float
     done_at: float
+    dropped_out: bool = False
 
 
 class AsyncTasks:
@@ -105,11 +113,13 @@ class AsyncTasks:
             config: ConfigRecord, work: ClientWork,
             on_reply: Callable[[AsyncTask, Message], None],
             on_lost: Callable[[AsyncTask], None], done: Callable[[], bool],
-            timeout: float | None) -> None:
+            timeout: float | None,
+            on_dropped: Callable[[AsyncTask], None] | None = None) -> None:
         """Keep ``concurrency`` tasks in flight with the newest ``model()`` (version, arrays)
         and hand each reply to ``on_reply`` in the arrival order, until ``done()``; replies
         pulled after that wait for the next call. A task without a reply ``timeout`` seconds
-        after it was sent is given up (its client freed) and handed to ``on_lost``.
+        after it was sent is given up (its client freed) and handed to ``on_lost``; a task
+        whose client drops out (module docstring) to ``on_dropped``, its reply unread.
         Raises RuntimeError when no client can be sent a task
         and none is in flight."""
         if self.loop is None or self.loop.grid is not grid:
@@ -128,6 +138,11 @@ class AsyncTasks:
                 log(WARNING, "%s: task %d (node %d) had no reply in %s s: given up",
                     self.owner, number + 1, task.node_id, timeout)
                 on_lost(task)
+            elif task.dropped_out:
+                if on_dropped is None:
+                    raise RuntimeError(f"{self.owner}: task {number + 1}'s client dropped "
+                                       f"out and no on_dropped was given")
+                on_dropped(task)
             else:
                 on_reply(task, reply)
             self.forget_unused_versions()
@@ -216,20 +231,23 @@ class AsyncTasks:
                  arrays: ArrayRecord, delay: float = 0.0) -> AsyncTask:
         """Task number ``next_number`` for ``node``: ``config`` with ``async-task`` = the
         task number, completing ``delay`` (its selection's loss query) + t_i (eq. 1) after
-        now."""
+        now, or + f t_i if its client drops out at fraction f (module docstring)."""
         number = self.next_number
         self.next_number += 1
         own = ConfigRecord(dict(config))
         own[C.ASYNC_TASK] = number + 1
-        done_at = float(number)
+        done_at, fraction = float(number), None
         timer = self.participation.timer
         if timer is not None:
             down, up = work.expected_bytes(arrays)
-            done_at = self.now + delay + timer.client_seconds(
-                self.participation.partition_of(node), work.full_local_steps(node, own),
-                work.examples_per_step(node, own), down, up, work.extra_examples(node, own))
+            pid = self.participation.partition_of(node)
+            fraction = timer.dropout_point(pid, draw=number + 1)
+            done_at = self.now + delay + (1.0 if fraction is None else fraction) * \
+                timer.client_seconds(pid, work.full_local_steps(node, own),
+                                     work.examples_per_step(node, own), down, up,
+                                     work.extra_examples(node, own))
         return AsyncTask(number, node, self.participation.info(node).partition_id, version,
-                         own, self.now, done_at)
+                         own, self.now, done_at, dropped_out=fraction is not None)
 
     def send(self, task: AsyncTask, arrays: ArrayRecord) -> None:
         """Push ``task`` with ``arrays`` (model version ``task.version``)."""
@@ -262,7 +280,7 @@ class AsyncTasks:
                     task.partition_id)
                 continue
             self.send(AsyncTask(task.number, node, task.partition_id, task.version,
-                                task.config, task.sent_at, task.done_at),
+                                task.config, task.sent_at, task.done_at, task.dropped_out),
                       self.versions[task.version])
         log(INFO, "%s: %d in-flight task(s) of the checkpoint sent again", self.owner,
             len(self.to_resend))
@@ -289,7 +307,8 @@ class AsyncTasks:
             "now": self.now,
             "tasks": [{"number": t.number, "partition-id": t.partition_id,
                        "version": t.version, "config": dict(t.config),
-                       "sent-at": t.sent_at, "done-at": t.done_at}
+                       "sent-at": t.sent_at, "done-at": t.done_at,
+                       "dropped-out": t.dropped_out}
                       for t in sorted(tasks, key=lambda t: t.number)
                       if t.partition_id is not None],
             "versions": {int(v): {k: np.array(a.numpy(), copy=True) for k, a in arrays.items()}
@@ -305,8 +324,14 @@ class AsyncTasks:
         self.now = float(state["now"])
         self.versions = {int(v): records.to_record(arrays)
                          for v, arrays in state["versions"].items()}
+        for t in state["tasks"]:
+            if not isinstance(t.get("dropped-out", False), bool):
+                raise ValueError(f"{self.owner}: the checkpoint's in-flight task "
+                                 f"{t.get('number')!r} has dropped-out = "
+                                 f"{t['dropped-out']!r}, not true or false; start the run afresh")
         self.to_resend = [AsyncTask(int(t["number"]), -1, int(t["partition-id"]),
                                     int(t["version"]), ConfigRecord(dict(t["config"])),
-                                    float(t["sent-at"]), float(t["done-at"]))
+                                    float(t["sent-at"]), float(t["done-at"]),
+                                    t.get("dropped-out", False))
                           for t in state["tasks"]]
         self.in_flight, self.loop = {}, None

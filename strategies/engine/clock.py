@@ -23,8 +23,9 @@ A fleet may vary per round (:meth:`strategies.engine.devices.Fleet.round_profile
 times use the profiles of that round, the selection policies' expected times the mean
 profiles. With ``dropout`` p a client sent work drops out before replying with probability
 p, and at a uniform fraction of its t_i, both drawn from ``default_rng([seed, round, p,
-DROPOUT_TAG])`` (:meth:`RoundTimer.dropout_point`): the server notices at that time (a lost
-connection), so a dropped client counts in the round's time with the fraction of its t_i.
+DROPOUT_TAG])`` (:meth:`RoundTimer.dropout_point`; an asynchronous task: its task number in
+place of the round): the server notices at that time (a lost connection), so a dropped
+client counts in the round's time with the fraction of its t_i.
 
 DynamicFL's round is a sequence of synchronisation events (Le et al., Alg. 1 lines
 12-20): :func:`sync_event_times` applies eq. (1) chunk by chunk. Its per-node byte budgets
@@ -288,14 +289,16 @@ class RoundTimer:
             return
         self.clock = replace(self.clock, fleet=fleet.with_sizes(sizes))
 
-    def dropout_point(self, partition_id: int) -> float | None:
-        """Whether partition ``partition_id`` drops out of the round started last: None (it
-        does not), or the fraction in [0, 1) of its time t_i at which it drops; drawn from
-        ``default_rng([seed, round, p, DROPOUT_TAG])`` (no draw at dropout 0)."""
+    def dropout_point(self, partition_id: int, draw: int | None = None) -> float | None:
+        """Whether partition ``partition_id`` drops out of the round started last (or of
+        task ``draw`` of an asynchronous strategy): None (it does not), or the fraction in
+        [0, 1) of its time t_i at which it drops; drawn from ``default_rng([seed, round (or
+        draw), p, DROPOUT_TAG])`` (no draw at dropout 0)."""
         p = self.clock.dropout
-        if p <= 0 or self.server_round is None:
+        number = self.server_round if draw is None else draw
+        if p <= 0 or number is None:
             return None
-        rng = np.random.default_rng([self.seed, self.server_round, int(partition_id),
+        rng = np.random.default_rng([self.seed, int(number), int(partition_id),
                                      devices.DROPOUT_TAG])
         drops, fraction = rng.random(2)
         return float(fraction) if drops < p else None
