@@ -14,7 +14,8 @@ field a rerun reproduces; the machine's timings and memory (``LOG_TIMING_KEYS``)
 out unless ``--timings`` (a third of an 80-round log), and so are the selection's values per
 candidate client (``LOG_PER_CANDIDATE_KEYS``: Oort's utilities, Power-of-Choice's losses,
 which no report reads) unless ``--candidates`` (half to two thirds of a selection run's
-archived log). The model digest of every round (``model-sha256``) is kept as its first
+archived log), and each client's width (``LOG_PER_CLIENT_KEYS``: ``width-counts`` keeps their
+count per width) unless ``--client-widths`` (a quarter of a width run's archived log). The model digest of every round (``model-sha256``) is kept as its first
 :data:`DIGEST_HEX` hex digits, 64 bits: enough to tell whether a rerun trained the same
 model, at a third of the room (the full digests were a third of a 10 KB archived log). A file that
 many runs have alike (:data:`SHARED_NAMES`: ``partitions.json``, one per partition setting,
@@ -94,12 +95,15 @@ def left_out_why(name: str) -> str | None:
                 None)
 
 
-def left_out_keys(timings: bool = False, candidates: bool = False) -> frozenset[str]:
+def left_out_keys(timings: bool = False, candidates: bool = False,
+                  client_widths: bool = False) -> frozenset[str]:
     """The round-log keys not archived: the machine's timings (``LOG_TIMING_KEYS``, which a
     rerun of the same seed does not reproduce) unless ``timings``, the values per candidate
-    client (``LOG_PER_CANDIDATE_KEYS``) unless ``candidates``."""
+    client (``LOG_PER_CANDIDATE_KEYS``) unless ``candidates``, each client's width
+    (``LOG_PER_CLIENT_KEYS``) unless ``client_widths``."""
     return ((frozenset() if timings else C.LOG_TIMING_KEYS)
-            | (frozenset() if candidates else C.LOG_PER_CANDIDATE_KEYS))
+            | (frozenset() if candidates else C.LOG_PER_CANDIDATE_KEYS)
+            | (frozenset() if client_widths else C.LOG_PER_CLIENT_KEYS))
 
 
 def archived_record(record: dict, keys: frozenset[str]) -> dict:
@@ -222,8 +226,8 @@ def what_to_drop(runs: list[ArchivedRun], excess: int) -> str:
 
 def archive(folder: Path, to: Path, pages: Path = DEFAULT_PAGES,
             variants: list[str] | None = None, seeds: list[int] | None = None,
-            limit: int = EXPERIMENT_LIMIT, timings: bool = False, candidates: bool = False
-            ) -> str:
+            limit: int = EXPERIMENT_LIMIT, timings: bool = False, candidates: bool = False,
+            client_widths: bool = False) -> str:
     """Archive the finished runs of ``folder`` into ``to`` (module docstring); the size line.
 
     Raises SystemExit, having written nothing, when there is no finished run, or when the
@@ -231,7 +235,8 @@ def archive(folder: Path, to: Path, pages: Path = DEFAULT_PAGES,
     if not folder.is_dir():
         raise SystemExit(f"archive-logs: {folder} is not a folder; give a sweep's results "
                          "folder (<variant>/seed<k>/<run>/)")
-    runs, unfinished = select_runs(folder, variants, seeds, left_out_keys(timings, candidates))
+    runs, unfinished = select_runs(folder, variants, seeds,
+                                   left_out_keys(timings, candidates, client_widths))
     for run_dir in unfinished:
         print(f"note: {run_dir} is not finished; not archived")
     if not runs:
@@ -291,11 +296,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="keep the round logs' values per candidate client (Oort's "
                              "selection-scores, Power-of-Choice's poc-losses; left out by "
                              "default: no report reads them)")
+    parser.add_argument("--client-widths", action="store_true",
+                        help="keep the round logs' width of each client (client-widths; left "
+                             "out by default: width-counts keeps their count per width)")
 
 
 def run(args: argparse.Namespace) -> int:
     """Archive and print the size line."""
     to = args.to if args.to is not None else DEFAULT_ARCHIVE / args.folder.resolve().name
     print(archive(args.folder, to, args.pages, args.variants, args.seeds,
-                  timings=args.timings, candidates=args.candidates))
+                  timings=args.timings, candidates=args.candidates,
+                  client_widths=args.client_widths))
     return 0

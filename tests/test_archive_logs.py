@@ -324,6 +324,24 @@ def test_archive_logs_leaves_out_the_values_per_candidate_client_unless_asked(tm
     assert all("wall-seconds" not in r for r in with_candidates)
 
 
+def test_archive_logs_leaves_out_each_clients_width_unless_asked(tmp_path):
+    folder = sweep_folder(tmp_path)
+    [source, *_] = run_directories(folder, "*/seed*/*")
+    widths = [{**r, "client-widths": {"3": 0.5, "7": 1.0}, "width-counts": {"0.5": 1, "1": 1}}
+              for r in read_rounds(source)]
+    (source / "rounds.jsonl").write_text("".join(json.dumps(r, sort_keys=True) + "\n"
+                                                 for r in widths))
+    plain, kept = tmp_path / "plain" / "tiny_experiment", tmp_path / "kept" / "tiny_experiment"
+    archive(folder, plain, pages=tmp_path / "pages")
+    archive(folder, kept, pages=tmp_path / "pages", client_widths=True)
+    relative = source.relative_to(folder)
+    without = read_rounds(plain / relative)
+    assert not any("client-widths" in r for r in without)
+    assert [r["width-counts"] for r in without] == [r["width-counts"] for r in widths]
+    assert [r["client-widths"] for r in read_rounds(kept / relative)] == \
+        [r["client-widths"] for r in widths]
+
+
 # ---------------------------------------------------------------- files archived once
 def shared_archive(tmp_path: Path) -> tuple[Path, Path, Path]:
     """An archive of the tiny sweep, one of its runs, and that run's shared partitions file."""
