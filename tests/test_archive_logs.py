@@ -304,42 +304,40 @@ def test_archive_logs_keeps_the_machine_timings_only_when_asked(tmp_path):
         (source / "rounds.jsonl").read_bytes()
 
 
-def test_archive_logs_leaves_out_the_values_per_candidate_client_unless_asked(tmp_path):
+def archived_with(tmp_path: Path, extra: dict, **keep: bool
+                  ) -> tuple[list[dict], list[dict], list[dict]]:
+    """A run whose round records carry ``extra``: its records, and as archived by default
+    and with the flags ``keep``."""
     folder = sweep_folder(tmp_path)
     [source, *_] = run_directories(folder, "*/seed*/*")
-    scored = [{**r, "selection-scores": {"3": 0.5, "7": 0.25}, "poc-losses": {"3": 1.5}}
-              for r in read_rounds(source)]
+    rounds = [{**r, **extra} for r in read_rounds(source)]
     (source / "rounds.jsonl").write_text("".join(json.dumps(r, sort_keys=True) + "\n"
-                                                 for r in scored))
+                                                 for r in rounds))
     plain, kept = tmp_path / "plain" / "tiny_experiment", tmp_path / "kept" / "tiny_experiment"
     archive(folder, plain, pages=tmp_path / "pages")
-    archive(folder, kept, pages=tmp_path / "pages", candidates=True)
+    archive(folder, kept, pages=tmp_path / "pages", **keep)
     relative = source.relative_to(folder)
-    without = read_rounds(plain / relative)
+    return rounds, read_rounds(plain / relative), read_rounds(kept / relative)
+
+
+def test_archive_logs_leaves_out_the_values_per_candidate_client_unless_asked(tmp_path):
+    scored, without, with_candidates = archived_with(
+        tmp_path, {"selection-scores": {"3": 0.5, "7": 0.25}, "poc-losses": {"3": 1.5}},
+        candidates=True)
     assert [r["accuracy"] for r in without] == [r["accuracy"] for r in scored]
     assert not any({"selection-scores", "poc-losses", "wall-seconds"} & set(r) for r in without)
-    with_candidates = read_rounds(kept / relative)
     assert [r["selection-scores"] for r in with_candidates] == \
         [r["selection-scores"] for r in scored]
     assert all("wall-seconds" not in r for r in with_candidates)
 
 
 def test_archive_logs_leaves_out_each_clients_width_unless_asked(tmp_path):
-    folder = sweep_folder(tmp_path)
-    [source, *_] = run_directories(folder, "*/seed*/*")
-    widths = [{**r, "client-widths": {"3": 0.5, "7": 1.0}, "width-counts": {"0.5": 1, "1": 1}}
-              for r in read_rounds(source)]
-    (source / "rounds.jsonl").write_text("".join(json.dumps(r, sort_keys=True) + "\n"
-                                                 for r in widths))
-    plain, kept = tmp_path / "plain" / "tiny_experiment", tmp_path / "kept" / "tiny_experiment"
-    archive(folder, plain, pages=tmp_path / "pages")
-    archive(folder, kept, pages=tmp_path / "pages", client_widths=True)
-    relative = source.relative_to(folder)
-    without = read_rounds(plain / relative)
+    widths, without, with_widths = archived_with(
+        tmp_path, {"client-widths": {"3": 0.5, "7": 1.0}, "width-counts": {"0.5": 1, "1": 1}},
+        client_widths=True)
     assert not any("client-widths" in r for r in without)
     assert [r["width-counts"] for r in without] == [r["width-counts"] for r in widths]
-    assert [r["client-widths"] for r in read_rounds(kept / relative)] == \
-        [r["client-widths"] for r in widths]
+    assert [r["client-widths"] for r in with_widths] == [r["client-widths"] for r in widths]
 
 
 # ---------------------------------------------------------------- files archived once
