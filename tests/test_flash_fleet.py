@@ -222,6 +222,35 @@ def test_the_engine_times_the_flash_fleets_round_profiles_and_binds_sizes():
         assert strategy.round_log(t)[C.LOG_SIM_SECONDS] == pytest.approx(max(times))
 
 
+def test_an_async_task_is_timed_on_its_own_draw_of_the_fleet(monkeypatch):
+    fleet = FlashFleet(seed=0, speed_noise=0.5)
+    strategy = FedBuff(buffer_size=2, concurrency=2, **KW, clock=SimClock(fleet, C_EX))
+    tasks = record_tasks(monkeypatch)
+    run(strategy, rounds=4)
+    differ = 0
+    for task in tasks.values():  # task n: the fleet's round-n profile, as a round would
+        pid, n = task.partition_id, task.number + 1
+        took = client_seconds(fleet.round_profile(pid, n), STEPS, B, C_EX, SIZE, SIZE)
+        assert task.done_at - task.sent_at == pytest.approx(took)
+        differ += took != pytest.approx(
+            client_seconds(fleet.profile(pid), STEPS, B, C_EX, SIZE, SIZE))
+    assert len(tasks) >= 8 and differ == len(tasks)  # none on the mean profile
+
+
+def record_tasks(monkeypatch) -> dict:
+    """Task number -> AsyncTask of every task the asynchronous strategies make from now."""
+    tasks = {}
+    new_task = AsyncTasks.new_task
+
+    def recording(self, *args, **kwargs):
+        task = new_task(self, *args, **kwargs)
+        tasks[task.number] = task
+        return task
+
+    monkeypatch.setattr(AsyncTasks, "new_task", recording)
+    return tasks
+
+
 def test_dynamicfl_whose_sync_events_wait_for_every_client_refuses_dropout():
     with pytest.raises(ValueError, match=r"dropout=0\.2 is not modelled here.*dropout=0"):
         DynamicFL(query_client_info=True, clock=SimClock(FLEET, dropout=0.2))
@@ -232,15 +261,7 @@ def test_an_async_task_drops_out_by_its_own_draw_and_counts_until_it_dropped(mon
     seed, p = 0, 0.5
     strategy = FedBuff(buffer_size=2, concurrency=2, **KW, seed=seed,
                        clock=SimClock(FLEET, C_EX, dropout=p))
-    tasks = {}
-    new_task = AsyncTasks.new_task
-
-    def recording(self, *args, **kwargs):
-        task = new_task(self, *args, **kwargs)
-        tasks[task.number] = task
-        return task
-
-    monkeypatch.setattr(AsyncTasks, "new_task", recording)
+    tasks = record_tasks(monkeypatch)
     run(strategy, rounds=5)
     compute = {pid: STEPS * B * C_EX / FLEET.profile(pid).speed for pid in range(3)}
     for task in tasks.values():  # task n's draw: default_rng([seed, n, p, DROPOUT_TAG])

@@ -10,7 +10,8 @@ task), who gets the newest model.
 Arrival orders:
 
 * ``"simulated"`` (default): a task sent at simulated time t completes at t + t_i, t_i of
-  eq. (1) of :mod:`strategies.engine.clock` (compute, bandwidth) on the device profiles; replies
+  eq. (1) of :mod:`strategies.engine.clock` (compute, bandwidth) on the device profiles (a
+  fleet that varies per round, FLASH's, draws task n's profile as round n's); replies
   are applied in that order whatever order the real replies come back in
   (:meth:`strategies.engine.event_loop.GridEventLoop.run_in_clock_order`), so a run is
   deterministic, the same in simulation and deployment, and resumes bit for bit. Without
@@ -245,7 +246,7 @@ class AsyncTasks:
             done_at = self.now + delay + (1.0 if fraction is None else fraction) * \
                 timer.client_seconds(pid, work.full_local_steps(node, own),
                                      work.examples_per_step(node, own), down, up,
-                                     work.extra_examples(node, own))
+                                     work.extra_examples(node, own), draw=number + 1)
         return AsyncTask(number, node, self.participation.info(node).partition_id, version,
                          own, self.now, done_at, dropped_out=fraction is not None)
 

@@ -271,13 +271,15 @@ class RoundTimer:
         return devices.online_mask(profiles, partition_ids, self.seed, server_round,
                                    self.elapsed + self.wait)
 
-    def profile(self, partition_id: int, expected: bool = False) -> DeviceProfile:
-        """Partition ``partition_id``'s profile in the round started last
-        (:meth:`SimClock.round_profile`); its mean profile with ``expected`` or before any
-        round started (the asynchronous engine)."""
-        if expected or self.server_round is None:
+    def profile(self, partition_id: int, expected: bool = False,
+                draw: int | None = None) -> DeviceProfile:
+        """Partition ``partition_id``'s profile in the round started last, or in asynchronous
+        task ``draw`` (:meth:`SimClock.round_profile`, the task number in place of the
+        round); its mean profile with ``expected`` or before any round started."""
+        number = self.server_round if draw is None else draw
+        if expected or number is None:
             return self.clock.profile(partition_id)
-        return self.clock.round_profile(partition_id, self.server_round)
+        return self.clock.round_profile(partition_id, number)
 
     def bind_sizes(self, sizes: Mapping[int, int]) -> None:
         """Give a fleet whose profiles depend on the partitions' sizes (``needs_sizes``:
@@ -313,13 +315,15 @@ class RoundTimer:
 
     def client_seconds(self, partition_id: int, steps: int, examples_per_step: int,
                        bytes_down: float, bytes_up: float, extra_examples: int = 0,
-                       compute: float = 1.0, expected: bool = False) -> float:
-        """Eq. (1) for partition ``partition_id`` in the round (its mean profile with
-        ``expected``: what a selection policy can know beforehand); ``compute`` scales c (a
-        client training a sub-model: its training FLOPs over the full model's)."""
-        return client_seconds(self.profile(partition_id, expected), steps, examples_per_step,
-                              self.clock.cost() * compute, bytes_down, bytes_up,
-                              extra_examples)
+                       compute: float = 1.0, expected: bool = False,
+                       draw: int | None = None) -> float:
+        """Eq. (1) for partition ``partition_id`` in the round, or in asynchronous task
+        ``draw`` (its mean profile with ``expected``: what a selection policy can know
+        beforehand); ``compute`` scales c (a client training a sub-model: its training FLOPs
+        over the full model's)."""
+        return client_seconds(self.profile(partition_id, expected, draw), steps,
+                              examples_per_step, self.clock.cost() * compute, bytes_down,
+                              bytes_up, extra_examples)
 
     def evaluation_seconds(self, partition_id: int, num_examples: int,
                            bytes_down: float) -> float:
