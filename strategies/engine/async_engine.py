@@ -11,10 +11,11 @@ next one. Evaluation is Flower's FedAvg's, on the replies the trust gate accepts
 
 Each reply passes the trust gate against the model version its task was sent
 (:func:`strategies.engine.trust_gate.train_reply_problem`) and must be finite; a refused reply
-frees its client and counts as failed. With the clock's ``dropout``, a task whose client drops out
-mid-task (:mod:`strategies.engine.async_tasks`) counts as failed at its drop time and its
-client is logged in the round's ``dropped-out``, as in a synchronous round. It shares the participation model, the Grid event
-loop, the trust gate and the round report with the synchronous engine.
+frees its client and counts as failed. With the clock's ``dropout``, a task whose client
+drops out mid-task (:mod:`strategies.engine.async_tasks`) counts as failed at its drop time
+and its client is logged in the round's ``dropped-out``, as in a synchronous round. It
+shares the participation model, the Grid event loop, the trust gate and the round report
+with the synchronous engine.
 
 Given a robust rule (:mod:`strategies.engine.robust`), a buffered algorithm's updates are held
 by a :class:`~strategies.engine.robust.RobustBuffer` instead: at the step the algorithm gets
@@ -308,8 +309,8 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
                                                           task.node_id))
 
         self.tasks.run(grid, lambda: (self.version, current["model"]), config, self.work,
-                       on_reply, on_lost, lambda: self.round_over(updates), timeout,
-                       on_dropped)
+                       on_reply, on_lost, on_dropped, lambda: self.round_over(updates),
+                       timeout)
         held = self.release_robust(records.to_numpy(current["model"]), updates.ready, report)
         step = self.algorithm.step(records.to_numpy(current["model"]), updates.ready)
         fill = held if held is not None else (
@@ -340,11 +341,7 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
             report.add(merged_selections(self.tasks.selections))
         timer = self.participation.timer
         if timer is not None and timer.clock.dropout > 0:
-            report.add(DropOut(len(updates.dropped_out), list(updates.dropped_out)))
-            if updates.dropped_out:
-                log(INFO, "Round %d: %d client(s) dropped out before replying, their replies "
-                    "discarded: %s", server_round, len(updates.dropped_out),
-                    ", ".join(updates.dropped_out))
+            report.add(DropOut.of(server_round, updates.dropped_out))
         if timer is not None:
             timer.elapsed = self.tasks.now
             report.add(ClockTime(self.tasks.now - start, self.tasks.now))

@@ -113,9 +113,8 @@ class AsyncTasks:
     def run(self, grid: Grid, model: Callable[[], tuple[int, ArrayRecord]],
             config: ConfigRecord, work: ClientWork,
             on_reply: Callable[[AsyncTask, Message], None],
-            on_lost: Callable[[AsyncTask], None], done: Callable[[], bool],
-            timeout: float | None,
-            on_dropped: Callable[[AsyncTask], None] | None = None) -> None:
+            on_lost: Callable[[AsyncTask], None], on_dropped: Callable[[AsyncTask], None],
+            done: Callable[[], bool], timeout: float | None) -> None:
         """Keep ``concurrency`` tasks in flight with the newest ``model()`` (version, arrays)
         and hand each reply to ``on_reply`` in the arrival order, until ``done()``; replies
         pulled after that wait for the next call. A task without a reply ``timeout`` seconds
@@ -140,9 +139,6 @@ class AsyncTasks:
                     self.owner, number + 1, task.node_id, timeout)
                 on_lost(task)
             elif task.dropped_out:
-                if on_dropped is None:
-                    raise RuntimeError(f"{self.owner}: task {number + 1}'s client dropped "
-                                       f"out and no on_dropped was given")
                 on_dropped(task)
             else:
                 on_reply(task, reply)

@@ -483,10 +483,7 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
         if plan.dropped_out is None:
             return replies
         keys = [plan.client_key(n) for n in plan.tasks if n in plan.dropped_out]
-        plan.report.add(DropOut(len(keys), keys))
-        if keys:
-            log(INFO, "Round %d: %d client(s) dropped out before replying, their replies "
-                "discarded: %s", plan.server_round, len(keys), ", ".join(keys))
+        plan.report.add(DropOut.of(plan.server_round, keys))
         return [r for r in replies if r.metadata.src_node_id not in plan.dropped_out]
 
     def contract_gap(self, plan: RoundPlan, reply: Message) -> str | None:

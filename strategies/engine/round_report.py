@@ -14,6 +14,9 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from logging import INFO
+
+from flwr.common.logger import log
 
 from .. import contract as C
 from ..contract import Section, logged
@@ -91,6 +94,15 @@ class DropOut(Section):
 
     dropped_out: int = logged(C.LOG_CLIENTS_DROPPED_OUT, default=0)
     clients: list[str] = logged(C.LOG_DROPPED_OUT, default=())
+
+    @classmethod
+    def of(cls, server_round: int, keys: list[str]) -> DropOut:
+        """The section of the clients ``keys`` (their keys in cross-round tables), with one
+        log line when there are any."""
+        if keys:
+            log(INFO, "Round %d: %d client(s) dropped out before replying, their replies "
+                "discarded: %s", server_round, len(keys), ", ".join(keys))
+        return cls(len(keys), list(keys))
 
 
 @dataclass(frozen=True)
