@@ -12,7 +12,7 @@ from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedapp import checkpoint_format
-from strategies import FedAvg, FedBuff
+from strategies import FedAvg, FedBuff, FlashFleet
 from strategies import contract as C
 from strategies.engine.clock import SimClock, evaluation_seconds
 from strategies.engine.devices import GeneratedFleet
@@ -304,6 +304,36 @@ def test_fedbuff_draws_each_freed_slot_with_oort_and_feeds_it_back():
     log = strategy.round_log(2)
     assert log[C.LOG_SELECTION] == "oort" and log[C.LOG_SELECTION_CHOSEN]
     assert policy.clients, "the applied updates were fed back"
+
+
+def test_fedbuffs_loss_query_is_timed_on_each_tasks_draw_of_the_fleet(monkeypatch):
+    """Power-of-Choice's query before asynchronous task n takes the queried phones' round-n
+    profiles (speed noise, bandwidths), as a task's training does, not their mean ones."""
+    fleet = FlashFleet(seed=0, speed_noise=0.5)
+    strategy = FedBuff(buffer_size=2, concurrency=3, fraction_evaluate=0.0,
+                       participation=Participation(
+                           seed=7, query_client_info=True, clock=SimClock(fleet, 0.01),
+                           selection=PowerOfChoice(seed=7, candidates=4)))
+    seen = []
+    select_among = Participation.select_among
+
+    def recording(self, server_round, *args):
+        picks, section = select_among(self, server_round, *args)
+        seen.append((server_round, section))
+        return picks, section
+
+    monkeypatch.setattr(Participation, "select_among", recording)
+    run(strategy, 3)
+    model_bytes = record({"w": np.zeros(2)}).count_bytes()
+    differ = 0
+    for n, section in seen:
+        def query(profile):
+            return max(evaluation_seconds(profile(int(k)), 10 * (int(k) + 1), 0.01, model_bytes)
+                       for k in section.losses)
+        assert section.query_seconds == pytest.approx(
+            query(lambda pid: fleet.round_profile(pid, n)), rel=1e-12)
+        differ += section.query_seconds != pytest.approx(query(fleet.profile), rel=1e-12)
+    assert len(seen) >= 6 and differ == len(seen)  # none on the mean profiles
 
 
 def test_random_selection_is_unchanged_and_logs_nothing_new():

@@ -325,10 +325,11 @@ class RoundTimer:
                               examples_per_step, self.clock.cost() * compute, bytes_down,
                               bytes_up, extra_examples)
 
-    def evaluation_seconds(self, partition_id: int, num_examples: int,
-                           bytes_down: float) -> float:
-        """:func:`evaluation_seconds` for partition ``partition_id``."""
-        return evaluation_seconds(self.profile(partition_id), num_examples,
+    def evaluation_seconds(self, partition_id: int, num_examples: int, bytes_down: float,
+                           draw: int | None = None) -> float:
+        """:func:`evaluation_seconds` for partition ``partition_id`` in the round, or in
+        asynchronous task ``draw``."""
+        return evaluation_seconds(self.profile(partition_id, draw=draw), num_examples,
                                   self.clock.cost(), bytes_down)
 
     def delay_start(self, seconds: float) -> None:

@@ -377,8 +377,8 @@ class Participation:
             seconds = None
             if self.timer is not None and asked["nodes"]:  # the query runs before training
                 seconds = max(self.timer.evaluation_seconds(  # n_i unknown: its download
-                    self.partition_of(n), self.info(n).num_examples or 0, arrays.count_bytes())
-                    for n in asked["nodes"])
+                    self.partition_of(n), self.info(n).num_examples or 0, arrays.count_bytes(),
+                    draw=server_round) for n in asked["nodes"])
             section = dataclasses.replace(section, query_messages=asked["messages"],
                                           query_bytes=asked["bytes"], query_seconds=seconds)
         return picks, section
