@@ -14,10 +14,14 @@ field a rerun reproduces; the machine's timings and memory (``LOG_TIMING_KEYS``)
 out unless ``--timings`` (a third of an 80-round log), and so are the selection's values per
 candidate client (``LOG_PER_CANDIDATE_KEYS``: Oort's utilities, Power-of-Choice's losses,
 which no report reads) unless ``--candidates`` (half to two thirds of a selection run's
-archived log), and each client's width (``LOG_PER_CLIENT_KEYS``: ``width-counts`` keeps their
-count per width) unless ``--client-widths`` (a quarter of a width run's archived log). The model digest of every round (``model-sha256``) is kept as its first
-:data:`DIGEST_HEX` hex digits, 64 bits: enough to tell whether a rerun trained the same
-model, at a third of the room (the full digests were a third of a 10 KB archived log). A file that
+archived log), and the values per client that a count sums up (``LOG_PER_CLIENT_KEYS``: each
+client's width, which ``width-counts`` counts per width, a quarter of a width run's archived
+log; the clients that dropped out, which ``clients-dropped-out`` counts, 3 % of a FLASH width
+run's) unless ``--per-client``. The model digest of every round (``model-sha256``) is kept as its first
+:data:`DIGEST_HEX` hex digits, 48 bits: enough to tell whether a rerun trained the same
+model (a different model matches by chance once in 2.8e14), in a fifth of the room (the
+full digests were a third of a 10 KB archived log; 16 hex digits, kept until 2026-11-30,
+took 16 KiB more of width_protocol_flash's 828 KiB archive). A file that
 many runs have alike (:data:`SHARED_NAMES`: ``partitions.json``, one per partition setting,
 3.7 KB each) is stored once, as ``shared/<sha256>.xz`` at the archive's top, each run keeping
 ``partitions.json.sha256`` (:mod:`fedapp.run_log` follows it). A tuned sweep's tuning runs
@@ -55,7 +59,7 @@ EXPERIMENT_LIMIT = 1024 * 1024  # bytes one experiment may add: its run logs and
 XZ_PRESET = 6 | lzma.PRESET_EXTREME  # as small as preset 9 on these logs, an 8 MiB dictionary
 COMPRESSED_KINDS = (".json", ".jsonl", ".csv")  # what is stored as <name>.xz
 SHARED_NAMES = ("partitions.json",)  # stored once per content: shared/<sha256>.xz
-DIGEST_HEX = 16  # model-sha256 archived as its first 16 hex digits (64 bits)
+DIGEST_HEX = 12  # model-sha256 archived as its first 12 hex digits (48 bits)
 LEFT_OUT = {  # file-name pattern -> why a run's file is not archived
     "*.pt": "a model",
     "checkpoint*": "a checkpoint",
@@ -96,14 +100,14 @@ def left_out_why(name: str) -> str | None:
 
 
 def left_out_keys(timings: bool = False, candidates: bool = False,
-                  client_widths: bool = False) -> frozenset[str]:
+                  per_client: bool = False) -> frozenset[str]:
     """The round-log keys not archived: the machine's timings (``LOG_TIMING_KEYS``, which a
     rerun of the same seed does not reproduce) unless ``timings``, the values per candidate
-    client (``LOG_PER_CANDIDATE_KEYS``) unless ``candidates``, each client's width
-    (``LOG_PER_CLIENT_KEYS``) unless ``client_widths``."""
+    client (``LOG_PER_CANDIDATE_KEYS``) unless ``candidates``, the values per client that a
+    count sums up (``LOG_PER_CLIENT_KEYS``) unless ``per_client``."""
     return ((frozenset() if timings else C.LOG_TIMING_KEYS)
             | (frozenset() if candidates else C.LOG_PER_CANDIDATE_KEYS)
-            | (frozenset() if client_widths else C.LOG_PER_CLIENT_KEYS))
+            | (frozenset() if per_client else C.LOG_PER_CLIENT_KEYS))
 
 
 def archived_record(record: dict, keys: frozenset[str]) -> dict:
@@ -227,7 +231,7 @@ def what_to_drop(runs: list[ArchivedRun], excess: int) -> str:
 def archive(folder: Path, to: Path, pages: Path = DEFAULT_PAGES,
             variants: list[str] | None = None, seeds: list[int] | None = None,
             limit: int = EXPERIMENT_LIMIT, timings: bool = False, candidates: bool = False,
-            client_widths: bool = False) -> str:
+            per_client: bool = False) -> str:
     """Archive the finished runs of ``folder`` into ``to`` (module docstring); the size line.
 
     Raises SystemExit, having written nothing, when there is no finished run, or when the
@@ -236,7 +240,7 @@ def archive(folder: Path, to: Path, pages: Path = DEFAULT_PAGES,
         raise SystemExit(f"archive-logs: {folder} is not a folder; give a sweep's results "
                          "folder (<variant>/seed<k>/<run>/)")
     runs, unfinished = select_runs(folder, variants, seeds,
-                                   left_out_keys(timings, candidates, client_widths))
+                                   left_out_keys(timings, candidates, per_client))
     for run_dir in unfinished:
         print(f"note: {run_dir} is not finished; not archived")
     if not runs:
@@ -296,9 +300,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="keep the round logs' values per candidate client (Oort's "
                              "selection-scores, Power-of-Choice's poc-losses; left out by "
                              "default: no report reads them)")
-    parser.add_argument("--client-widths", action="store_true",
-                        help="keep the round logs' width of each client (client-widths; left "
-                             "out by default: width-counts keeps their count per width)")
+    parser.add_argument("--per-client", "--client-widths", action="store_true",
+                        dest="per_client",
+                        help="keep the round logs' values per client that a count sums up "
+                             "(client-widths, dropped-out; left out by default: width-counts "
+                             "and clients-dropped-out keep their counts)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -306,5 +312,5 @@ def run(args: argparse.Namespace) -> int:
     to = args.to if args.to is not None else DEFAULT_ARCHIVE / args.folder.resolve().name
     print(archive(args.folder, to, args.pages, args.variants, args.seeds,
                   timings=args.timings, candidates=args.candidates,
-                  client_widths=args.client_widths))
+                  per_client=args.per_client))
     return 0

@@ -325,8 +325,9 @@ LOG_TIMING_KEYS = frozenset({LOG_WALL_SECONDS, LOG_ELAPSED_SECONDS, LOG_EVAL_SEC
 # utilities, Power-of-Choice's d losses): most of a selection run's log, read by no report.
 LOG_PER_CANDIDATE_KEYS = frozenset({LOG_SELECTION_SCORES, LOG_POC_LOSSES})
 # Keys with one value per client sent work that another key sums up (each client's width:
-# width-counts has how many trained each width), read by no report.
-LOG_PER_CLIENT_KEYS = frozenset({LOG_CLIENT_WIDTHS})
+# width-counts has how many trained each width; the clients that dropped out:
+# clients-dropped-out counts them), read by no report.
+LOG_PER_CLIENT_KEYS = frozenset({LOG_CLIENT_WIDTHS, LOG_DROPPED_OUT})
 
 
 # Run-log records: a round's report is made of Sections whose fields name their LOG_* key.

@@ -331,13 +331,15 @@ def test_archive_logs_leaves_out_the_values_per_candidate_client_unless_asked(tm
     assert all("wall-seconds" not in r for r in with_candidates)
 
 
-def test_archive_logs_leaves_out_each_clients_width_unless_asked(tmp_path):
-    widths, without, with_widths = archived_with(
-        tmp_path, {"client-widths": {"3": 0.5, "7": 1.0}, "width-counts": {"0.5": 1, "1": 1}},
-        client_widths=True)
-    assert not any("client-widths" in r for r in without)
-    assert [r["width-counts"] for r in without] == [r["width-counts"] for r in widths]
-    assert [r["client-widths"] for r in with_widths] == [r["client-widths"] for r in widths]
+def test_archive_logs_leaves_out_the_values_per_client_unless_asked(tmp_path):
+    per_client = {"client-widths": {"3": 0.5, "7": 1.0}, "width-counts": {"0.5": 1, "1": 1},
+                  "dropped-out": ["7"], "clients-dropped-out": 1}
+    logged, without, with_them = archived_with(tmp_path, per_client, per_client=True)
+    assert not any({"client-widths", "dropped-out"} & set(r) for r in without)
+    for counted in ("width-counts", "clients-dropped-out"):
+        assert [r[counted] for r in without] == [r[counted] for r in logged]
+    for key in ("client-widths", "dropped-out"):
+        assert [r[key] for r in with_them] == [r[key] for r in logged]
 
 
 # ---------------------------------------------------------------- files archived once
@@ -391,7 +393,7 @@ def test_a_shared_copy_with_other_content_is_an_error_naming_it(tmp_path):
     assert str(copy) in str(info.value)
 
 
-def test_the_archived_model_digest_is_its_first_16_hex_digits(tmp_path):
+def test_the_archived_model_digest_is_its_first_12_hex_digits(tmp_path):
     folder = sweep_folder(tmp_path)
     [source, *_] = run_directories(folder, "*/seed*/*")
     digests = [f"{r:064x}" for r in range(ROUNDS + 1)]
@@ -401,4 +403,4 @@ def test_the_archived_model_digest_is_its_first_16_hex_digits(tmp_path):
     to = tmp_path / "archive" / "tiny_experiment"
     archive(folder, to, pages=tmp_path / "pages")
     kept = [r["model-sha256"] for r in read_rounds(to / source.relative_to(folder))]
-    assert kept == [d[:16] for d in digests] and all(len(k) == 16 for k in kept)
+    assert kept == [d[:12] for d in digests] and all(len(k) == 12 for k in kept)
