@@ -8,16 +8,13 @@ The plots are not drawn (matplotlib's time); their file names are in report.md."
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from simulation.claims_index import BEGIN, END, claims_table
 from simulation.experiments import EXPERIMENTS_DIR
 from simulation.results import rebuild_results
+from tests.test_results_size import RESULTS, RUN_LOGS
 
-RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
-RUN_LOGS = RESULTS / "run-logs"
 ARCHIVED = sorted(p.name for p in RUN_LOGS.iterdir()
                   if p.is_dir() and (EXPERIMENTS_DIR / f"{p.name}.toml").is_file()
                   and (RESULTS / p.name / "report.md").is_file())
