@@ -57,6 +57,19 @@ def test_a_table_row_has_the_seven_times_and_the_five_ratios():
                      "2.970", "2.700", "1.35", "1.10", "4.050"]
 
 
+def test_ways_left_out_are_dashes_in_the_row_and_their_ratios_are_not_printed():
+    packed_only = SizeResult(clients=1000, ours=None, bare_flower=None, packed=3.3,
+                             bare_torch=2.2, vectorised=1.1, batched_bound=None, forced=None)
+    cells = [cell.strip() for cell in table_row(packed_only).split("|")]
+    assert cells == ["1000", "-", "-", "-", "3.300", "2.200", "-", "1.50", "1.100", "-", "0.50",
+                     "-", "-"]
+    assert ratio_lines([packed_only]) == [
+        "packed/bare-torch ratio at 1000 clients = 1.50   (target <= 2)",
+        "vectorised/bare-torch ratio at 1000 clients = 0.50   (the per-client loop)",
+        "vectorised/packed ratio at 1000 clients = 0.33   (target <= 1: never slower)",
+    ]
+
+
 def test_the_large_run_prints_its_warm_round_and_both_peaks():
     sampler = M.MachineSampler()
     sampler.peak_rss_mb, sampler.peak_anon_mb = 5120.4, 2048.0

@@ -9,8 +9,10 @@ utilisation (``nvidia-smi``) and the peak summed RSS of the processes it started
 
 With ``--gpu`` every ClientApp gets a 1/W share of the GPU; with ``--cpu`` none, so Ray
 hides the GPU from them and they train on the CPU (on a machine without CUDA only ``--cpu``
-runs). It is the diagnosis of ``bench scale``'s packed column on a GPU (docs/results/
-benchmark.md): one worker alone against W side by side, on the same machine, in one run.
+runs). ``--vectorised auto`` / ``on`` runs vectorised packed mode instead
+(:mod:`fedapp.vectorised_share`). It is the diagnosis of ``bench scale``'s packed column on a
+GPU (docs/results/benchmark.md): one worker alone against W side by side, on the same
+machine, in one run.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     where.add_argument("--gpu", action="store_true",
                        help="only runs with a 1/W GPU share each (needs CUDA)")
     p.add_argument("--data-dir", default=DATA_DIR, help="Fashion-MNIST IDX folder")
+    p.add_argument("--vectorised", choices=("off", "auto", "on"), default="off",
+                   help="the runs' vectorised-clients (default off: sequential packed mode)")
 
 
 def placements(args, cuda: bool) -> list[bool]:
@@ -71,7 +75,8 @@ def run(args) -> None:
     cuda = torch.cuda.is_available()
     print(f"Packed mode, {args.clients} virtual clients, FedAvg, one SGD step per client (B=32, "
           f"cnn-small, Fashion-MNIST IID), {args.rounds} rounds per run, rounds "
-          f"2..{args.rounds - 1} timed; 1 CPU per ClientApp" + ("" if cuda else "; no GPU"),
+          f"2..{args.rounds - 1} timed; 1 CPU per ClientApp; vectorised-clients "
+          f"{args.vectorised}" + ("" if cuda else "; no GPU"),
           flush=True)
     for on_gpu in placements(args, cuda):
         for workers in args.workers:
@@ -79,7 +84,7 @@ def run(args) -> None:
             started = time.monotonic()
             records = packed_records(args.clients, args.rounds, workers,
                                      federation(1, workers, on_gpu), args.data_dir,
-                                     sampled_into(samplers, "run"))
+                                     sampled_into(samplers, "run"), vectorised=args.vectorised)
             print(run_line(args.clients, min(workers, args.clients), on_gpu,
                            round_seconds(records), time.monotonic() - started,
                            samplers["run"]), flush=True)

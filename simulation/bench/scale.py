@@ -34,7 +34,9 @@ bound. Then one vectorised packed run of each ``--huge`` size of virtual clients
 the summed RSS of every
 process the bench started (flwr run, the SuperLink, the ServerApp, Ray and its actors;
 :mod:`.machine_sampler`) and the ServerApp's own peak (its run log); with ``nvidia-smi`` on
-PATH, the mean GPU utilisation during the packed runs. ``--repeats N`` measures every
+PATH, the mean GPU utilisation during the packed runs. ``--ways`` measures some of the ways
+only (say the packed ones on a lent GPU: the unpacked runs take minutes); a ratio is printed
+where both its ways were measured, "-" stands in the table for the others. ``--repeats N`` measures every
 size N times, one row each, and the last lines give each ratio's median over the N repeats
 with its range. The last lines::
 
@@ -70,6 +72,9 @@ from .machine_sampler import MachineSampler
 HELP = ("per-round time vs number of clients: ours, a bare Flower FedAvg app, packed mode "
         "and bare torch; a 10,000-client packed round")
 HUGE_ROUNDS = 3
+WAYS = ("packed", "bare-torch", "vectorised", "forced", "batched-bound", "fedhetero",
+        "bare-flower")
+"""The ways of running a size, in the order they run (``--ways`` picks some)."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -95,6 +100,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "of the table; the last lines give each ratio's median and range")
     p.add_argument("--data-dir", default=DATA_DIR,
                    help="Fashion-MNIST IDX folder (every app and bare torch read it)")
+    p.add_argument("--ways", nargs="+", choices=WAYS, default=list(WAYS), metavar="WAY",
+                   help=f"the ways to measure at each size (default all: {', '.join(WAYS)}); "
+                        "a ratio is printed where both its ways were measured")
 
 
 def workload(num_clients: int, rounds: int, data_dir: str) -> dict:
@@ -173,37 +181,42 @@ class SizeResult:
     batched bound."""
 
     clients: int
-    ours: float
-    bare_flower: float
-    packed: float
-    bare_torch: float
-    vectorised: float
-    batched_bound: float
-    forced: float
+    ours: float | None
+    bare_flower: float | None
+    packed: float | None
+    bare_torch: float | None
+    vectorised: float | None
+    batched_bound: float | None
+    forced: float | None
 
     @property
-    def vectorised_over_torch(self) -> float:
-        return self.vectorised / self.bare_torch
+    def vectorised_over_torch(self) -> float | None:
+        return ratio(self.vectorised, self.bare_torch)
 
     @property
-    def vectorised_over_bound(self) -> float:
-        return self.vectorised / self.batched_bound
+    def vectorised_over_bound(self) -> float | None:
+        return ratio(self.vectorised, self.batched_bound)
 
     @property
-    def vectorised_over_packed(self) -> float:
-        return self.vectorised / self.packed
+    def vectorised_over_packed(self) -> float | None:
+        return ratio(self.vectorised, self.packed)
 
     @property
-    def ours_over_bare(self) -> float:
-        return self.ours / self.bare_flower
+    def ours_over_bare(self) -> float | None:
+        return ratio(self.ours, self.bare_flower)
 
     @property
-    def packed_over_flower(self) -> float:
-        return self.packed / self.bare_flower
+    def packed_over_flower(self) -> float | None:
+        return ratio(self.packed, self.bare_flower)
 
     @property
-    def packed_over_torch(self) -> float:
-        return self.packed / self.bare_torch
+    def packed_over_torch(self) -> float | None:
+        return ratio(self.packed, self.bare_torch)
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    """a / b, or None where either way was not measured (``--ways``)."""
+    return None if a is None or b is None else a / b
 
 
 HEADER = (f"{'clients':>8} | {'fedhetero s/round':>17} | {'bare Flower s/round':>19} | "
@@ -214,13 +227,18 @@ HEADER = (f"{'clients':>8} | {'fedhetero s/round':>17} | {'bare Flower s/round':
           f"{'forced s/round':>14}")
 
 
+def cell(value: float | None, width: int, digits: int) -> str:
+    """A table cell: the value, or "-" for a way not measured (``--ways``)."""
+    return f"{'-':>{width}}" if value is None else f"{value:>{width}.{digits}f}"
+
+
 def table_row(r: SizeResult) -> str:
-    return (f"{r.clients:>8} | {r.ours:>17.3f} | {r.bare_flower:>19.3f} | "
-            f"{r.ours_over_bare:>9.2f} | {r.packed:>14.3f} | {r.bare_torch:>18.3f} | "
-            f"{r.packed_over_flower:>18.2f} | {r.packed_over_torch:>17.2f} | "
-            f"{r.vectorised:>18.3f} | {r.batched_bound:>21.3f} | "
-            f"{r.vectorised_over_torch:>21.2f} | {r.vectorised_over_bound:>16.2f} | "
-            f"{r.forced:>14.3f}")
+    return (f"{r.clients:>8} | {cell(r.ours, 17, 3)} | {cell(r.bare_flower, 19, 3)} | "
+            f"{cell(r.ours_over_bare, 9, 2)} | {cell(r.packed, 14, 3)} | "
+            f"{cell(r.bare_torch, 18, 3)} | {cell(r.packed_over_flower, 18, 2)} | "
+            f"{cell(r.packed_over_torch, 17, 2)} | {cell(r.vectorised, 18, 3)} | "
+            f"{cell(r.batched_bound, 21, 3)} | {cell(r.vectorised_over_torch, 21, 2)} | "
+            f"{cell(r.vectorised_over_bound, 16, 2)} | {cell(r.forced, 14, 3)}")
 
 
 # the bench's last lines: (name, the ratio of one size's result, its target)
@@ -232,18 +250,21 @@ RATIOS = (
     ("vectorised/batched-bound ratio", lambda r: r.vectorised_over_bound, "(target <= 1.5)"),
     ("vectorised/packed ratio", lambda r: r.vectorised_over_packed,
      "(target <= 1: never slower)"),
-    ("forced (vectorised-clients on)/batched-bound ratio", lambda r: r.forced / r.batched_bound,
-     ""),
-    ("forced/packed ratio", lambda r: r.forced / r.packed, ""),
+    ("forced (vectorised-clients on)/batched-bound ratio",
+     lambda r: ratio(r.forced, r.batched_bound), ""),
+    ("forced/packed ratio", lambda r: ratio(r.forced, r.packed), ""),
 )
 
 
 def ratio_lines(repeats: list[SizeResult]) -> list[str]:
-    """The bench's last lines at one size: each ratio, and over several repeats of that size
-    (``--repeats``) the median of the repeats' ratios with their range."""
+    """The bench's last lines at one size: each ratio whose two ways were measured, and over
+    several repeats of that size (``--repeats``) the median of the repeats' ratios with
+    their range."""
     lines = []
-    for name, ratio, target in RATIOS:
-        values = [ratio(r) for r in repeats]
+    for name, of, target in RATIOS:
+        values = [of(r) for r in repeats]
+        if None in values:
+            continue
         line = f"{name} at {repeats[0].clients} clients = {statistics.median(values):.2f}"
         if target:
             line += f"   {target}"
@@ -302,40 +323,38 @@ def progress(n: int, way: str, seconds: list[float], started: float,
 
 def measure_size(n: int, args, workers: int, resources: dict,
                  samplers: dict[str, MachineSampler], repeat: int = 1) -> SizeResult:
-    """The ways at ``n`` clients, packed and its limit first; each packed run's sampler goes
-    into ``samplers`` (named with ``repeat`` after the first)."""
+    """The ways at ``n`` clients named in ``args.ways``, packed and its limit first; each
+    packed run's sampler goes into ``samplers`` (named with ``repeat`` after the first)."""
     again = f" (repeat {repeat})" if repeat > 1 else ""
-    started = time.monotonic()
-    name = f"{n} clients{again}"
-    packed = round_seconds(packed_records(n, args.rounds, workers, resources, args.data_dir,
-                                          sampled_into(samplers, name)))
-    progress(n, "packed", packed, started, samplers.get(name))
-    started = time.monotonic()
-    limit = bare_packed_round_seconds(workload(n, args.rounds, args.data_dir), n, args.rounds,
-                                      args.cpus_per_client, workers)
-    progress(n, "bare torch", limit, started)
-    started = time.monotonic()
-    name = f"{n} clients, vectorised{again}"
-    vectorised = round_seconds(packed_records(n, args.rounds, workers, resources, args.data_dir,
-                                              sampled_into(samplers, name), vectorised="auto"))
-    progress(n, "vectorised (auto)", vectorised, started, samplers.get(name))
-    started = time.monotonic()
-    name = f"{n} clients, forced{again}"
-    forced = round_seconds(packed_records(n, args.rounds, workers, resources, args.data_dir,
-                                          sampled_into(samplers, name), vectorised="on"))
-    progress(n, "forced (on)", forced, started, samplers.get(name))
-    started = time.monotonic()
-    bound = bare_packed_round_seconds(workload(n, args.rounds, args.data_dir), n, args.rounds,
-                                      args.cpus_per_client, workers, batched=True)
-    progress(n, "batched bound", bound, started)
-    started = time.monotonic()
-    ours = ours_round_seconds(n, args.rounds, resources, args.data_dir)
-    progress(n, "fedhetero", ours, started)
-    started = time.monotonic()
-    bare = bare_round_seconds(n, args.rounds, resources, args.data_dir)
-    progress(n, "bare Flower", bare, started)
-    return SizeResult(n, warm_mean(ours), warm_mean(bare), warm_mean(packed), warm_mean(limit),
-                      warm_mean(vectorised), warm_mean(bound), warm_mean(forced))
+    plain = workload(n, args.rounds, args.data_dir)
+
+    def packed(mode: str, label: str):
+        name = f"{n} clients{label}{again}"
+        return (round_seconds(packed_records(n, args.rounds, workers, resources, args.data_dir,
+                                             sampled_into(samplers, name), vectorised=mode)),
+                samplers.get(name))
+
+    measures = {
+        "packed": lambda: packed("off", ""),
+        "bare-torch": lambda: (bare_packed_round_seconds(plain, n, args.rounds,
+                                                         args.cpus_per_client, workers), None),
+        "vectorised": lambda: packed("auto", ", vectorised"),
+        "forced": lambda: packed("on", ", forced"),
+        "batched-bound": lambda: (bare_packed_round_seconds(
+            plain, n, args.rounds, args.cpus_per_client, workers, batched=True), None),
+        "fedhetero": lambda: (ours_round_seconds(n, args.rounds, resources, args.data_dir), None),
+        "bare-flower": lambda: (bare_round_seconds(n, args.rounds, resources, args.data_dir),
+                                None),
+    }
+    warm: dict[str, float] = {}
+    for way in (w for w in WAYS if w in args.ways):
+        started = time.monotonic()
+        seconds, sampler = measures[way]()
+        progress(n, way, seconds, started, sampler)
+        warm[way] = warm_mean(seconds)
+    return SizeResult(n, warm.get("fedhetero"), warm.get("bare-flower"), warm.get("packed"),
+                      warm.get("bare-torch"), warm.get("vectorised"), warm.get("batched-bound"),
+                      warm.get("forced"))
 
 
 def run(args) -> None:
