@@ -17,6 +17,8 @@ aggregation's peak extra memory (from (b)).
   packed mode and bare torch; a 10,000-client packed round's time and peak memory;
 * ``packed-workers``: packed mode's warm round against its number of workers, with and
   without GPU shares (how far W workers side by side are from W times one);
+* ``packed-split``: a packed round in one process split into the ServerApp's own work, the
+  ClientApp calls and the training in them (the ServerApp's part: a packed round's floor);
 * ``layout``: SGD step and evaluation times, channels-last against contiguous, on this device;
 * ``heap``: SGD step time with glibc's malloc thresholds against fixed ones (CPU);
 * ``selection``: each selection policy's cost per round at 1,000 and 10,000 clients;
@@ -45,6 +47,7 @@ BENCHES = {
     "sync-events": "simulation.bench.sync_events",
     "scale": "simulation.bench.scale",
     "packed-workers": "simulation.bench.packed_workers",
+    "packed-split": "simulation.bench.packed_split",
     "layout": "simulation.bench.layout",
     "heap": "simulation.bench.heap",
     "deploy": "simulation.bench.deploy",
