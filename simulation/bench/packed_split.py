@@ -70,8 +70,9 @@ def timed_calls(current_round) -> Iterator[dict[str, list[tuple[int, float]]]]:
             start = time.perf_counter()
             try:
                 return original(*args, **kwargs)
-            finally:
-                calls[name].append((current_round(), time.perf_counter() - start))
+            finally:  # the call's seconds first: the round lookup reads the run log
+                seconds = time.perf_counter() - start
+                calls[name].append((current_round(), seconds))
         return timed
 
     patched = [(FaultGrid, "deliver", "clientapp")] + [
